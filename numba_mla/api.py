@@ -1,0 +1,92 @@
+"""The public entry points: check every argument, then run the chosen backend.
+
+``mla_decode`` (padded q), ``mla_decode_ragged`` (row offsets) and ``flare_mla_decoding``
+(Modular MAX's call shape, writing into ``output``). Checks come first and raise before any
+launch or write (checks.py); ``"simt"`` and ``"auto"`` run the FMA split-K kernels (launch.py),
+``"reference"`` the NumPy reference.
+"""
+import numpy as np
+
+from . import reference
+from .arrays import is_array, shape_of
+from .caches import D_QK, ContiguousKVCache, KVCache
+from .checks import check_decode, check_ragged
+
+
+def _run(call, ref_fn, ref_args):
+    if call.backend in ("auto", "simt"):
+        from . import launch
+
+        return launch.run(call)
+    if call.backend == "mma":
+        raise NotImplementedError("backend='mma': the tensor-core kernel is not built yet; "
+                                  "use backend='simt' or 'auto'")
+    out, lse = ref_fn(*ref_args, return_lse=True)
+    if call.out is not None:
+        call.out[...] = out.astype(call.dtype)
+        out = call.out
+    else:
+        out = out.astype(call.dtype)
+    return (out, lse.astype(np.float32)) if call.return_lse else out
+
+
+def mla_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
+               return_lse=False, out=None, backend="auto"):
+    """MLA decode: q [B, Sq, H, 576] against ``cache`` -> out [B, Sq, H, 512] in q's dtype
+    (with ``return_lse``: ``(out, lse [B, Sq, H] float32)``). See SPEC.md for the semantics."""
+    call = check_decode(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
+    return _run(call, reference.mla_decode,
+                (q, cache, call.scale, call.mask, call.score_mod, num_partitions))
+
+
+def mla_decode_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None,
+                      num_partitions=None, return_lse=False, out=None, backend="auto"):
+    """Ragged MLA decode: q [T, H, 576], sequence b owning rows
+    ``q_row_offsets[b]:q_row_offsets[b+1]`` (0 to 8 each) -> out [T, H, 512]."""
+    call = check_ragged(q, q_row_offsets, cache, scale, mask, score_mod, num_partitions,
+                        return_lse, out, backend)
+    return _run(call, reference.mla_decode_ragged,
+                (q, q_row_offsets, cache, call.scale, call.mask, call.score_mod, num_partitions))
+
+
+def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_partitions=None,
+                       backend="auto"):
+    """Modular MAX's call shape, writing into ``output``.
+
+    ``k``: a KVCache (its lengths rule) or a ``[B, S, 1, 576]`` array (MAX's second overload).
+    Padded q ``[B, Sq, H, 576]``: ``valid_length`` is None or the per-sequence key counts (which
+    must agree with a cache's lengths; with an array ``k``, None means all S keys). Ragged q
+    ``[T, H, 576]``: ``valid_length`` is the B+1 row offsets. Returns ``output``."""
+    ragged = is_array(q) and len(shape_of(q)) == 3
+    if isinstance(k, KVCache):
+        cache = k
+        if not ragged and valid_length is not None:
+            from .caches import _host_int32
+
+            vl = _host_int32("valid_length", valid_length, 1)
+            if vl.shape != cache.lengths_host.shape or not np.array_equal(vl, cache.lengths_host):
+                raise ValueError(
+                    f"valid_length: expected None or the cache's lengths {cache.lengths_host.tolist()}, "
+                    f"got {vl.tolist()}"
+                )
+    elif is_array(k):
+        shape = shape_of(k)
+        if len(shape) != 4 or shape[2] != 1 or shape[3] != D_QK:
+            raise ValueError(f"k: expected a KV cache or an array [B, S, 1, {D_QK}], got shape {list(shape)}")
+        if ragged or valid_length is None:
+            lengths = np.full(shape[0], shape[1], np.int32)
+        else:
+            lengths = valid_length
+        cache = ContiguousKVCache(k[:, :, 0, :], lengths)
+    else:
+        raise TypeError(f"k: expected a KV cache or an array, got {type(k).__name__}")
+    if output is None:
+        raise TypeError("output: expected an array to write into, got None")
+    if ragged:
+        if valid_length is None:
+            raise ValueError("valid_length: ragged q [T, H, 576] needs the B+1 row offsets, got None")
+        mla_decode_ragged(q, valid_length, cache, scale, mask, score_mod, num_partitions,
+                          out=output, backend=backend)
+    else:
+        mla_decode(q, cache, scale, mask, score_mod, num_partitions, out=output, backend=backend)
+    return output

@@ -1,0 +1,86 @@
+"""What an input array is, wherever it lives: NumPy, Numba device arrays, torch, CuPy.
+
+The checks and the reference need only shape, dtype and (for small integer arrays such as
+lengths) the values; none of these functions copies a large array.
+"""
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+#: The storage dtypes q, the cache and out may share.
+IO_DTYPES = (BF16, np.dtype(np.float16), np.dtype(np.float32))
+
+
+def _torch_dtype_to_numpy(tdtype):
+    import torch
+
+    table = {
+        torch.bfloat16: BF16,
+        torch.float16: np.dtype(np.float16),
+        torch.float32: np.dtype(np.float32),
+        torch.float64: np.dtype(np.float64),
+        torch.int32: np.dtype(np.int32),
+        torch.int64: np.dtype(np.int64),
+        torch.int16: np.dtype(np.int16),
+        torch.uint8: np.dtype(np.uint8),
+        torch.bool: np.dtype(np.bool_),
+    }
+    return table.get(tdtype)
+
+
+def is_torch(x):
+    return type(x).__module__.startswith("torch") and hasattr(x, "is_cuda")
+
+
+def is_array(x):
+    """Anything we accept as an array argument."""
+    return (
+        isinstance(x, np.ndarray)
+        or is_torch(x)
+        or hasattr(x, "__cuda_array_interface__")
+        or hasattr(x, "__dlpack__")
+    )
+
+
+def dtype_of(x):
+    """NumPy dtype of any accepted array (torch bf16 -> ml_dtypes.bfloat16); None if unknown."""
+    if is_torch(x):
+        return _torch_dtype_to_numpy(x.dtype)
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        return None
+    try:
+        return np.dtype(dt)
+    except TypeError:
+        return None
+
+
+def shape_of(x):
+    return tuple(int(n) for n in x.shape)
+
+
+def is_device(x):
+    """True for memory the GPU can use in place (Numba device arrays, CUDA torch/CuPy)."""
+    if isinstance(x, np.ndarray):
+        return False
+    if is_torch(x):
+        return bool(x.is_cuda)
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def to_host(x):
+    """A NumPy copy (or view, for NumPy input) of any accepted array."""
+    if isinstance(x, np.ndarray):
+        return x
+    if is_torch(x):
+        import torch
+
+        t = x.detach()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).cpu().numpy().view(BF16)
+        return t.cpu().numpy()
+    if hasattr(x, "copy_to_host"):
+        return x.copy_to_host()
+    if hasattr(x, "get"):  # CuPy
+        return x.get()
+    return np.asarray(x)

@@ -1,0 +1,186 @@
+"""Input checks shared by every entry point (SPEC.md, "Bad input").
+
+Everything is checked before anything is launched or written: a bad argument raises
+``TypeError`` (wrong kind or dtype) or ``ValueError`` (wrong shape or value) whose message
+starts with the argument's name and gives the expected and the actual value. The result is a
+``Call``: the normalised arguments plus the few host-side facts the kernels need.
+"""
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from .arrays import IO_DTYPES, dtype_of, is_array, is_device, shape_of
+from .caches import D_QK, D_V, KVCache, _host_int32
+from .mods import Mask, ScoreMod, as_mask, as_score_mod
+
+MAX_SQ = 8  # query tokens per sequence (decode, speculative / multi-token prediction)
+BACKENDS = ("auto", "simt", "mma", "reference")
+
+
+@dataclass
+class Call:
+    q: Any
+    cache: KVCache
+    scale: float
+    mask: Mask
+    score_mod: ScoreMod
+    num_partitions: Optional[int]
+    return_lse: bool
+    out: Any
+    backend: str
+    batch: int
+    heads: int
+    sq: int  # query rows per sequence (the largest, for ragged calls)
+    dtype: np.dtype
+    out_shape: tuple
+    # Ragged calls: row offsets [B+1] (host int32); None for padded q [B, Sq, H, 576].
+    q_offsets: Optional[Any] = None
+    q_offsets_host: Optional[np.ndarray] = None
+
+    @property
+    def ragged(self):
+        return self.q_offsets_host is not None
+
+    def rows_of(self, b):
+        """(first row, row count) of sequence b's queries."""
+        if self.ragged:
+            o = self.q_offsets_host
+            return int(o[b]), int(o[b + 1] - o[b])
+        return 0, self.sq
+
+
+def _check_q_dtype(q, cache):
+    dt = dtype_of(q)
+    if dt not in IO_DTYPES:
+        raise TypeError(f"q: expected dtype bfloat16, float16 or float32, got {dt}")
+    if dt != cache.dtype:
+        raise TypeError(f"q: dtype {dt} does not match the cache's dtype {cache.dtype}")
+    return dt
+
+
+def _check_common(cache, scale, mask, score_mod, num_partitions, return_lse, backend):
+    if not isinstance(cache, KVCache):
+        raise TypeError(
+            f"cache: expected a ContiguousKVCache or PagedKVCache, got {type(cache).__name__}"
+        )
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite float, got {scale}")
+    if num_partitions is not None:
+        if isinstance(num_partitions, bool) or not isinstance(num_partitions, (int, np.integer)):
+            raise TypeError(f"num_partitions: expected None or an int, got {type(num_partitions).__name__}")
+        if num_partitions < 1:
+            raise ValueError(f"num_partitions: expected a positive int, got {num_partitions}")
+        num_partitions = int(num_partitions)
+    if not isinstance(return_lse, (bool, np.bool_)):
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    return float(scale), as_mask(mask), as_score_mod(score_mod), num_partitions, bool(return_lse)
+
+
+def _check_lengths_vs_rows(cache, counts):
+    """SPEC: a sequence with keys must hold its own query tokens: not 0 < length < Sq."""
+    lh = cache.lengths_host
+    bad = np.nonzero((lh > 0) & (lh < counts))[0]
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(
+            f"lengths: lengths[{b}] = {lh[b]} is smaller than its {int(np.broadcast_to(counts, lh.shape)[b])} "
+            f"query tokens (each query's own token is in the cache)"
+        )
+
+
+def _check_bias(mask, batch, heads, sq, cache):
+    bias = mask.bias_array()
+    if bias is None:
+        return
+    shape = shape_of(bias)
+    need_s = int(cache.lengths_host.max()) if cache.batch else 0
+    lead = (batch, heads, sq) if len(shape) == 4 else (batch, sq)
+    names = "[B, H, Sq, S]" if len(shape) == 4 else "[B, Sq, S]"
+    if shape[:-1] != lead or shape[-1] < need_s:
+        raise ValueError(
+            f"bias: expected shape {names} = [{', '.join(map(str, lead))}, S >= {need_s}], got {list(shape)}"
+        )
+
+
+def _check_out(out, q, shape, dtype):
+    if out is None:
+        return
+    if not is_array(out):
+        raise TypeError(f"out: expected an array, got {type(out).__name__}")
+    if shape_of(out) != shape:
+        raise ValueError(f"out: expected shape {list(shape)}, got {list(shape_of(out))}")
+    if dtype_of(out) != dtype:
+        raise TypeError(f"out: expected dtype {dtype}, got {dtype_of(out)}")
+    if is_device(out) != is_device(q):
+        where = "device" if is_device(q) else "host"
+        raise TypeError(f"out: expected a {where} array like q, got a {'device' if is_device(out) else 'host'} array")
+
+
+def check_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
+                 return_lse=False, out=None, backend="auto"):
+    """Checks for ``mla_decode``: q ``[B, Sq, H, 576]``."""
+    scale, mask, score_mod, num_partitions, return_lse = _check_common(
+        cache, scale, mask, score_mod, num_partitions, return_lse, backend)
+    if not is_array(q):
+        raise TypeError(f"q: expected an array, got {type(q).__name__}")
+    shape = shape_of(q)
+    if len(shape) != 4 or shape[3] != D_QK:
+        raise ValueError(f"q: expected shape [B, Sq, H, {D_QK}], got {list(shape)}")
+    batch, sq, heads, _ = shape
+    if batch != cache.batch:
+        raise ValueError(f"q: batch size {batch} does not match the cache's {cache.batch} sequences")
+    if not 1 <= sq <= MAX_SQ:
+        raise ValueError(f"q: expected 1 <= Sq <= {MAX_SQ} query tokens per sequence, got Sq = {sq}")
+    if heads < 1:
+        raise ValueError(f"q: expected at least one head, got H = {heads}")
+    dtype = _check_q_dtype(q, cache)
+    _check_lengths_vs_rows(cache, sq)
+    score_mod.check_heads(heads)
+    _check_bias(mask, batch, heads, sq, cache)
+    out_shape = (batch, sq, heads, D_V)
+    _check_out(out, q, out_shape, dtype)
+    return Call(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend,
+                batch, heads, sq, dtype, out_shape)
+
+
+def check_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None, num_partitions=None,
+                 return_lse=False, out=None, backend="auto"):
+    """Checks for ``mla_decode_ragged``: q ``[T, H, 576]``, row offsets ``[B+1]``."""
+    scale, mask, score_mod, num_partitions, return_lse = _check_common(
+        cache, scale, mask, score_mod, num_partitions, return_lse, backend)
+    if not is_array(q):
+        raise TypeError(f"q: expected an array, got {type(q).__name__}")
+    shape = shape_of(q)
+    if len(shape) != 3 or shape[2] != D_QK:
+        raise ValueError(f"q: expected shape [T, H, {D_QK}], got {list(shape)}")
+    rows, heads, _ = shape
+    if heads < 1:
+        raise ValueError(f"q: expected at least one head, got H = {heads}")
+    offs = _host_int32("q_row_offsets", q_row_offsets, 1)
+    batch = cache.batch
+    if offs.shape[0] != batch + 1:
+        raise ValueError(f"q_row_offsets: expected shape [{batch + 1}] (B+1), got {list(offs.shape)}")
+    if offs[0] != 0 or offs[-1] != rows:
+        raise ValueError(f"q_row_offsets: expected to run from 0 to T = {rows}, got {offs[0]} .. {offs[-1]}")
+    counts = np.diff(offs)
+    if counts.size and counts.min() < 0:
+        b = int(np.argmin(counts))
+        raise ValueError(f"q_row_offsets: expected non-decreasing offsets, got {offs[b]} then {offs[b + 1]}")
+    if counts.size and counts.max() > MAX_SQ:
+        b = int(np.argmax(counts))
+        raise ValueError(f"q_row_offsets: sequence {b} has {counts[b]} query rows, more than {MAX_SQ}")
+    dtype = _check_q_dtype(q, cache)
+    _check_lengths_vs_rows(cache, counts)
+    sq = int(counts.max()) if counts.size else 0
+    score_mod.check_heads(heads)
+    _check_bias(mask, batch, heads, sq, cache)
+    out_shape = (rows, heads, D_V)
+    _check_out(out, q, out_shape, dtype)
+    return Call(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend,
+                batch, heads, sq, dtype, out_shape, q_row_offsets, offs)

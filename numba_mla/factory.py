@@ -1,0 +1,102 @@
+"""The kernel factory: one compiled kernel per configuration, mods inlined.
+
+A configuration is (mask, score mod, storage dtype, cache kind, tiles, heads); its key is built
+from the mods' ``cache_key()`` and nothing else, so two equal masks share a kernel and no module
+global is read at compile time. The factory asks each mod for its device form, hands the
+functions to the kernel maker as closure constants (Numba inlines them; no run-time branch
+decides which mod runs) and caches the result in-process.
+"""
+import threading
+
+import numpy as np
+
+from . import _compat  # noqa: F401
+from . import ptx
+from .arrays import BF16
+from numba import cuda
+
+_lock = threading.Lock()
+_kernels = {}
+
+
+def dtype_tag(dtype):
+    dtype = np.dtype(dtype)
+    if dtype == BF16:
+        return "bf16"
+    if dtype == np.float16:
+        return "f16"
+    if dtype == np.float32:
+        return "f32"
+    raise TypeError(f"dtype: expected bfloat16, float16 or float32, got {dtype}")
+
+
+def converters(tag):
+    """(load, store): storage element <-> fp32. 16-bit data travels as int16 bits."""
+    if tag == "bf16":
+        to32, from32 = ptx.bf16_to_f32, ptx.f32_to_bf16
+    elif tag == "f16":
+        to32, from32 = ptx.f16_to_f32, ptx.f32_to_f16
+    else:
+
+        def to32(x):
+            return x
+
+        from32 = to32
+
+    @cuda.jit(device=True)
+    def load(x):
+        return to32(x)
+
+    @cuda.jit(device=True)
+    def store(x):
+        return from32(x)
+
+    return load, store
+
+
+def _cached(key, build):
+    with _lock:
+        k = _kernels.get(key)
+        if k is None:
+            k = _kernels[key] = build()
+        return k
+
+
+def partition_kernel(mask, score_mod, tag, cache_cls, block_m, block_n, heads):
+    """The stage-1 FMA kernel (kernels/simt.py) for this configuration."""
+    fold = score_mod.identity and mask.boolean
+    key = ("simt", mask.cache_key(), score_mod.cache_key(), tag, cache_cls.kind, block_m, block_n,
+           heads, fold)
+
+    def build():
+        from .kernels.simt import make_partition_kernel
+
+        return make_partition_kernel(
+            load=converters(tag)[0],
+            locate=cache_cls.device_locate(),
+            mask_apply=mask.device_apply(),
+            mask_classify=mask.device_classify(),
+            mask_key_range=mask.device_key_range(),
+            score_mod=score_mod.device_fn(),
+            fold_scale=fold,
+            block_m=block_m,
+            block_n=block_n,
+            heads=heads,
+        )
+
+    return _cached(key, build)
+
+
+def combine_kernel(tag):
+    def build():
+        from .kernels.combine import make_combine_kernel
+
+        return make_combine_kernel(converters(tag)[1])
+
+    return _cached(("combine", tag), build)
+
+
+def clear():
+    """Forget every compiled kernel (tests of the cache use this)."""
+    with _lock:
+        _kernels.clear()

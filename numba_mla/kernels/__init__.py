@@ -1,0 +1,1 @@
+"""Numba CUDA kernels: simt.py (FMA split-K partition kernel), combine.py (LSE merge)."""

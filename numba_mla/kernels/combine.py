@@ -1,0 +1,54 @@
+"""Stage 2 of split-K decode: merge the partitions of each query row by log-sum-exp.
+
+Partition p of row (t, h) holds its normalised output o_p (fp32) and its LSE l_p (natural log,
+-inf when it kept no key). With M = max_p l_p and w_p = exp(l_p - M):
+
+    out = sum_p w_p o_p / sum_p w_p,        lse = M + log(sum_p w_p)
+
+Empty partitions get weight exp(-inf) = 0; a row whose partitions are all empty gets out = 0
+and lse = -inf (never NaN). Grid ``(T, H)``, one block a row; thread x owns output dims
+x, x + 128, ... . Traffic: reads P x 512 fp32 per row, writes 512 values in the output dtype.
+"""
+import math
+
+from numba import cuda, float32
+
+NTHREADS = 128
+D_V = 512
+NEG_INF = -math.inf
+
+
+def make_combine_kernel(store):
+    """``store(x)`` converts fp32 to the output's storage (see ptx.py)."""
+
+    @cuda.jit
+    def combine_kernel(part_out, part_lse, out, lse):
+        # part_out [T, H, P, 512] f32, part_lse [T, H, P] f32 -> out [T, H, 512], lse [T, H] f32
+        t = cuda.blockIdx.x
+        h = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        nparts = part_lse.shape[2]
+        big = float32(NEG_INF)
+        for p in range(nparts):
+            big = max(big, part_lse[t, h, p])
+        if big == NEG_INF:
+            for d in range(tid, D_V, NTHREADS):
+                out[t, h, d] = store(float32(0.0))
+            if tid == 0:
+                lse[t, h] = NEG_INF
+            return
+        total = float32(0.0)
+        for p in range(nparts):
+            total += math.exp(part_lse[t, h, p] - big)
+        inv = 1.0 / total
+        for d in range(tid, D_V, NTHREADS):
+            acc = float32(0.0)
+            for p in range(nparts):
+                w = math.exp(part_lse[t, h, p] - big)  # 0 for empty partitions
+                if w > 0.0:
+                    acc += w * part_out[t, h, p, d]
+            out[t, h, d] = store(acc * inv)
+        if tid == 0:
+            lse[t, h] = big + math.log(total)
+
+    return combine_kernel

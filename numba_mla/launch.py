@@ -1,0 +1,175 @@
+"""From a checked ``Call`` to kernel launches: device views, workspace, grid, split-K.
+
+Every call is run in ragged form: padded q ``[B, Sq, H, 576]`` is the ragged q ``[B*Sq, H, 576]``
+with row offsets ``b * Sq``. NumPy inputs are copied to the device and the result copied back;
+Numba device arrays, torch and CuPy tensors are used in place, and results come back in the
+caller's kind of array (torch in, torch out).
+"""
+import math
+import threading
+
+import numpy as np
+
+from . import _compat  # noqa: F401
+from . import factory, heuristics
+from .arrays import BF16, is_device, is_torch
+from .caches import D_QK, D_V
+from numba import cuda
+
+_SMEM_STATIC_LIMIT = 48 * 1024
+_tls = threading.local()
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays
+# ---------------------------------------------------------------------------------------------
+def _as_device(x, sixteen_bit, shape=None):
+    """A Numba device array over x's memory (16-bit floats as int16 bits), copying host data."""
+    if shape is not None:
+        x = x.reshape(shape)
+    if isinstance(x, np.ndarray):
+        host = np.ascontiguousarray(x)
+        return cuda.to_device(host.view(np.int16) if sixteen_bit else host)
+    if is_torch(x):
+        import torch
+
+        if sixteen_bit:
+            x = x.view(torch.int16)
+        return cuda.as_cuda_array(x.detach())
+    d = x if cuda.is_cuda_array(x) and hasattr(x, "copy_to_host") else cuda.as_cuda_array(x)
+    return d.view(np.int16) if sixteen_bit else d
+
+
+def _int32_device(x, host):
+    if is_device(x):
+        return _as_device(x, False)
+    return cuda.to_device(np.ascontiguousarray(host, np.int32))
+
+
+def _dummy(shape, dtype):
+    key = ("dummy", shape, np.dtype(dtype).str)
+    cache = getattr(_tls, "dummies", None)
+    if cache is None:
+        cache = _tls.dummies = {}
+    if key not in cache:
+        cache[key] = cuda.to_device(np.zeros(shape, dtype))
+    return cache[key]
+
+
+def _empty_like_caller(q, shape, dtype):
+    """Output storage of the caller's kind: torch for torch q, else a Numba device array."""
+    if is_torch(q):
+        import torch
+
+        tdt = {BF16: torch.bfloat16, np.dtype(np.float16): torch.float16,
+               np.dtype(np.float32): torch.float32}[np.dtype(dtype)]
+        return torch.empty(shape, dtype=tdt, device=q.device)
+    return cuda.device_array(shape, dtype=np.int16 if np.dtype(dtype).itemsize == 2 else dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared memory above 48 KB
+# ---------------------------------------------------------------------------------------------
+def _launcher(dispatcher, args, grid, block, smem):
+    """``dispatcher[grid, block, 0, smem]``, raising the kernel's dynamic shared-memory limit
+    first when it exceeds the 48 KB default (Numba has no API for it: numba-cuda#94)."""
+    if smem > _SMEM_STATIC_LIMIT and not _compat.SIMULATOR:
+        from numba.core.typing import typeof
+
+        sig = tuple(typeof.typeof(a, typeof.Purpose.argument) for a in args)
+        kern = dispatcher.compile(sig)
+        key = ("smem", id(kern))
+        done = getattr(_tls, "smem_done", None)
+        if done is None:
+            done = _tls.smem_done = set()
+        if key not in done:
+            from numba.cuda.cudadrv import driver, enums
+
+            fn = kern._codelibrary.get_cufunc()
+            driver.driver.cuFuncSetAttribute(
+                fn.handle, enums.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+            done.add(key)
+    dispatcher[grid, block, 0, smem](*args)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+def run(call):
+    """Run the FMA split-K kernels for a checked call; returns out (and lse)."""
+    from .kernels.simt import NTHREADS, smem_bytes
+    from .kernels.combine import NTHREADS as COMBINE_THREADS
+
+    tag = factory.dtype_tag(call.dtype)
+    sixteen = tag != "f32"
+    cache = call.cache
+    B, H = call.batch, call.heads
+
+    if call.ragged:
+        offs_host = call.q_offsets_host
+        q_dev = _as_device(call.q, sixteen)
+        offs_src = call.q_offsets
+    else:
+        offs_host = (np.arange(B + 1) * call.sq).astype(np.int32)
+        q_dev = _as_device(call.q, sixteen, (B * call.sq, H, D_QK))
+        offs_src = offs_host
+    T = int(offs_host[-1])
+    counts = np.diff(offs_host)
+    offs_dev = _int32_device(offs_src, offs_host)
+
+    storage = _as_device(cache.storage, sixteen)
+    lengths = _int32_device(cache.lengths, cache.lengths_host)
+    if cache.block_table is None:
+        block_table = _dummy((1, 1), np.int32)
+    else:
+        block_table = _int32_device(cache.block_table, cache.block_table_host)
+    bias = call.mask.bias_array()
+    bias = _dummy((1, 1, 1), np.float32) if bias is None else _as_device(bias, False)
+
+    block_m, block_n = heuristics.simt_tiles()
+    groups = max(1, math.ceil(int(counts.max(initial=0)) * H / block_m))
+    max_len = int(cache.lengths_host.max(initial=0))
+    P = call.num_partitions or heuristics.num_partitions(B, groups, max_len, block_n)
+
+    out_user = call.out
+    out_shape3 = (T, H, D_V)
+    if out_user is not None and is_device(out_user):
+        out_dev = _as_device(out_user, sixteen, out_shape3)
+        result = out_user
+    else:
+        result = _empty_like_caller(call.q, call.out_shape, call.dtype) if is_device(call.q) else None
+        out_dev = (_as_device(result, sixteen, out_shape3) if result is not None
+                   else cuda.device_array(out_shape3, np.int16 if sixteen else np.float32))
+    lse_dev = cuda.device_array((T, H), np.float32)
+
+    if T > 0 and B > 0:
+        part_out = cuda.device_array((T, H, P, D_V), np.float32)
+        part_lse = cuda.device_array((T, H, P), np.float32)
+        kern = factory.partition_kernel(call.mask, call.score_mod, tag, type(cache), block_m,
+                                        block_n, H)
+        args = (q_dev, offs_dev, storage, block_table, lengths, bias, np.float32(call.scale),
+                part_out, part_lse)
+        _launcher(kern, args, (P, groups, B), NTHREADS, smem_bytes(block_m, block_n))
+        factory.combine_kernel(tag)[(T, H), COMBINE_THREADS](part_out, part_lse, out_dev, lse_dev)
+
+    if result is None:  # host caller: copy back
+        host = out_dev.copy_to_host()
+        if sixteen:
+            host = host.view(BF16 if tag == "bf16" else np.float16)
+        host = host.reshape(call.out_shape)
+        if out_user is not None:
+            out_user[...] = host
+            result = out_user
+        else:
+            result = host
+        lse = lse_dev.copy_to_host()
+    else:
+        lse = lse_dev
+        if is_torch(call.q):
+            import torch
+
+            lse = torch.as_tensor(lse_dev, device=call.q.device)
+    if not call.return_lse:
+        return result
+    lse_shape = (T, H) if call.ragged else (B, call.sq, H)
+    return result, lse.reshape(lse_shape)

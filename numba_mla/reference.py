@@ -1,0 +1,121 @@
+"""The NumPy reference: the executable definition of MLA decode (SPEC.md), in float64.
+
+MLA (DeepSeek V2/V3) caches one compressed row per token instead of per-head K and V:
+
+    cache row  = [ latent c_kv (512) | rope k_pe (64) ]              # 576 wide
+    K          = the whole row (576),  V = its first 512 dims           # one read serves both
+
+and every query head attends to that one shared row ("absorbed" MLA): q is [.., H, 576], out
+is [.., H, 512]. Per sequence b, query row i (absolute position q_pos = length[b] - n + i for
+its n query rows), head h:
+
+    s[j]  = scale * q[i, h] . K[j]                  for keys j < length[b]
+    s[j]  = score_mod(s[j], b, h, q_pos, j);  dropped keys (mask) -> -inf
+    out   = softmax(s) @ V,   lse = log(sum_j exp(s[j]))
+
+A row that keeps no key returns out = 0 and lse = -inf (never NaN).
+
+The entry points take exactly the library's arguments (and check them the same way), so any
+call can be replayed here; ``compute_dtype=np.float32`` gives the same-precision run that the
+tests use for three-way accuracy checks.
+"""
+import numpy as np
+
+from .arrays import to_host
+from .caches import D_V
+from .checks import check_decode, check_ragged
+
+
+def attend(q, kv, b, length, scale, mask, score_mod, compute_dtype=np.float64):
+    """Decode one sequence.
+
+    q: [n, H, 576], its n query rows (the last n tokens of the sequence);
+    kv: [length, 576], its valid cache rows. Returns out [n, H, 512] and lse [n, H].
+    """
+    n, heads, _ = q.shape
+    K = np.asarray(kv, compute_dtype)                              # [L, 576] 512 latent + 64 rope
+    V = K[:, :D_V]                                                 # [L, 512] V = K[..., :512]
+    qf = np.asarray(q, compute_dtype)                              # [n, H, 576]
+    s = compute_dtype(scale) * np.einsum("nhd,ld->nhl", qf, K)     # [n, H, L] scaled scores
+
+    i = np.arange(n)[:, None, None]                                # [n, 1, 1] row in sequence
+    q_pos = length - n + i                                         # [n, 1, 1] absolute position
+    h = np.arange(heads)[None, :, None]                            # [1, H, 1]
+    k = np.arange(length)[None, None, :]                           # [1, 1, L] absolute key pos
+    s = np.asarray(score_mod.apply(s, b, h, q_pos, k), compute_dtype)       # [n, H, L]
+    s = s + np.asarray(mask.bias(b, h, i, q_pos, k), compute_dtype)         # [n, H, L] -inf: dropped
+
+    # Online-softmax-free form: subtract the row max for stability.
+    m = s.max(axis=-1) if length else np.full((n, heads), -np.inf, compute_dtype)  # [n, H]
+    empty = np.isneginf(m)                                         # [n, H] no kept key
+    m_safe = np.where(empty, 0, m)                                 # [n, H] avoid -inf - -inf
+    p = np.exp(s - m_safe[..., None])                              # [n, H, L] 0 where dropped
+    l = p.sum(axis=-1)                                             # [n, H]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.einsum("nhl,ld->nhd", p, V) / l[..., None]        # [n, H, 512]
+        lse = m_safe + np.log(l)                                   # [n, H]
+    out = np.where(empty[..., None], 0, out)                       # empty row: out = 0
+    lse = np.where(empty, -np.inf, lse)                            #            lse = -inf
+    return out.astype(compute_dtype), lse.astype(compute_dtype)
+
+
+def _finish(call, out, lse):
+    if call.out is not None:
+        call.out[...] = out.astype(call.dtype)
+    return (out, lse) if call.return_lse else out
+
+
+def mla_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
+               return_lse=False, out=None, backend="reference", *, compute_dtype=np.float64):
+    """Reference ``mla_decode``: q [B, Sq, H, 576] -> out [B, Sq, H, 512] (+ lse [B, Sq, H]).
+
+    Returns ``compute_dtype`` arrays (float64 by default); ``num_partitions`` and ``backend``
+    are accepted for call compatibility and do not change the result."""
+    call = check_decode(q, cache, scale, mask, score_mod, num_partitions, return_lse, out,
+                        "reference")
+    qh = to_host(q)                                                # [B, Sq, H, 576]
+    B, Sq, H = call.batch, call.sq, call.heads
+    res = np.empty((B, Sq, H, D_V), compute_dtype)                 # [B, Sq, H, 512]
+    lse = np.empty((B, Sq, H), compute_dtype)                      # [B, Sq, H]
+    for b in range(B):
+        L = int(cache.lengths_host[b])
+        res[b], lse[b] = attend(qh[b], cache.rows(b, L), b, L, call.scale, call.mask,
+                                call.score_mod, compute_dtype)
+    return _finish(call, res, lse)
+
+
+def mla_decode_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None,
+                      num_partitions=None, return_lse=False, out=None, backend="reference", *,
+                      compute_dtype=np.float64):
+    """Reference ``mla_decode_ragged``: q [T, H, 576], sequence b owning rows
+    ``q_row_offsets[b]:q_row_offsets[b+1]`` -> out [T, H, 512] (+ lse [T, H])."""
+    call = check_ragged(q, q_row_offsets, cache, scale, mask, score_mod, num_partitions,
+                        return_lse, out, "reference")
+    qh = to_host(q)                                                # [T, H, 576]
+    T, H = qh.shape[0], call.heads
+    res = np.empty((T, H, D_V), compute_dtype)                     # [T, H, 512]
+    lse = np.empty((T, H), compute_dtype)                          # [T, H]
+    for b in range(call.batch):
+        r0, n = call.rows_of(b)
+        if n == 0:
+            continue
+        L = int(cache.lengths_host[b])
+        res[r0:r0 + n], lse[r0:r0 + n] = attend(qh[r0:r0 + n], cache.rows(b, L), b, L,
+                                                call.scale, call.mask, call.score_mod,
+                                                compute_dtype)
+    return _finish(call, res, lse)
+
+
+def merge_partitions(outs, lses):
+    """Merge per-partition (out, lse) pairs into the whole by log-sum-exp (what the combine
+    kernel does). outs [P, ..., 512] normalised per partition, lses [P, ...]; a partition with
+    no kept key has lse = -inf and weight 0; if all are empty, out = 0 and lse = -inf."""
+    outs, lses = np.asarray(outs, np.float64), np.asarray(lses, np.float64)
+    m = lses.max(axis=0)                                           # [...]
+    empty = np.isneginf(m)
+    w = np.exp(lses - np.where(empty, 0, m))                       # [P, ...] 0 for empty parts
+    total = w.sum(axis=0)                                          # [...]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.einsum("p...,p...d->...d", w, outs) / total[..., None]
+        lse = np.where(empty, 0, m) + np.log(total)
+    return np.where(empty[..., None], 0, out), np.where(empty, -np.inf, lse)
