@@ -32,16 +32,15 @@ def dtype_tag(dtype):
 
 def converters(tag):
     """(load, store): storage element <-> fp32. 16-bit data travels as int16 bits."""
-    if tag == "bf16":
-        to32, from32 = ptx.bf16_to_f32, ptx.f32_to_bf16
-    elif tag == "f16":
-        to32, from32 = ptx.f16_to_f32, ptx.f32_to_f16
-    else:
+    if tag == "f32":
 
-        def to32(x):
+        @cuda.jit(device=True)
+        def identity(x):
             return x
 
-        from32 = to32
+        return identity, identity
+    to32, from32 = {"bf16": (ptx.bf16_to_f32, ptx.f32_to_bf16),
+                    "f16": (ptx.f16_to_f32, ptx.f32_to_f16)}[tag]
 
     @cuda.jit(device=True)
     def load(x):

@@ -83,11 +83,12 @@ def _launcher(dispatcher, args, grid, block, smem):
         if done is None:
             done = _tls.smem_done = set()
         if key not in done:
-            from numba.cuda.cudadrv import driver, enums
+            from cuda.bindings import driver as binding
+            from numba.cuda.cudadrv.driver import driver
 
             fn = kern._codelibrary.get_cufunc()
-            driver.driver.cuFuncSetAttribute(
-                fn.handle, enums.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+            attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            driver.cuKernelSetAttribute(attr, smem, fn.handle, fn.device.id)
             done.add(key)
     dispatcher[grid, block, 0, smem](*args)
 

@@ -48,6 +48,7 @@ NTHREADS = 32 * NWARPS
 M_LANES, N_LANES = 4, 8  # lane grid of the score phase
 D_PER_WARP = D_QK // NWARPS  # 144
 DV_PER_LANE = D_V // 32  # 16
+LOADS_PER_LANE = D_QK // 32  # 18: one KV row is 18 loads per lane
 
 
 def smem_bytes(block_m, block_n):
@@ -126,6 +127,7 @@ def make_partition_kernel(*, load, locate, mask_apply, mask_classify, mask_key_r
         qv = cuda.local.array(TM, float32)
         kv = cuda.local.array(TN, float32)
         vv = cuda.local.array(DV_PER_LANE, float32)
+        row_buf = cuda.local.array(LOADS_PER_LANE, float32)
         ml = lane // N_LANES  # score phase: this lane's row group ...
         nl = lane % N_LANES  # ... and key group
 
@@ -140,16 +142,20 @@ def make_partition_kernel(*, load, locate, mask_apply, mask_classify, mask_key_r
             # first tile, until the queries and the softmax state are in place).
             cuda.syncthreads()
 
-            # -- load K tile: warp w loads keys w, w+4, ...; lanes stride the 576 dims --
+            # -- load K tile: warp w loads keys w, w+4, ...; lane l dims l, l+32, ... --
+            # All 18 loads of a row are issued before the first store, so one memory
+            # latency is paid per row rather than per element.
             for n in range(warp, block_n, NWARPS):
                 k = k0 + n
                 if k < k1:
                     pg, sl = locate(block_table, page_size, b, k)
-                    for d in range(lane, D_QK, 32):
-                        sm[K_OFF + n * DPAD + d] = load(storage[pg, sl, d])
+                    for j in range(LOADS_PER_LANE):
+                        row_buf[j] = load(storage[pg, sl, lane + 32 * j])
                 else:
-                    for d in range(lane, D_QK, 32):
-                        sm[K_OFF + n * DPAD + d] = 0.0  # past the range: zero, never NaN
+                    for j in range(LOADS_PER_LANE):
+                        row_buf[j] = 0.0  # past the range: zero, never NaN
+                for j in range(LOADS_PER_LANE):
+                    sm[K_OFF + n * DPAD + lane + 32 * j] = row_buf[j]
             # Wait for the whole K tile.
             cuda.syncthreads()
 

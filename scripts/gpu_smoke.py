@@ -1,0 +1,89 @@
+"""GPU smoke run: compile, check a few configurations against the reference, time the FMA kernel,
+report its resources. Usage: python scripts/gpu_smoke.py"""
+import os
+import time
+
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
+
+import ml_dtypes
+import numpy as np
+
+import numba_mla as nm
+from numba import cuda
+from numba_mla import factory, heuristics, launch
+from numba_mla.kernels import simt
+
+rng = np.random.default_rng(0)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def problem(B, H, L, Sq=1, dtype=BF16, page=64, lengths=None):
+    lengths = np.full(B, L, np.int32) if lengths is None else np.asarray(lengths, np.int32)
+    maxp = -(-int(lengths.max()) // page)
+    pages = (rng.standard_normal((B * maxp, page, 576))).astype(dtype)
+    bt = rng.permutation(B * maxp).astype(np.int32).reshape(B, maxp)
+    q = rng.standard_normal((B, Sq, H, 576)).astype(dtype)
+    return q, nm.PagedKVCache(pages, bt, lengths)
+
+
+def check(B, H, L, Sq, dtype, mask=None, P=None):
+    q, c = problem(B, H, L, Sq, dtype, lengths=rng.integers(Sq, L + 1, B))
+    o, l = nm.mla_decode(q, c, 0.1352, mask=mask, return_lse=True, num_partitions=P)
+    r, rl = nm.reference.mla_decode(q, c, 0.1352, mask=mask, return_lse=True)
+    err = np.abs(o.astype(np.float64) - r).max() / np.abs(r).max()
+    print(f"check B={B} H={H} L={L} Sq={Sq} {np.dtype(dtype).name} {mask} P={P}: "
+          f"rel err {err:.2e}, lse err {np.abs(l - rl)[np.isfinite(rl)].max():.2e}", flush=True)
+    return err
+
+
+def bench(B, H, L, dtype=BF16, iters=20):
+    import torch
+
+    q, c = problem(B, H, L, 1, dtype)
+    tq = torch.as_tensor(q.view(np.int16)).cuda().view(torch.bfloat16)
+    tp = torch.as_tensor(c.pages.view(np.int16)).cuda().view(torch.bfloat16)
+    tbt = torch.as_tensor(c.block_table_host).cuda()
+    tl = torch.as_tensor(c.lengths_host).cuda()
+    cache = nm.PagedKVCache(tp, tbt, tl)
+    for _ in range(3):
+        nm.mla_decode(tq, cache, 0.1352)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        s.record()
+        nm.mla_decode(tq, cache, 0.1352)
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) * 1e3)
+    us = float(np.median(times))
+    flops = 2 * B * H * L * (576 + 512)
+    gb = (B * L * 576 * 2) / us / 1e3
+    print(f"bench B={B} H={H} L={L}: {us:.0f} us, {flops / us / 1e6:.1f} TFLOP/s, {gb:.0f} GB/s", flush=True)
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    check(2, 16, 300, 1, BF16)
+    kern = factory.partition_kernel(nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache,
+                                    *heuristics.simt_tiles(), 16)
+    dev = cuda.get_current_device()
+    for sig, k in kern.overloads.items():
+        print("regs/thread", k.regs_per_thread, "local bytes", k.local_mem_per_thread,
+              "static smem", k.shared_mem_per_block,
+              "dynamic smem", simt.smem_bytes(*heuristics.simt_tiles()))
+        ptx = k.inspect_asm(dev.compute_capability)
+        print("PTX calls:", [l.strip() for l in ptx.splitlines() if "call" in l][:5],
+              "ld.local:", ptx.count("ld.local"), "st.local:", ptx.count("st.local"))
+    for args in [(3, 128, 1000, 2, BF16, nm.CausalMask()), (4, 16, 777, 1, np.float16, nm.SlidingWindowCausalMask(100)),
+                 (2, 1, 65, 1, np.float32, None), (5, 16, 4096, 1, BF16, None)]:
+        check(*args)
+    check(1, 16, 5000, 1, BF16, None, P=200)
+    print(f"checks done in {time.time() - t0:.0f}s", flush=True)
+    for tiles in [(16, 32), (16, 16), (32, 16)]:
+        heuristics.simt_tiles = lambda t=tiles: t
+        print("tiles", tiles, "smem", simt.smem_bytes(*tiles))
+        check(3, 16, 500, 1, BF16)
+        bench(64, 16, 4096)
+        bench(64, 128, 4096)
+        bench(1, 128, 65536)
