@@ -61,17 +61,23 @@ def _cached(key, build):
         return k
 
 
-def partition_kernel(mask, score_mod, tag, cache_cls, block_m, block_n, heads):
+def unpacker(tag):
+    """Packed 16-bit pair (one int32 word) -> two floats, or None for fp32 storage."""
+    return {"bf16": ptx.bf16x2_to_f32, "f16": ptx.f16x2_to_f32, "f32": None}[tag]
+
+
+def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads):
     """The stage-1 FMA kernel (kernels/simt.py) for this configuration."""
     fold = score_mod.identity and mask.boolean
-    key = ("simt", mask.cache_key(), score_mod.cache_key(), tag, cache_cls.kind, block_m, block_n,
-           heads, fold)
+    key = ("simt", mask.cache_key(), score_mod.cache_key(), tag, cache_cls.kind, block_m, heads,
+           fold)
 
     def build():
         from .kernels.simt import make_partition_kernel
 
         return make_partition_kernel(
             load=converters(tag)[0],
+            unpack=unpacker(tag),
             locate=cache_cls.device_locate(),
             mask_apply=mask.device_apply(),
             mask_classify=mask.device_classify(),
@@ -79,7 +85,6 @@ def partition_kernel(mask, score_mod, tag, cache_cls, block_m, block_n, heads):
             score_mod=score_mod.device_fn(),
             fold_scale=fold,
             block_m=block_m,
-            block_n=block_n,
             heads=heads,
         )
 

@@ -23,21 +23,23 @@ _tls = threading.local()
 # ---------------------------------------------------------------------------------------------
 # Arrays
 # ---------------------------------------------------------------------------------------------
-def _as_device(x, sixteen_bit, shape=None):
-    """A Numba device array over x's memory (16-bit floats as int16 bits), copying host data."""
+def _as_device(x, sixteen_bit, shape=None, pairs=False):
+    """A Numba device array over x's memory, copying host data. 16-bit floats are seen as
+    int16 bits, or as int32 words of two (``pairs``: the last axis halves)."""
     if shape is not None:
         x = x.reshape(shape)
+    view = (np.int32 if pairs else np.int16) if sixteen_bit else None
     if isinstance(x, np.ndarray):
         host = np.ascontiguousarray(x)
-        return cuda.to_device(host.view(np.int16) if sixteen_bit else host)
+        return cuda.to_device(host.view(view) if view else host)
     if is_torch(x):
         import torch
 
-        if sixteen_bit:
-            x = x.view(torch.int16)
+        if view:
+            x = x.view(torch.int32 if pairs else torch.int16)
         return cuda.as_cuda_array(x.detach())
     d = x if cuda.is_cuda_array(x) and hasattr(x, "copy_to_host") else cuda.as_cuda_array(x)
-    return d.view(np.int16) if sixteen_bit else d
+    return d.view(view) if view else d
 
 
 def _int32_device(x, host):
@@ -98,7 +100,7 @@ def _launcher(dispatcher, args, grid, block, smem):
 # ---------------------------------------------------------------------------------------------
 def run(call):
     """Run the FMA split-K kernels for a checked call; returns out (and lse)."""
-    from .kernels.simt import NTHREADS, smem_bytes
+    from .kernels.simt import BLOCK_N, NTHREADS, smem_bytes
     from .kernels.combine import NTHREADS as COMBINE_THREADS
 
     tag = factory.dtype_tag(call.dtype)
@@ -118,7 +120,7 @@ def run(call):
     counts = np.diff(offs_host)
     offs_dev = _int32_device(offs_src, offs_host)
 
-    storage = _as_device(cache.storage, sixteen)
+    storage = _as_device(cache.storage, sixteen, pairs=True)
     lengths = _int32_device(cache.lengths, cache.lengths_host)
     if cache.block_table is None:
         block_table = _dummy((1, 1), np.int32)
@@ -127,10 +129,11 @@ def run(call):
     bias = call.mask.bias_array()
     bias = _dummy((1, 1, 1), np.float32) if bias is None else _as_device(bias, False)
 
-    block_m, block_n = heuristics.simt_tiles()
-    groups = max(1, math.ceil(int(counts.max(initial=0)) * H / block_m))
+    rows = int(counts.max(initial=0)) * H
+    block_m = heuristics.simt_block_m(rows, sixteen)
+    groups = max(1, math.ceil(rows / block_m))
     max_len = int(cache.lengths_host.max(initial=0))
-    P = call.num_partitions or heuristics.num_partitions(B, groups, max_len, block_n)
+    P = call.num_partitions or heuristics.num_partitions(B, groups, max_len, BLOCK_N)
 
     out_user = call.out
     out_shape3 = (T, H, D_V)
@@ -146,11 +149,10 @@ def run(call):
     if T > 0 and B > 0:
         part_out = cuda.device_array((T, H, P, D_V), np.float32)
         part_lse = cuda.device_array((T, H, P), np.float32)
-        kern = factory.partition_kernel(call.mask, call.score_mod, tag, type(cache), block_m,
-                                        block_n, H)
+        kern = factory.partition_kernel(call.mask, call.score_mod, tag, type(cache), block_m, H)
         args = (q_dev, offs_dev, storage, block_table, lengths, bias, np.float32(call.scale),
                 part_out, part_lse)
-        _launcher(kern, args, (P, groups, B), NTHREADS, smem_bytes(block_m, block_n))
+        _launcher(kern, args, (P, groups, B), NTHREADS, smem_bytes(block_m, sixteen))
         factory.combine_kernel(tag)[(T, H), COMBINE_THREADS](part_out, part_lse, out_dev, lse_dev)
 
     if result is None:  # host caller: copy back

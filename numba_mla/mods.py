@@ -471,12 +471,14 @@ class MaterializedMask(Mask):
         if self.per_head:
 
             def apply(s, b, h, i, q_pos, k, bias):
-                return s + bias[b, h, i, k]
+                x = bias[b, h, i, k]
+                return NEG_INF if x == NEG_INF else s + x  # dropped even if s is inf/NaN
 
         else:
 
             def apply(s, b, h, i, q_pos, k, bias):
-                return s + bias[b, i, k]
+                x = bias[b, i, k]
+                return NEG_INF if x == NEG_INF else s + x  # dropped even if s is inf/NaN
 
         return _device(apply)
 

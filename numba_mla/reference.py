@@ -43,7 +43,10 @@ def attend(q, kv, b, length, scale, mask, score_mod, compute_dtype=np.float64):
     h = np.arange(heads)[None, :, None]                            # [1, H, 1]
     k = np.arange(length)[None, None, :]                           # [1, 1, L] absolute key pos
     s = np.asarray(score_mod.apply(s, b, h, q_pos, k), compute_dtype)       # [n, H, L]
-    s = s + np.asarray(mask.bias(b, h, i, q_pos, k), compute_dtype)         # [n, H, L] -inf: dropped
+    bias = np.asarray(mask.bias(b, h, i, q_pos, k), compute_dtype)         # [n, H, L] -inf: dropped
+    # A dropped key is -inf whatever the score mod made of it (+inf + -inf would be NaN).
+    with np.errstate(invalid="ignore"):
+        s = np.where(np.isneginf(bias), -np.inf, s + bias)                  # [n, H, L]
 
     # Online-softmax-free form: subtract the row max for stability.
     m = s.max(axis=-1) if length else np.full((n, heads), -np.inf, compute_dtype)  # [n, H]

@@ -65,25 +65,18 @@ def bench(B, H, L, dtype=BF16, iters=20):
 if __name__ == "__main__":
     t0 = time.time()
     check(2, 16, 300, 1, BF16)
-    kern = factory.partition_kernel(nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache,
-                                    *heuristics.simt_tiles(), 16)
     dev = cuda.get_current_device()
-    for sig, k in kern.overloads.items():
-        print("regs/thread", k.regs_per_thread, "local bytes", k.local_mem_per_thread,
-              "static smem", k.shared_mem_per_block,
-              "dynamic smem", simt.smem_bytes(*heuristics.simt_tiles()))
-        ptx = k.inspect_asm(dev.compute_capability)
-        print("PTX calls:", [l.strip() for l in ptx.splitlines() if "call" in l][:5],
-              "ld.local:", ptx.count("ld.local"), "st.local:", ptx.count("st.local"))
+    for (mask, tag, bm, H) in [(nm.NullMask(), "bf16", 16, 16), (nm.CausalMask(), "bf16", 32, 128)]:
+        kern = factory.partition_kernel(mask, nm.IdentityScoreMod(), tag, nm.PagedKVCache, bm, H)
+        for sig, k in kern.overloads.items():
+            print(f"{tag} BLOCK_M={bm}: regs/thread", k.regs_per_thread, "local bytes", k.local_mem_per_thread,
+                  "dynamic smem", simt.smem_bytes(bm, True))
     for args in [(3, 128, 1000, 2, BF16, nm.CausalMask()), (4, 16, 777, 1, np.float16, nm.SlidingWindowCausalMask(100)),
                  (2, 1, 65, 1, np.float32, None), (5, 16, 4096, 1, BF16, None)]:
         check(*args)
     check(1, 16, 5000, 1, BF16, None, P=200)
     print(f"checks done in {time.time() - t0:.0f}s", flush=True)
-    for tiles in [(16, 32), (16, 16), (32, 16)]:
-        heuristics.simt_tiles = lambda t=tiles: t
-        print("tiles", tiles, "smem", simt.smem_bytes(*tiles))
-        check(3, 16, 500, 1, BF16)
-        bench(64, 16, 4096)
-        bench(64, 128, 4096)
-        bench(1, 128, 65536)
+    bench(64, 16, 4096)
+    bench(64, 128, 4096)
+    bench(128, 128, 1024)
+    bench(1, 128, 65536)

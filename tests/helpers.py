@@ -107,11 +107,11 @@ class Problem:
 
 
 def random_lengths(rng, B, Sq, max_len, *, zero=True):
-    """B valid lengths (0, or Sq..max_len): includes 0 (if ``zero``) and Sq itself when B
-    allows, so the edge cases are always present."""
+    """B valid lengths (0, or Sq..max_len): includes Sq itself and (if ``zero`` and B > 1) 0,
+    so the edge cases are always present."""
     lo = max(Sq, 1)
     lengths = rng.integers(lo, max(max_len, lo) + 1, size=B)
-    edge = ([0] if zero else []) + [lo]
+    edge = [lo] + ([0] if zero else [])
     for j, v in enumerate(edge[:B]):
         lengths[j] = v
     return rng.permutation(lengths).astype(np.int32)
@@ -139,7 +139,8 @@ def make_problem(rng, B, Sq, H, lengths, dtype=np.float32, cache_kind="contiguou
 
     B sequences of ``lengths`` tokens, H heads, ``dtype`` in {bfloat16, float16, float32}.
     Padded q is [B, Sq, H, 576]. ``ragged=True`` gives q [T, H, 576] with row offsets [B+1];
-    ``q_counts`` sets the rows per sequence (default: random 0..Sq, at most a nonzero length).
+    ``q_counts`` sets the rows per sequence (default: random 0..Sq, at most a nonzero length;
+    ignored for padded q).
     ``cache_kind`` "contiguous" ([B, capacity, 576]) or "paged" (``page_size`` >= 1, pages
     assigned in a shuffled order, ``spare_pages`` extra pages no sequence uses).
     ``capacity`` defaults to a few tokens past the longest sequence. ``filler`` fills every
@@ -301,7 +302,8 @@ MASK_CASES = [
              lambda m: _keep(lambda b, h, q, k: user_mask_mod_scalar(b, h, q, k) or k <= q)),
     MaskCase("(chunked3&causal)|window1",
              lambda p, rng: (nm.ChunkedMask(3) & nm.CausalMask()) | nm.SlidingWindowCausalMask(1),
-             lambda m: _keep(lambda b, h, q, k: (q // 3 == k // 3 and k <= q) or (k <= q and q - k < 1))),
+             lambda m: _keep(lambda b, h, q, k: (q // 3 == k // 3 and k <= q)
+                             or (k <= q and q - k < 1))),
 ]
 MASKS = {c.id: c for c in MASK_CASES}
 

@@ -406,7 +406,8 @@ def test_block_table_used_entry_out_of_range(where, entry_value, rng):
     assert "[0, 5)" in str(info.value)
 
 
-@pytest.mark.parametrize("unused", [UNUSED_PAGE, -1, 5, -(2**31)], ids=["2^30", "-1", "P", "int32_min"])
+@pytest.mark.parametrize("unused", [UNUSED_PAGE, -1, 5, -(2**31)],
+                         ids=["2^30", "-1", "P", "int32_min"])
 def test_block_table_unused_entries_are_accepted(unused, rng):
     """Entries past a sequence's last used page (and every entry of a length-0 sequence) may
     hold anything: the cache is built, and the result does not depend on them."""

@@ -15,7 +15,7 @@ from numba import cuda, float32
 
 NTHREADS = 128
 D_V = 512
-NEG_INF = -math.inf
+NEG_INF = float32(-math.inf)
 
 
 def make_combine_kernel(store):

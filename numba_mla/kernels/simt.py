@@ -6,18 +6,25 @@ Notation
   a sequence with n query tokens has R = n * H rows.
 - Grid ``(P, G, B)``: block (p, g, b) owns sequence b, rows ``[g*BLOCK_M, (g+1)*BLOCK_M)`` and
   key partition p of P. The kept-key range of the block's queries, ``[kstart, kend)``, is cut
-  into key tiles of BLOCK_N keys; partition p walks a contiguous run of those tiles.
-- 4 warps (128 threads). Shared memory (float32, rows padded to 577 words so that threads
-  reading one dim of different rows hit different banks):
-      Qs [BLOCK_M][577]           the block's queries, loaded once
-      Ks [BLOCK_N][577]           one 576-wide KV tile: K for q.K, and its first 512 dims as V
-      Ss [4][BLOCK_M][BLOCK_N]    each warp's partial scores over its quarter of the 576 dims
-      Ps [BLOCK_M][BLOCK_N]       scores, then probabilities, of the current tile
+  into key tiles of BLOCK_N = 32 keys; partition p walks a contiguous run of those tiles,
+  skipping the ones the mask drops entirely.
+- 8 warps (256 threads). A cache row is 576 values = ROW_WORDS 4-byte *words* (288 packed
+  bf16/fp16 pairs, or 576 fp32). Shared memory (4-byte words):
+      Qt [576][BLOCK_M]           queries, transposed: the BLOCK_M rows of one dim are adjacent,
+                                  so one 16-byte broadcast load gives four rows
+      Pt [BLOCK_N][BLOCK_M]       probabilities of the current tile, transposed likewise
+      Ss [8][BLOCK_M][BLOCK_N]    each warp's partial scores over its eighth of the dims
       m, l, alpha [BLOCK_M]       running max (log2 units), running sum, this tile's rescale
-- Scores: warp w sums dims [144w, 144w+144); its lanes form a 4 x 8 grid over (rows, keys),
-  each lane holding a TM x TN register tile (TM = BLOCK_M/4, TN = BLOCK_N/8).
-- P.V: warp w owns rows [w*BLOCK_M/4, ...) and each lane 16 of the 512 output dims
-  (d = lane + 32j), accumulating in registers (fp32) across all tiles of the partition.
+      Ks [2][BLOCK_N][ROW_WORDS+1] two KV tiles (double buffer) in storage format: the next
+                                  tile is copied asynchronously (cp.async) while this one is
+                                  used; the +1 word of padding puts the 32 rows of one column
+                                  in 32 different banks
+- Scores: warp w sums the dims of words [w*ROW_WORDS/8, (w+1)*ROW_WORDS/8); lane = key, each
+  lane holding BLOCK_M partial scores in registers. Per word: one load of K, BLOCK_M/4 (x2
+  for packed pairs) broadcast loads of q, BLOCK_M (x2) FMAs.
+- Online softmax: warp w owns rows w, w+8, ...; lane = key; row max and sum by warp shuffles.
+- P.V: thread t owns V words t (and t+256 for fp32), i.e. 2 of the 512 output dims, for all
+  BLOCK_M rows; fp32 accumulators in registers across the partition's tiles.
 
 Softmax in base 2: exp(x) = exp2(x * LOG2E); when the score mod is the identity and the mask
 is boolean, scale * LOG2E is folded into q as it is loaded, so scores arrive in log2 units.
@@ -26,57 +33,106 @@ Output (fp32 workspace): the partition's normalised output ``part_out[t, h, p, :
 natural-log LSE ``part_lse[t, h, p]`` (-inf and 0 when it kept no key); the combine kernel
 merges the partitions.
 
-Traffic: each block reads its partition's keys once (576 values a key) plus its queries once;
-the B x G blocks of one partition index read the same keys, G = ceil(Sq*H / BLOCK_M) times in
-all (from L2 after the first).
+Traffic: each block reads its partition's keys once (576 values a key, into shared memory,
+serving both q.K and P.V) plus its queries once; the G row groups of one sequence read the same
+keys (from L2 after the first).
 """
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
+from .. import ptx
 from ..mods import EMPTY, PARTIAL
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # log(x) = log2(x) * LN2
-NEG_INF = -math.inf
+NEG_INF = float32(-math.inf)  # typed float32, so the softmax stays in fp32
 
 D_QK = 576  # q and cache row width: 512 latent + 64 rope
 D_V = 512  # V = the first 512 dims of the same row
-DPAD = D_QK + 1  # shared row stride in words (bank-conflict padding)
-NWARPS = 4
+NWARPS = 8
 NTHREADS = 32 * NWARPS
-M_LANES, N_LANES = 4, 8  # lane grid of the score phase
-D_PER_WARP = D_QK // NWARPS  # 144
-DV_PER_LANE = D_V // 32  # 16
-LOADS_PER_LANE = D_QK // 32  # 18: one KV row is 18 loads per lane
+BLOCK_N = 32  # keys per tile: one per lane in the score and softmax phases
 
 
-def smem_bytes(block_m, block_n):
-    words = (block_m + block_n) * DPAD + NWARPS * block_m * block_n + block_m * block_n + 3 * block_m
-    return 4 * words
+def layout(block_m, packed):
+    """Word offsets of the shared arrays and the total size in bytes."""
+    row_words = D_QK // 2 if packed else D_QK
+    qt = 0
+    pt = qt + D_QK * block_m
+    ss = pt + BLOCK_N * block_m
+    m = ss + NWARPS * block_m * BLOCK_N
+    l = m + block_m
+    alpha = l + block_m
+    ks = alpha + block_m
+    ks += -ks % 4  # keep Ks 16-byte aligned
+    stride = row_words + 1
+    end = ks + 2 * BLOCK_N * stride
+    assert block_m % 4 == 0 and qt % 4 == pt % 4 == alpha % 4 == 0  # lds128 alignment
+    return dict(qt=qt, pt=pt, ss=ss, m=m, l=l, alpha=alpha, ks=ks, stride=stride,
+                row_words=row_words, nbytes=4 * end)
 
 
-def make_partition_kernel(*, load, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, block_m, block_n, heads):
+def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, mask_key_range,
+                          score_mod, fold_scale, block_m, heads):
     """The stage-1 kernel for one configuration. Every argument is a compile-time constant:
-    device functions (inlined) or ints; see factory.py."""
-    assert block_m % M_LANES == 0 and block_m % NWARPS == 0 and block_n % N_LANES == 0
-    TM, TN = block_m // M_LANES, block_n // N_LANES
-    RPW = block_m // NWARPS  # P.V rows per warp
+    device functions (inlined) or ints; see factory.py. ``unpack`` turns a packed 16-bit pair
+    into two floats, or is None for fp32 storage."""
+    packed = unpack is not None
+    WORD = int32 if packed else float32
+    if not packed:
+
+        @cuda.jit(device=True)
+        def unpack(w):  # typed but never called: the fp32 branches read floats directly
+            return w, w
+
+    L = layout(block_m, packed)
+    QT, PT, SS, M_, L_, A_, KS = L["qt"], L["pt"], L["ss"], L["m"], L["l"], L["alpha"], L["ks"]
+    STRIDE, ROW_WORDS = L["stride"], L["row_words"]
+    BUF = BLOCK_N * STRIDE  # words per KV tile buffer
+    E = 2 if packed else 1  # values per word
+    WORDS_PER_WARP = ROW_WORDS // NWARPS  # score phase: this warp's slice of a row
+    WORDS_PER_LANE = ROW_WORDS // 32  # tile copy: words per lane per key
+    KEYS_PER_WARP = BLOCK_N // NWARPS  # tile copy: keys per warp
+    V_WORDS = D_V // E  # the V part of a row, in words
+    VW_PER_THREAD = V_WORDS // NTHREADS  # 1 (packed) or 2 (fp32)
+    ROWS_PER_WARP = block_m // NWARPS
+    MQ = block_m // 4  # 16-byte groups of rows
     H = heads
-    # Word offsets into the one dynamic shared array.
-    Q_OFF = 0
-    K_OFF = Q_OFF + block_m * DPAD
-    S_OFF = K_OFF + block_n * DPAD
-    P_OFF = S_OFF + NWARPS * block_m * block_n
-    M_OFF = P_OFF + block_m * block_n
-    L_OFF = M_OFF + block_m
-    A_OFF = L_OFF + block_m
+    assert block_m % 8 == 0 and ROW_WORDS % (32 * NWARPS // 8) == 0
+    assert D_QK * block_m >= D_V * block_m  # the output is staged in the queries' space
+
+    @cuda.jit(device=True)
+    def issue_tile(smk, buf, storage, block_table, page_size, b, k0, k1, warp, lane):
+        """Start the asynchronous copy of keys [k0, k1) into buffer ``buf`` (zeros past k1)."""
+        for j in range(KEYS_PER_WARP):
+            n = warp + NWARPS * j
+            k = k0 + n
+            valid = k < k1
+            pg = 0
+            sl = 0
+            if valid:
+                pg, sl = locate(block_table, page_size, b, k)
+            base = KS + buf * BUF + n * STRIDE
+            for c in range(WORDS_PER_LANE):
+                w = lane + 32 * c
+                ptx.cp_async4(smk, base + w, storage, pg, sl, w, valid)
+        ptx.cp_async_commit()
+
+    @cuda.jit(device=True)
+    def next_tile(t, t_end, kstart, kend, q_lo, q_hi):
+        """The first tile at or after t that the mask does not drop entirely (or t_end)."""
+        while t < t_end:
+            k0 = kstart + t * BLOCK_N
+            if mask_classify(k0, min(k0 + BLOCK_N, kend), q_lo, q_hi) != EMPTY:
+                break
+            t += 1
+        return t
 
     @cuda.jit
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
                          part_out, part_lse):
-        # q [T, H, 576] (storage dtype), q_offsets [B+1], storage [pages, page_size, 576],
+        # q [T, H, 576] (storage dtype), q_offsets [B+1], storage [pages, page_size, words],
         # part_out [T, H, P, 512] f32, part_lse [T, H, P] f32.
         p = cuda.blockIdx.x
         nparts = cuda.gridDim.x
@@ -84,7 +140,8 @@ def make_partition_kernel(*, load, locate, mask_apply, mask_classify, mask_key_r
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
-        sm = cuda.shared.array(0, float32)
+        smf = cuda.shared.array(0, float32)  # one dynamic allocation, seen as floats ...
+        smk = cuda.shared.array(0, WORD)  # ... and as storage words
 
         row0 = q_offsets[b]  # first q row of sequence b
         nq = q_offsets[b + 1] - row0  # its query tokens
@@ -101,159 +158,177 @@ def make_partition_kernel(*, load, locate, mask_apply, mask_classify, mask_key_r
         kstart, kend = mask_key_range(q_lo, q_hi)
         kstart = max(kstart, 0)
         kend = min(kend, length)
-        ntiles = (kend - kstart + block_n - 1) // block_n if kend > kstart else 0
+        ntiles = (kend - kstart + BLOCK_N - 1) // BLOCK_N if kend > kstart else 0
         per_part = (ntiles + nparts - 1) // nparts
-        t_begin = p * per_part
-        t_end = min(t_begin + per_part, ntiles)
-        qscale = scale * LOG2E if fold_scale else float32(1.0)
+        t_end = min((p + 1) * per_part, ntiles)
+        t = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)
+        if t < t_end:  # start copying the first tile before anything else
+            k0 = kstart + t * BLOCK_N
+            issue_tile(smk, 0, storage, block_table, page_size, b, k0, min(k0 + BLOCK_N, kend),
+                       warp, lane)
 
-        # -- load the block's queries (once) and reset the running softmax state --
+        # -- load the block's queries, transposed (once), and reset the softmax state --
+        qscale = float32(scale * LOG2E) if fold_scale else float32(1.0)
         for idx in range(tid, block_m * D_QK, NTHREADS):
             m = idx // D_QK
             d = idx - m * D_QK
+            v = float32(0.0)
             if m < nrows:
                 r = r0 + m
-                sm[Q_OFF + m * DPAD + d] = load(q[row0 + r // H, r % H, d]) * qscale
-            else:
-                sm[Q_OFF + m * DPAD + d] = 0.0
+                v = load(q[row0 + r // H, r % H, d]) * qscale
+            smf[QT + d * block_m + m] = v
         if tid < block_m:
-            sm[M_OFF + tid] = NEG_INF
-            sm[L_OFF + tid] = 0.0
-        acc = cuda.local.array((RPW, DV_PER_LANE), float32)
-        for ii in range(RPW):
-            for jj in range(DV_PER_LANE):
-                acc[ii, jj] = 0.0
-        s_acc = cuda.local.array((TM, TN), float32)
-        qv = cuda.local.array(TM, float32)
-        kv = cuda.local.array(TN, float32)
-        vv = cuda.local.array(DV_PER_LANE, float32)
-        row_buf = cuda.local.array(LOADS_PER_LANE, float32)
-        ml = lane // N_LANES  # score phase: this lane's row group ...
-        nl = lane % N_LANES  # ... and key group
+            smf[M_ + tid] = NEG_INF
+            smf[L_ + tid] = 0.0
+        acc = cuda.local.array((block_m, 2), float32)  # P.V accumulators: rows x my 2 dims
+        for ii in range(block_m):
+            acc[ii, 0] = 0.0
+            acc[ii, 1] = 0.0
+        s_acc = cuda.local.array(block_m, float32)
 
-        for t in range(t_begin, t_end):
-            k0 = kstart + t * block_n
-            k1 = min(k0 + block_n, kend)
+        buf = 0
+        while t < t_end:
+            k0 = kstart + t * BLOCK_N
+            k1 = min(k0 + BLOCK_N, kend)
             cls = mask_classify(k0, k1, q_lo, q_hi)
-            if cls == EMPTY:
-                continue  # the mask drops the whole tile: never loaded (uniform branch)
-
-            # Wait until every warp is done with the previous tile's Ks and Ps (and, on the
-            # first tile, until the queries and the softmax state are in place).
+            kb = KS + buf * BUF
+            ptx.cp_async_wait_all()
+            # Wait until this tile's copies (every thread's) have landed, and until every
+            # warp is done with the previous tile, whose buffer the next copy reuses (on the
+            # first tile: until the queries and the softmax state are in place).
             cuda.syncthreads()
+            t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+            if t_next < t_end:  # prefetch the next tile while this one is used
+                k0n = kstart + t_next * BLOCK_N
+                issue_tile(smk, 1 - buf, storage, block_table, page_size, b, k0n,
+                           min(k0n + BLOCK_N, kend), warp, lane)
 
-            # -- load K tile: warp w loads keys w, w+4, ...; lane l dims l, l+32, ... --
-            # All 18 loads of a row are issued before the first store, so one memory
-            # latency is paid per row rather than per element.
-            for n in range(warp, block_n, NWARPS):
-                k = k0 + n
-                if k < k1:
-                    pg, sl = locate(block_table, page_size, b, k)
-                    for j in range(LOADS_PER_LANE):
-                        row_buf[j] = load(storage[pg, sl, lane + 32 * j])
+            # -- partial scores: lane = key, warp w sums its slice of the 576 dims --
+            for ii in range(block_m):
+                s_acc[ii] = 0.0
+            for wd in range(warp * WORDS_PER_WARP, (warp + 1) * WORDS_PER_WARP):
+                if packed:
+                    k_lo, k_hi = unpack(smk[kb + lane * STRIDE + wd])
+                    for mq in range(MQ):
+                        q0, q1, q2, q3 = ptx.lds128(smf, QT + (2 * wd) * block_m + 4 * mq)
+                        s_acc[4 * mq] += q0 * k_lo
+                        s_acc[4 * mq + 1] += q1 * k_lo
+                        s_acc[4 * mq + 2] += q2 * k_lo
+                        s_acc[4 * mq + 3] += q3 * k_lo
+                        q0, q1, q2, q3 = ptx.lds128(smf, QT + (2 * wd + 1) * block_m + 4 * mq)
+                        s_acc[4 * mq] += q0 * k_hi
+                        s_acc[4 * mq + 1] += q1 * k_hi
+                        s_acc[4 * mq + 2] += q2 * k_hi
+                        s_acc[4 * mq + 3] += q3 * k_hi
                 else:
-                    for j in range(LOADS_PER_LANE):
-                        row_buf[j] = 0.0  # past the range: zero, never NaN
-                for j in range(LOADS_PER_LANE):
-                    sm[K_OFF + n * DPAD + lane + 32 * j] = row_buf[j]
-            # Wait for the whole K tile.
+                    kv = smf[kb + lane * STRIDE + wd]
+                    for mq in range(MQ):
+                        q0, q1, q2, q3 = ptx.lds128(smf, QT + wd * block_m + 4 * mq)
+                        s_acc[4 * mq] += q0 * kv
+                        s_acc[4 * mq + 1] += q1 * kv
+                        s_acc[4 * mq + 2] += q2 * kv
+                        s_acc[4 * mq + 3] += q3 * kv
+            for ii in range(block_m):
+                smf[SS + (warp * block_m + ii) * BLOCK_N + lane] = s_acc[ii]
+            # Wait for all eight warps' partial scores.
             cuda.syncthreads()
 
-            # -- partial scores: warp w sums q.K over its 144 dims --
-            for ii in range(TM):
-                for jj in range(TN):
-                    s_acc[ii, jj] = 0.0
-            for d in range(warp * D_PER_WARP, (warp + 1) * D_PER_WARP):
-                for ii in range(TM):
-                    qv[ii] = sm[Q_OFF + (ml + M_LANES * ii) * DPAD + d]
-                for jj in range(TN):
-                    kv[jj] = sm[K_OFF + (nl + N_LANES * jj) * DPAD + d]
-                for ii in range(TM):
-                    for jj in range(TN):
-                        s_acc[ii, jj] += qv[ii] * kv[jj]
-            for ii in range(TM):
-                for jj in range(TN):
-                    m = ml + M_LANES * ii
-                    n = nl + N_LANES * jj
-                    sm[S_OFF + (warp * block_m + m) * block_n + n] = s_acc[ii, jj]
-            # Wait for all four warps' partial scores.
-            cuda.syncthreads()
-
-            # -- mask, score mod and online softmax: one thread per row --
-            if tid < block_m:
-                m = tid
+            # -- mask, score mod and online softmax: warp w owns rows w, w+8, ...; lane = key --
+            k = k0 + lane
+            for jr in range(ROWS_PER_WARP):
+                m = warp + NWARPS * jr
                 r = r0 + m
                 i = r // H
                 h = r % H
                 q_pos = length - nq + i
-                m_old = sm[M_OFF + m]
-                m_new = m_old
-                for n in range(block_n):
-                    k = k0 + n
-                    s = NEG_INF
-                    if m < nrows and k < k1:
-                        s = float32(0.0)
-                        for w in range(NWARPS):
-                            s += sm[S_OFF + (w * block_m + m) * block_n + n]
-                        if fold_scale:
-                            # ---- apply mask (scores already in log2 units) ----
-                            if cls == PARTIAL:
-                                s = mask_apply(s, b, h, i, q_pos, k, bias)
-                        else:
-                            s = s * scale
-                            # ---- apply score mod ----
-                            s = score_mod(s, b, h, q_pos, k)
-                            # ---- apply mask ----
-                            if cls == PARTIAL:
-                                s = mask_apply(s, b, h, i, q_pos, k, bias)
-                            s = s * LOG2E
-                    sm[P_OFF + m * block_n + n] = s
-                    m_new = max(m_new, s)
-                # Rows with no kept key so far keep m = -inf; exp2 then sees 0 - 0, not NaN.
+                s = NEG_INF
+                if m < nrows and k < k1:
+                    s = float32(0.0)
+                    for w in range(NWARPS):
+                        s += smf[SS + (w * block_m + m) * BLOCK_N + lane]
+                    if fold_scale:
+                        # ---- apply mask (scores already in log2 units) ----
+                        if cls == PARTIAL:
+                            s = mask_apply(s, b, h, i, q_pos, k, bias)
+                    else:
+                        s = s * scale
+                        # ---- apply score mod ----
+                        s = score_mod(s, b, h, q_pos, k)
+                        # ---- apply mask ----
+                        if cls == PARTIAL:
+                            s = mask_apply(s, b, h, i, q_pos, k, bias)
+                        s = s * LOG2E
+                m_old = smf[M_ + m]
+                m_new = s
+                for o in (16, 8, 4, 2, 1):
+                    m_new = max(m_new, ptx.shfl_xor(m_new, o, tid))
+                m_new = max(m_new, m_old)
+                # A row with no kept key so far keeps m = -inf; exp2 then sees -inf - 0.
                 m_ref = m_new if m_new != NEG_INF else float32(0.0)
-                alpha = math.exp2(m_old - m_ref)
-                l_new = sm[L_OFF + m] * alpha
-                for n in range(block_n):
-                    pr = math.exp2(sm[P_OFF + m * block_n + n] - m_ref)
-                    sm[P_OFF + m * block_n + n] = pr
-                    l_new += pr
-                sm[M_OFF + m] = m_new
-                sm[L_OFF + m] = l_new
-                sm[A_OFF + m] = alpha
+                pr = math.exp2(s - m_ref)
+                smf[PT + lane * block_m + m] = pr
+                row_sum = pr
+                for o in (16, 8, 4, 2, 1):
+                    row_sum += ptx.shfl_xor(row_sum, o, tid)
+                if lane == 0:
+                    alpha = math.exp2(m_old - m_ref)
+                    smf[A_ + m] = alpha
+                    smf[L_ + m] = smf[L_ + m] * alpha + row_sum
+                    smf[M_ + m] = m_new
             # Wait for the probabilities and the rescale factors.
             cuda.syncthreads()
 
-            # -- O = alpha * O + P @ V, V = Ks[:, :512] --
-            for ii in range(RPW):
-                a = sm[A_OFF + warp * RPW + ii]
-                for jj in range(DV_PER_LANE):
-                    acc[ii, jj] *= a
-            for n in range(block_n):
-                for jj in range(DV_PER_LANE):
-                    vv[jj] = sm[K_OFF + n * DPAD + lane + 32 * jj]
-                for ii in range(RPW):
-                    pr = sm[P_OFF + (warp * RPW + ii) * block_n + n]
-                    for jj in range(DV_PER_LANE):
-                        acc[ii, jj] += pr * vv[jj]
-
-        # Wait for the softmax state (also when no tile was processed).
-        cuda.syncthreads()
+            # -- O = alpha * O + P @ V, V = the tile's first 512 dims --
+            for mq in range(MQ):
+                a0, a1, a2, a3 = ptx.lds128(smf, A_ + 4 * mq)
+                for c in range(2):
+                    acc[4 * mq, c] *= a0
+                    acc[4 * mq + 1, c] *= a1
+                    acc[4 * mq + 2, c] *= a2
+                    acc[4 * mq + 3, c] *= a3
+            for n in range(BLOCK_N):
+                if packed:
+                    v0, v1 = unpack(smk[kb + n * STRIDE + tid])
+                else:
+                    v0 = smf[kb + n * STRIDE + tid]
+                    v1 = smf[kb + n * STRIDE + tid + NTHREADS]
+                for mq in range(MQ):
+                    p0, p1, p2, p3 = ptx.lds128(smf, PT + n * block_m + 4 * mq)
+                    acc[4 * mq, 0] += p0 * v0
+                    acc[4 * mq, 1] += p0 * v1
+                    acc[4 * mq + 1, 0] += p1 * v0
+                    acc[4 * mq + 1, 1] += p1 * v1
+                    acc[4 * mq + 2, 0] += p2 * v0
+                    acc[4 * mq + 2, 1] += p2 * v1
+                    acc[4 * mq + 3, 0] += p3 * v0
+                    acc[4 * mq + 3, 1] += p3 * v1
+            buf = 1 - buf
+            t = t_next
 
         # -- write the partition's normalised output and LSE --
-        for ii in range(RPW):
-            m = warp * RPW + ii
-            if m < nrows:
-                r = r0 + m
-                t_row = row0 + r // H
-                h = r % H
-                l = sm[L_OFF + m]
-                inv = 1.0 / l if l > 0.0 else float32(0.0)
-                for jj in range(DV_PER_LANE):
-                    part_out[t_row, h, p, lane + 32 * jj] = acc[ii, jj] * inv
-                if lane == 0:
-                    if l > 0.0:
-                        part_lse[t_row, h, p] = (sm[M_OFF + m] + math.log2(l)) * LN2
-                    else:
-                        part_lse[t_row, h, p] = NEG_INF
+        # Stage O through shared memory (the queries' space is free now): every register
+        # index stays a compile-time constant, and the global writes are whole rows.
+        # Thread t's dims: 2t, 2t+1 (packed pairs) or t, t+256 (fp32).
+        d0 = E * tid
+        d1 = d0 + 1 if packed else tid + NTHREADS
+        for m in range(block_m):
+            smf[QT + m * D_V + d0] = acc[m, 0]
+            smf[QT + m * D_V + d1] = acc[m, 1]
+        # Wait for the staged output (and, when no tile was processed, the softmax state).
+        cuda.syncthreads()
+        for m in range(nrows):
+            r = r0 + m
+            t_row = row0 + r // H
+            h = r % H
+            l = smf[L_ + m]
+            inv = 1.0 / l if l > 0.0 else float32(0.0)
+            for d in range(tid, D_V, NTHREADS):
+                part_out[t_row, h, p, d] = smf[QT + m * D_V + d] * inv
+            if tid == 0:
+                part_lse[t_row, h, p] = (smf[M_ + m] + math.log2(l)) * LN2 if l > 0.0 else NEG_INF
 
     return partition_kernel
+
+
+def smem_bytes(block_m, packed):
+    return layout(block_m, packed)["nbytes"]
