@@ -14,11 +14,15 @@ Primitives
 - ``bf16_to_f32(x)``, ``f16_to_f32(x)``: int16 bits -> float32.
 - ``f32_to_bf16(x)``, ``f32_to_f16(x)``: float32 -> int16 bits, round to nearest even.
 - ``bf16x2_to_f32(w)``, ``f16x2_to_f32(w)``: int32 word (element 2i low, 2i+1 high) -> 2 floats.
-- ``lds128(arr, i)``: ``arr[i:i+4]`` of a float32 shared array in one 16-byte load
-  (``ld.shared.v4``; i a multiple of 4). With every lane at one address it is a broadcast.
-- ``cp_async4(dst, i, src, i0, i1, i2, valid)``: start copying the 4-byte ``src[i0, i1, i2]``
-  into shared ``dst[i]`` without passing through registers (``cp.async``); zeros when not
-  ``valid`` (nothing is read). ``cp_async_commit()`` closes a group of copies,
+- ``smem_addr(arr)``: the 32-bit shared-memory address of a shared array (0 in the simulator).
+  The loads below take ``addr = smem_addr(arr) + byte offset``: 32-bit address arithmetic
+  that folds into the instruction's immediate offset, instead of Numba's 64-bit indexing.
+- ``lds32(arr, addr)``: one 4-byte element of the shared array ``arr`` (its dtype).
+- ``lds128(arr, addr)``: four float32 in one 16-byte load (``ld.shared.v4``; addr 16-byte
+  aligned). With every lane at one address it is a broadcast.
+- ``cp_async4(arr, addr, src, i0, i1, i2, valid)``: start copying the 4-byte ``src[i0, i1, i2]``
+  into the shared ``arr`` at ``addr`` without passing through registers (``cp.async``); zeros
+  when not ``valid`` (nothing is read). ``cp_async_commit()`` closes a group of copies,
   ``cp_async_wait_all()`` waits for this thread's groups; a barrier then publishes them.
 - ``shfl_xor(v, mask, tid)``: the float32 ``v`` of lane ``lane ^ mask`` (full warp). ``tid`` is
   the thread's index in its block (the simulator needs it to find the warp).
@@ -52,11 +56,18 @@ if SIMULATOR:
         lo, hi = np.array([w], np.int32).view(np.float16)
         return float(lo), float(hi)
 
-    def lds128(arr, i):
+    def smem_addr(arr):
+        return 0
+
+    def lds32(arr, addr):
+        return arr[addr // 4]
+
+    def lds128(arr, addr):
+        i = addr // 4
         return arr[i], arr[i + 1], arr[i + 2], arr[i + 3]
 
-    def cp_async4(dst, i, src, i0, i1, i2, valid):
-        dst[i] = src[i0, i1, i2] if valid else 0
+    def cp_async4(arr, addr, src, i0, i1, i2, valid):
+        arr[addr // 4] = src[i0, i1, i2] if valid else 0
 
     def cp_async_commit():
         pass
@@ -160,26 +171,46 @@ else:
         return cgutils.get_item_pointer(ctx, b, aryty, arr, inds)
 
     @intrinsic
-    def lds128(typingctx, arr, i):
-        sig = types.UniTuple(types.float32, 4)(arr, i)
+    def smem_addr(typingctx, arr):
+        def cg(ctx, b, sig, args):
+            data = ctx.make_array(sig.args[0])(ctx, b, value=args[0]).data
+            return _shared_addr(b, data)
+
+        return types.uint32(arr), cg
+
+    def _addr32(ctx, b, v, ty):
+        return b.trunc(ctx.cast(b, v, ty, types.int64), _i32)
+
+    # Loads are side_effect asm: they stay on their side of the barriers that order the
+    # stores they read.
+    @intrinsic
+    def lds32(typingctx, arr, addr):
+        def cg(ctx, b, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(_i32, [_i32]), "ld.shared.b32 $0, [$1];", "=r,r",
+                               side_effect=True)
+            r = b.call(asm, [_addr32(ctx, b, args[1], sig.args[1])])
+            return b.bitcast(r, _f32) if sig.return_type == types.float32 else r
+
+        return arr.dtype(arr, addr), cg
+
+    @intrinsic
+    def lds128(typingctx, arr, addr):
+        sig = types.UniTuple(types.float32, 4)(arr, addr)
 
         def cg(ctx, b, s, args):
-            addr = _shared_addr(b, _item_ptr(ctx, b, s.args[0], args[0], [args[1]], [s.args[1]]))
-            # side_effect: keep it on its side of the barriers that order the stores it reads.
             asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_f32] * 4), [_i32]),
                                "ld.shared.v4.f32 {$0,$1,$2,$3}, [$4];", "=f,=f,=f,=f,r",
                                side_effect=True)
-            r = b.call(asm, [addr])
+            r = b.call(asm, [_addr32(ctx, b, args[1], s.args[1])])
             return ctx.make_tuple(b, s.return_type, [b.extract_value(r, k) for k in range(4)])
 
         return sig, cg
 
     @intrinsic
-    def cp_async4(typingctx, dst, i, src, i0, i1, i2, valid):
-        sig = types.void(dst, i, src, i0, i1, i2, valid)
+    def cp_async4(typingctx, arr, addr, src, i0, i1, i2, valid):
+        sig = types.void(arr, addr, src, i0, i1, i2, valid)
 
         def cg(ctx, b, s, args):
-            saddr = _shared_addr(b, _item_ptr(ctx, b, s.args[0], args[0], [args[1]], [s.args[1]]))
             gptr = _item_ptr(ctx, b, s.args[2], args[2], args[3:6], s.args[3:6])
             cvta = ir.InlineAsm(ir.FunctionType(_i64, [_i64]), "cvta.to.global.u64 $0, $1;", "=l,l")
             gaddr = b.call(cvta, [b.ptrtoint(gptr, _i64)])
@@ -188,7 +219,7 @@ else:
             asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _i64, _i32]),
                                "cp.async.ca.shared.global [$0], [$1], 4, $2;", "r,l,r,~{memory}",
                                side_effect=True)
-            b.call(asm, [saddr, gaddr, nbytes])
+            b.call(asm, [_addr32(ctx, b, args[1], s.args[1]), gaddr, nbytes])
             return ctx.get_dummy_value()
 
         return sig, cg

@@ -103,7 +103,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
     assert D_QK * block_m >= D_V * block_m  # the output is staged in the queries' space
 
     @cuda.jit(device=True)
-    def issue_tile(smk, buf, storage, block_table, page_size, b, k0, k1, warp, lane):
+    def issue_tile(smk, sb, buf, storage, block_table, page_size, b, k0, k1, warp, lane):
         """Start the asynchronous copy of keys [k0, k1) into buffer ``buf`` (zeros past k1)."""
         for j in range(KEYS_PER_WARP):
             n = warp + NWARPS * j
@@ -116,7 +116,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
             base = KS + buf * BUF + n * STRIDE
             for c in range(WORDS_PER_LANE):
                 w = lane + 32 * c
-                ptx.cp_async4(smk, base + w, storage, pg, sl, w, valid)
+                ptx.cp_async4(smk, sb + 4 * (base + w), storage, pg, sl, w, valid)
         ptx.cp_async_commit()
 
     @cuda.jit(device=True)
@@ -142,6 +142,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
         lane = tid % 32
         smf = cuda.shared.array(0, float32)  # one dynamic allocation, seen as floats ...
         smk = cuda.shared.array(0, WORD)  # ... and as storage words
+        sb = ptx.smem_addr(smf)  # its 32-bit address: byte offsets below are added to it
 
         row0 = q_offsets[b]  # first q row of sequence b
         nq = q_offsets[b + 1] - row0  # its query tokens
@@ -164,7 +165,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
         t = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)
         if t < t_end:  # start copying the first tile before anything else
             k0 = kstart + t * BLOCK_N
-            issue_tile(smk, 0, storage, block_table, page_size, b, k0, min(k0 + BLOCK_N, kend),
+            issue_tile(smk, sb, 0, storage, block_table, page_size, b, k0, min(k0 + BLOCK_N, kend),
                        warp, lane)
 
         # -- load the block's queries, transposed (once), and reset the softmax state --
@@ -200,7 +201,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
             t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
             if t_next < t_end:  # prefetch the next tile while this one is used
                 k0n = kstart + t_next * BLOCK_N
-                issue_tile(smk, 1 - buf, storage, block_table, page_size, b, k0n,
+                issue_tile(smk, sb, 1 - buf, storage, block_table, page_size, b, k0n,
                            min(k0n + BLOCK_N, kend), warp, lane)
 
             # -- partial scores: lane = key, warp w sums its slice of the 576 dims --
@@ -208,22 +209,22 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
                 s_acc[ii] = 0.0
             for wd in range(warp * WORDS_PER_WARP, (warp + 1) * WORDS_PER_WARP):
                 if packed:
-                    k_lo, k_hi = unpack(smk[kb + lane * STRIDE + wd])
+                    k_lo, k_hi = unpack(ptx.lds32(smk, sb + 4 * (kb + lane * STRIDE + wd)))
                     for mq in range(MQ):
-                        q0, q1, q2, q3 = ptx.lds128(smf, QT + (2 * wd) * block_m + 4 * mq)
+                        q0, q1, q2, q3 = ptx.lds128(smf, sb + 4 * (QT + (2 * wd) * block_m + 4 * mq))
                         s_acc[4 * mq] += q0 * k_lo
                         s_acc[4 * mq + 1] += q1 * k_lo
                         s_acc[4 * mq + 2] += q2 * k_lo
                         s_acc[4 * mq + 3] += q3 * k_lo
-                        q0, q1, q2, q3 = ptx.lds128(smf, QT + (2 * wd + 1) * block_m + 4 * mq)
+                        q0, q1, q2, q3 = ptx.lds128(smf, sb + 4 * (QT + (2 * wd + 1) * block_m + 4 * mq))
                         s_acc[4 * mq] += q0 * k_hi
                         s_acc[4 * mq + 1] += q1 * k_hi
                         s_acc[4 * mq + 2] += q2 * k_hi
                         s_acc[4 * mq + 3] += q3 * k_hi
                 else:
-                    kv = smf[kb + lane * STRIDE + wd]
+                    kv = ptx.lds32(smf, sb + 4 * (kb + lane * STRIDE + wd))
                     for mq in range(MQ):
-                        q0, q1, q2, q3 = ptx.lds128(smf, QT + wd * block_m + 4 * mq)
+                        q0, q1, q2, q3 = ptx.lds128(smf, sb + 4 * (QT + wd * block_m + 4 * mq))
                         s_acc[4 * mq] += q0 * kv
                         s_acc[4 * mq + 1] += q1 * kv
                         s_acc[4 * mq + 2] += q2 * kv
@@ -280,7 +281,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
 
             # -- O = alpha * O + P @ V, V = the tile's first 512 dims --
             for mq in range(MQ):
-                a0, a1, a2, a3 = ptx.lds128(smf, A_ + 4 * mq)
+                a0, a1, a2, a3 = ptx.lds128(smf, sb + 4 * (A_ + 4 * mq))
                 for c in range(2):
                     acc[4 * mq, c] *= a0
                     acc[4 * mq + 1, c] *= a1
@@ -288,12 +289,12 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
                     acc[4 * mq + 3, c] *= a3
             for n in range(BLOCK_N):
                 if packed:
-                    v0, v1 = unpack(smk[kb + n * STRIDE + tid])
+                    v0, v1 = unpack(ptx.lds32(smk, sb + 4 * (kb + n * STRIDE + tid)))
                 else:
-                    v0 = smf[kb + n * STRIDE + tid]
-                    v1 = smf[kb + n * STRIDE + tid + NTHREADS]
+                    v0 = ptx.lds32(smf, sb + 4 * (kb + n * STRIDE + tid))
+                    v1 = ptx.lds32(smf, sb + 4 * (kb + n * STRIDE + tid + NTHREADS))
                 for mq in range(MQ):
-                    p0, p1, p2, p3 = ptx.lds128(smf, PT + n * block_m + 4 * mq)
+                    p0, p1, p2, p3 = ptx.lds128(smf, sb + 4 * (PT + n * block_m + 4 * mq))
                     acc[4 * mq, 0] += p0 * v0
                     acc[4 * mq, 1] += p0 * v1
                     acc[4 * mq + 1, 0] += p1 * v0
