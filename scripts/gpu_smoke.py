@@ -45,21 +45,28 @@ def bench(B, H, L, dtype=BF16, iters=20):
     tbt = torch.as_tensor(c.block_table_host).cuda()
     tl = torch.as_tensor(c.lengths_host).cuda()
     cache = nm.PagedKVCache(tp, tbt, tl)
+    from numba_mla import checks, launch
+
+    plan = launch.Plan(checks.check_decode(tq, cache, 0.1352))
     for _ in range(3):
-        nm.mla_decode(tq, cache, 0.1352)
+        plan.launch()
     torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
+    s.record()
     for _ in range(iters):
-        s.record()
+        plan.launch()
+    e.record()
+    torch.cuda.synchronize()
+    us = s.elapsed_time(e) * 1e3 / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
         nm.mla_decode(tq, cache, 0.1352)
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
-    us = float(np.median(times))
+    torch.cuda.synchronize()
+    call_us = (time.perf_counter() - t0) * 1e6 / iters
     flops = 2 * B * H * L * (576 + 512)
     gb = (B * L * 576 * 2) / us / 1e3
-    print(f"bench B={B} H={H} L={L}: {us:.0f} us, {flops / us / 1e6:.1f} TFLOP/s, {gb:.0f} GB/s", flush=True)
+    print(f"bench B={B} H={H} L={L} P={plan.num_partitions} BM={plan.block_m}: {us:.0f} us GPU "
+          f"({flops / us / 1e6:.1f} TFLOP/s, {gb:.0f} GB/s); {call_us:.0f} us per mla_decode call", flush=True)
 
 
 if __name__ == "__main__":
@@ -80,3 +87,7 @@ if __name__ == "__main__":
     bench(64, 128, 4096)
     bench(128, 128, 1024)
     bench(1, 128, 65536)
+    heuristics.simt_block_m = lambda rows, packed: 16
+    print("forcing BLOCK_M=16")
+    bench(64, 128, 4096)
+    bench(128, 128, 1024)
