@@ -9,7 +9,7 @@ import numpy as np
 
 from . import reference
 from .arrays import is_array, shape_of
-from .caches import D_QK, ContiguousKVCache, KVCache
+from .caches import D_QK, ContiguousKVCache, KVCache, check_lengths
 from .checks import check_decode, check_ragged
 
 
@@ -56,15 +56,16 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
     ``k``: a KVCache (its lengths rule) or a ``[B, S, 1, 576]`` array (MAX's second overload).
     Padded q ``[B, Sq, H, 576]``: ``valid_length`` is None or the per-sequence key counts (which
     must agree with a cache's lengths; with an array ``k``, None means all S keys). Ragged q
-    ``[T, H, 576]``: ``valid_length`` is the B+1 row offsets. Returns ``output``."""
+    ``[T, H, 576]``: ``valid_length`` is the B+1 row offsets. Returns ``output``. Errors name
+    this function's arguments (``output``, ``valid_length``)."""
+    if output is None:
+        raise TypeError("output: expected an array to write into, got None")
     ragged = is_array(q) and len(shape_of(q)) == 3
     if isinstance(k, KVCache):
         cache = k
         if not ragged and valid_length is not None:
-            from .caches import _host_int32
-
-            vl = _host_int32("valid_length", valid_length, 1)
-            if vl.shape != cache.lengths_host.shape or not np.array_equal(vl, cache.lengths_host):
+            vl = check_lengths(valid_length, cache.batch, cache.capacity, name="valid_length")
+            if not np.array_equal(vl, cache.lengths_host):
                 raise ValueError(
                     f"valid_length: expected None or the cache's lengths {cache.lengths_host.tolist()}, "
                     f"got {vl.tolist()}"
@@ -76,17 +77,20 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
         if ragged or valid_length is None:
             lengths = np.full(shape[0], shape[1], np.int32)
         else:
-            lengths = valid_length
+            lengths = check_lengths(valid_length, shape[0], shape[1], name="valid_length")
         cache = ContiguousKVCache(k[:, :, 0, :], lengths)
     else:
         raise TypeError(f"k: expected a KV cache or an array, got {type(k).__name__}")
-    if output is None:
-        raise TypeError("output: expected an array to write into, got None")
     if ragged:
         if valid_length is None:
             raise ValueError("valid_length: ragged q [T, H, 576] needs the B+1 row offsets, got None")
-        mla_decode_ragged(q, valid_length, cache, scale, mask, score_mod, num_partitions,
-                          out=output, backend=backend)
+        call = check_ragged(q, valid_length, cache, scale, mask, score_mod, num_partitions,
+                            False, output, backend, out_name="output", offsets_name="valid_length")
+        _run(call, reference.mla_decode_ragged,
+             (q, valid_length, cache, call.scale, call.mask, call.score_mod, num_partitions))
     else:
-        mla_decode(q, cache, scale, mask, score_mod, num_partitions, out=output, backend=backend)
+        call = check_decode(q, cache, scale, mask, score_mod, num_partitions, False, output,
+                            backend, out_name="output")
+        _run(call, reference.mla_decode,
+             (q, cache, call.scale, call.mask, call.score_mod, num_partitions))
     return output

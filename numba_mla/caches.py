@@ -48,17 +48,18 @@ def _host_int32(name, x, ndim):
     return np.ascontiguousarray(h, dtype=np.int32)
 
 
-def _check_lengths(lengths, batch, capacity):
-    lh = _host_int32("lengths", lengths, 1)
+def check_lengths(lengths, batch, capacity, name="lengths"):
+    """Validated host int32 copy of per-sequence lengths: [batch], 0 <= length <= capacity."""
+    lh = _host_int32(name, lengths, 1)
     if lh.shape[0] != batch:
-        raise ValueError(f"lengths: expected shape [{batch}] (one per sequence), got {list(lh.shape)}")
+        raise ValueError(f"{name}: expected shape [{batch}] (one per sequence), got {list(lh.shape)}")
     if lh.size and lh.min() < 0:
         b = int(np.argmin(lh))
-        raise ValueError(f"lengths: expected values >= 0, got lengths[{b}] = {lh[b]}")
+        raise ValueError(f"{name}: expected values >= 0, got {name}[{b}] = {lh[b]}")
     if lh.size and lh.max() > capacity:
         b = int(np.argmax(lh))
         raise ValueError(
-            f"lengths: lengths[{b}] = {lh[b]} exceeds the cache capacity of {capacity} tokens"
+            f"{name}: {name}[{b}] = {lh[b]} exceeds the cache capacity of {capacity} tokens"
         )
     return lh
 
@@ -98,7 +99,7 @@ class ContiguousKVCache(KVCache):
     def __init__(self, kv, lengths):
         shape, _ = _check_storage("kv", kv)
         self.storage = self.kv = kv
-        self.lengths_host = _check_lengths(lengths, shape[0], shape[1])
+        self.lengths_host = check_lengths(lengths, shape[0], shape[1])
         self.lengths = lengths if is_device(lengths) else self.lengths_host
         self.block_table = None
         self.page_size = shape[1]
@@ -141,7 +142,7 @@ class PagedKVCache(KVCache):
         self.block_table_host = bt
         self.page_size = page_size
         self.num_pages = num_pages
-        self.lengths_host = _check_lengths(lengths, batch, max_pages * page_size)
+        self.lengths_host = check_lengths(lengths, batch, max_pages * page_size)
         self.lengths = lengths if is_device(lengths) else self.lengths_host
         used = (self.lengths_host + page_size - 1) // page_size  # pages each sequence reads
         for b in range(batch):

@@ -108,23 +108,25 @@ def _check_bias(mask, batch, heads, sq, cache):
         )
 
 
-def _check_out(out, q, shape, dtype):
+def _check_out(out, q, shape, dtype, name):
     if out is None:
         return
     if not is_array(out):
-        raise TypeError(f"out: expected an array, got {type(out).__name__}")
+        raise TypeError(f"{name}: expected an array, got {type(out).__name__}")
     if shape_of(out) != shape:
-        raise ValueError(f"out: expected shape {list(shape)}, got {list(shape_of(out))}")
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(shape_of(out))}")
     if dtype_of(out) != dtype:
-        raise TypeError(f"out: expected dtype {dtype}, got {dtype_of(out)}")
+        raise TypeError(f"{name}: expected dtype {dtype}, got {dtype_of(out)}")
     if is_device(out) != is_device(q):
         where = "device" if is_device(q) else "host"
-        raise TypeError(f"out: expected a {where} array like q, got a {'device' if is_device(out) else 'host'} array")
+        raise TypeError(f"{name}: expected a {where} array like q, got a "
+                        f"{'device' if is_device(out) else 'host'} array")
 
 
 def check_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
-                 return_lse=False, out=None, backend="auto"):
-    """Checks for ``mla_decode``: q ``[B, Sq, H, 576]``."""
+                 return_lse=False, out=None, backend="auto", out_name="out"):
+    """Checks for ``mla_decode``: q ``[B, Sq, H, 576]``. ``out_name``: what the caller calls
+    ``out`` (``flare_mla_decoding`` says ``output``)."""
     scale, mask, score_mod, num_partitions, return_lse = _check_common(
         cache, scale, mask, score_mod, num_partitions, return_lse, backend)
     if not is_array(q):
@@ -144,14 +146,16 @@ def check_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None
     score_mod.check_heads(heads)
     _check_bias(mask, batch, heads, sq, cache)
     out_shape = (batch, sq, heads, D_V)
-    _check_out(out, q, out_shape, dtype)
+    _check_out(out, q, out_shape, dtype, out_name)
     return Call(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend,
                 batch, heads, sq, dtype, out_shape)
 
 
 def check_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None, num_partitions=None,
-                 return_lse=False, out=None, backend="auto"):
-    """Checks for ``mla_decode_ragged``: q ``[T, H, 576]``, row offsets ``[B+1]``."""
+                 return_lse=False, out=None, backend="auto", out_name="out",
+                 offsets_name="q_row_offsets"):
+    """Checks for ``mla_decode_ragged``: q ``[T, H, 576]``, row offsets ``[B+1]``; the names
+    as ``check_decode``'s (``flare_mla_decoding`` passes its offsets as ``valid_length``)."""
     scale, mask, score_mod, num_partitions, return_lse = _check_common(
         cache, scale, mask, score_mod, num_partitions, return_lse, backend)
     if not is_array(q):
@@ -162,25 +166,25 @@ def check_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None, num_
     rows, heads, _ = shape
     if heads < 1:
         raise ValueError(f"q: expected at least one head, got H = {heads}")
-    offs = _host_int32("q_row_offsets", q_row_offsets, 1)
+    offs = _host_int32(offsets_name, q_row_offsets, 1)
     batch = cache.batch
     if offs.shape[0] != batch + 1:
-        raise ValueError(f"q_row_offsets: expected shape [{batch + 1}] (B+1), got {list(offs.shape)}")
+        raise ValueError(f"{offsets_name}: expected shape [{batch + 1}] (B+1), got {list(offs.shape)}")
     if offs[0] != 0 or offs[-1] != rows:
-        raise ValueError(f"q_row_offsets: expected to run from 0 to T = {rows}, got {offs[0]} .. {offs[-1]}")
+        raise ValueError(f"{offsets_name}: expected to run from 0 to T = {rows}, got {offs[0]} .. {offs[-1]}")
     counts = np.diff(offs)
     if counts.size and counts.min() < 0:
         b = int(np.argmin(counts))
-        raise ValueError(f"q_row_offsets: expected non-decreasing offsets, got {offs[b]} then {offs[b + 1]}")
+        raise ValueError(f"{offsets_name}: expected non-decreasing offsets, got {offs[b]} then {offs[b + 1]}")
     if counts.size and counts.max() > MAX_SQ:
         b = int(np.argmax(counts))
-        raise ValueError(f"q_row_offsets: sequence {b} has {counts[b]} query rows, more than {MAX_SQ}")
+        raise ValueError(f"{offsets_name}: sequence {b} has {counts[b]} query rows, more than {MAX_SQ}")
     dtype = _check_q_dtype(q, cache)
     _check_lengths_vs_rows(cache, counts)
     sq = int(counts.max()) if counts.size else 0
     score_mod.check_heads(heads)
     _check_bias(mask, batch, heads, sq, cache)
     out_shape = (rows, heads, D_V)
-    _check_out(out, q, out_shape, dtype)
+    _check_out(out, q, out_shape, dtype, out_name)
     return Call(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend,
                 batch, heads, sq, dtype, out_shape, q_row_offsets, offs)

@@ -94,7 +94,9 @@ class _Launch:
         self.kernel = None
         if not _compat.SIMULATOR:
             from numba.core.typing import typeof
+            from numba.cuda.cudadrv.driver import _to_core_stream
 
+            self.stream = _to_core_stream(0)  # the legacy default stream, as the dispatcher uses
             sig = tuple(typeof.typeof(a, typeof.Purpose.argument) for a in args)
             self.kernel = dispatcher.compile(sig)
             if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
@@ -110,7 +112,7 @@ class _Launch:
         if self.kernel is None:
             self.dispatcher[self.grid, self.block, 0, self.smem](*self.args)
         else:
-            self.kernel.launch(self.args, self.grid, self.block, 0, self.smem)
+            self.kernel.launch(self.args, self.grid, self.block, self.stream, self.smem)
 
 
 # ---------------------------------------------------------------------------------------------

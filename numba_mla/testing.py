@@ -7,7 +7,6 @@ block table whose unused entries hold a huge out-of-range page index, and NaN in
 materialized bias that no valid (query, key) pair reads. Any out-of-bounds read then shows up
 in the result.
 """
-import math
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -104,11 +103,11 @@ class Problem:
 
 
 def random_lengths(rng, B, Sq, max_len, *, zero=True):
-    """B valid lengths (0, or Sq..max_len): includes 0 (if ``zero``) and Sq itself when B
-    allows, so the edge cases are always present."""
+    """B valid lengths (0, or Sq..max_len): includes Sq itself and (if ``zero`` and B > 1) 0,
+    so the edge cases are always present."""
     lo = max(Sq, 1)
     lengths = rng.integers(lo, max(max_len, lo) + 1, size=B)
-    edge = ([0] if zero else []) + [lo]
+    edge = [lo] + ([0] if zero else [])
     for j, v in enumerate(edge[:B]):
         lengths[j] = v
     return rng.permutation(lengths).astype(np.int32)
@@ -136,7 +135,8 @@ def make_problem(rng, B, Sq, H, lengths, dtype=np.float32, cache_kind="contiguou
 
     B sequences of ``lengths`` tokens, H heads, ``dtype`` in {bfloat16, float16, float32}.
     Padded q is [B, Sq, H, 576]. ``ragged=True`` gives q [T, H, 576] with row offsets [B+1];
-    ``q_counts`` sets the rows per sequence (default: random 0..Sq, at most a nonzero length).
+    ``q_counts`` sets the rows per sequence (default: random 0..Sq, at most a nonzero length;
+    ignored for padded q).
     ``cache_kind`` "contiguous" ([B, capacity, 576]) or "paged" (``page_size`` >= 1, pages
     assigned in a shuffled order, ``spare_pages`` extra pages no sequence uses).
     ``capacity`` defaults to a few tokens past the longest sequence. ``filler`` fills every

@@ -8,7 +8,6 @@ storage dtype), for both out and lse; when NaN/inf sit exactly where the referen
 slots past each length hold NaN and unused block-table entries a huge page index.
 """
 import itertools
-import math
 import time
 from dataclasses import dataclass
 

@@ -96,15 +96,6 @@ def assert_refused(entry, p, exc, name, *shows, out=None, **kw):
         np.testing.assert_array_equal(out, before, err_msg="out was written by a refused call")
 
 
-def flare_names_its_own_arguments(request, entry, name):
-    """flare_mla_decoding's arguments are ``output`` and (ragged) ``valid_length``, but it
-    forwards them to mla_decode(_ragged), whose messages say ``out`` / ``q_row_offsets``."""
-    if entry.flare:
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason=f"flare_mla_decoding reports its '{name}' argument under "
-                                "mla_decode's name (api.py)"))
-
-
 # ---------------------------------------------------------------------------------------------
 # The base call is accepted (so each refusal below is caused by its one bad argument)
 # ---------------------------------------------------------------------------------------------
@@ -158,8 +149,7 @@ def test_batch_mismatch(entry, rng):
 
 
 @entries(RAGGED)
-def test_ragged_batch_mismatch(entry, request, rng):
-    flare_names_its_own_arguments(request, entry, "valid_length")
+def test_ragged_batch_mismatch(entry, rng):
     p = base_problem(rng, entry)
     offsets = np.array([0, 2, 3, 3], np.int32)          # B + 2 entries for B = 2
     assert_refused(entry, p, ValueError, "valid_length" if entry.flare else "q_row_offsets",
@@ -174,8 +164,7 @@ def test_query_count_out_of_range(entry, Sq, rng):
 
 
 @entries(RAGGED)
-def test_ragged_query_count_above_8(entry, request, rng):
-    flare_names_its_own_arguments(request, entry, "valid_length")
+def test_ragged_query_count_above_8(entry, rng):
     p = base_problem(rng, entry, lengths=(9, 3), counts=(9, 1))
     assert_refused(entry, p, ValueError, "valid_length" if entry.flare else "q_row_offsets",
                    "9", "8")
@@ -194,8 +183,7 @@ OFFSETS = {
 
 @pytest.mark.parametrize("bad", sorted(OFFSETS))
 @entries(RAGGED)
-def test_ragged_offsets(entry, bad, request, rng):
-    flare_names_its_own_arguments(request, entry, "valid_length")
+def test_ragged_offsets(entry, bad, rng):
     p = base_problem(rng, entry)
     offsets, exc = OFFSETS[bad]
     assert_refused(entry, p, exc, "valid_length" if entry.flare else "q_row_offsets",
@@ -256,8 +244,7 @@ def test_return_lse(entry, rng):
 
 @pytest.mark.parametrize("change", ["heads", "rows", "width", "rank"])
 @entries(ALL)
-def test_out_shape(entry, change, request, rng):
-    flare_names_its_own_arguments(request, entry, "output")
+def test_out_shape(entry, change, rng):
     p = base_problem(rng, entry)
     shape = list(p.out_shape)
     if change == "heads":
@@ -275,8 +262,7 @@ def test_out_shape(entry, change, request, rng):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 @entries(ALL)
-def test_out_dtype(entry, dtype, request, rng):
-    flare_names_its_own_arguments(request, entry, "output")
+def test_out_dtype(entry, dtype, rng):
     p = base_problem(rng, entry)
     assert_refused(entry, p, TypeError, "output" if entry.flare else "out", "float32", dtype,
                    out=sentinel_out(p, dtype=np.dtype(dtype)))
@@ -484,8 +470,6 @@ def test_flare_array_k(rng):
         assert res is out
 
 
-@pytest.mark.xfail(strict=True, reason="flare_mla_decoding with an array k reports a bad "
-                                       "valid_length as 'lengths' (api.py)")
 def test_flare_array_k_valid_length_above_S(rng):
     k = randn(rng, (2, 6, 1, 576), np.float32)
     q = randn(rng, (2, 1, 3, 576), np.float32)
