@@ -14,3 +14,26 @@ if not hasattr(np, "row_stack"):
 
 #: True when Numba's CUDA simulator is in use (read by numba at import time).
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+
+def gpu_present():
+    """Whether this machine has a usable NVIDIA GPU, asked of nvidia-smi so that numba.cuda
+    is not imported (the simulator switch must come before that import)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return False
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0 and "GPU" in r.stdout
+
+
+def use_simulator_without_gpu():
+    """Select Numba's CUDA simulator when no GPU is present and nothing chose yet. Call it
+    before numba.cuda is first imported (test configuration, command line)."""
+    if "NUMBA_ENABLE_CUDASIM" not in os.environ and not gpu_present():
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"

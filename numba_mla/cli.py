@@ -4,6 +4,7 @@ import sys
 
 
 def main(argv=None):
+    _ensure_simulator_without_gpu(argv)
     ap = argparse.ArgumentParser(prog="numba-mla", description="MLA decode kernels in Numba CUDA")
     sub = ap.add_subparsers(dest="command", required=True)
     v = sub.add_parser("validate", help="check the kernels against the NumPy reference",
@@ -25,6 +26,21 @@ def main(argv=None):
 
         return 1 if validate.main(args.full, args.backend, args.seed, args.limit) else 0
     return 2
+
+
+def _ensure_simulator_without_gpu(argv):
+    """Without a GPU, run on Numba's CUDA simulator. The choice must precede the first import
+    of numba.cuda, which importing this package already did: start again with it set."""
+    import os
+
+    from . import _compat
+
+    if _compat.SIMULATOR or "NUMBA_ENABLE_CUDASIM" in os.environ or _compat.gpu_present():
+        return
+    print("numba-mla: no CUDA GPU found; running on the CUDA simulator (tiny shapes)", flush=True)
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    args = sys.argv[1:] if argv is None else list(argv)
+    os.execv(sys.executable, [sys.executable, "-m", "numba_mla.cli", *args])
 
 
 if __name__ == "__main__":
