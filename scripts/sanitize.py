@@ -1,0 +1,86 @@
+"""Run the kernels under compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over a
+representative set of configurations, and print a summary table.
+
+Usage (on a GPU machine):  python scripts/sanitize.py [--tools memcheck,racecheck] [--out FILE]
+Each tool runs the whole case list in one child process (``--cases``), checked against the
+reference so that a sanitizer-clean wrong answer still fails.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+#: (B, H, L, Sq, dtype, cache, page, mask, P, ragged): every backend path the FMA kernel has
+#: (both row-block sizes, packed and fp32 storage, both caches, page size 1 and 64, odd lengths,
+#: one and many partitions, skipped tiles, empty rows).
+CASES = [
+    (2, 16, 97, 1, "bf16", "paged", 64, "null", None, False),
+    (2, 16, 65, 2, "fp16", "paged", 1, "causal", 7, False),
+    (1, 128, 129, 1, "bf16", "contiguous", 0, "window", 1, False),
+    (3, 3, 70, 2, "fp32", "paged", 64, "chunked_causal", 40, True),
+    (2, 16, 300, 1, "bf16", "paged", 64, "bias", 3, False),
+]
+
+
+def run_cases():
+    import numpy as np
+
+    import numba_mla as nm
+    from numba_mla import testing, validate
+
+    rng = np.random.default_rng(0)
+    bad = 0
+    for B, H, L, Sq, dt, cache, page, mask, P, ragged in CASES:
+        lengths = testing.random_lengths(rng, B, Sq, L)
+        lengths[-1] = L
+        p = testing.make_problem(rng, B, Sq, H, lengths, testing.DTYPES[dt], cache, page or 16,
+                                 ragged=ragged)
+        m = validate.MASKS[mask](p, rng)
+        out = np.full(p.out_shape, np.nan, p.dtype)
+        res = p.run(nm, mask=m, return_lse=True, num_partitions=P, out=out)
+        ref = p.run(nm.reference, mask=m, return_lse=True)
+        err = float(np.nanmax(np.abs(res[0].astype(np.float64) - ref[0])))
+        ok = np.array_equal(np.isfinite(res[0]), np.isfinite(ref[0])) and err < 0.05
+        bad += not ok
+        print(f"case B={B} H={H} L={L} Sq={Sq} {dt} {cache}/{page} {mask} P={P}: "
+              f"max err {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", action="store_true", help="(child) run the cases")
+    ap.add_argument("--tools", default="memcheck,racecheck,synccheck,initcheck")
+    ap.add_argument("--out", default=None, help="also write the summary here")
+    args = ap.parse_args()
+    if args.cases:
+        sys.exit(1 if run_cases() else 0)
+    env = dict(os.environ, NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS="0", PYTHONUNBUFFERED="1")
+    rows = []
+    for tool in args.tools.split(","):
+        t0 = time.time()
+        cmd = ["compute-sanitizer", "--tool", tool, "--target-processes", "all",
+               sys.executable, __file__, "--cases"]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        text = r.stdout + r.stderr
+        m = re.search(r"ERROR SUMMARY: (\d+) error", text)
+        errors = int(m.group(1)) if m else None
+        wrong = text.count("WRONG")
+        rows.append((tool, errors, wrong, r.returncode, time.time() - t0))
+        if errors or wrong or r.returncode:
+            print(text[-4000:])
+    lines = [f"{'tool':<10} {'errors':>7} {'wrong':>6} {'rc':>3} {'seconds':>8}"]
+    lines += [f"{t:<10} {str(e):>7} {w:>6} {rc:>3} {s:8.0f}" for t, e, w, rc, s in rows]
+    lines.append(f"{len(CASES)} cases per tool: " + "; ".join(
+        f"B={c[0]} H={c[1]} L={c[2]} Sq={c[3]} {c[4]} {c[5]}/{c[6]} {c[7]} P={c[8]}" for c in CASES))
+    print("\n".join(lines))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    sys.exit(0 if all(e == 0 and w == 0 and rc == 0 for _, e, w, rc, _ in rows) else 1)
+
+
+if __name__ == "__main__":
+    main()
