@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from . import _compat  # noqa: F401  (NumPy shim before numba.cuda)
-from numba import cuda
+from numba import cuda, float32
 
 #: Tile classes returned by ``Mask.classify``.
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -74,7 +74,7 @@ class Mask:
         keep = self.device_keep()
 
         def apply(s, b, h, i, q_pos, k, bias):
-            return s if keep(b, h, q_pos, k) else NEG_INF
+            return s if keep(b, h, q_pos, k) else float32(NEG_INF)
 
         return _device(apply)
 
@@ -472,13 +472,13 @@ class MaterializedMask(Mask):
 
             def apply(s, b, h, i, q_pos, k, bias):
                 x = bias[b, h, i, k]
-                return NEG_INF if x == NEG_INF else s + x  # dropped even if s is inf/NaN
+                return float32(NEG_INF) if x == NEG_INF else s + x  # dropped even if s is inf/NaN
 
         else:
 
             def apply(s, b, h, i, q_pos, k, bias):
                 x = bias[b, i, k]
-                return NEG_INF if x == NEG_INF else s + x  # dropped even if s is inf/NaN
+                return float32(NEG_INF) if x == NEG_INF else s + x  # dropped even if s is inf/NaN
 
         return _device(apply)
 
@@ -565,10 +565,10 @@ class AlibiScoreMod(ScoreMod):
 
         def score_mod(s, b, h, q_pos, k):
             if h < p:
-                e = -8.0 * (h + 1) / p
+                e = float32(-8.0 * (h + 1) / p)
             else:
-                e = -8.0 * (2 * (h - p) + 1) / (2 * p)
-            return s + math.exp2(e) * (k - q_pos)
+                e = float32(-8.0 * (2 * (h - p) + 1) / (2 * p))
+            return s + math.exp2(e) * float32(k - q_pos)
 
         return _device(score_mod)
 
@@ -597,7 +597,7 @@ class SoftCapScoreMod(ScoreMod):
         inv = 1.0 / cap
 
         def score_mod(s, b, h, q_pos, k):
-            return cap * math.tanh(s * inv)
+            return float32(cap) * math.tanh(s * float32(inv))
 
         return _device(score_mod)
 

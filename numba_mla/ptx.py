@@ -17,7 +17,8 @@ Primitives
 - ``smem_addr(arr)``: the 32-bit shared-memory address of a shared array (0 in the simulator).
   The loads below take ``addr = smem_addr(arr) + byte offset``: 32-bit address arithmetic
   that folds into the instruction's immediate offset, instead of Numba's 64-bit indexing.
-- ``lds32(arr, addr)``: one 4-byte element of the shared array ``arr`` (its dtype).
+- ``lds32(arr, addr)``: one 4-byte element of the shared array ``arr`` (its dtype);
+  ``sts32(arr, addr, v)`` stores one.
 - ``lds128(arr, addr)``: four float32 in one 16-byte load (``ld.shared.v4``; addr 16-byte
   aligned). With every lane at one address it is a broadcast.
 - ``cp_async4(arr, addr, src, i0, i1, i2, valid)``: start copying the 4-byte ``src[i0, i1, i2]``
@@ -61,6 +62,9 @@ if SIMULATOR:
 
     def lds32(arr, addr):
         return arr[addr // 4]
+
+    def sts32(arr, addr, v):
+        arr[addr // 4] = v
 
     def lds128(arr, addr):
         i = addr // 4
@@ -192,6 +196,19 @@ else:
             return b.bitcast(r, _f32) if sig.return_type == types.float32 else r
 
         return arr.dtype(arr, addr), cg
+
+    @intrinsic
+    def sts32(typingctx, arr, addr, v):
+        def cg(ctx, b, sig, args):
+            x = ctx.cast(b, args[2], sig.args[2], sig.args[0].dtype)
+            if x.type != _i32:
+                x = b.bitcast(x, _i32)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _i32]),
+                               "st.shared.b32 [$0], $1;", "r,r,~{memory}", side_effect=True)
+            b.call(asm, [_addr32(ctx, b, args[1], sig.args[1]), x])
+            return ctx.get_dummy_value()
+
+        return types.void(arr, addr, v), cg
 
     @intrinsic
     def lds128(typingctx, arr, addr):

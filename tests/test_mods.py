@@ -331,5 +331,7 @@ def test_score_mod_device_forms(case, H, rng):
     out = np.full(n, np.nan)
     score_mod_kernel(mod)[1, 32](s, pts, out)
     want = mod.apply(s, *pts.T)
-    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+    # Device forms compute in fp32, like the kernel's softmax (SPEC); user functions keep
+    # whatever precision they compute in.
+    np.testing.assert_allclose(out, want, rtol=2e-6, atol=2e-6)
     assert not np.allclose(want, s) or case.id == "identity"  # the mod does something

@@ -15,7 +15,7 @@ from numba import cuda, float32
 
 NTHREADS = 128
 D_V = 512
-NEG_INF = float32(-math.inf)
+NEG_INF = -math.inf
 
 
 def make_combine_kernel(store):
@@ -28,14 +28,14 @@ def make_combine_kernel(store):
         h = cuda.blockIdx.y
         tid = cuda.threadIdx.x
         nparts = part_lse.shape[2]
-        big = float32(NEG_INF)
+        big = float32(NEG_INF)  # float32, like part_lse: the merge stays in fp32
         for p in range(nparts):
             big = max(big, part_lse[t, h, p])
-        if big == NEG_INF:
+        if big == float32(NEG_INF):
             for d in range(tid, D_V, NTHREADS):
                 out[t, h, d] = store(float32(0.0))
             if tid == 0:
-                lse[t, h] = NEG_INF
+                lse[t, h] = float32(NEG_INF)
             return
         total = float32(0.0)
         for p in range(nparts):

@@ -46,7 +46,7 @@ from ..mods import EMPTY, PARTIAL
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # log(x) = log2(x) * LN2
-NEG_INF = float32(-math.inf)  # typed float32, so the softmax stays in fp32
+NEG_INF = -math.inf  # (a Python float: kernels cast it, float32(NEG_INF), to stay in fp32)
 
 D_QK = 576  # q and cache row width: 512 latent + 64 rope
 D_V = 512  # V = the first 512 dims of the same row
@@ -176,9 +176,9 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
             if m < nrows:
                 r = r0 + m
                 v = load(q[row0 + r // H, r % H, d]) * qscale
-            smf[QT + d * block_m + m] = v
+            ptx.sts32(smf, sb + 4 * (QT + d * block_m + m), v)
         if tid < block_m:
-            smf[M_ + tid] = NEG_INF
+            smf[M_ + tid] = float32(NEG_INF)
             smf[L_ + tid] = 0.0
         acc = cuda.local.array((block_m, 2), float32)  # P.V accumulators: rows x my 2 dims
         for ii in range(block_m):
@@ -229,7 +229,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
                         s_acc[4 * mq + 2] += q2 * kv
                         s_acc[4 * mq + 3] += q3 * kv
             for ii in range(block_m):
-                smf[SS + (warp * block_m + ii) * BLOCK_N + lane] = s_acc[ii]
+                ptx.sts32(smf, sb + 4 * (SS + (warp * block_m + ii) * BLOCK_N + lane), s_acc[ii])
             # Wait for all eight warps' partial scores.
             cuda.syncthreads()
 
@@ -241,32 +241,32 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
                 i = r // H
                 h = r % H
                 q_pos = length - nq + i
-                s = NEG_INF
+                s = float32(NEG_INF)
                 if m < nrows and k < k1:
                     s = float32(0.0)
                     for w in range(NWARPS):
-                        s += smf[SS + (w * block_m + m) * BLOCK_N + lane]
+                        s += ptx.lds32(smf, sb + 4 * (SS + (w * block_m + m) * BLOCK_N + lane))
                     if fold_scale:
                         # ---- apply mask (scores already in log2 units) ----
                         if cls == PARTIAL:
-                            s = mask_apply(s, b, h, i, q_pos, k, bias)
+                            s = float32(mask_apply(s, b, h, i, q_pos, k, bias))
                     else:
                         s = s * scale
-                        # ---- apply score mod ----
-                        s = score_mod(s, b, h, q_pos, k)
+                        # ---- apply score mod (computed as the mod likes, kept in fp32) ----
+                        s = float32(score_mod(s, b, h, q_pos, k))
                         # ---- apply mask ----
                         if cls == PARTIAL:
-                            s = mask_apply(s, b, h, i, q_pos, k, bias)
-                        s = s * LOG2E
-                m_old = smf[M_ + m]
+                            s = float32(mask_apply(s, b, h, i, q_pos, k, bias))
+                        s = s * float32(LOG2E)
+                m_old = ptx.lds32(smf, sb + 4 * (M_ + m))
                 m_new = s
                 for o in (16, 8, 4, 2, 1):
                     m_new = max(m_new, ptx.shfl_xor(m_new, o, tid))
                 m_new = max(m_new, m_old)
                 # A row with no kept key so far keeps m = -inf; exp2 then sees -inf - 0.
-                m_ref = m_new if m_new != NEG_INF else float32(0.0)
+                m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
                 pr = math.exp2(s - m_ref)
-                smf[PT + lane * block_m + m] = pr
+                ptx.sts32(smf, sb + 4 * (PT + lane * block_m + m), pr)
                 row_sum = pr
                 for o in (16, 8, 4, 2, 1):
                     row_sum += ptx.shfl_xor(row_sum, o, tid)
@@ -312,8 +312,8 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
         d0 = E * tid
         d1 = d0 + 1 if packed else tid + NTHREADS
         for m in range(block_m):
-            smf[QT + m * D_V + d0] = acc[m, 0]
-            smf[QT + m * D_V + d1] = acc[m, 1]
+            ptx.sts32(smf, sb + 4 * (QT + m * D_V + d0), acc[m, 0])
+            ptx.sts32(smf, sb + 4 * (QT + m * D_V + d1), acc[m, 1])
         # Wait for the staged output (and, when no tile was processed, the softmax state).
         cuda.syncthreads()
         for m in range(nrows):
@@ -321,11 +321,12 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
             t_row = row0 + r // H
             h = r % H
             l = smf[L_ + m]
-            inv = 1.0 / l if l > 0.0 else float32(0.0)
+            inv = float32(1.0) / l if l > 0.0 else float32(0.0)
             for d in range(tid, D_V, NTHREADS):
                 part_out[t_row, h, p, d] = smf[QT + m * D_V + d] * inv
             if tid == 0:
-                part_lse[t_row, h, p] = (smf[M_ + m] + math.log2(l)) * LN2 if l > 0.0 else NEG_INF
+                part_lse[t_row, h, p] = ((smf[M_ + m] + math.log2(l)) * float32(LN2) if l > 0.0
+                                         else float32(NEG_INF))
 
     return partition_kernel
 
