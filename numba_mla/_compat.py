@@ -14,6 +14,10 @@ if not hasattr(np, "row_stack"):
 
 #: True when Numba's CUDA simulator is in use (read by numba at import time).
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+#: Compiled kernels are also cached on disk (Numba's cache, keyed by the kernel's source and
+#: its closure: the mods and tile sizes), so a new process loads them instead of compiling.
+#: NUMBA_MLA_DISK_CACHE=0 turns it off; the simulator compiles nothing.
+DISK_CACHE = not SIMULATOR and os.environ.get("NUMBA_MLA_DISK_CACHE", "1") != "0"
 
 
 def gpu_present():

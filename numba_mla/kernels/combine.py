@@ -13,6 +13,8 @@ import math
 
 from numba import cuda, float32
 
+from .._compat import DISK_CACHE
+
 NTHREADS = 128
 D_V = 512
 NEG_INF = -math.inf
@@ -21,7 +23,7 @@ NEG_INF = -math.inf
 def make_combine_kernel(store):
     """``store(x)`` converts fp32 to the output's storage (see ptx.py)."""
 
-    @cuda.jit
+    @cuda.jit(cache=DISK_CACHE)
     def combine_kernel(part_out, part_lse, out, lse):
         # part_out [T, H, P, 512] f32, part_lse [T, H, P] f32 -> out [T, H, 512], lse [T, H] f32
         t = cuda.blockIdx.x

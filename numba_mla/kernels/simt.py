@@ -42,6 +42,7 @@ import math
 from numba import cuda, float32, int32
 
 from .. import ptx
+from .._compat import DISK_CACHE
 from ..mods import EMPTY, PARTIAL
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
@@ -128,7 +129,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
             t += 1
         return t
 
-    @cuda.jit
+    @cuda.jit(cache=DISK_CACHE)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
                          part_out, part_lse):
         # q [T, H, 576] (storage dtype), q_offsets [B+1], storage [pages, page_size, words],
