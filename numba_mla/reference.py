@@ -36,7 +36,7 @@ def attend(q, kv, b, length, scale, mask, score_mod, compute_dtype=np.float64):
     K = np.asarray(kv, compute_dtype)                              # [L, 576] 512 latent + 64 rope
     V = K[:, :D_V]                                                 # [L, 512] V = K[..., :512]
     qf = np.asarray(q, compute_dtype)                              # [n, H, 576]
-    s = compute_dtype(scale) * np.einsum("nhd,ld->nhl", qf, K)     # [n, H, L] scaled scores
+    s = compute_dtype(scale) * (qf @ K.T)                          # [n, H, L] scaled scores
 
     i = np.arange(n)[:, None, None]                                # [n, 1, 1] row in sequence
     q_pos = length - n + i                                         # [n, 1, 1] absolute position
@@ -55,7 +55,7 @@ def attend(q, kv, b, length, scale, mask, score_mod, compute_dtype=np.float64):
     p = np.exp(s - m_safe[..., None])                              # [n, H, L] 0 where dropped
     l = p.sum(axis=-1)                                             # [n, H]
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.einsum("nhl,ld->nhd", p, V) / l[..., None]        # [n, H, 512]
+        out = (p @ V) / l[..., None]                               # [n, H, 512]
         lse = m_safe + np.log(l)                                   # [n, H]
     out = np.where(empty[..., None], 0, out)                       # empty row: out = 0
     lse = np.where(empty, -np.inf, lse)                            #            lse = -inf
