@@ -66,7 +66,9 @@ def _empty_like_caller(q, shape, dtype):
         tdt = {BF16: torch.bfloat16, np.dtype(np.float16): torch.float16,
                np.dtype(np.float32): torch.float32}[np.dtype(dtype)]
         return torch.empty(shape, dtype=tdt, device=q.device)
-    return cuda.device_array(shape, dtype=np.int16 if np.dtype(dtype).itemsize == 2 else dtype)
+    if np.dtype(dtype).itemsize == 2:  # allocated as int16 (any dtype Numba knows), seen as dtype
+        return cuda.device_array(shape, dtype=np.int16).view(dtype)
+    return cuda.device_array(shape, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -237,6 +237,18 @@ def assert_close(actual, expected, rtol, atol, what="result"):
         )
 
 
+def fp32_floor(golden):
+    """The three-way check's absolute floor: 8 float32 units in the last place of the largest
+    expected value (at least assert_three_way's 1e-6). A 576-term float32 dot product summed in
+    the kernel's order (sequential FMAs per warp, then 8 partial sums) and in NumPy's (SIMD
+    partial sums) differs by a few ulps of the score, and on a handful of rows the larger of
+    two such errors can exceed twice the smaller by chance; a wrong key, mask or scale is
+    off by orders of magnitude more."""
+    g = f64(golden)
+    top = float(np.abs(g[np.isfinite(g)]).max(initial=0.0))
+    return max(1e-6, 8 * float(np.finfo(np.float32).eps) * top)
+
+
 def assert_three_way(actual, same_precision, golden, factor=2.0, floor=1e-6, what="out"):
     """STYLE.md's three-way check: ``actual``'s max error against the float64 ``golden`` may
     be at most ``factor`` times that of a same-precision reference (``reference.mla_decode``

@@ -3,7 +3,7 @@ float64 reference.
 
 A case passes when (three-way check, STYLE.md) the kernel's largest error against float64 is
 at most twice that of a same-precision NumPy run (fp32 arithmetic, output rounded to the
-storage dtype), for both out and lse; when NaN/inf sit exactly where the reference has them
+storage dtype) plus 8 fp32 ulps of the largest value (summation order), for both out and lse; when NaN/inf sit exactly where the reference has them
 (``out`` is pre-filled with NaN, so an unwritten element fails); and never otherwise. Cache
 slots past each length hold NaN and unused block-table entries a huge page index.
 """
@@ -102,7 +102,9 @@ def run_case(case, seed=0):
         row[f"{name}_ref_err"] = float(np.abs(s[fin] - g[fin]).max(initial=0.0))
         row[f"{name}_nonfinite_ok"] = bool(np.array_equal(np.isfinite(a), fin)
                                            and np.array_equal(np.isnan(a), np.isnan(g)))
-    row["pass"] = all(row[f"{n}_nonfinite_ok"] and row[f"{n}_err"] <= 2 * row[f"{n}_ref_err"] + 1e-6
+        row[f"{name}_floor"] = testing.fp32_floor(g)
+    row["pass"] = all(row[f"{n}_nonfinite_ok"]
+                      and row[f"{n}_err"] <= 2 * row[f"{n}_ref_err"] + row[f"{n}_floor"]
                       for n in ("out", "lse"))
     return row
 
@@ -141,7 +143,7 @@ def main(full=None, backend="auto", seed=0, limit=None):
         print(_fmt(r))
     failed = sum(not r["pass"] for r in rows)
     print(f"{len(rows) - failed} passed, {failed} failed "
-          "(pass: error vs float64 <= 2 x a same-precision NumPy run's, NaN/inf exactly as the reference)")
+          "(pass: error vs float64 <= 2 x a same-precision NumPy run's + 8 fp32 ulps, NaN/inf as the reference)")
     return failed
 
 

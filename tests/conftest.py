@@ -1,8 +1,9 @@
-"""Test configuration: puts ``tests/helpers.py`` on the import path (``from helpers import ...``)
-and gives every test its own seeded random generator.
+"""Test configuration: puts ``tests/helpers.py`` on the import path (``from helpers import ...``),
+gives every test its own seeded random generator, and skips the ``gpu``-marked tests unless a
+real GPU is present (on the GPU machine: ``python -m pytest -m gpu``).
 
-Run the suite without a GPU with ``NUMBA_ENABLE_CUDASIM=1`` (read when numba.cuda is first
-imported, so it must be set in the environment, not here).
+Without a GPU (``nvidia-smi`` finds none) the CUDA simulator is selected here, before numba.cuda
+is first imported; ``NUMBA_ENABLE_CUDASIM`` set in the environment takes precedence.
 """
 import os
 import sys
@@ -11,6 +12,22 @@ import zlib
 import numpy as np
 import pytest
 
+
+def _select_simulator_without_gpu():
+    """Without a GPU, Numba's CUDA simulator runs the kernels. The choice must come before
+    numba.cuda is first imported, and importing numba_mla imports it: so numba_mla/_compat.py
+    is loaded on its own, from wherever the package is installed, without running the package."""
+    import importlib.util
+
+    pkg = importlib.util.find_spec("numba_mla")
+    path = os.path.join(os.path.dirname(pkg.origin), "_compat.py")
+    spec = importlib.util.spec_from_file_location("_numba_mla_compat_probe", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.use_simulator_without_gpu()
+
+
+_select_simulator_without_gpu()
 sys.path.insert(0, os.path.dirname(__file__))
 
 #: Set NUMBA_MLA_SEED to draw different data; by default each test's data is fixed by its id,
@@ -23,11 +40,6 @@ def rng(request):
     seed = zlib.crc32(request.node.nodeid.encode()) ^ BASE_SEED
     request.node.user_properties.append(("seed", seed))
     return np.random.default_rng(seed)
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "kernel: runs the kernels (the CUDA simulator in CI, the GPU when there is one)")
 
 
 def real_gpu():

@@ -6,7 +6,8 @@ Partition p of row (t, h) holds its normalised output o_p (fp32) and its LSE l_p
     out = sum_p w_p o_p / sum_p w_p,        lse = M + log(sum_p w_p)
 
 Empty partitions get weight exp(-inf) = 0; a row whose partitions are all empty gets out = 0
-and lse = -inf (never NaN). Grid ``(T, H)``, one block a row; thread x owns output dims
+and lse = -inf (never NaN). A NaN LSE (NaN in the row's scores) makes the row NaN, as in the
+reference. Grid ``(T, H)``, one block a row; thread x owns output dims
 x, x + 128, ... . Traffic: reads P x 512 fp32 per row, writes 512 values in the output dtype.
 """
 import math
@@ -31,8 +32,19 @@ def make_combine_kernel(store):
         tid = cuda.threadIdx.x
         nparts = part_lse.shape[2]
         big = float32(NEG_INF)  # float32, like part_lse: the merge stays in fp32
+        nan = False
         for p in range(nparts):
-            big = max(big, part_lse[t, h, p])
+            x = part_lse[t, h, p]
+            if x != x:
+                nan = True
+            elif x > big:
+                big = x
+        if nan:  # NaN among the row's scores: the row is NaN, as in the reference
+            for d in range(tid, D_V, NTHREADS):
+                out[t, h, d] = store(float32(math.nan))
+            if tid == 0:
+                lse[t, h] = float32(math.nan)
+            return
         if big == float32(NEG_INF):
             for d in range(tid, D_V, NTHREADS):
                 out[t, h, d] = store(float32(0.0))

@@ -322,12 +322,13 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
             t_row = row0 + r // H
             h = r % H
             l = smf[L_ + m]
-            inv = float32(1.0) / l if l > 0.0 else float32(0.0)
+            empty = l == 0.0  # no kept key (a NaN score gives l = NaN: not empty, NaN out)
+            inv = float32(0.0) if empty else float32(1.0) / l
             for d in range(tid, D_V, NTHREADS):
                 part_out[t_row, h, p, d] = smf[QT + m * D_V + d] * inv
             if tid == 0:
-                part_lse[t_row, h, p] = ((smf[M_ + m] + math.log2(l)) * float32(LN2) if l > 0.0
-                                         else float32(NEG_INF))
+                part_lse[t_row, h, p] = (float32(NEG_INF) if empty
+                                         else (smf[M_ + m] + math.log2(l)) * float32(LN2))
 
     return partition_kernel
 

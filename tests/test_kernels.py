@@ -1,0 +1,625 @@
+"""The split-K FMA kernels (``backend="simt"``: kernels/simt.py + kernels/combine.py) against
+the NumPy reference.
+
+Every kernel result is checked three ways (STYLE.md, ``assert_three_way``): its largest error
+against the float64 reference may be at most twice that of a same-precision NumPy run
+(``compute_dtype=np.float32``, out rounded to the storage dtype), for ``out`` and ``lse``
+separately, with NaN/inf exactly where the float64 reference has them. ``out`` is pre-filled
+with NaN, so an element the kernels never write fails; the problems hold NaN in every cache
+slot past a length and a huge page index in every unused block-table entry (make_problem), so
+an out-of-bounds read fails too.
+
+Two suites:
+
+- Simulator-sized (marked ``kernel``): tiny shapes, run in CI under ``NUMBA_ENABLE_CUDASIM=1``
+  and on a GPU alike. The factors (mask, score mod, cache, dtype, Sq, num_partitions, padded or
+  ragged q) are far too many for their full product in the simulator (a simulated call costs
+  seconds), so ``all_pairs`` picks cases in which every pair of factor values appears at least
+  once; ``test_pairwise_selection_covers_every_pair`` proves it.
+- GPU (marked ``gpu``; skipped unless a real GPU is present, see conftest.py): every mask x
+  every score mod at moderate shapes, a shape sweep up to 64K keys, the generated code (no call
+  left, no local memory), torch and Numba device arrays. On the GPU machine:
+  ``python -m pytest tests/test_kernels.py -m gpu``.
+"""
+import re
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Optional
+
+import numpy as np
+import pytest
+
+import numba_mla as nm
+from helpers import (
+    BF16,
+    DTYPES,
+    MASK_CASES,
+    MASKS,
+    SCORE_MOD_CASES,
+    SCORE_MODS,
+    assert_three_way,
+    fp32_floor,
+    f64,
+    make_problem,
+    random_counts,
+    random_lengths,
+)
+from numba_mla import factory, heuristics
+from numba_mla.kernels.simt import BLOCK_N
+from numba_mla.mods import as_mask, as_score_mod
+
+#: Runs the kernels: in the CUDA simulator in CI, on the device when there is one.
+KERNEL = pytest.mark.kernel
+
+
+def tiles(length):
+    """Key tiles of BLOCK_N keys that ``length`` keys fill."""
+    return -(-int(length) // BLOCK_N)
+
+
+def lengths_with_longest(rng, B, Sq, longest, zero=True):
+    """``random_lengths`` (Sq, and 0 if ``zero`` and B > 1, always present) with its largest
+    entry set to ``longest``, so the tile count is known."""
+    lengths = random_lengths(rng, B, Sq, longest, zero=zero)
+    lengths[np.argmax(lengths)] = longest
+    return lengths
+
+
+def ragged_counts(rng, lengths, Sq):
+    """Query rows per sequence for ragged q: random (0 to Sq, at most a nonzero length), and
+    Sq for the longest sequence, so a call never has no row at all."""
+    counts = random_counts(rng, lengths, Sq)
+    counts[np.argmax(lengths)] = Sq
+    return counts
+
+
+def references(p, mask, score_mod):
+    """(float64 out, float64 lse) and the same-precision (out in q's dtype, float32 lse)."""
+    kw = dict(mask=mask, score_mod=score_mod, return_lse=True)
+    golden = p.run(nm.reference, **kw)
+    low_out, low_lse = p.run(nm.reference, compute_dtype=np.float32, **kw)
+    return golden, (low_out.astype(p.dtype), low_lse)
+
+
+def assert_matches_reference(out, lse, golden, same_precision):
+    assert_three_way(out, same_precision[0], golden[0], floor=fp32_floor(golden[0]), what="out")
+    assert_three_way(lse, same_precision[1], golden[1], floor=fp32_floor(golden[1]), what="lse")
+
+
+def check_kernel(p, mask, score_mod, num_partitions=None, backend="simt"):
+    """Run ``backend`` on problem p into a NaN-filled ``out`` and check out and lse three ways
+    against the references (computed first, from the same mask objects)."""
+    golden, same = references(p, mask, score_mod)
+    out = np.full(p.out_shape, np.nan, p.dtype)
+    got, lse = p.run(nm, mask=mask, score_mod=score_mod, num_partitions=num_partitions,
+                     return_lse=True, out=out, backend=backend)
+    assert got is out
+    assert isinstance(lse, np.ndarray) and lse.shape == p.lse_shape and lse.dtype == np.float32
+    assert_matches_reference(out, lse, golden, same)
+    return out, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# All-pairs selection
+# ---------------------------------------------------------------------------------------------
+def _pair(names, a, x, b, y):
+    """A pair of (factor, value)s in the factors' order."""
+    return ((a, x), (b, y)) if names.index(a) < names.index(b) else ((b, y), (a, x))
+
+
+def all_pairs(factors):
+    """A deterministic greedy all-pairs selection over ``factors`` ({name: [values]}): a list
+    of cases ({name: value}) in which every pair of values of two different factors appears.
+
+    Each case starts from the first pair not yet covered (in the factors' order, so the two
+    largest factors, listed first, are seeded one pair per case), then every other factor
+    takes the value that covers the most new pairs with the values already chosen; ties go
+    to the value used least so far, then to the first listed."""
+    names = list(factors)
+    rank = {n: {v: j for j, v in enumerate(vals)} for n, vals in factors.items()}
+    uses = {n: dict.fromkeys(vals, 0) for n, vals in factors.items()}
+    uncovered = {((a, x), (b, y)) for a, b in combinations(names, 2)
+                 for x in factors[a] for y in factors[b]}
+
+    def order(pair):
+        (a, x), (b, y) = pair
+        return names.index(a), rank[a][x], names.index(b), rank[b][y]
+
+    cases = []
+    while uncovered:
+        (a, x), (b, y) = min(uncovered, key=order)
+        case = {a: x, b: y}
+        for n in names:
+            if n not in case:
+                def score(v, n=n, case=case):
+                    gain = sum(_pair(names, m, case[m], n, v) in uncovered for m in case)
+                    return gain, -uses[n][v], -rank[n][v]
+
+                case[n] = max(factors[n], key=score)
+        case = {n: case[n] for n in names}
+        for n in names:
+            uses[n][case[n]] += 1
+        uncovered -= {_pair(names, a, case[a], b, case[b]) for a, b in combinations(names, 2)}
+        cases.append(case)
+    return cases
+
+
+def missing_pairs(factors, cases):
+    """The pairs of factor values that no case holds."""
+    names = list(factors)
+    want = {((a, x), (b, y)) for a, b in combinations(names, 2)
+            for x in factors[a] for y in factors[b]}
+    have = {((a, c[a]), (b, c[b])) for c in cases for a, b in combinations(names, 2)}
+    return want - have
+
+
+#: The simulator's factors. Masks: every kind in MASK_CASES with one user function
+#: (``user_fn``; the ``*_scalar`` variants differ only in how the reference evaluates them).
+SIM_FACTORS = {
+    "mask": [c.id for c in MASK_CASES if "scalar" not in c.id],
+    "score_mod": [c.id for c in SCORE_MOD_CASES if "scalar" not in c.id],
+    "cache": ["contiguous", "paged1", "paged5", "paged16"],
+    "dtype": ["bf16", "fp16", "fp32"],
+    "sq": [1, 2],
+    "partitions": ["1", "3", "tiles+1"],
+    "layout": ["padded", "ragged"],
+}
+
+
+@dataclass(frozen=True)
+class SimCase:
+    """One simulator case: the factor values, plus H and the longest length derived from
+    the case's index (H cycles over 1, 2, 3; the longest length gives 1 to 3 key tiles)."""
+
+    index: int
+    mask: str
+    score_mod: str
+    cache: str
+    dtype: str
+    sq: int
+    partitions: str
+    layout: str
+
+    @property
+    def heads(self):
+        return (1, 2, 3)[self.index % 3]
+
+    @property
+    def longest(self):
+        if self.partitions == "1":
+            return (40, 51, 64)[self.index % 3]         # 2 tiles in one partition
+        if self.partitions == "3":
+            return (65, 70, 67)[self.index % 3]         # 3 tiles: one per partition
+        return (5, 20, 33, 40)[self.index % 4]          # 1-2 tiles, 2-3 partitions
+
+    @property
+    def edge(self):
+        """The other sequence's length: 0 (no key), or Sq (its first query sees one key)."""
+        if self.partitions == "3":
+            return 0
+        return self.sq if self.index % 2 else 0
+
+    @property
+    def num_partitions(self):
+        return {"1": 1, "3": 3, "tiles+1": tiles(self.longest) + 1}[self.partitions]
+
+    def problem(self, rng):
+        # Two sequences: every simulated key tile costs seconds, whatever it holds.
+        B = 2
+        lengths = rng.permutation([self.edge, self.longest]).astype(np.int32)
+        kind = "contiguous" if self.cache == "contiguous" else "paged"
+        page_size = int(self.cache[5:]) if kind == "paged" else 16
+        ragged = self.layout == "ragged"
+        return make_problem(rng, B, self.sq, self.heads, lengths, DTYPES[self.dtype], kind,
+                            page_size, ragged=ragged,
+                            q_counts=ragged_counts(rng, lengths, self.sq) if ragged else None)
+
+    def __str__(self):
+        return (f"{self.mask}-{self.score_mod}-{self.cache}-{self.dtype}-Sq{self.sq}-H{self.heads}"
+                f"-P{self.partitions}-{self.layout}")
+
+
+SIM_CASES = [SimCase(j, **c) for j, c in enumerate(all_pairs(SIM_FACTORS))]
+
+
+def test_pairwise_selection_covers_every_pair():
+    cases = [{n: getattr(c, n) for n in SIM_FACTORS} for c in SIM_CASES]
+    assert not missing_pairs(SIM_FACTORS, cases)
+    # The lower bound: every (mask, score mod) pair needs a case of its own.
+    assert len(cases) >= len(SIM_FACTORS["mask"]) * len(SIM_FACTORS["score_mod"])
+    assert len({str(c) for c in SIM_CASES}) == len(SIM_CASES)      # unique test ids
+    # The check can fail: without its first case, the selection misses that case's pairs.
+    assert missing_pairs(SIM_FACTORS, cases[1:])
+
+
+@pytest.mark.parametrize("factors", [
+    {"a": [0, 1, 2], "b": [0, 1, 2], "c": [0, 1, 2], "d": [0, 1, 2]},
+    {f"f{j}": [False, True] for j in range(10)},
+    {"big": list(range(7)), "one": ["x"], "two": [1, 2], "five": list("abcde")},
+], ids=["3^4", "2^10", "mixed"])
+def test_all_pairs_generator(factors):
+    cases = all_pairs(factors)
+    assert not missing_pairs(factors, cases)
+    assert all(set(c) == set(factors) and all(c[n] in factors[n] for n in c) for c in cases)
+    assert cases == all_pairs(factors)                               # deterministic
+    sizes = sorted(len(v) for v in factors.values())
+    assert sizes[-1] * sizes[-2] <= len(cases) <= 2 * sizes[-1] * sizes[-2] + 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulator-sized kernel tests
+# ---------------------------------------------------------------------------------------------
+@KERNEL
+@pytest.mark.parametrize("case", SIM_CASES, ids=str)
+def test_kernel_pairwise(case, rng):
+    p = case.problem(rng)
+    mask = MASKS[case.mask].make(p, rng)
+    check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions)
+
+
+MANY_ROWS = [  # (dtype, layout, mask, score mod): H * Sq = 18 query rows per sequence
+    ("bf16", "padded", "causal", "alibi"),                 # one group, BLOCK_M = 32
+    ("fp16", "ragged", "bias_B_H_Sq_S", "softcap"),        # one group, BLOCK_M = 32
+    ("fp32", "ragged", "chunked_causal4", "user_fn"),      # two groups of BLOCK_M = 16
+]
+
+
+@KERNEL
+@pytest.mark.parametrize("dtype,layout,mask_id,score_id", MANY_ROWS,
+                         ids=[f"{d}-H9-Sq2-{lay}" for d, lay, _, _ in MANY_ROWS])
+def test_kernel_many_rows(dtype, layout, mask_id, score_id, rng):
+    """More than 16 query rows per sequence (H = 9, Sq = 2): BLOCK_M = 32 for 16-bit storage,
+    two row groups (the second partly filled) for fp32. The other sequence has no query rows
+    (ragged) or no keys (padded): its blocks have nothing to do."""
+    B, Sq, H = 2, 2, 9
+    sixteen = dtype != "fp32"
+    block_m = heuristics.simt_block_m(Sq * H, sixteen)
+    assert block_m == (32 if sixteen else 16)
+    p = make_problem(rng, B, Sq, H, [29, 0] if layout == "ragged" else [31, 0], DTYPES[dtype],
+                     "paged", 5, ragged=layout == "ragged", q_counts=[2, 0])
+    check_kernel(p, MASKS[mask_id].make(p, rng), SCORE_MODS[score_id].make(p), num_partitions=1)
+
+
+@KERNEL
+def test_num_partitions_beyond_tiles(rng):
+    """6 partitions over 2 key tiles (the second holding one key): 4 partitions keep nothing
+    and must not disturb the combine."""
+    p = make_problem(rng, 1, 2, 2, [33], BF16, "paged", 16)
+    assert tiles(p.lengths.max()) == 2
+    check_kernel(p, nm.CausalMask(), nm.AlibiScoreMod(2), num_partitions=6)
+
+
+@KERNEL
+def test_auto_equals_simt_and_return_lse(rng):
+    """backend="auto" is the FMA kernel: the same bits. Without ``return_lse`` and ``out``
+    the result is a new array of q's dtype and out shape; with it, (out, lse [B, Sq, H])."""
+    p = make_problem(rng, 2, 2, 3, [0, 29], np.float16, "paged", 5)
+    kw = dict(mask=nm.SlidingWindowCausalMask(20), score_mod=nm.SoftCapScoreMod(4.0))
+    auto = p.run(nm, backend="auto", **kw)
+    assert isinstance(auto, np.ndarray) and auto.shape == p.out_shape and auto.dtype == p.dtype
+    simt, lse = p.run(nm, backend="simt", return_lse=True, **kw)
+    assert simt.shape == (2, 2, 3, 512) and lse.shape == (2, 2, 3) and lse.dtype == np.float32
+    np.testing.assert_array_equal(auto, simt)
+    golden, same = references(p, kw["mask"], kw["score_mod"])
+    assert_matches_reference(simt, lse, golden, same)
+
+
+@KERNEL
+def test_no_keys_anywhere(rng):
+    """Every length 0: out exactly 0 and lse -inf everywhere (written over the NaN fill);
+    a ragged call with no query rows at all returns empty arrays."""
+    p = make_problem(rng, 2, 2, 2, [0, 0], np.float32, "paged", 5)
+    out, lse = check_kernel(p, nm.NullMask(), nm.IdentityScoreMod(), num_partitions=2)
+    assert np.all(out == 0) and np.all(np.isneginf(lse))
+
+    p = make_problem(rng, 2, 2, 2, [0, 3], BF16, "contiguous", ragged=True, q_counts=[0, 0])
+    out, lse = p.run(nm, backend="simt", return_lse=True)
+    assert out.shape == (0, 2, 512) and out.dtype == BF16 and lse.shape == (0, 2)
+
+
+@KERNEL
+def test_nan_in_one_query_row_stays_in_that_row(rng):
+    """NaN in q of one (token, head) row makes that row's out and lse NaN, as in the reference,
+    across several partitions; every other row is unaffected (checked three ways)."""
+    p = make_problem(rng, 2, 2, 2, [40, 37], BF16, "paged", 16)
+    p.q[1, 0, 1, 7] = np.nan
+    golden, same = references(p, nm.NullMask(), nm.IdentityScoreMod())
+    assert np.isnan(golden[0][1, 0, 1]).all() and np.isnan(golden[1][1, 0, 1])
+    out, lse = check_kernel(p, nm.NullMask(), nm.IdentityScoreMod(), num_partitions=3)
+    assert np.isnan(f64(out)).sum() == 512 and np.isnan(lse).sum() == 1
+
+
+FLARE_KINDS = ["cache", "array", "array_all_keys", "ragged"]
+
+
+@KERNEL
+@pytest.mark.parametrize("k_kind", FLARE_KINDS)
+def test_flare_mla_decoding_writes_output(k_kind, rng):
+    """MAX's call shape: ``output`` is written and returned, for a cache object, the
+    [B, S, 1, 576] array overload (with per-sequence lengths, and with None: all S keys) and
+    ragged q (valid_length = the row offsets)."""
+    Sq, H = 2, 2
+    mask, score_mod = nm.CausalMask(), nm.AlibiScoreMod(H)
+    if k_kind == "array_all_keys":   # no slot past a length: S = every length
+        p = make_problem(rng, 1, Sq, H, [29], np.float16, "contiguous", capacity=29)
+    else:
+        p = make_problem(rng, 2, Sq, H, [29, 0], BF16,
+                         "contiguous" if k_kind == "array" else "paged", 5,
+                         ragged=k_kind == "ragged", q_counts=[2, 0])
+    if k_kind == "cache":
+        k, valid_length = p.cache, None
+    elif k_kind == "ragged":
+        k, valid_length = p.cache, p.q_offsets
+    else:
+        k = p.cache.kv[:, :, None, :]                                   # [B, S, 1, 576]
+        valid_length = None if k_kind == "array_all_keys" else p.lengths
+    golden, same = references(p, mask, score_mod)
+    output = np.full(p.out_shape, np.nan, p.dtype)
+    got = nm.flare_mla_decoding(output, p.q, k, mask, score_mod, valid_length, p.scale,
+                                backend="simt")
+    assert got is output
+    assert_three_way(output, same[0], golden[0], floor=fp32_floor(golden[0]), what="output")
+
+
+def poison_before(p, b, stop):
+    """Write NaN into the cache slots of tokens [0, stop) of sequence b (valid keys)."""
+    storage, bt = p.cache.storage, p.cache.block_table
+    for t in range(stop):
+        if bt is None:
+            storage[b, t] = np.nan
+        else:
+            storage[bt[b, t // p.page_size], t % p.page_size] = np.nan
+
+
+WINDOWS = [  # (mask id, the mask, the first key it keeps for a query at q (SPEC), Sq, dtype,
+    #           cache, page size, num_partitions, ragged)
+    ("window5", lambda: nm.SlidingWindowCausalMask(5), lambda q: q - 4,
+     1, "fp32", "paged", 5, None, False),
+    ("window20", lambda: nm.SlidingWindowCausalMask(20), lambda q: q - 19,
+     2, "bf16", "contiguous", 0, 3, True),
+    ("chunked_causal32", lambda: nm.ChunkedCausalMask(32), lambda q: q // 32 * 32,
+     2, "fp16", "paged", 16, 2, False),
+]
+
+
+@KERNEL
+@pytest.mark.parametrize("mask_id,make_mask,first_kept,Sq,dtype,kind,page_size,P,ragged",
+                         WINDOWS, ids=[w[0] for w in WINDOWS])
+def test_window_reads_only_the_window(mask_id, make_mask, first_kept, Sq, dtype, kind, page_size,
+                                      P, ragged, rng):
+    """Tile skipping: a window (or chunk) near the end of a long cache. The references come
+    from the clean cache; then every key tile (on a BLOCK_N grid from 0) wholly before the
+    first key any query may keep is overwritten with NaN. A kernel that reads a skipped tile
+    puts NaN into the output (0 x NaN in P @ V)."""
+    B, H = 2, 2
+    p = make_problem(rng, B, Sq, H, [230, 197], DTYPES[dtype], kind, page_size or 16,
+                     ragged=ragged, q_counts=[2, 1])
+    mask = make_mask()
+    golden, same = references(p, mask, nm.IdentityScoreMod())
+    for b in range(B):
+        L, n = int(p.lengths[b]), int(p.counts[b])
+        stop = first_kept(L - n) // BLOCK_N * BLOCK_N      # its first query keeps the most
+        assert stop >= 4 * BLOCK_N                        # most of the cache is poisoned
+        poison_before(p, b, stop)
+    out = np.full(p.out_shape, np.nan, p.dtype)
+    _, lse = p.run(nm, mask=mask, num_partitions=P, return_lse=True, out=out, backend="simt")
+    assert_matches_reference(out, lse, golden, same)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU suite (skipped without a real GPU: conftest.py)
+# ---------------------------------------------------------------------------------------------
+#: A call in PTX (predicated or not) and its callee: ``call.uni (retval0), name, (...);``.
+PTX_CALLEE = re.compile(r"\bcall(?:\.uni)?\s+(?:\([^)]*\)\s*,\s*)?([A-Za-z_$][\w$]*)")
+#: A local array in PTX: ``.local .align 8 .b8 __local_depot1[40];``.
+PTX_LOCAL_DEPOT = re.compile(r"__local_depot\d+\[(\d+)\]")
+#: Calls that a score mod's own math brings, which no inlining removes: helpers'
+#: user_score_mod_scalar takes math.sin of a float64 (0.3 * k), and libdevice keeps sin's
+#: large-argument (Payne-Hanek) reduction out of line, with a 40-byte local array of its own.
+LIBDEVICE_CALLS = {"user_fn_scalar": frozenset({"__internal_trig_reduction_slowpathd"})}
+
+
+def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset()):
+    """The partition kernel compiled for problem p's configuration (factory.py) has no call
+    left in its PTX (the mods are inlined; ``allowed_calls``: libdevice's own) and uses no
+    local memory but the local arrays its PTX declares (none without such a call): no
+    spills."""
+    tag = factory.dtype_tag(p.dtype)
+    block_m = heuristics.simt_block_m(int(p.counts.max()) * p.heads, tag != "f32")
+    dispatcher = factory.partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
+                                          type(p.cache), block_m, p.heads)
+    kernels = list(dispatcher.overloads.values())
+    assert kernels, "the partition kernel for this configuration was never compiled"
+    for k in kernels:
+        # cc=None: the PTX the kernel was built from (the current device's architecture, "sm_90a"
+        # on an H200), kept with the kernel; passing (9, 0) would compile it again for "sm_90".
+        ptx = k.inspect_asm(None)
+        callees = set(PTX_CALLEE.findall(ptx))
+        assert callees <= allowed_calls, (
+            f"call(s) left in the partition kernel's PTX: {sorted(callees - allowed_calls)}")
+        declared = sum(int(n) for n in PTX_LOCAL_DEPOT.findall(ptx))
+        assert declared == 0 or callees, f"the kernel's PTX declares {declared} B of local memory"
+        assert k.local_mem_per_thread <= declared, (
+            f"the partition kernel uses {k.local_mem_per_thread} bytes of local memory per "
+            f"thread (its PTX declares {declared}): spills")
+
+
+@dataclass(frozen=True)
+class GpuCrossCase:
+    """Every mask x every score mod; the other factors cycle with the case's index."""
+
+    index: int
+    mask: str
+    score_mod: str
+
+    @property
+    def heads(self):
+        return (1, 16, 128)[self.index % 3]
+
+    @property
+    def dtype(self):
+        return ("bf16", "fp16", "fp32")[(self.index + self.index // 3) % 3]
+
+    @property
+    def cache(self):
+        return (("contiguous", 0), ("paged", 1), ("paged", 16), ("paged", 64),
+                ("paged", 128))[self.index % 5]
+
+    @property
+    def num_partitions(self):
+        return (None, 1, 3, 1000)[self.index % 4]
+
+    @property
+    def sq(self):
+        return 1 + (self.index // 7) % 2
+
+    @property
+    def ragged(self):
+        return self.index % 7 == 3
+
+    def __str__(self):
+        kind, ps = self.cache
+        return (f"{self.mask}-{self.score_mod}-H{self.heads}-{self.dtype}-{kind}{ps or ''}"
+                f"-P{self.num_partitions}-Sq{self.sq}{'-ragged' if self.ragged else ''}")
+
+
+GPU_CROSS = [GpuCrossCase(j, m.id, s.id)
+             for j, (m, s) in enumerate((m, s) for m in MASK_CASES for s in SCORE_MOD_CASES)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CROSS, ids=str)
+def test_gpu_masks_and_score_mods(case, rng):
+    B = 3
+    longest = int(rng.choice([289, 297, 301, 311]))
+    lengths = lengths_with_longest(rng, B, case.sq, longest, zero=case.index % 2 == 0)
+    kind, page_size = case.cache
+    p = make_problem(rng, B, case.sq, case.heads, lengths, DTYPES[case.dtype], kind,
+                     page_size or 16, ragged=case.ragged,
+                     q_counts=ragged_counts(rng, lengths, case.sq) if case.ragged else None)
+    mask, score_mod = MASKS[case.mask].make(p, rng), SCORE_MODS[case.score_mod].make(p)
+    check_kernel(p, mask, score_mod, case.num_partitions)
+    assert_compiled_flat(p, mask, score_mod, LIBDEVICE_CALLS.get(case.score_mod, frozenset()))
+
+
+@dataclass(frozen=True)
+class Shape:
+    B: int
+    H: int
+    L: int              # the longest length (odd); the others are random in [Sq, L]
+    sq: int
+    dtype: str
+    cache: str
+    page_size: int
+    mask: str           # "null" or "causal"
+    num_partitions: Optional[int] = None
+    ragged: bool = False
+
+    @property
+    def reference_flop(self):
+        """The float64 reference's work at most: q.K (576) and P.V (512) for every key."""
+        return 2 * self.B * self.sq * self.H * self.L * (576 + 512)
+
+    def __str__(self):
+        return (f"B{self.B}-H{self.H}-L{self.L}-Sq{self.sq}-{self.dtype}-{self.cache}"
+                f"{self.page_size or ''}-{self.mask}-P{self.num_partitions}"
+                f"{'-ragged' if self.ragged else ''}")
+
+
+SHAPES = [
+    Shape(2, 128, 32767, 1, "bf16", "paged", 64, "null"),
+    Shape(64, 16, 4097, 1, "fp16", "paged", 1, "causal"),
+    Shape(16, 128, 8191, 1, "bf16", "paged", 128, "causal"),
+    Shape(8, 1, 20001, 2, "fp32", "contiguous", 0, "causal"),
+    Shape(1, 128, 65535, 1, "bf16", "paged", 64, "causal"),
+    Shape(32, 16, 2049, 2, "fp16", "paged", 16, "causal", 3, ragged=True),
+    Shape(4, 128, 16383, 2, "fp32", "contiguous", 0, "null"),
+    Shape(64, 128, 513, 1, "bf16", "paged", 16, "null", 64),       # 17 tiles, 64 partitions
+    Shape(3, 16, 32767, 2, "fp16", "paged", 1, "causal", 7),
+    Shape(64, 1, 1025, 1, "fp32", "paged", 128, "null", ragged=True),
+]
+
+
+def test_shape_sweep_reference_stays_affordable():
+    """Each sweep case's float64 reference stays under ~40 GFLOP (NumPy, on the host)."""
+    for s in SHAPES:
+        assert s.reference_flop <= 40e9, f"{s}: {s.reference_flop / 1e9:.1f} GFLOP"
+    assert {s.page_size for s in SHAPES if s.cache == "paged"} == {1, 16, 64, 128}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_gpu_shapes(shape, rng):
+    lengths = lengths_with_longest(rng, shape.B, shape.sq, shape.L, zero=shape.B > 2)
+    p = make_problem(rng, shape.B, shape.sq, shape.H, lengths, DTYPES[shape.dtype], shape.cache,
+                     shape.page_size or 16, ragged=shape.ragged,
+                     q_counts=ragged_counts(rng, lengths, shape.sq) if shape.ragged else None)
+    check_kernel(p, MASKS[shape.mask].make(p, rng), nm.IdentityScoreMod(), shape.num_partitions)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_tensors(rng):
+    """torch CUDA tensors in (q, pages, block table, lengths, out): torch tensors out, on
+    q's device, q's dtype; lse a float32 torch tensor."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch was built without CUDA")
+
+    def to_torch(x):
+        x = np.ascontiguousarray(x)
+        if x.dtype == BF16:
+            return torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
+        return torch.from_numpy(x).cuda()
+
+    def to_numpy(t):
+        t = t.detach()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).cpu().numpy().view(BF16)
+        return t.cpu().numpy()
+
+    p = make_problem(rng, 3, 2, 16, lengths_with_longest(rng, 3, 2, 301), BF16, "paged", 64)
+    mask, score_mod = nm.CausalMask(), nm.SoftCapScoreMod(5.0)
+    golden, same = references(p, mask, score_mod)
+    q = to_torch(p.q)
+    cache = nm.PagedKVCache(to_torch(p.cache.storage), to_torch(p.cache.block_table),
+                            to_torch(p.lengths))
+    out, lse = nm.mla_decode(q, cache, p.scale, mask, score_mod, return_lse=True, backend="simt")
+    assert isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor)
+    assert out.device == q.device and lse.device == q.device
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert tuple(out.shape) == p.out_shape and tuple(lse.shape) == p.lse_shape
+    assert_matches_reference(to_numpy(out), to_numpy(lse), golden, same)
+
+    out_t = torch.full(p.out_shape, float("nan"), dtype=torch.bfloat16, device=q.device)
+    got = nm.mla_decode(q, cache, p.scale, mask, score_mod, out=out_t, backend="simt")
+    assert got is out_t
+    np.testing.assert_array_equal(f64(to_numpy(out_t)), f64(to_numpy(out)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_gpu_numba_device_arrays(dtype, rng):
+    """Numba device arrays in: a Numba device array of q's dtype out (or the caller's
+    ``out``), lse a float32 device array."""
+    from numba import cuda
+
+    dt = DTYPES[dtype]
+    p = make_problem(rng, 3, 1, 16, lengths_with_longest(rng, 3, 1, 299), dt, "contiguous")
+    mask, score_mod = nm.ChunkedCausalMask(64), nm.AlibiScoreMod(16)
+    golden, same = references(p, mask, score_mod)
+    q = cuda.to_device(p.q)
+    cache = nm.ContiguousKVCache(cuda.to_device(p.cache.kv), cuda.to_device(p.lengths))
+    out, lse = nm.mla_decode(q, cache, p.scale, mask, score_mod, return_lse=True, backend="simt")
+    assert cuda.is_cuda_array(out) and cuda.is_cuda_array(lse)
+    assert hasattr(out, "copy_to_host") and hasattr(lse, "copy_to_host")
+    assert out.shape == p.out_shape and lse.shape == p.lse_shape
+    host_out, host_lse = out.copy_to_host(), lse.copy_to_host()
+    # The values first (seen as q's dtype), then the dtype itself.
+    assert_matches_reference(host_out.view(dt), host_lse, golden, same)
+    assert host_out.dtype == dt, f"out: expected a {dt} device array, got dtype {host_out.dtype}"
+    assert host_lse.dtype == np.float32
+
+    out_d = cuda.to_device(np.full(p.out_shape, np.nan, dt))
+    got = nm.mla_decode(q, cache, p.scale, mask, score_mod, out=out_d, backend="simt")
+    assert got is out_d
+    np.testing.assert_array_equal(out_d.copy_to_host(), host_out.view(dt))
