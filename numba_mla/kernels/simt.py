@@ -95,7 +95,6 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
     WORDS_PER_WARP = ROW_WORDS // NWARPS  # score phase: this warp's slice of a row
     WORDS_PER_LANE = ROW_WORDS // 32  # tile copy: words per lane per key
     KEYS_PER_WARP = BLOCK_N // NWARPS  # tile copy: keys per warp
-    V_WORDS = D_V // E  # the V part of a row, in words
     ROWS_PER_WARP = block_m // NWARPS
     MQ = block_m // 4  # 16-byte groups of rows
     H = heads
