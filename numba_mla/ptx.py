@@ -27,6 +27,8 @@ Primitives
   ``cp_async_wait_all()`` waits for this thread's groups; a barrier then publishes them.
 - ``shfl_xor(v, mask, tid)``: the float32 ``v`` of lane ``lane ^ mask`` (full warp). ``tid`` is
   the thread's index in its block (the simulator needs it to find the warp).
+- ``syncwarp(tid)``: the warp's barrier: shared-memory accesses before it are seen by every
+  lane after it.
 """
 import threading
 
@@ -84,12 +86,18 @@ if SIMULATOR:
     _warps = {}
     _warps_lock = threading.Lock()
 
-    def shfl_xor(v, mask, tid):
-        warp, lane = tid // 32, tid % 32
+    def _warp(tid):
         with _warps_lock:
-            if warp not in _warps:
-                _warps[warp] = (threading.Barrier(32), [None] * 32)
-            barrier, slots = _warps[warp]
+            if tid // 32 not in _warps:
+                _warps[tid // 32] = (threading.Barrier(32), [None] * 32)
+            return _warps[tid // 32]
+
+    def syncwarp(tid):
+        _warp(tid)[0].wait()
+
+    def shfl_xor(v, mask, tid):
+        lane = tid % 32
+        barrier, slots = _warp(tid)
         slots[lane] = v
         barrier.wait()
         r = slots[lane ^ mask]
@@ -259,3 +267,7 @@ else:
     @cuda.jit(device=True)
     def shfl_xor(v, mask, tid):
         return cuda.shfl_xor_sync(0xFFFFFFFF, v, mask)
+
+    @cuda.jit(device=True)
+    def syncwarp(tid):
+        cuda.syncwarp(0xFFFFFFFF)

@@ -65,8 +65,13 @@ def main():
                sys.executable, __file__, "--cases"]
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         text = r.stdout + r.stderr
-        m = re.search(r"ERROR SUMMARY: (\d+) error", text)
+        # memcheck/synccheck/initcheck: "ERROR SUMMARY: N errors";
+        # racecheck: "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)"
+        m = (re.search(r"ERROR SUMMARY: (\d+) error", text)
+             or re.search(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) error", text))
         errors = int(m.group(1)) if m else None
+        if errors is None:
+            print(text[-3000:])
         wrong = text.count("WRONG")
         rows.append((tool, errors, wrong, r.returncode, time.time() - t0))
         if errors or wrong or r.returncode:

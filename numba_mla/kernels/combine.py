@@ -14,7 +14,7 @@ import math
 
 from numba import cuda, float32
 
-from .._compat import DISK_CACHE
+from .._compat import JIT_OPTIONS
 
 NTHREADS = 128
 D_V = 512
@@ -24,7 +24,7 @@ NEG_INF = -math.inf
 def make_combine_kernel(store):
     """``store(x)`` converts fp32 to the output's storage (see ptx.py)."""
 
-    @cuda.jit(cache=DISK_CACHE)
+    @cuda.jit(**JIT_OPTIONS)
     def combine_kernel(part_out, part_lse, out, lse):
         # part_out [T, H, P, 512] f32, part_lse [T, H, P] f32 -> out [T, H, 512], lse [T, H] f32
         t = cuda.blockIdx.x

@@ -42,7 +42,7 @@ import math
 from numba import cuda, float32, int32
 
 from .. import ptx
-from .._compat import DISK_CACHE
+from .._compat import JIT_OPTIONS
 from ..mods import EMPTY, PARTIAL
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
@@ -128,7 +128,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
             t += 1
         return t
 
-    @cuda.jit(cache=DISK_CACHE)
+    @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
                          part_out, part_lse):
         # q [T, H, 576] (storage dtype), q_offsets [B+1], storage [pages, page_size, words],
@@ -270,6 +270,8 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
                 row_sum = pr
                 for o in (16, 8, 4, 2, 1):
                     row_sum += ptx.shfl_xor(row_sum, o, tid)
+                # Every lane has read m_old before lane 0 replaces it.
+                ptx.syncwarp(tid)
                 if lane == 0:
                     alpha = math.exp2(m_old - m_ref)
                     smf[A_ + m] = alpha
@@ -306,15 +308,18 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
             t = t_next
 
         # -- write the partition's normalised output and LSE --
-        # Stage O through shared memory (the queries' space is free now): every register
-        # index stays a compile-time constant, and the global writes are whole rows.
+        # Stage O through shared memory in the queries' space: every register index stays a
+        # compile-time constant, and the global writes are whole rows.
+        # Wait until every warp is done with the queries (and, when no tile was processed,
+        # until the queries' stores are over: the staging below overwrites them).
+        cuda.syncthreads()
         # Thread t's dims: 2t, 2t+1 (packed pairs) or t, t+256 (fp32).
         d0 = E * tid
         d1 = d0 + 1 if packed else tid + NTHREADS
         for m in range(block_m):
             ptx.sts32(smf, sb + 4 * (QT + m * D_V + d0), acc[m, 0])
             ptx.sts32(smf, sb + 4 * (QT + m * D_V + d1), acc[m, 1])
-        # Wait for the staged output (and, when no tile was processed, the softmax state).
+        # Wait for the staged output.
         cuda.syncthreads()
         for m in range(nrows):
             r = r0 + m
