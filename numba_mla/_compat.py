@@ -18,10 +18,9 @@ SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
 #: its closure: the mods and tile sizes), so a new process loads them instead of compiling.
 #: NUMBA_MLA_DISK_CACHE=0 turns it off; the simulator compiles nothing.
 DISK_CACHE = not SIMULATOR and os.environ.get("NUMBA_MLA_DISK_CACHE", "1") != "0"
-#: Options for the kernels' @cuda.jit: the disk cache, and source line info for profilers and
-#: compute-sanitizer reports with NUMBA_MLA_LINEINFO=1 (the simulator takes neither).
-JIT_OPTIONS = {} if SIMULATOR else dict(
-    cache=DISK_CACHE, lineinfo=os.environ.get("NUMBA_MLA_LINEINFO", "0") == "1")
+#: Options for the kernels' @cuda.jit (the simulator takes none). lineinfo=True is left out:
+#: NVVM 13 rejects these kernels with it (ERROR_COMPILATION, seen on the H200).
+JIT_OPTIONS = {} if SIMULATOR else dict(cache=DISK_CACHE)
 
 
 def gpu_present():
