@@ -98,9 +98,3 @@ def combine_kernel(tag):
         return make_combine_kernel(converters(tag)[1])
 
     return _cached(("combine", tag), build)
-
-
-def clear():
-    """Forget every compiled kernel (tests of the cache use this)."""
-    with _lock:
-        _kernels.clear()

@@ -22,13 +22,25 @@ def sm_count():
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def num_partitions(batch, row_groups, max_keys, block_n, sms=None, blocks_per_sm=1):
+def longest_key_range(mask, lengths, counts):
+    """The most keys any sequence's queries may keep: its length, cut to the mask's key range
+    (a sliding window of 256 over 65536 keys counts 256), which is what split-K divides."""
+    longest = 0
+    for length, n in zip(lengths.tolist(), counts.tolist()):
+        if length and n:
+            k0, k1 = mask.key_range(length - n, length - 1)
+            longest = max(longest, min(k1, length) - max(k0, 0))
+    return longest
+
+
+def num_partitions(batch, row_groups, max_keys, block_n, sms=None):
     """Split-K factor P: enough blocks (B x G x P) to give every multiprocessor about two
-    blocks, but at least two key tiles per partition so the combine stays cheap."""
+    (one is resident at a time: the FMA kernel's shared memory allows no more), but at least
+    two key tiles per partition so the combine stays cheap."""
     sms = sm_count() if sms is None else sms
     tiles = math.ceil(max_keys / block_n)
     if tiles <= 1:
         return 1
     blocks = max(1, batch * row_groups)
-    want = math.ceil(2 * sms * blocks_per_sm / blocks)
+    want = math.ceil(2 * sms / blocks)
     return max(1, min(want, math.ceil(tiles / 2)))

@@ -159,9 +159,9 @@ class Plan:
         rows = int(counts.max(initial=0)) * H
         self.block_m = heuristics.simt_block_m(rows, sixteen)
         groups = max(1, math.ceil(rows / self.block_m))
-        max_len = int(cache.lengths_host.max(initial=0))
         P = self.num_partitions = call.num_partitions or heuristics.num_partitions(
-            B, groups, max_len, BLOCK_N)
+            B, groups, heuristics.longest_key_range(call.mask, cache.lengths_host, counts),
+            BLOCK_N)
 
         out_user = call.out
         out_shape3 = (T, H, D_V)

@@ -1,0 +1,32 @@
+"""The split-K heuristic: enough blocks to fill the device, never more partitions than key
+tiles can feed, and the key count taken from what the mask can keep."""
+import numpy as np
+import pytest
+
+import numba_mla as nm
+from numba_mla import heuristics
+
+
+@pytest.mark.parametrize("mask,lengths,counts,want", [
+    (nm.NullMask(), [65536, 100], [1, 1], 65536),
+    (nm.SlidingWindowCausalMask(256), [65536, 100], [1, 1], 256),
+    (nm.SlidingWindowCausalMask(256), [65536], [4], 259),   # 4 queries: the window slides 3
+    (nm.ChunkedMask(64), [1000], [2], 1000 - 960),           # the last chunk, cut at the length
+    (nm.CausalMask(), [0, 7], [0, 7], 7),                    # an empty sequence counts nothing
+], ids=["null", "window", "window-Sq4", "chunked", "causal-empty"])
+def test_longest_key_range(mask, lengths, counts, want):
+    got = heuristics.longest_key_range(mask, np.array(lengths), np.array(counts))
+    assert got == want
+
+
+def test_num_partitions_fills_the_device():
+    sms = 132
+    # One long sequence, 8 row groups: about two blocks per multiprocessor.
+    P = heuristics.num_partitions(1, 8, 65536, 32, sms)
+    assert 8 * P >= 2 * sms and 8 * (P - 1) < 2 * sms
+    # A large batch already fills it: no split.
+    assert heuristics.num_partitions(512, 4, 4096, 32, sms) == 1
+    # Never fewer than two tiles per partition; one tile, one partition.
+    assert heuristics.num_partitions(1, 1, 256, 32, sms) == 4
+    assert heuristics.num_partitions(1, 1, 32, 32, sms) == 1
+    assert heuristics.num_partitions(1, 1, 0, 32, sms) == 1
