@@ -40,6 +40,31 @@ def _device(fn):
     return cuda.jit(device=True)(fn)
 
 
+# Tile rules: plain functions of integers. Each serves as the host rule (``classify``,
+# ``key_range``) and, compiled by ``_device``, as the device form: one definition, so the two
+# can never disagree.
+def _partial_tile(k0, k1, q_lo, q_hi):
+    return PARTIAL
+
+
+def _full_tile(k0, k1, q_lo, q_hi):
+    return FULL
+
+
+def _unbounded_range(q_lo, q_hi):
+    return 0, KEY_MAX
+
+
+def _causal_tile(k0, k1, q_lo, q_hi):
+    if k0 > q_hi:
+        return EMPTY
+    return FULL if k1 - 1 <= q_lo else PARTIAL
+
+
+def _causal_range(q_lo, q_hi):
+    return 0, q_hi + 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Masks
 # ---------------------------------------------------------------------------------------------
@@ -61,10 +86,19 @@ class Mask:
         return np.where(self.keep(b, h, q_pos, k), 0.0, -np.inf)
 
     def classify(self, k0, k1, q_lo, q_hi):
-        return PARTIAL
+        return self.tile_rule()(k0, k1, q_lo, q_hi)
 
     def key_range(self, q_lo, q_hi):
-        return 0, KEY_MAX
+        return self.range_rule()(q_lo, q_hi)
+
+    def tile_rule(self):
+        """The plain function ``(k0, k1, q_lo, q_hi) -> EMPTY/PARTIAL/FULL`` behind both
+        ``classify`` and ``device_classify``."""
+        return _partial_tile
+
+    def range_rule(self):
+        """The plain function ``(q_lo, q_hi) -> (k_start, k_end)`` behind ``key_range``."""
+        return _unbounded_range
 
     # -- device forms ---------------------------------------------------------------------
     def device_keep(self):
@@ -79,16 +113,10 @@ class Mask:
         return _device(apply)
 
     def device_classify(self):
-        def classify(k0, k1, q_lo, q_hi):
-            return PARTIAL
-
-        return _device(classify)
+        return _device(self.tile_rule())
 
     def device_key_range(self):
-        def key_range(q_lo, q_hi):
-            return 0, KEY_MAX
-
-        return _device(key_range)
+        return _device(self.range_rule())
 
     # -- identity, composition ------------------------------------------------------------
     def cache_key(self):
@@ -123,20 +151,14 @@ class NullMask(Mask):
     def keep(self, b, h, q_pos, k):
         return np.ones(np.broadcast_shapes(*(np.shape(a) for a in (b, h, q_pos, k))), bool)
 
-    def classify(self, k0, k1, q_lo, q_hi):
-        return FULL
+    def tile_rule(self):
+        return _full_tile
 
     def device_keep(self):
         def keep(b, h, q_pos, k):
             return True
 
         return _device(keep)
-
-    def device_classify(self):
-        def classify(k0, k1, q_lo, q_hi):
-            return FULL
-
-        return _device(classify)
 
 
 class CausalMask(Mask):
@@ -145,33 +167,17 @@ class CausalMask(Mask):
     def keep(self, b, h, q_pos, k):
         return np.asarray(k) <= np.asarray(q_pos)
 
-    def classify(self, k0, k1, q_lo, q_hi):
-        if k0 > q_hi:
-            return EMPTY
-        return FULL if k1 - 1 <= q_lo else PARTIAL
+    def tile_rule(self):
+        return _causal_tile
 
-    def key_range(self, q_lo, q_hi):
-        return 0, q_hi + 1
+    def range_rule(self):
+        return _causal_range
 
     def device_keep(self):
         def keep(b, h, q_pos, k):
             return k <= q_pos
 
         return _device(keep)
-
-    def device_classify(self):
-        def classify(k0, k1, q_lo, q_hi):
-            if k0 > q_hi:
-                return EMPTY
-            return FULL if k1 - 1 <= q_lo else PARTIAL
-
-        return _device(classify)
-
-    def device_key_range(self):
-        def key_range(q_lo, q_hi):
-            return 0, q_hi + 1
-
-        return _device(key_range)
 
 
 class SlidingWindowCausalMask(Mask):
@@ -188,15 +194,24 @@ class SlidingWindowCausalMask(Mask):
         k, q_pos = np.asarray(k), np.asarray(q_pos)
         return (k <= q_pos) & (q_pos - k < self.window)
 
-    def classify(self, k0, k1, q_lo, q_hi):
+    def tile_rule(self):
         w = self.window
-        # The kept keys of all queries together form [q_lo - w + 1, q_hi].
-        if k0 > q_hi or k1 - 1 < q_lo - w + 1:
-            return EMPTY
-        return FULL if (k1 - 1 <= q_lo and q_hi - k0 < w) else PARTIAL
 
-    def key_range(self, q_lo, q_hi):
-        return max(0, q_lo - self.window + 1), q_hi + 1
+        def tile(k0, k1, q_lo, q_hi):
+            # The kept keys of all queries together form [q_lo - w + 1, q_hi].
+            if k0 > q_hi or k1 - 1 < q_lo - w + 1:
+                return EMPTY
+            return FULL if (k1 - 1 <= q_lo and q_hi - k0 < w) else PARTIAL
+
+        return tile
+
+    def range_rule(self):
+        w = self.window
+
+        def key_range(q_lo, q_hi):
+            return max(0, q_lo - w + 1), q_hi + 1
+
+        return key_range
 
     def cache_key(self):
         return (type(self).__name__, self.window)
@@ -208,24 +223,6 @@ class SlidingWindowCausalMask(Mask):
             return k <= q_pos and q_pos - k < w
 
         return _device(keep)
-
-    def device_classify(self):
-        w = self.window
-
-        def classify(k0, k1, q_lo, q_hi):
-            if k0 > q_hi or k1 - 1 < q_lo - w + 1:
-                return EMPTY
-            return FULL if (k1 - 1 <= q_lo and q_hi - k0 < w) else PARTIAL
-
-        return _device(classify)
-
-    def device_key_range(self):
-        w = self.window
-
-        def key_range(q_lo, q_hi):
-            return max(0, q_lo - w + 1), q_hi + 1
-
-        return _device(key_range)
 
     def __repr__(self):
         return f"SlidingWindowCausalMask({self.window})"
@@ -244,18 +241,27 @@ class ChunkedMask(Mask):
     def keep(self, b, h, q_pos, k):
         return np.asarray(q_pos) // self.chunk == np.asarray(k) // self.chunk
 
-    def classify(self, k0, k1, q_lo, q_hi):
+    def tile_rule(self):
         c = self.chunk
-        # Queries span chunks [q_lo//c, q_hi//c], keys [k0//c, (k1-1)//c]: some pair shares a
-        # chunk iff these intervals meet; all pairs do iff both are the same single chunk.
-        if (k1 - 1) // c < q_lo // c or k0 // c > q_hi // c:
-            return EMPTY
-        same = k0 // c == (k1 - 1) // c and q_lo // c == q_hi // c and k0 // c == q_lo // c
-        return FULL if same else PARTIAL
 
-    def key_range(self, q_lo, q_hi):
+        def tile(k0, k1, q_lo, q_hi):
+            # Queries span chunks [q_lo//c, q_hi//c], keys [k0//c, (k1-1)//c]: some pair shares
+            # a chunk iff these intervals meet; all pairs do iff both are one single chunk.
+            if (k1 - 1) // c < q_lo // c or k0 // c > q_hi // c:
+                return EMPTY
+            if k0 // c == (k1 - 1) // c and q_lo // c == q_hi // c and k0 // c == q_lo // c:
+                return FULL
+            return PARTIAL
+
+        return tile
+
+    def range_rule(self):
         c = self.chunk
-        return max(0, (q_lo // c) * c), (q_hi // c + 1) * c
+
+        def key_range(q_lo, q_hi):
+            return max(0, (q_lo // c) * c), (q_hi // c + 1) * c
+
+        return key_range
 
     def cache_key(self):
         return (type(self).__name__, self.chunk)
@@ -267,26 +273,6 @@ class ChunkedMask(Mask):
             return q_pos // c == k // c
 
         return _device(keep)
-
-    def device_classify(self):
-        c = self.chunk
-
-        def classify(k0, k1, q_lo, q_hi):
-            if (k1 - 1) // c < q_lo // c or k0 // c > q_hi // c:
-                return EMPTY
-            if k0 // c == (k1 - 1) // c and q_lo // c == q_hi // c and k0 // c == q_lo // c:
-                return FULL
-            return PARTIAL
-
-        return _device(classify)
-
-    def device_key_range(self):
-        c = self.chunk
-
-        def key_range(q_lo, q_hi):
-            return max(0, (q_lo // c) * c), (q_hi // c + 1) * c
-
-        return _device(key_range)
 
     def __repr__(self):
         return f"ChunkedMask({self.chunk})"
