@@ -130,7 +130,7 @@ class Plan:
         from .kernels.simt import BLOCK_N, NTHREADS, smem_bytes
 
         self.call = call
-        tag = self.tag = factory.dtype_tag(call.dtype)
+        tag = factory.dtype_tag(call.dtype)
         sixteen = self.sixteen = tag != "f32"
         cache = call.cache
         B, H = call.batch, call.heads
@@ -202,7 +202,7 @@ class Plan:
         if result is None:  # host caller: copy back
             host = self.out_dev.copy_to_host()
             if self.sixteen:
-                host = host.view(BF16 if self.tag == "bf16" else np.float16)
+                host = host.view(call.dtype)  # int16 bits back to bfloat16 or float16
             host = host.reshape(call.out_shape)
             if call.out is not None:
                 call.out[...] = host
