@@ -2,25 +2,22 @@
 
 ``mla_decode`` (padded q), ``mla_decode_ragged`` (row offsets) and ``flare_mla_decoding``
 (Modular MAX's call shape, writing into ``output``). Checks come first and raise before any
-launch or write (checks.py); ``"simt"`` and ``"auto"`` run the FMA split-K kernels (launch.py),
+launch or write (checks.py); ``"simt"`` (FMA), ``"mma"`` (tensor cores) and ``"auto"`` run the split-K kernels (launch.py),
 ``"reference"`` the NumPy reference.
 """
 import numpy as np
 
 from . import reference
-from .arrays import is_array, shape_of
+from .arrays import IO_DTYPES, dtype_of, is_array, shape_of
 from .caches import D_QK, ContiguousKVCache, KVCache, check_lengths
 from .checks import check_decode, check_ragged
 
 
 def _run(call, ref_fn, ref_args):
-    if call.backend in ("auto", "simt"):
+    if call.backend != "reference":
         from . import launch
 
         return launch.run(call)
-    if call.backend == "mma":
-        raise NotImplementedError("backend='mma': the tensor-core kernel is not built yet; "
-                                  "use backend='simt' or 'auto'")
     out, lse = ref_fn(*ref_args, return_lse=True)
     if call.out is not None:
         call.out[...] = out.astype(call.dtype)
@@ -60,7 +57,14 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
     this function's arguments (``output``, ``valid_length``)."""
     if output is None:
         raise TypeError("output: expected an array to write into, got None")
-    ragged = is_array(q) and len(shape_of(q)) == 3
+    # q's rank picks the overload, so it is checked first (else valid_length would be blamed).
+    if not is_array(q):
+        raise TypeError(f"q: expected an array, got {type(q).__name__}")
+    if len(shape_of(q)) not in (3, 4):
+        raise ValueError(f"q: expected shape [B, Sq, H, {D_QK}] or [T, H, {D_QK}] (ragged), "
+                         f"got {list(shape_of(q))}")
+    ragged = len(shape_of(q)) == 3
+    lengths_name = "lengths"  # where the key counts came from, for the errors
     if isinstance(k, KVCache):
         cache = k
         if not ragged and valid_length is not None:
@@ -74,10 +78,13 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
         shape = shape_of(k)
         if len(shape) != 4 or shape[2] != 1 or shape[3] != D_QK:
             raise ValueError(f"k: expected a KV cache or an array [B, S, 1, {D_QK}], got shape {list(shape)}")
+        if dtype_of(k) not in IO_DTYPES:  # named here: the cache built below would say "kv"
+            raise TypeError(f"k: expected dtype bfloat16, float16 or float32, got {dtype_of(k)}")
         if ragged or valid_length is None:
             lengths = np.full(shape[0], shape[1], np.int32)
         else:
             lengths = check_lengths(valid_length, shape[0], shape[1], name="valid_length")
+            lengths_name = "valid_length"
         cache = ContiguousKVCache(k[:, :, 0, :], lengths)
     else:
         raise TypeError(f"k: expected a KV cache or an array, got {type(k).__name__}")
@@ -85,12 +92,13 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
         if valid_length is None:
             raise ValueError("valid_length: ragged q [T, H, 576] needs the B+1 row offsets, got None")
         call = check_ragged(q, valid_length, cache, scale, mask, score_mod, num_partitions,
-                            False, output, backend, out_name="output", offsets_name="valid_length")
+                            False, output, backend, out_name="output", offsets_name="valid_length",
+                            lengths_name=lengths_name)
         _run(call, reference.mla_decode_ragged,
              (q, valid_length, cache, call.scale, call.mask, call.score_mod, num_partitions))
     else:
         call = check_decode(q, cache, scale, mask, score_mod, num_partitions, False, output,
-                            backend, out_name="output")
+                            backend, out_name="output", lengths_name=lengths_name)
         _run(call, reference.mla_decode,
              (q, cache, call.scale, call.mask, call.score_mod, num_partitions))
     return output

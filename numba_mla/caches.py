@@ -11,6 +11,7 @@ t) -> (page, slot)``, with the row at ``storage[page, slot, :]``: for a contiguo
 import numpy as np
 
 from . import _compat  # noqa: F401
+from . import ptx
 from .arrays import IO_DTYPES, dtype_of, is_array, is_device, shape_of, to_host
 from numba import cuda
 
@@ -144,7 +145,8 @@ class PagedKVCache(KVCache):
         self.num_pages = num_pages
         self.lengths_host = check_lengths(lengths, batch, max_pages * page_size)
         self.lengths = lengths if is_device(lengths) else self.lengths_host
-        used = (self.lengths_host + page_size - 1) // page_size  # pages each sequence reads
+        # Pages each sequence reads (int64: a length near 2^31 plus page_size - 1 overflows int32)
+        used = (self.lengths_host.astype(np.int64) + page_size - 1) // page_size
         for b in range(batch):
             row = bt[b, : used[b]]
             bad = np.nonzero((row < 0) | (row >= num_pages))[0]
@@ -168,7 +170,8 @@ class PagedKVCache(KVCache):
     def device_locate():
         @cuda.jit(device=True)
         def locate(block_table, page_size, b, t):
-            return block_table[b, t // page_size], t % page_size
+            page, slot = ptx.divmod_u32(t, page_size)
+            return block_table[b, page], slot
 
         return locate
 

@@ -91,6 +91,28 @@ def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads):
     return _cached(key, build)
 
 
+def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads):
+    """The stage-1 tensor-core kernel (kernels/mma.py) for this configuration (bf16, f16)."""
+    fold = score_mod.identity and mask.boolean
+    key = ("mma", mask.cache_key(), score_mod.cache_key(), tag, cache_cls.kind, heads, fold)
+
+    def build():
+        from .kernels.mma import make_partition_kernel
+
+        return make_partition_kernel(
+            tag=tag,
+            locate=cache_cls.device_locate(),
+            mask_apply=mask.device_apply(),
+            mask_classify=mask.device_classify(),
+            mask_key_range=mask.device_key_range(),
+            score_mod=score_mod.device_fn(),
+            fold_scale=fold,
+            heads=heads,
+        )
+
+    return _cached(key, build)
+
+
 def combine_kernel(tag):
     def build():
         from .kernels.combine import make_combine_kernel

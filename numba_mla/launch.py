@@ -118,6 +118,38 @@ class _Launch:
 
 
 # ---------------------------------------------------------------------------------------------
+# Backends
+# ---------------------------------------------------------------------------------------------
+def mma_supported():
+    """wgmma exists on sm_90 (Hopper) only; the simulator runs the kernel's Python twin."""
+    if _compat.SIMULATOR:
+        return True
+    return cuda.get_current_device().compute_capability == (9, 0)
+
+
+def resolve_backend(backend, tag):
+    """The kernel that runs: ``"auto"`` is the tensor-core kernel for 16-bit data where wgmma
+    exists, the FMA kernel otherwise."""
+    if backend == "auto":
+        return "mma" if tag != "f32" and mma_supported() else "simt"
+    if backend == "mma":
+        if tag == "f32":
+            raise ValueError("backend: 'mma' (tensor cores) needs bfloat16 or float16 data, got "
+                             "float32; use 'simt' or 'auto'")
+        if not mma_supported():
+            cc = cuda.get_current_device().compute_capability
+            raise ValueError(f"backend: 'mma' needs an sm_90 GPU (wgmma), got compute capability "
+                             f"{cc[0]}.{cc[1]}; use 'simt' or 'auto'")
+    return backend
+
+
+def _aligned16(dev):
+    if _compat.SIMULATOR:
+        return True
+    return dev.__cuda_array_interface__["data"][0] % 16 == 0
+
+
+# ---------------------------------------------------------------------------------------------
 # The plan: everything but the launches, done once
 # ---------------------------------------------------------------------------------------------
 class Plan:
@@ -126,28 +158,37 @@ class Plan:
     The benchmark times ``launch()`` alone."""
 
     def __init__(self, call):
+        from .kernels import mma, simt
         from .kernels.combine import NTHREADS as COMBINE_THREADS
-        from .kernels.simt import BLOCK_N, NTHREADS, smem_bytes
 
         self.call = call
         tag = factory.dtype_tag(call.dtype)
         sixteen = self.sixteen = tag != "f32"
+        backend = self.backend = resolve_backend(call.backend, tag)
+        # The tensor-core kernel reads q as 16-bit pairs, 16 bytes at a time.
+        q_pairs = backend == "mma"
         cache = call.cache
         B, H = call.batch, call.heads
 
         if call.ragged:
             offs_host = call.q_offsets_host
-            q_dev = _as_device(call.q, sixteen)
+            q_dev = _as_device(call.q, sixteen, pairs=q_pairs)
             offs_src = call.q_offsets
         else:
             offs_host = (np.arange(B + 1) * call.sq).astype(np.int32)
-            q_dev = _as_device(call.q, sixteen, (B * call.sq, H, D_QK))
+            q_dev = _as_device(call.q, sixteen, (B * call.sq, H, D_QK), pairs=q_pairs)
             offs_src = offs_host
         T = int(offs_host[-1])
         counts = np.diff(offs_host)
         offs_dev = _int32_device(offs_src, offs_host)
 
         storage = _as_device(cache.storage, sixteen, pairs=True)
+        if backend == "mma" and not (_aligned16(q_dev) and _aligned16(storage)):
+            if call.backend == "mma":
+                raise ValueError("backend: 'mma' copies 16-byte pieces: q and the cache must start "
+                                 "at 16-byte aligned addresses; use 'simt' or 'auto'")
+            backend = self.backend = "simt"
+            q_dev = _as_device(call.q, sixteen, None if call.ragged else (B * call.sq, H, D_QK))
         lengths = _int32_device(cache.lengths, cache.lengths_host)
         if cache.block_table is None:
             block_table = _dummy((1, 1), np.int32)
@@ -157,11 +198,14 @@ class Plan:
         bias = _dummy((1, 1, 1), np.float32) if bias is None else _as_device(bias, False)
 
         rows = int(counts.max(initial=0)) * H
-        self.block_m = heuristics.simt_block_m(rows, sixteen)
+        if backend == "mma":
+            self.block_m, block_n = mma.BLOCK_M, mma.BLOCK_N
+        else:
+            self.block_m, block_n = heuristics.simt_block_m(rows, sixteen), simt.BLOCK_N
         groups = max(1, math.ceil(rows / self.block_m))
         P = self.num_partitions = call.num_partitions or heuristics.num_partitions(
             B, groups, heuristics.longest_key_range(call.mask, cache.lengths_host, counts),
-            BLOCK_N)
+            block_n)
 
         out_user = call.out
         out_shape3 = (T, H, D_V)
@@ -182,12 +226,16 @@ class Plan:
             ws = _workspace(n_out + n_lse)
             part_out = ws[:n_out].reshape((T, H, P, D_V))
             part_lse = ws[n_out:n_out + n_lse].reshape((T, H, P))
-            kern = factory.partition_kernel(call.mask, call.score_mod, tag, type(cache),
-                                            self.block_m, H)
+            if backend == "mma":
+                kern = factory.mma_partition_kernel(call.mask, call.score_mod, tag, type(cache), H)
+                threads, smem = mma.NTHREADS, mma.SMEM_BYTES
+            else:
+                kern = factory.partition_kernel(call.mask, call.score_mod, tag, type(cache),
+                                                self.block_m, H)
+                threads, smem = simt.NTHREADS, simt.smem_bytes(self.block_m, sixteen)
             args = (q_dev, offs_dev, storage, block_table, lengths, bias,
                     np.float32(call.scale), part_out, part_lse)
-            self.launches.append(_Launch(kern, args, (P, groups, B), NTHREADS,
-                                         smem_bytes(self.block_m, sixteen)))
+            self.launches.append(_Launch(kern, args, (P, groups, B), threads, smem))
             self.launches.append(_Launch(factory.combine_kernel(tag),
                                          (part_out, part_lse, self.out_dev, self.lse_dev),
                                          (T, H), COMBINE_THREADS))
@@ -220,7 +268,7 @@ class Plan:
 
 
 def run(call):
-    """Run the FMA split-K kernels for a checked call; returns out (and lse)."""
+    """Run the split-K kernels for a checked call; returns out (and lse)."""
     plan = Plan(call)
     plan.launch()
     return plan.result()

@@ -29,6 +29,10 @@ Primitives
   the thread's index in its block (the simulator needs it to find the warp).
 - ``syncwarp(tid)``: the warp's barrier: shared-memory accesses before it are seen by every
   lane after it.
+- ``rcp(x)``: 1/x to within an ulp (``rcp.approx``: an IEEE division is a subroutine call).
+- ``divmod_u32(a, b)``: ``(a // b, a % b)`` for 0 <= a, 0 < b < 2**31, in 32-bit arithmetic
+  (Python's ints make Numba divide in 64 bits, which ptxas turns into a subroutine call; any
+  call in a kernel serialises its wgmma instructions).
 """
 import threading
 
@@ -36,6 +40,7 @@ import ml_dtypes
 import numpy as np
 
 from ._compat import SIMULATOR
+from numba import cuda
 
 if SIMULATOR:
 
@@ -78,6 +83,12 @@ if SIMULATOR:
     def cp_async_commit():
         pass
 
+    def divmod_u32(a, b):
+        return divmod(int(a), int(b))
+
+    def rcp(x):
+        return np.float32(1.0) / np.float32(x)
+
     def cp_async_wait_all():
         pass
 
@@ -106,7 +117,6 @@ if SIMULATOR:
 
 else:
     from llvmlite import ir
-    from numba import cuda
     from numba.cuda import cgutils, types
     from numba.cuda.extending import intrinsic
 
@@ -261,6 +271,26 @@ else:
 
         return _impl
 
+    @intrinsic
+    def divmod_u32(typingctx, a, b):
+        sig = types.UniTuple(types.int32, 2)(a, b)
+
+        def cg(ctx, bld, s, args):
+            x, y = (bld.trunc(ctx.cast(bld, v, t, types.int64), _i32) for v, t in zip(args, s.args))
+            quo = bld.udiv(x, y)
+            return _pair(ctx, bld, s, quo, bld.sub(x, bld.mul(quo, y)))
+
+        return sig, cg
+
+    @intrinsic
+    def rcp(typingctx, x):
+        def cg(ctx, b, sig, args):
+            v = ctx.cast(b, args[0], sig.args[0], types.float32)
+            asm = ir.InlineAsm(ir.FunctionType(_f32, [_f32]), "rcp.approx.f32 $0, $1;", "=f,f")
+            return b.call(asm, [v])
+
+        return types.float32(x), cg
+
     cp_async_commit = _void_asm("cp.async.commit_group;")
     cp_async_wait_all = _void_asm("cp.async.wait_group 0;")
 
@@ -271,3 +301,293 @@ else:
     @cuda.jit(device=True)
     def syncwarp(tid):
         cuda.syncwarp(0xFFFFFFFF)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor cores (Hopper wgmma) and 16-byte asynchronous copies
+# ---------------------------------------------------------------------------------------------
+# A warpgroup (4 warps, 128 threads) issues ``wgmma.mma_async`` together: D[64 x N] (fp32, in
+# registers) (+)= A[64 x 16] . B[16 x N], A and B 16-bit in shared memory, read through
+# *descriptors*. Layouts here are the "no swizzle" ones: the operand is cut into core matrices
+# of 8 rows x 16 bytes, each 128 contiguous bytes, placed at
+#     K-major (A, and B = K^T):  byte(r, k) = (r//8)*SBO + (k//8)*LBO + (r%8)*16 + (k%8)*2
+#     MN-major (B = V, "trans-b"): byte(k, n) = (n//8)*SBO + (k//8)*LBO + (k%8)*16 + (n%8)*2
+# (r: row of A or column n of B; LBO steps along K, SBO along M or N).
+#
+# Accumulator fragment of thread t of the warpgroup (w = t // 32, lane = t % 32): element i of
+# its N/2 floats is D[row, col] with
+#     row = 16*w + lane//4 + 8*((i//2) % 2),   col = 8*(i//4) + 2*(lane % 4) + i % 2
+# (``acc_row``/``acc_col`` below). The kernels hold accumulators in ``cuda.local.array``s whose
+# every index is a compile-time constant, so they live in registers.
+#
+# Primitives
+# - ``wgmma_desc(lbo, sbo)`` -> ``desc(addr)``: the 64-bit descriptor of an operand at the
+#   32-bit shared address ``addr`` (LBO, SBO compile-time).
+# - ``wgmma(n, tag, trans_b)`` -> ``mma(acc, arr, desc_a, desc_b, accumulate, wtid)``: issue one
+#   m64n{n}k16 product (tag "bf16" or "f16") into ``acc[:n//2]``; ``accumulate`` 0 overwrites.
+#   ``arr`` (the shared array) and ``wtid`` (thread index in the warpgroup) serve the twin.
+# - ``wgmma_fence()`` before the first wgmma of a batch (orders register writes to the
+#   accumulators), ``wgmma_commit()`` closes the batch; ``wgmma_wait(nacc)`` -> ``wait(acc)``
+#   waits for every committed batch, with ``acc[:nacc]`` tied through so no read of it moves
+#   above the wait.
+# - ``acc_zero(n)`` -> ``zero(acc)``, ``acc_scale(n)`` -> ``scale(acc, a0, a1)`` (rows of the
+#   fragment's upper and lower 8 times a0 and a1), ``acc_store(n)`` -> ``store(acc, arr, addr,
+#   row_bytes)`` (element i to ``addr + 8*((i//2)%2)*row_bytes + 4*(8*(i//4) + i%2)``, i.e. the
+#   fragment into a float32 row-major shared array whose thread-dependent origin is ``addr``):
+#   whole-accumulator operations written out element by element, so every index is a constant
+#   (a 128-iteration loop is not always unrolled, and the array would then live in memory).
+# - ``fence_proxy_async()``: shared-memory writes by ordinary stores and cp.async become
+#   visible to wgmma (the async proxy); then a barrier.
+# - ``cp_async16(arr, addr, src, i0, i1, i2, valid)``: 16 bytes from ``src[i0, i1, i2:i2+4]``
+#   (4-byte words, 16-byte aligned), zeros when not ``valid``. Same groups as ``cp_async4``.
+# - ``pack_bf16x2(lo, hi)``, ``pack_f16x2(lo, hi)``: two floats -> one int32 word of 16-bit pairs.
+
+
+def _acc_row(i, wtid):
+    return 16 * (wtid // 32) + (wtid % 32) // 4 + 8 * ((i // 2) % 2)
+
+
+def _acc_col(i, wtid):
+    return 8 * (i // 4) + 2 * (wtid % 4) + i % 2
+
+
+acc_row = cuda.jit(device=True)(_acc_row)
+acc_col = cuda.jit(device=True)(_acc_col)
+
+
+def _desc_value(addr, lbo, sbo):
+    return (((addr >> 4) & 0x3FFF) | (((lbo >> 4) & 0x3FFF) << 16)
+            | (((sbo >> 4) & 0x3FFF) << 32))
+
+
+def _acc_offset(i, row_bytes):
+    return 8 * ((i // 2) % 2) * row_bytes + 4 * (8 * (i // 4) + i % 2)
+
+
+if SIMULATOR:
+
+    def acc_zero(n):
+        def zero(acc):
+            acc[:n] = 0
+
+        return zero
+
+    def acc_scale(n):
+        def scale(acc, a0, a1):
+            for i in range(n):
+                acc[i] *= a0 if (i // 2) % 2 == 0 else a1
+
+        return scale
+
+    def acc_store(n):
+        def store(acc, arr, addr, row_bytes):
+            for i in range(n):
+                arr[(addr + _acc_offset(i, row_bytes)) // 4] = acc[i]
+
+        return store
+
+    def wgmma_desc(lbo, sbo):
+        def desc(addr):
+            return _desc_value(int(addr), lbo, sbo)
+
+        return desc
+
+    def _operand(arr, desc, rows, kmajor, dtype):
+        """The 16-bit operand a descriptor describes, as float64 [rows, 16] (A: rows = M;
+        B: rows = N, so the product is A @ B_op.T), decoded from the descriptor's bits."""
+        addr = (desc & 0x3FFF) << 4
+        lbo = ((desc >> 16) & 0x3FFF) << 4
+        sbo = ((desc >> 32) & 0x3FFF) << 4
+        r = np.arange(rows)[:, None]
+        k = np.arange(16)[None, :]
+        if kmajor:
+            byte = addr + (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16 + (k % 8) * 2
+        else:
+            byte = addr + (r // 8) * sbo + (k // 8) * lbo + (k % 8) * 16 + (r % 8) * 2
+        return np.asarray(arr).view(np.uint16)[byte // 2].view(dtype).astype(np.float64)
+
+    def wgmma(n, tag, trans_b):
+        dtype = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}[tag]
+        idx = np.arange(n // 2)
+
+        def mma(acc, arr, desc_a, desc_b, accumulate, wtid):
+            a = _operand(arr, desc_a, 64, True, dtype)
+            bt = _operand(arr, desc_b, n, not trans_b, dtype)
+            d = (a[_acc_row(idx, wtid)] * bt[_acc_col(idx, wtid)]).sum(axis=1)
+            if accumulate:
+                d += acc[:n // 2]
+            acc[:n // 2] = d
+
+        return mma
+
+    def wgmma_fence():
+        pass
+
+    def wgmma_commit():
+        pass
+
+    def wgmma_wait(nacc):
+        def wait(acc):
+            pass
+
+        return wait
+
+    def fence_proxy_async():
+        pass
+
+    def cp_async16(arr, addr, src, i0, i1, i2, valid):
+        i = addr // 4
+        for j in range(4):
+            arr[i + j] = src[i0, i1, i2 + j] if valid else 0
+
+    def pack_bf16x2(lo, hi):
+        return np.array([lo, hi], np.float32).astype(ml_dtypes.bfloat16).view(np.int32)[0]
+
+    def pack_f16x2(lo, hi):
+        return np.array([lo, hi], np.float32).astype(np.float16).view(np.int32)[0]
+
+else:
+
+    def wgmma_desc(lbo, sbo):
+        hi = ((lbo >> 4) & 0x3FFF) << 16 | ((sbo >> 4) & 0x3FFF) << 32
+
+        @intrinsic
+        def desc(typingctx, addr):
+            def cg(ctx, b, sig, args):
+                a = b.zext(ctx.cast(b, args[0], sig.args[0], types.uint32), _i64)
+                a = b.and_(b.lshr(a, ir.Constant(_i64, 4)), ir.Constant(_i64, 0x3FFF))
+                return b.or_(a, ir.Constant(_i64, hi))
+
+            return types.uint64(addr), cg
+
+        return desc
+
+    def _acc_ptrs(ctx, b, aryty, ary, n):
+        data = ctx.make_array(aryty)(ctx, b, value=ary).data
+        return [cgutils.gep(b, data, i) for i in range(n)]
+
+    def acc_zero(n):
+        @intrinsic
+        def zero(typingctx, acc):
+            def cg(ctx, b, sig, args):
+                for p in _acc_ptrs(ctx, b, sig.args[0], args[0], n):
+                    b.store(ir.Constant(_f32, 0.0), p)
+                return ctx.get_dummy_value()
+
+            return types.void(acc), cg
+
+        return zero
+
+    def acc_scale(n):
+        @intrinsic
+        def scale(typingctx, acc, a0, a1):
+            def cg(ctx, b, sig, args):
+                a = [ctx.cast(b, v, t, types.float32) for v, t in zip(args[1:], sig.args[1:])]
+                for i, p in enumerate(_acc_ptrs(ctx, b, sig.args[0], args[0], n)):
+                    b.store(b.fmul(b.load(p), a[(i // 2) % 2]), p)
+                return ctx.get_dummy_value()
+
+            return types.void(acc, a0, a1), cg
+
+        return scale
+
+    def acc_store(n):
+        @intrinsic
+        def store(typingctx, acc, arr, addr, row_bytes):
+            def cg(ctx, b, sig, args):
+                base = _addr32(ctx, b, args[2], sig.args[2])
+                rb = _addr32(ctx, b, args[3], sig.args[3])
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _f32]),
+                                   "st.shared.f32 [$0], $1;", "r,f,~{memory}", side_effect=True)
+                for i, p in enumerate(_acc_ptrs(ctx, b, sig.args[0], args[0], n)):
+                    row = b.mul(rb, ir.Constant(_i32, 8 * ((i // 2) % 2)))
+                    off = b.add(row, ir.Constant(_i32, 4 * (8 * (i // 4) + i % 2)))
+                    b.call(asm, [b.add(base, off), b.load(p)])
+                return ctx.get_dummy_value()
+
+            return types.void(acc, arr, addr, row_bytes), cg
+
+        return store
+
+    def _tied_asm(b, ptrs, text, in_types, in_cons, ins):
+        """Call asm whose first len(ptrs) operands are the accumulators (read-write, "+f"
+        written as outputs tied to inputs), then ``ins``; store the results back."""
+        n = len(ptrs)
+        cons = ",".join(["=f"] * n + in_cons + [str(i) for i in range(n)] + ["~{memory}"])
+        fty = ir.FunctionType(ir.LiteralStructType([_f32] * n), in_types + [_f32] * n)
+        r = b.call(ir.InlineAsm(fty, text, cons, side_effect=True),
+                   ins + [b.load(p) for p in ptrs])
+        for i, p in enumerate(ptrs):
+            b.store(b.extract_value(r, i), p)
+
+    def wgmma(n, tag, trans_b):
+        nacc = n // 2
+        regs = ",".join(f"${i}" for i in range(nacc))
+        text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; "
+                "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, $%d, $%d, p, 1, 1, 0, %d; }"
+                % (nacc + 2, n, tag, tag, regs, nacc, nacc + 1, int(trans_b)))
+
+        @intrinsic
+        def mma(typingctx, acc, arr, desc_a, desc_b, accumulate, wtid):
+            sig = types.void(acc, arr, desc_a, desc_b, accumulate, wtid)
+
+            def cg(ctx, b, s, args):
+                ptrs = _acc_ptrs(ctx, b, s.args[0], args[0], nacc)
+                ins = [ctx.cast(b, args[2], s.args[2], types.uint64),
+                       ctx.cast(b, args[3], s.args[3], types.uint64),
+                       ctx.cast(b, args[4], s.args[4], types.uint32)]
+                _tied_asm(b, ptrs, text, [_i64, _i64, _i32], ["l", "l", "r"], ins)
+                return ctx.get_dummy_value()
+
+            return sig, cg
+
+        return mma
+
+    wgmma_fence = _void_asm("wgmma.fence.sync.aligned;")
+    wgmma_commit = _void_asm("wgmma.commit_group.sync.aligned;")
+    fence_proxy_async = _void_asm("fence.proxy.async.shared::cta;")
+
+    def wgmma_wait(nacc):
+        @intrinsic
+        def wait(typingctx, acc):
+            def cg(ctx, b, sig, args):
+                ptrs = _acc_ptrs(ctx, b, sig.args[0], args[0], nacc)
+                _tied_asm(b, ptrs, "wgmma.wait_group.sync.aligned 0;", [], [], [])
+                return ctx.get_dummy_value()
+
+            return types.void(acc), cg
+
+        return wait
+
+    @intrinsic
+    def cp_async16(typingctx, arr, addr, src, i0, i1, i2, valid):
+        sig = types.void(arr, addr, src, i0, i1, i2, valid)
+
+        def cg(ctx, b, s, args):
+            gptr = _item_ptr(ctx, b, s.args[2], args[2], args[3:6], s.args[3:6])
+            cvta = ir.InlineAsm(ir.FunctionType(_i64, [_i64]), "cvta.to.global.u64 $0, $1;", "=l,l")
+            gaddr = b.call(cvta, [b.ptrtoint(gptr, _i64)])
+            ok = ctx.cast(b, args[6], s.args[6], types.boolean)
+            nbytes = b.select(ok, ir.Constant(_i32, 16), ir.Constant(_i32, 0))  # 0: zero-fill
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _i64, _i32]),
+                               "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
+                               side_effect=True)
+            b.call(asm, [_addr32(ctx, b, args[1], s.args[1]), gaddr, nbytes])
+            return ctx.get_dummy_value()
+
+        return sig, cg
+
+    def _pack(text):
+        @intrinsic
+        def pack(typingctx, lo, hi):
+            def cg(ctx, b, sig, args):
+                lo_, hi_ = (ctx.cast(b, a, t, types.float32) for a, t in zip(args, sig.args))
+                asm = ir.InlineAsm(ir.FunctionType(_i32, [_f32, _f32]), text, "=r,f,f")
+                return b.call(asm, [hi_, lo_])  # cvt packs its first source in the high half
+
+            return types.int32(lo, hi), cg
+
+        return pack
+
+    pack_bf16x2 = _pack("cvt.rn.bf16x2.f32 $0, $1, $2;")
+    pack_f16x2 = _pack("cvt.rn.f16x2.f32 $0, $1, $2;")

@@ -237,16 +237,22 @@ def assert_close(actual, expected, rtol, atol, what="result"):
         )
 
 
-def fp32_floor(golden):
-    """The three-way check's absolute floor: 8 float32 units in the last place of the largest
-    expected value (at least assert_three_way's 1e-6). A 576-term float32 dot product summed in
-    the kernel's order (sequential FMAs per warp, then 8 partial sums) and in NumPy's (SIMD
-    partial sums) differs by a few ulps of the score, and on a handful of rows the larger of
-    two such errors can exceed twice the smaller by chance; a wrong key, mask or scale is
-    off by orders of magnitude more."""
+#: Float32 ulps of the three-way check's floor, per backend. FMA: a 576-term float32 dot
+#: product summed in the kernel's order (sequential FMAs per warp, then 8 partial sums) and in
+#: NumPy's (SIMD partial sums) differs by a few ulps of the score, and on a handful of rows the
+#: larger of two such errors can exceed twice the smaller by chance. Tensor cores: wgmma adds
+#: each 16-wide step's products to its fp32 accumulator truncating, not rounding (measured on
+#: the H200: errors of ~18 ulps, all of one sign, on single-key rows), and a score takes 36
+#: steps: up to 36 ulps more. A wrong key, mask or scale is off by orders of magnitude more.
+FLOOR_ULPS = {"simt": 8, "mma": 8 + 36, "auto": 8 + 36, "reference": 8}
+
+
+def fp32_floor(golden, backend="simt"):
+    """The three-way check's absolute floor: ``FLOOR_ULPS[backend]`` float32 units in the last
+    place of the largest expected value (at least assert_three_way's 1e-6)."""
     g = f64(golden)
     top = float(np.abs(g[np.isfinite(g)]).max(initial=0.0))
-    return max(1e-6, 8 * float(np.finfo(np.float32).eps) * top)
+    return max(1e-6, FLOOR_ULPS[backend] * float(np.finfo(np.float32).eps) * top)
 
 
 def assert_three_way(actual, same_precision, golden, factor=2.0, floor=1e-6, what="out"):

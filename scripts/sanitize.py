@@ -12,16 +12,21 @@ import subprocess
 import sys
 import time
 
-#: (B, H, L, Sq, dtype, cache, page, mask, P, ragged): every backend path the FMA kernel has
-#: (both row-block sizes, packed and fp32 storage, both caches, page size 1 and 64, odd lengths,
-#: one and many partitions, skipped tiles, empty rows).
-CASES = [
+#: (backend, B, H, L, Sq, dtype, cache, page, mask, P, ragged): for each backend every mask,
+#: both caches, page sizes 1 and 64, odd lengths, Sq 1 and 2, one and many partitions, skipped
+#: tiles, empty rows; the FMA kernel's two row-block sizes and fp32 storage.
+_SHAPES = [
     (2, 16, 97, 1, "bf16", "paged", 64, "null", None, False),
     (2, 16, 65, 2, "fp16", "paged", 1, "causal", 7, False),
     (1, 128, 129, 1, "bf16", "contiguous", 0, "window", 1, False),
     (3, 3, 70, 2, "fp32", "paged", 64, "chunked_causal", 40, True),
     (2, 16, 300, 1, "bf16", "paged", 64, "bias", 3, False),
+    (2, 5, 201, 2, "fp16", "contiguous", 0, "chunked", 1, False),
+    (3, 2, 133, 1, "bf16", "paged", 1, "user_fn", 50, True),
+    (2, 48, 257, 2, "fp16", "paged", 64, "causal|chunked", None, False),
 ]
+CASES = [(backend, *c[:4], "bf16" if backend == "mma" and c[4] == "fp32" else c[4], *c[5:])
+         for backend in ("simt", "mma") for c in _SHAPES]
 
 
 def run_cases():
@@ -32,19 +37,19 @@ def run_cases():
 
     rng = np.random.default_rng(0)
     bad = 0
-    for B, H, L, Sq, dt, cache, page, mask, P, ragged in CASES:
+    for backend, B, H, L, Sq, dt, cache, page, mask, P, ragged in CASES:
         lengths = testing.random_lengths(rng, B, Sq, L)
         lengths[-1] = L
         p = testing.make_problem(rng, B, Sq, H, lengths, testing.DTYPES[dt], cache, page or 16,
                                  ragged=ragged)
         m = validate.MASKS[mask](p, rng)
         out = np.full(p.out_shape, np.nan, p.dtype)
-        res = p.run(nm, mask=m, return_lse=True, num_partitions=P, out=out)
+        res = p.run(nm, mask=m, return_lse=True, num_partitions=P, out=out, backend=backend)
         ref = p.run(nm.reference, mask=m, return_lse=True)
         err = float(np.nanmax(np.abs(res[0].astype(np.float64) - ref[0])))
         ok = np.array_equal(np.isfinite(res[0]), np.isfinite(ref[0])) and err < 0.05
         bad += not ok
-        print(f"case B={B} H={H} L={L} Sq={Sq} {dt} {cache}/{page} {mask} P={P}: "
+        print(f"case {backend} B={B} H={H} L={L} Sq={Sq} {dt} {cache}/{page} {mask} P={P}: "
               f"max err {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
     return bad
 
@@ -79,7 +84,8 @@ def main():
     lines = [f"{'tool':<10} {'errors':>7} {'wrong':>6} {'rc':>3} {'seconds':>8}"]
     lines += [f"{t:<10} {str(e):>7} {w:>6} {rc:>3} {s:8.0f}" for t, e, w, rc, s in rows]
     lines.append(f"{len(CASES)} cases per tool: " + "; ".join(
-        f"B={c[0]} H={c[1]} L={c[2]} Sq={c[3]} {c[4]} {c[5]}/{c[6]} {c[7]} P={c[8]}" for c in CASES))
+        f"{c[0]} B={c[1]} H={c[2]} L={c[3]} Sq={c[4]} {c[5]} {c[6]}/{c[7]} {c[8]} P={c[9]}"
+        for c in CASES))
     print("\n".join(lines))
     if args.out:
         with open(args.out, "w") as f:

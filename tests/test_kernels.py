@@ -50,6 +50,8 @@ from numba_mla.mods import as_mask, as_score_mod
 
 #: Runs the kernels: in the CUDA simulator in CI, on the device when there is one.
 KERNEL = pytest.mark.kernel
+#: The split-K kernels: FMA and tensor cores (16-bit data only).
+KERNEL_BACKENDS = ("simt", "mma")
 
 
 def tiles(length):
@@ -81,9 +83,11 @@ def references(p, mask, score_mod):
     return golden, (low_out.astype(p.dtype), low_lse)
 
 
-def assert_matches_reference(out, lse, golden, same_precision):
-    assert_three_way(out, same_precision[0], golden[0], floor=fp32_floor(golden[0]), what="out")
-    assert_three_way(lse, same_precision[1], golden[1], floor=fp32_floor(golden[1]), what="lse")
+def assert_matches_reference(out, lse, golden, same_precision, backend="simt"):
+    assert_three_way(out, same_precision[0], golden[0], floor=fp32_floor(golden[0], backend),
+                     what="out")
+    assert_three_way(lse, same_precision[1], golden[1], floor=fp32_floor(golden[1], backend),
+                     what="lse")
 
 
 def check_kernel(p, mask, score_mod, num_partitions=None, backend="simt"):
@@ -95,7 +99,7 @@ def check_kernel(p, mask, score_mod, num_partitions=None, backend="simt"):
                      return_lse=True, out=out, backend=backend)
     assert got is out
     assert isinstance(lse, np.ndarray) and lse.shape == p.lse_shape and lse.dtype == np.float32
-    assert_matches_reference(out, lse, golden, same)
+    assert_matches_reference(out, lse, golden, same, backend)
     return out, lse
 
 
@@ -222,6 +226,20 @@ class SimCase:
 SIM_CASES = [SimCase(j, **c) for j, c in enumerate(all_pairs(SIM_FACTORS))]
 
 
+def each_value_once(factors):
+    """Cases in which every value of every factor appears: case j takes value j (cycling) of
+    each factor, as many cases as the longest factor has values."""
+    n = max(len(v) for v in factors.values())
+    return [{name: vals[j % len(vals)] for name, vals in factors.items()} for j in range(n)]
+
+
+#: The tensor-core kernel in the simulator: every value of every factor at least once (16-bit
+#: data only), not every pair: its simulated call costs about ten seconds (256 threads). The GPU
+#: suite runs it over every mask x score mod and the shape sweep.
+MMA_SIM_CASES = [SimCase(j, **c) for j, c in enumerate(
+    each_value_once({**SIM_FACTORS, "dtype": ["bf16", "fp16"]}))]
+
+
 def test_pairwise_selection_covers_every_pair():
     cases = [{n: getattr(c, n) for n in SIM_FACTORS} for c in SIM_CASES]
     assert not missing_pairs(SIM_FACTORS, cases)
@@ -257,6 +275,14 @@ def test_kernel_pairwise(case, rng):
     check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions)
 
 
+@KERNEL
+@pytest.mark.parametrize("case", MMA_SIM_CASES, ids=str)
+def test_mma_kernel_each_factor(case, rng):
+    p = case.problem(rng)
+    mask = MASKS[case.mask].make(p, rng)
+    check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, "mma")
+
+
 MANY_ROWS = [  # (dtype, layout, mask, score mod): H * Sq = 18 query rows per sequence
     ("bf16", "padded", "causal", "alibi"),                 # one group, BLOCK_M = 32
     ("fp16", "ragged", "bias_B_H_Sq_S", "softcap"),        # one group, BLOCK_M = 32
@@ -290,18 +316,35 @@ def test_num_partitions_beyond_tiles(rng):
 
 
 @KERNEL
-def test_auto_equals_simt_and_return_lse(rng):
-    """backend="auto" is the FMA kernel: the same bits. Without ``return_lse`` and ``out``
-    the result is a new array of q's dtype and out shape; with it, (out, lse [B, Sq, H])."""
-    p = make_problem(rng, 2, 2, 3, [0, 29], np.float16, "paged", 5)
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_auto_picks_a_kernel_and_return_lse(dtype, rng):
+    """backend="auto" is the tensor-core kernel for 16-bit data (where wgmma exists: sm_90, or
+    the simulator) and the FMA kernel for fp32: the same bits as that backend. Without
+    ``return_lse`` and ``out`` the result is a new array of q's dtype and out shape; with it,
+    (out, lse [B, Sq, H])."""
+    from numba_mla import launch
+
+    expected = "mma" if dtype != "fp32" and launch.mma_supported() else "simt"
+    assert launch.resolve_backend("auto", factory.dtype_tag(DTYPES[dtype])) == expected
+    p = make_problem(rng, 2, 2, 3, [0, 29], DTYPES[dtype], "paged", 5)
     kw = dict(mask=nm.SlidingWindowCausalMask(20), score_mod=nm.SoftCapScoreMod(4.0))
     auto = p.run(nm, backend="auto", **kw)
     assert isinstance(auto, np.ndarray) and auto.shape == p.out_shape and auto.dtype == p.dtype
-    simt, lse = p.run(nm, backend="simt", return_lse=True, **kw)
-    assert simt.shape == (2, 2, 3, 512) and lse.shape == (2, 2, 3) and lse.dtype == np.float32
-    np.testing.assert_array_equal(auto, simt)
+    chosen, lse = p.run(nm, backend=expected, return_lse=True, **kw)
+    assert chosen.shape == (2, 2, 3, 512) and lse.shape == (2, 2, 3) and lse.dtype == np.float32
+    np.testing.assert_array_equal(auto, chosen)
     golden, same = references(p, kw["mask"], kw["score_mod"])
-    assert_matches_reference(simt, lse, golden, same)
+    assert_matches_reference(chosen, lse, golden, same, expected)
+
+
+@KERNEL
+def test_mma_refuses_fp32(rng):
+    """The tensor cores take 16-bit data: backend="mma" with fp32 is refused before launch."""
+    p = make_problem(rng, 1, 1, 2, [9], np.float32, "contiguous")
+    out = np.full(p.out_shape, 7.0, np.float32)
+    with pytest.raises(ValueError, match="^backend: 'mma'.*float32"):
+        p.run(nm, backend="mma", out=out)
+    assert np.all(out == 7.0)
 
 
 @KERNEL
@@ -419,15 +462,19 @@ PTX_LOCAL_DEPOT = re.compile(r"__local_depot\d+\[(\d+)\]")
 LIBDEVICE_CALLS = {"user_fn_scalar": frozenset({"__internal_trig_reduction_slowpathd"})}
 
 
-def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset()):
+def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend="simt"):
     """The partition kernel compiled for problem p's configuration (factory.py) has no call
     left in its PTX (the mods are inlined; ``allowed_calls``: libdevice's own) and uses no
     local memory but the local arrays its PTX declares (none without such a call): no
-    spills."""
+    spills. The tensor-core kernel's SASS holds its wgmma instructions (HGMMA)."""
     tag = factory.dtype_tag(p.dtype)
-    block_m = heuristics.simt_block_m(int(p.counts.max()) * p.heads, tag != "f32")
-    dispatcher = factory.partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
-                                          type(p.cache), block_m, p.heads)
+    if backend == "mma":
+        dispatcher = factory.mma_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
+                                                  type(p.cache), p.heads)
+    else:
+        block_m = heuristics.simt_block_m(int(p.counts.max()) * p.heads, tag != "f32")
+        dispatcher = factory.partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
+                                              type(p.cache), block_m, p.heads)
     kernels = list(dispatcher.overloads.values())
     assert kernels, "the partition kernel for this configuration was never compiled"
     for k in kernels:
@@ -442,6 +489,8 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset()):
         assert k.local_mem_per_thread <= declared, (
             f"the partition kernel uses {k.local_mem_per_thread} bytes of local memory per "
             f"thread (its PTX declares {declared}): spills")
+        if backend == "mma":
+            assert ptx.count("wgmma.mma_async") == 40, "36 wgmma for Q.K^T and 4 for P.V"
 
 
 @dataclass(frozen=True)
@@ -451,6 +500,7 @@ class GpuCrossCase:
     index: int
     mask: str
     score_mod: str
+    backend: str = "simt"
 
     @property
     def heads(self):
@@ -458,6 +508,8 @@ class GpuCrossCase:
 
     @property
     def dtype(self):
+        if self.backend == "mma":  # 16-bit only
+            return ("bf16", "fp16")[(self.index + self.index // 3) % 2]
         return ("bf16", "fp16", "fp32")[(self.index + self.index // 3) % 3]
 
     @property
@@ -479,11 +531,13 @@ class GpuCrossCase:
 
     def __str__(self):
         kind, ps = self.cache
-        return (f"{self.mask}-{self.score_mod}-H{self.heads}-{self.dtype}-{kind}{ps or ''}"
-                f"-P{self.num_partitions}-Sq{self.sq}{'-ragged' if self.ragged else ''}")
+        return (f"{self.backend}-{self.mask}-{self.score_mod}-H{self.heads}-{self.dtype}-"
+                f"{kind}{ps or ''}-P{self.num_partitions}-Sq{self.sq}"
+                f"{'-ragged' if self.ragged else ''}")
 
 
-GPU_CROSS = [GpuCrossCase(j, m.id, s.id)
+GPU_CROSS = [GpuCrossCase(j, m.id, s.id, backend)
+             for backend in KERNEL_BACKENDS
              for j, (m, s) in enumerate((m, s) for m in MASK_CASES for s in SCORE_MOD_CASES)]
 
 
@@ -498,8 +552,9 @@ def test_gpu_masks_and_score_mods(case, rng):
                      page_size or 16, ragged=case.ragged,
                      q_counts=ragged_counts(rng, lengths, case.sq) if case.ragged else None)
     mask, score_mod = MASKS[case.mask].make(p, rng), SCORE_MODS[case.score_mod].make(p)
-    check_kernel(p, mask, score_mod, case.num_partitions)
-    assert_compiled_flat(p, mask, score_mod, LIBDEVICE_CALLS.get(case.score_mod, frozenset()))
+    check_kernel(p, mask, score_mod, case.num_partitions, case.backend)
+    assert_compiled_flat(p, mask, score_mod, LIBDEVICE_CALLS.get(case.score_mod, frozenset()),
+                         case.backend)
 
 
 @dataclass(frozen=True)
@@ -548,17 +603,22 @@ def test_shape_sweep_reference_stays_affordable():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_gpu_shapes(shape, rng):
+def test_gpu_shapes(shape, backend, rng):
+    if backend == "mma" and shape.dtype == "fp32":
+        pytest.skip("the tensor-core kernel takes 16-bit data")
     lengths = lengths_with_longest(rng, shape.B, shape.sq, shape.L, zero=shape.B > 2)
     p = make_problem(rng, shape.B, shape.sq, shape.H, lengths, DTYPES[shape.dtype], shape.cache,
                      shape.page_size or 16, ragged=shape.ragged,
                      q_counts=ragged_counts(rng, lengths, shape.sq) if shape.ragged else None)
-    check_kernel(p, MASKS[shape.mask].make(p, rng), nm.IdentityScoreMod(), shape.num_partitions)
+    check_kernel(p, MASKS[shape.mask].make(p, rng), nm.IdentityScoreMod(), shape.num_partitions,
+                 backend)
 
 
 @pytest.mark.gpu
-def test_gpu_torch_tensors(rng):
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_gpu_torch_tensors(backend, rng):
     """torch CUDA tensors in (q, pages, block table, lengths, out): torch tensors out, on
     q's device, q's dtype; lse a float32 torch tensor."""
     torch = pytest.importorskip("torch")
@@ -583,15 +643,15 @@ def test_gpu_torch_tensors(rng):
     q = to_torch(p.q)
     cache = nm.PagedKVCache(to_torch(p.cache.storage), to_torch(p.cache.block_table),
                             to_torch(p.lengths))
-    out, lse = nm.mla_decode(q, cache, p.scale, mask, score_mod, return_lse=True, backend="simt")
+    out, lse = nm.mla_decode(q, cache, p.scale, mask, score_mod, return_lse=True, backend=backend)
     assert isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor)
     assert out.device == q.device and lse.device == q.device
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     assert tuple(out.shape) == p.out_shape and tuple(lse.shape) == p.lse_shape
-    assert_matches_reference(to_numpy(out), to_numpy(lse), golden, same)
+    assert_matches_reference(to_numpy(out), to_numpy(lse), golden, same, backend)
 
     out_t = torch.full(p.out_shape, float("nan"), dtype=torch.bfloat16, device=q.device)
-    got = nm.mla_decode(q, cache, p.scale, mask, score_mod, out=out_t, backend="simt")
+    got = nm.mla_decode(q, cache, p.scale, mask, score_mod, out=out_t, backend=backend)
     assert got is out_t
     np.testing.assert_array_equal(f64(to_numpy(out_t)), f64(to_numpy(out)))
 

@@ -1,0 +1,307 @@
+"""Stage 1 of split-K MLA decode on Hopper tensor cores (wgmma): the partition kernel.
+
+Same contract as the FMA kernel (kernels/simt.py): grid ``(P, G, B)``, block (p, g, b) owns
+sequence b, query rows ``[g*64, (g+1)*64)`` (row r = query token i * H + head h) and key
+partition p; it writes the partition's normalised output and natural-log LSE to the fp32
+workspace, and the combine kernel merges partitions. 16-bit storage only (bf16, fp16).
+
+Two warpgroups (256 threads); 64 query rows along M; key tiles of 64 along N.
+Shared memory (bytes), every operand in wgmma's no-swizzle K-major layout of core matrices
+(8 rows x 16 bytes, see ptx.py): a 576-wide row r, chunk c of 8 values, lives at
+``(r//8)*9216 + c*128 + (r%8)*16`` (9216 = 8 rows x 1152 bytes).
+    Q    [64 rows x 576]            loaded once
+    KV   [2][64 keys x 576]         double buffer: the next tile is copied (cp.async) while
+                                    this one is used
+    P    [64 rows x 64 keys]        probabilities, 16-bit, K-major (keys along K)
+    red  [2][2][64] f32             per-warpgroup row maxima and row sums, exchanged
+    (at the end, the output is staged as fp32 [64][512] over the KV buffers)
+Per tile:
+  1. S = Q K^T: warpgroup w computes the 64 rows x its 32 keys (36 wgmma m64n32k16 over 576);
+  2. mask / score mod on the fragment; row maxima exchanged between the warpgroups through
+     ``red``, so both keep the same running max; P = exp2(S - max) written to shared memory;
+  3. O = alpha * O + P V: warpgroup w owns output dims [256w, 256w+256) (4 wgmma m64n256k16
+     over the 64 keys), V read from the same tile as K: viewed MN-major (wgmma transposes it).
+Each warpgroup keeps the running sum over its own keys; the two are added at the end.
+"""
+import math
+
+from numba import cuda, float32, int32
+
+from .. import ptx
+from .._compat import JIT_OPTIONS
+from ..mods import EMPTY, PARTIAL
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+NEG_INF = -math.inf
+
+D_QK = 576
+D_V = 512
+BLOCK_M = 64  # query rows per block: wgmma's M
+BLOCK_N = 64  # keys per tile
+NTHREADS = 256  # two warpgroups
+KEYS_PER_WG = BLOCK_N // 2  # score columns of one warpgroup: wgmma N
+DIMS_PER_WG = D_V // 2  # output columns of one warpgroup: wgmma N
+CHUNKS = D_QK // 8  # 16-byte chunks in a row
+GROUP = 8 * D_QK * 2  # bytes of 8 rows: the step between core-matrix rows (9216)
+ROWS_BYTES = BLOCK_M * D_QK * 2  # one 64-row operand (73728)
+P_GROUP = 8 * BLOCK_N * 2  # 8 rows of P (1024)
+Q_OFF = 0
+KV_OFF = ROWS_BYTES
+P_OFF = KV_OFF + 2 * ROWS_BYTES
+RED_OFF = P_OFF + BLOCK_M * BLOCK_N * 2
+SMEM_BYTES = RED_OFF + 2 * 2 * BLOCK_M * 4  # 230400 of the H200's 232448
+COPIES = 64 * CHUNKS // NTHREADS  # 16-byte copies per thread per 64-row operand (18)
+NS = KEYS_PER_WG // 2  # score accumulators per thread (16)
+NO = DIMS_PER_WG // 2  # output accumulators per thread (128)
+
+
+def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
+                          fold_scale, heads):
+    """The stage-1 tensor-core kernel for one configuration; arguments as for the FMA kernel
+    (see factory.py), ``tag`` "bf16" or "f16"."""
+    H = heads
+    mma_s = ptx.wgmma(KEYS_PER_WG, tag, False)
+    mma_o = ptx.wgmma(DIMS_PER_WG, tag, True)
+    wait_s = ptx.wgmma_wait(NS)
+    wait_o = ptx.wgmma_wait(NO)
+    desc_rows = ptx.wgmma_desc(128, GROUP)  # Q and K: K-major, chunks 128 B apart along K
+    desc_v = ptx.wgmma_desc(GROUP, 128)  # V: MN-major, keys (K) in 8-row groups, dims (N) in chunks
+    desc_p = ptx.wgmma_desc(128, P_GROUP)  # P: K-major, 64 keys a row
+    pack = ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2
+    zero_o = ptx.acc_zero(NO)
+    scale_o = ptx.acc_scale(NO)
+    store_o = ptx.acc_store(NO)
+
+    @cuda.jit(device=True)
+    def chunk_offset(n, c):
+        """Byte offset of 16-byte chunk c of row n of a 64-row operand."""
+        return (n // 8) * GROUP + c * 128 + (n % 8) * 16
+
+    @cuda.jit(device=True)
+    def copy_index(tid, j):
+        """The (row, chunk) of a 64-row operand that thread tid copies in its j-th copy: eight
+        consecutive threads fill one core matrix (8 rows, one chunk), so the shared-memory
+        writes are free of bank conflicts and each warp reads 64 contiguous bytes of 8 rows."""
+        idx = tid + NTHREADS * j
+        rest = idx // 8
+        c = rest % CHUNKS
+        n = (rest // CHUNKS) * 8 + idx % 8
+        return n, c
+
+    @cuda.jit(device=True)
+    def issue_tile(smk, dst, storage, block_table, page_size, b, k0, k1, tid):
+        """Start copying keys [k0, k1) into the KV buffer at byte ``dst`` (zeros past k1)."""
+        for j in range(COPIES):
+            n, c = copy_index(tid, j)
+            k = k0 + n
+            valid = k < k1
+            pg = 0
+            sl = 0
+            if valid:
+                pg, sl = locate(block_table, page_size, b, k)
+            ptx.cp_async16(smk, dst + chunk_offset(n, c), storage, pg, sl, 4 * c, valid)
+
+    @cuda.jit(device=True)
+    def next_tile(t, t_end, kstart, kend, q_lo, q_hi):
+        while t < t_end:
+            k0 = kstart + t * BLOCK_N
+            if mask_classify(k0, min(k0 + BLOCK_N, kend), q_lo, q_hi) != EMPTY:
+                break
+            t += 1
+        return t
+
+    @cuda.jit(**JIT_OPTIONS)
+    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
+                         part_out, part_lse):
+        # q [T, H, 288] and storage [pages, page_size, 288]: int32 words of 16-bit pairs.
+        p = cuda.blockIdx.x
+        nparts = cuda.gridDim.x
+        b = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        wg = tid // 128  # warpgroup
+        wtid = tid % 128  # thread in the warpgroup
+        lane = tid % 32
+        smk = cuda.shared.array(0, int32)  # the dynamic shared memory, as 4-byte words
+        smf = cuda.shared.array(0, float32)  # ... and as floats
+        sb = ptx.smem_addr(smk)
+
+        row0 = q_offsets[b]
+        nq = q_offsets[b + 1] - row0
+        length = lengths[b]
+        page_size = storage.shape[1]
+        r0 = cuda.blockIdx.y * BLOCK_M
+        nrows = min(BLOCK_M, nq * H - r0)
+        if nrows <= 0:
+            return
+
+        q_lo = length - nq + r0 // H
+        q_hi = length - nq + (r0 + nrows - 1) // H
+        kstart, kend = mask_key_range(q_lo, q_hi)
+        kstart = max(kstart, 0)
+        kend = min(kend, length)
+        ntiles = (kend - kstart + BLOCK_N - 1) // BLOCK_N if kend > kstart else 0
+        per_part = ptx.divmod_u32(ntiles + nparts - 1, nparts)[0]
+        t_end = min((p + 1) * per_part, ntiles)
+        t = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)
+        if t < t_end:  # the queries and the first tile, in one group
+            for j in range(COPIES):
+                n, c = copy_index(tid, j)
+                r = r0 + n
+                valid = n < nrows
+                ptx.cp_async16(smk, sb + Q_OFF + chunk_offset(n, c), q,
+                               row0 + r // H if valid else 0, r % H if valid else 0, 4 * c, valid)
+            k0 = kstart + t * BLOCK_N
+            issue_tile(smk, sb + KV_OFF, storage, block_table, page_size, b, k0,
+                       min(k0 + BLOCK_N, kend), tid)
+            ptx.cp_async_commit()
+
+        # This thread's two rows of every fragment: m = 16*warp + lane//4 (+ 8).
+        row_ok = cuda.local.array(2, int32)
+        row_h = cuda.local.array(2, int32)
+        row_i = cuda.local.array(2, int32)
+        m_run = cuda.local.array(2, float32)  # running max, log2 units
+        l_run = cuda.local.array(2, float32)  # running sum over this warpgroup's keys
+        alpha = cuda.local.array(2, float32)
+        for half in range(2):
+            m = ptx.acc_row(2 * half, wtid)
+            r = r0 + m
+            row_ok[half] = m < nrows
+            row_i[half] = r // H
+            row_h[half] = r % H
+            m_run[half] = float32(NEG_INF)
+            l_run[half] = float32(0.0)
+        s_acc = cuda.local.array(NS, float32)
+        o_acc = cuda.local.array(NO, float32)
+        zero_o(o_acc)
+        qscale = float32(scale * LOG2E)
+
+        buf = 0
+        while t < t_end:
+            k0 = kstart + t * BLOCK_N
+            k1 = min(k0 + BLOCK_N, kend)
+            cls = mask_classify(k0, k1, q_lo, q_hi)
+            kv = sb + KV_OFF + buf * ROWS_BYTES
+            ptx.cp_async_wait_all()
+            ptx.fence_proxy_async()
+            # This tile (and the queries) landed for every thread; every warpgroup is done
+            # with the previous tile, whose buffer the next copy reuses, and with P.
+            cuda.syncthreads()
+            t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+            if t_next < t_end:
+                k0n = kstart + t_next * BLOCK_N
+                issue_tile(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, storage, block_table,
+                           page_size, b, k0n, min(k0n + BLOCK_N, kend), tid)
+                ptx.cp_async_commit()
+
+            # -- S = Q K^T over this warpgroup's 32 keys --
+            ptx.wgmma_fence()
+            kw = kv + wg * (KEYS_PER_WG // 8) * GROUP
+            for kk in range(CHUNKS // 2):
+                mma_s(s_acc, smk, desc_rows(sb + Q_OFF + 256 * kk), desc_rows(kw + 256 * kk),
+                      kk, wtid)
+            ptx.wgmma_commit()
+            wait_s(s_acc)
+
+            # -- mask and score mod; row maxima (log2 units) --
+            mx0 = float32(NEG_INF)
+            mx1 = float32(NEG_INF)
+            for i in range(NS):
+                half = (i // 2) % 2
+                k = k0 + KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
+                s = float32(NEG_INF)
+                if row_ok[half] and k < k1:
+                    iq = row_i[half]
+                    h = row_h[half]
+                    q_pos = length - nq + iq
+                    s = s_acc[i]
+                    if fold_scale:
+                        s = s * qscale
+                        if cls == PARTIAL:
+                            s = float32(mask_apply(s, b, h, iq, q_pos, k, bias))
+                    else:
+                        s = s * scale
+                        s = float32(score_mod(s, b, h, q_pos, k))
+                        if cls == PARTIAL:
+                            s = float32(mask_apply(s, b, h, iq, q_pos, k, bias))
+                        s = s * float32(LOG2E)
+                s_acc[i] = s
+                if half == 0:
+                    mx0 = max(mx0, s)
+                else:
+                    mx1 = max(mx1, s)
+            for o in (1, 2):  # the four lanes of a quad share a row
+                mx0 = max(mx0, ptx.shfl_xor(mx0, o, tid))
+                mx1 = max(mx1, ptx.shfl_xor(mx1, o, tid))
+            if lane % 4 == 0:
+                smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(0, wtid)] = mx0
+                smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(2, wtid)] = mx1
+            # Both warpgroups' maxima are in place.
+            cuda.syncthreads()
+
+            # -- online softmax: both warpgroups compute the same new max per row --
+            for half in range(2):
+                m = ptx.acc_row(2 * half, wtid)
+                m_new = max(m_run[half], max(smf[RED_OFF // 4 + m], smf[RED_OFF // 4 + BLOCK_M + m]))
+                m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
+                alpha[half] = math.exp2(m_run[half] - m_ref)
+                m_run[half] = m_new
+                l_run[half] *= alpha[half]
+                for j in range(NS // 4):
+                    i = 4 * j + 2 * half
+                    p0 = math.exp2(s_acc[i] - m_ref)
+                    p1 = math.exp2(s_acc[i + 1] - m_ref)
+                    l_run[half] += p0 + p1
+                    n = KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
+                    ptx.sts32(smk, sb + P_OFF + (m // 8) * P_GROUP + (n // 8) * 128 + (m % 8) * 16
+                              + (n % 8) * 2, pack(p0, p1))
+            scale_o(o_acc, alpha[0], alpha[1])
+            ptx.fence_proxy_async()
+            # P is complete (both warpgroups' keys).
+            cuda.syncthreads()
+
+            # -- O += P V over this warpgroup's 256 dims --
+            ptx.wgmma_fence()
+            vw = kv + wg * (DIMS_PER_WG // 8) * 128
+            for kk in range(BLOCK_N // 16):
+                mma_o(o_acc, smk, desc_p(sb + P_OFF + 256 * kk), desc_v(vw + 2 * kk * GROUP),
+                      1, wtid)
+            ptx.wgmma_commit()
+            wait_o(o_acc)
+            buf = 1 - buf
+            t = t_next
+
+        # -- the row sums of both warpgroups, then the partition's output and LSE --
+        for half in range(2):
+            lsum = l_run[half]
+            for o in (1, 2):
+                lsum += ptx.shfl_xor(lsum, o, tid)
+            l_run[half] = lsum
+        # Every warpgroup is done with the last tile: its buffers take the staged output.
+        cuda.syncthreads()
+        # Stage O (fp32, row-major [64][512]) over the KV buffers, so the global writes below
+        # are whole rows; the running max and both warpgroups' sums go to ``red``.
+        store_o(o_acc, smf, sb + KV_OFF + 4 * (ptx.acc_row(0, wtid) * D_V + DIMS_PER_WG * wg
+                                               + ptx.acc_col(0, wtid)), 4 * D_V)
+        if lane % 4 == 0:
+            for half in range(2):
+                m = ptx.acc_row(2 * half, wtid)
+                smf[RED_OFF // 4 + (2 + wg) * BLOCK_M + m] = l_run[half]
+                if wg == 0:
+                    smf[RED_OFF // 4 + m] = m_run[half]
+        # The staged output, maxima and sums are in place.
+        cuda.syncthreads()
+        for m in range(nrows):
+            r = r0 + m
+            t_row = row0 + r // H
+            h = r % H
+            lsum = smf[RED_OFF // 4 + 2 * BLOCK_M + m] + smf[RED_OFF // 4 + 3 * BLOCK_M + m]
+            empty = lsum == 0.0  # no kept key (NaN scores give NaN, not empty)
+            inv = float32(0.0) if empty else ptx.rcp(lsum)
+            for d in range(tid, D_V, NTHREADS):
+                part_out[t_row, h, p, d] = smf[KV_OFF // 4 + m * D_V + d] * inv
+            if tid == 0:
+                part_lse[t_row, h, p] = (float32(NEG_INF) if empty
+                                         else (smf[RED_OFF // 4 + m] + math.log2(lsum)) * float32(LN2))
+
+    return partition_kernel
