@@ -91,10 +91,12 @@ def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads):
     return _cached(key, build)
 
 
-def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads):
-    """The stage-1 tensor-core kernel (kernels/mma.py) for this configuration (bf16, f16)."""
+def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False):
+    """The stage-1 tensor-core kernel (kernels/mma.py) for this configuration (bf16, f16);
+    ``direct``: the variant that writes the final output (one partition, no combine)."""
     fold = score_mod.identity and mask.boolean
-    key = ("mma", mask.cache_key(), score_mod.cache_key(), tag, cache_cls.kind, heads, fold)
+    key = ("mma", mask.cache_key(), score_mod.cache_key(), tag, cache_cls.kind, heads, fold,
+           direct)
 
     def build():
         from .kernels.mma import make_partition_kernel
@@ -108,6 +110,7 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads):
             score_mod=score_mod.device_fn(),
             fold_scale=fold,
             heads=heads,
+            store=converters(tag)[1] if direct else converters("f32")[1],
         )
 
     return _cached(key, build)

@@ -44,3 +44,26 @@ def num_partitions(batch, row_groups, max_keys, block_n, sms=None):
     blocks = max(1, batch * row_groups)
     want = math.ceil(2 * sms / blocks)
     return max(1, min(want, math.ceil(tiles / 2)))
+
+
+#: A block's fixed cost (queries in, output out), in key tiles.
+BLOCK_OVERHEAD_TILES = 2
+
+
+def num_partitions_waves(batch, row_groups, max_keys, block_n, sms=None, max_parts=256):
+    """Split-K factor for a kernel with one resident block per multiprocessor (the tensor-core
+    kernel's shared memory allows no more): the blocks run in waves of ``sms``, so the time is
+    about (waves) x (tiles per partition + a block's fixed cost, ``BLOCK_OVERHEAD_TILES``:
+    loading the queries, writing the output). Pick the P that minimises it, the smallest on
+    ties (fewer partitions: a cheaper combine, none at all for P = 1)."""
+    sms = sm_count() if sms is None else sms
+    tiles = math.ceil(max_keys / block_n)
+    if tiles <= 1:
+        return 1
+    blocks = max(1, batch * row_groups)
+    best, best_cost = 1, None
+    for P in range(1, min(tiles, max_parts) + 1):
+        cost = math.ceil(blocks * P / sms) * (math.ceil(tiles / P) + BLOCK_OVERHEAD_TILES)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = P, cost
+    return best

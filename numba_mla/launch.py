@@ -203,7 +203,8 @@ class Plan:
         else:
             self.block_m, block_n = heuristics.simt_block_m(rows, sixteen), simt.BLOCK_N
         groups = max(1, math.ceil(rows / self.block_m))
-        P = self.num_partitions = call.num_partitions or heuristics.num_partitions(
+        split = heuristics.num_partitions_waves if backend == "mma" else heuristics.num_partitions
+        P = self.num_partitions = call.num_partitions or split(
             B, groups, heuristics.longest_key_range(call.mask, cache.lengths_host, counts),
             block_n)
 
@@ -222,6 +223,16 @@ class Plan:
 
         self.launches = []
         if T > 0 and B > 0:
+            args = (q_dev, offs_dev, storage, block_table, lengths, bias, np.float32(call.scale))
+            grid = (P, groups, B)
+            if backend == "mma" and P == 1:  # one partition: the kernel writes out and lse
+                kern = factory.mma_partition_kernel(call.mask, call.score_mod, tag, type(cache),
+                                                    H, direct=True)
+                self.launches.append(_Launch(
+                    kern, args + (self.out_dev.reshape((T, H, 1, D_V)),
+                                  self.lse_dev.reshape((T, H, 1))),
+                    grid, mma.NTHREADS, mma.SMEM_BYTES))
+                return
             n_out, n_lse = T * H * P * D_V, T * H * P
             ws = _workspace(n_out + n_lse)
             part_out = ws[:n_out].reshape((T, H, P, D_V))
@@ -233,9 +244,7 @@ class Plan:
                 kern = factory.partition_kernel(call.mask, call.score_mod, tag, type(cache),
                                                 self.block_m, H)
                 threads, smem = simt.NTHREADS, simt.smem_bytes(self.block_m, sixteen)
-            args = (q_dev, offs_dev, storage, block_table, lengths, bias,
-                    np.float32(call.scale), part_out, part_lse)
-            self.launches.append(_Launch(kern, args, (P, groups, B), threads, smem))
+            self.launches.append(_Launch(kern, args + (part_out, part_lse), grid, threads, smem))
             self.launches.append(_Launch(factory.combine_kernel(tag),
                                          (part_out, part_lse, self.out_dev, self.lse_dev),
                                          (T, H), COMBINE_THREADS))

@@ -1,5 +1,5 @@
 """Run one decode configuration a few times (for Nsight Compute).
-Usage: python scripts/profile_one.py B H L [dtype]"""
+Usage: python scripts/profile_one.py B H L [dtype] [backend]"""
 import os
 import sys
 
@@ -12,6 +12,7 @@ from numba_mla.testing import DTYPES
 
 B, H, L = (int(a) for a in sys.argv[1:4])
 dtype = DTYPES[sys.argv[4] if len(sys.argv) > 4 else "bf16"]
+backend = sys.argv[5] if len(sys.argv) > 5 else "auto"
 rng = np.random.default_rng(0)
 page = 64
 npages = B * (-(-L // page))
@@ -22,5 +23,5 @@ as_t = lambda a: torch.as_tensor(a.view(np.int16)).cuda().view(torch.bfloat16) i
 cache = nm.PagedKVCache(as_t(pages), torch.as_tensor(bt).cuda(), torch.full((B,), L, dtype=torch.int32).cuda())
 tq = as_t(q)
 for _ in range(3):
-    nm.mla_decode(tq, cache, 0.1352)
+    nm.mla_decode(tq, cache, 0.1352, backend=backend)
 torch.cuda.synchronize()

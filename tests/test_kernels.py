@@ -468,14 +468,15 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
     local memory but the local arrays its PTX declares (none without such a call): no
     spills. The tensor-core kernel's SASS holds its wgmma instructions (HGMMA)."""
     tag = factory.dtype_tag(p.dtype)
-    if backend == "mma":
-        dispatcher = factory.mma_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
-                                                  type(p.cache), p.heads)
+    if backend == "mma":  # the workspace variant and the one-partition (direct) variant
+        dispatchers = [factory.mma_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
+                                                    type(p.cache), p.heads, direct)
+                       for direct in (False, True)]
     else:
         block_m = heuristics.simt_block_m(int(p.counts.max()) * p.heads, tag != "f32")
-        dispatcher = factory.partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
-                                              type(p.cache), block_m, p.heads)
-    kernels = list(dispatcher.overloads.values())
+        dispatchers = [factory.partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
+                                                type(p.cache), block_m, p.heads)]
+    kernels = [k for d in dispatchers for k in d.overloads.values()]
     assert kernels, "the partition kernel for this configuration was never compiled"
     for k in kernels:
         # cc=None: the PTX the kernel was built from (the current device's architecture, "sm_90a"

@@ -9,6 +9,7 @@ Empty partitions get weight exp(-inf) = 0; a row whose partitions are all empty 
 and lse = -inf (never NaN). A NaN LSE (NaN in the row's scores) makes the row NaN, as in the
 reference. Grid ``(T, H)``, one block a row; thread x owns output dims
 x, x + 128, ... . Traffic: reads P x 512 fp32 per row, writes 512 values in the output dtype.
+The P weights are computed once each (a chunk of 128 at a time, in shared memory).
 """
 import math
 
@@ -51,17 +52,30 @@ def make_combine_kernel(store):
             if tid == 0:
                 lse[t, h] = float32(NEG_INF)
             return
+        # The weights, a chunk of NTHREADS partitions at a time, go through shared memory:
+        # one exp per partition, not one per partition and output dim.
+        w_s = cuda.shared.array(NTHREADS, float32)
+        acc = cuda.local.array(D_V // NTHREADS, float32)
+        for j in range(D_V // NTHREADS):
+            acc[j] = float32(0.0)
         total = float32(0.0)
-        for p in range(nparts):
-            total += math.exp(part_lse[t, h, p] - big)
-        inv = 1.0 / total
-        for d in range(tid, D_V, NTHREADS):
-            acc = float32(0.0)
-            for p in range(nparts):
-                w = math.exp(part_lse[t, h, p] - big)  # 0 for empty partitions
+        for c0 in range(0, nparts, NTHREADS):
+            n = min(NTHREADS, nparts - c0)
+            if tid < n:
+                w_s[tid] = math.exp(part_lse[t, h, c0 + tid] - big)  # 0 for empty partitions
+            # The chunk's weights are in place.
+            cuda.syncthreads()
+            for i in range(n):
+                w = w_s[i]
+                total += w
                 if w > 0.0:
-                    acc += w * part_out[t, h, p, d]
-            out[t, h, d] = store(acc * inv)
+                    for j in range(D_V // NTHREADS):
+                        acc[j] += w * part_out[t, h, c0 + i, tid + NTHREADS * j]
+            # Everyone is done with the chunk before the next one replaces it.
+            cuda.syncthreads()
+        inv = float32(1.0) / total
+        for j in range(D_V // NTHREADS):
+            out[t, h, tid + NTHREADS * j] = store(acc[j] * inv)
         if tid == 0:
             lse[t, h] = big + math.log(total)
 

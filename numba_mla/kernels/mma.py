@@ -51,15 +51,22 @@ KV_OFF = ROWS_BYTES
 P_OFF = KV_OFF + 2 * ROWS_BYTES
 RED_OFF = P_OFF + BLOCK_M * BLOCK_N * 2
 SMEM_BYTES = RED_OFF + 2 * 2 * BLOCK_M * 4  # 230400 of the H200's 232448
-COPIES = 64 * CHUNKS // NTHREADS  # 16-byte copies per thread per 64-row operand (18)
+# Copies of a 64-row operand: thread t copies rows 8*g + t%8 (g = 0..7) at chunks t//8 + 32*j:
+# eight consecutive threads fill one core matrix (8 rows, one chunk), so the shared-memory
+# writes are free of bank conflicts and each warp reads 64 contiguous bytes of 8 rows.
+CHUNK_STEP = NTHREADS // 8  # 32
+CHUNK_ROUNDS = -(-CHUNKS // CHUNK_STEP)  # 3 (the last only for t//8 < 72 - 64)
 NS = KEYS_PER_WG // 2  # score accumulators per thread (16)
 NO = DIMS_PER_WG // 2  # output accumulators per thread (128)
 
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads):
+                          fold_scale, heads, store):
     """The stage-1 tensor-core kernel for one configuration; arguments as for the FMA kernel
-    (see factory.py), ``tag`` "bf16" or "f16"."""
+    (see factory.py), ``tag`` "bf16" or "f16". ``store`` converts an output value for
+    ``part_out``: the identity for the fp32 workspace, or the storage conversion when there is
+    one partition and the kernel writes ``out [T, H, 1, 512]`` and ``lse [T, H, 1]`` itself
+    (no combine)."""
     H = heads
     mma_s = ptx.wgmma(KEYS_PER_WG, tag, False)
     mma_o = ptx.wgmma(DIMS_PER_WG, tag, True)
@@ -79,28 +86,26 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         return (n // 8) * GROUP + c * 128 + (n % 8) * 16
 
     @cuda.jit(device=True)
-    def copy_index(tid, j):
-        """The (row, chunk) of a 64-row operand that thread tid copies in its j-th copy: eight
-        consecutive threads fill one core matrix (8 rows, one chunk), so the shared-memory
-        writes are free of bank conflicts and each warp reads 64 contiguous bytes of 8 rows."""
-        idx = tid + NTHREADS * j
-        rest = idx // 8
-        c = rest % CHUNKS
-        n = (rest // CHUNKS) * 8 + idx % 8
-        return n, c
-
-    @cuda.jit(device=True)
     def issue_tile(smk, dst, storage, block_table, page_size, b, k0, k1, tid):
-        """Start copying keys [k0, k1) into the KV buffer at byte ``dst`` (zeros past k1)."""
-        for j in range(COPIES):
-            n, c = copy_index(tid, j)
-            k = k0 + n
-            valid = k < k1
-            pg = 0
-            sl = 0
-            if valid:
-                pg, sl = locate(block_table, page_size, b, k)
-            ptx.cp_async16(smk, dst + chunk_offset(n, c), storage, pg, sl, 4 * c, valid)
+        """Start copying keys [k0, k1) into the KV buffer at byte ``dst`` (zeros past k1).
+        The thread's eight rows are located first: their page-table loads are independent and
+        go out together, before the copies (asm statements the loads cannot move across)."""
+        pgs = cuda.local.array(8, int32)
+        sls = cuda.local.array(8, int32)
+        for g in range(8):
+            k = k0 + 8 * g + tid % 8
+            pgs[g] = 0
+            sls[g] = 0
+            if k < k1:
+                pgs[g], sls[g] = locate(block_table, page_size, b, k)
+        for g in range(8):
+            n = 8 * g + tid % 8
+            valid = k0 + n < k1
+            for j in range(CHUNK_ROUNDS):
+                c = tid // 8 + CHUNK_STEP * j
+                if c < CHUNKS:
+                    ptx.cp_async16(smk, dst + chunk_offset(n, c), storage, pgs[g], sls[g], 4 * c,
+                                   valid)
 
     @cuda.jit(device=True)
     def next_tile(t, t_end, kstart, kend, q_lo, q_hi):
@@ -145,12 +150,17 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         t_end = min((p + 1) * per_part, ntiles)
         t = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)
         if t < t_end:  # the queries and the first tile, in one group
-            for j in range(COPIES):
-                n, c = copy_index(tid, j)
+            for g in range(8):
+                n = 8 * g + tid % 8
                 r = r0 + n
                 valid = n < nrows
-                ptx.cp_async16(smk, sb + Q_OFF + chunk_offset(n, c), q,
-                               row0 + r // H if valid else 0, r % H if valid else 0, 4 * c, valid)
+                tok = row0 + r // H if valid else 0
+                h = r % H if valid else 0
+                for j in range(CHUNK_ROUNDS):
+                    c = tid // 8 + CHUNK_STEP * j
+                    if c < CHUNKS:
+                        ptx.cp_async16(smk, sb + Q_OFF + chunk_offset(n, c), q, tok, h, 4 * c,
+                                       valid)
             k0 = kstart + t * BLOCK_N
             issue_tile(smk, sb + KV_OFF, storage, block_table, page_size, b, k0,
                        min(k0 + BLOCK_N, kend), tid)
@@ -299,7 +309,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             empty = lsum == 0.0  # no kept key (NaN scores give NaN, not empty)
             inv = float32(0.0) if empty else ptx.rcp(lsum)
             for d in range(tid, D_V, NTHREADS):
-                part_out[t_row, h, p, d] = smf[KV_OFF // 4 + m * D_V + d] * inv
+                part_out[t_row, h, p, d] = store(smf[KV_OFF // 4 + m * D_V + d] * inv)
             if tid == 0:
                 part_lse[t_row, h, p] = (float32(NEG_INF) if empty
                                          else (smf[RED_OFF // 4 + m] + math.log2(lsum)) * float32(LN2))
