@@ -11,12 +11,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .arrays import IO_DTYPES, dtype_of, is_array, is_device, shape_of
+from .arrays import IO_DTYPES, dtype_of, is_array, is_device, is_torch, shape_of
 from .caches import D_QK, D_V, KVCache, _host_int32
 from .mods import Mask, ScoreMod, as_mask, as_score_mod
 
 MAX_SQ = 8  # query tokens per sequence (decode, speculative / multi-token prediction)
 BACKENDS = ("auto", "simt", "mma", "reference")
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass
@@ -67,8 +68,14 @@ def _check_common(cache, scale, mask, score_mod, num_partitions, return_lse, bac
         )
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
         raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite float, got {scale}")
+    try:
+        scale_f = float(scale)
+    except OverflowError:  # an int beyond float64's range
+        scale_f = math.inf
+    # The kernels multiply in float32: a scale that float32 cannot hold is not finite there.
+    if not math.isfinite(scale_f) or abs(scale_f) > _F32_MAX:
+        raise ValueError(f"scale: expected a finite float (|scale| <= {_F32_MAX:.4g}, float32), "
+                         f"got {scale}")
     if num_partitions is not None:
         if isinstance(num_partitions, bool) or not isinstance(num_partitions, (int, np.integer)):
             raise TypeError(f"num_partitions: expected None or an int, got {type(num_partitions).__name__}")
@@ -77,19 +84,20 @@ def _check_common(cache, scale, mask, score_mod, num_partitions, return_lse, bac
         num_partitions = int(num_partitions)
     if not isinstance(return_lse, (bool, np.bool_)):
         raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
-    if backend not in BACKENDS:
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    return float(scale), as_mask(mask), as_score_mod(score_mod), num_partitions, bool(return_lse)
+    return scale_f, as_mask(mask), as_score_mod(score_mod), num_partitions, bool(return_lse)
 
 
-def _check_lengths_vs_rows(cache, counts):
-    """SPEC: a sequence with keys must hold its own query tokens: not 0 < length < Sq."""
+def _check_lengths_vs_rows(cache, counts, name="lengths"):
+    """SPEC: a sequence with keys must hold its own query tokens: not 0 < length < Sq.
+    ``name``: the caller's argument that gave the lengths."""
     lh = cache.lengths_host
     bad = np.nonzero((lh > 0) & (lh < counts))[0]
     if bad.size:
         b = int(bad[0])
         raise ValueError(
-            f"lengths: lengths[{b}] = {lh[b]} is smaller than its {int(np.broadcast_to(counts, lh.shape)[b])} "
+            f"{name}: {name}[{b}] = {lh[b]} is smaller than its {int(np.broadcast_to(counts, lh.shape)[b])} "
             f"query tokens (each query's own token is in the cache)"
         )
 
@@ -121,12 +129,48 @@ def _check_out(out, q, shape, dtype, name):
         where = "device" if is_device(q) else "host"
         raise TypeError(f"{name}: expected a {where} array like q, got a "
                         f"{'device' if is_device(out) else 'host'} array")
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise ValueError(f"{name}: expected a writable array, got a read-only one")
+    if is_device(out):
+        # The kernels write [T, H, 512] rows in place: a strided view would be reshaped into a
+        # copy (torch) or refused by the launcher (Numba), and the caller's array left unwritten.
+        cai = None if is_torch(out) else getattr(out, "__cuda_array_interface__", None)
+        if cai is not None and len(cai.get("data") or ()) > 1 and cai["data"][1]:
+            raise ValueError(f"{name}: expected a writable array, got a read-only one")
+        if not _c_contiguous(out):
+            raise ValueError(f"{name}: expected a C-contiguous device array, got strides "
+                             f"{_strides_of(out)} for shape {list(shape)}")
+
+
+def _strides_of(x):
+    """Strides in bytes of a device array; None means C-contiguous (CUDA array interface)."""
+    if is_torch(x):
+        return tuple(int(s) * x.element_size() for s in x.stride())
+    cai = getattr(x, "__cuda_array_interface__", None) or {}
+    strides = cai.get("strides")
+    return None if strides is None else tuple(int(s) for s in strides)
+
+
+def _c_contiguous(x):
+    """Whether a device array is C-contiguous (axes of length 1 may have any stride)."""
+    if is_torch(x):
+        return bool(x.is_contiguous())
+    strides = _strides_of(x)
+    if strides is None:
+        return True
+    step = dtype_of(x).itemsize
+    for n, s in zip(reversed(shape_of(x)), reversed(strides)):
+        if n > 1 and s != step:
+            return False
+        step *= n
+    return True
 
 
 def check_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
-                 return_lse=False, out=None, backend="auto", out_name="out"):
-    """Checks for ``mla_decode``: q ``[B, Sq, H, 576]``. ``out_name``: what the caller calls
-    ``out`` (``flare_mla_decoding`` says ``output``)."""
+                 return_lse=False, out=None, backend="auto", out_name="out", lengths_name="lengths"):
+    """Checks for ``mla_decode``: q ``[B, Sq, H, 576]``. ``out_name``, ``lengths_name``: what
+    the caller calls ``out`` and the lengths (``flare_mla_decoding`` says ``output``, and
+    ``valid_length`` for the lengths it was given with an array ``k``)."""
     scale, mask, score_mod, num_partitions, return_lse = _check_common(
         cache, scale, mask, score_mod, num_partitions, return_lse, backend)
     if not is_array(q):
@@ -142,7 +186,7 @@ def check_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None
     if heads < 1:
         raise ValueError(f"q: expected at least one head, got H = {heads}")
     dtype = _check_q_dtype(q, cache)
-    _check_lengths_vs_rows(cache, sq)
+    _check_lengths_vs_rows(cache, sq, lengths_name)
     score_mod.check_heads(heads)
     _check_bias(mask, batch, heads, sq, cache)
     out_shape = (batch, sq, heads, D_V)
@@ -153,7 +197,7 @@ def check_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None
 
 def check_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None, num_partitions=None,
                  return_lse=False, out=None, backend="auto", out_name="out",
-                 offsets_name="q_row_offsets"):
+                 offsets_name="q_row_offsets", lengths_name="lengths"):
     """Checks for ``mla_decode_ragged``: q ``[T, H, 576]``, row offsets ``[B+1]``; the names
     as ``check_decode``'s (``flare_mla_decoding`` passes its offsets as ``valid_length``)."""
     scale, mask, score_mod, num_partitions, return_lse = _check_common(
@@ -180,7 +224,7 @@ def check_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None, num_
         b = int(np.argmax(counts))
         raise ValueError(f"{offsets_name}: sequence {b} has {counts[b]} query rows, more than {MAX_SQ}")
     dtype = _check_q_dtype(q, cache)
-    _check_lengths_vs_rows(cache, counts)
+    _check_lengths_vs_rows(cache, counts, lengths_name)
     sq = int(counts.max()) if counts.size else 0
     score_mod.check_heads(heads)
     _check_bias(mask, batch, heads, sq, cache)

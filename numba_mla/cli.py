@@ -1,4 +1,9 @@
-"""The ``numba-mla`` command: ``numba-mla validate [--full|--quick] [--backend B]``."""
+"""The ``numba-mla`` command.
+
+    numba-mla validate [--full|--quick] [--backend B]     kernels vs the float64 reference
+    numba-mla bench [--sweep S] [--out JSON] [--csv CSV]  timings, ours beside the peers'
+    numba-mla plot [--json JSON] [--out-dir DIR]          figures from a bench JSON
+"""
 import argparse
 import sys
 
@@ -17,15 +22,133 @@ def main(argv=None):
                       help="the GPU-sized sweep (default on a GPU)")
     size.add_argument("--quick", dest="full", action="store_false",
                       help="the simulator-sized sweep (default on the simulator)")
-    v.add_argument("--backend", default="auto", choices=["auto", "simt", "reference"])
+    v.add_argument("--backend", default="auto", choices=["auto", "simt", "mma", "reference"],
+                   help="kernel to check: auto (tensor cores for 16-bit data on sm_90, else "
+                        "FMA), simt (FMA), mma (tensor cores), reference")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--limit", type=int, default=None, help="run only the first N cases")
+    _add_bench(sub)
+    _add_plot(sub)
     args = ap.parse_args(argv)
     if args.command == "validate":
         from . import validate
 
         return 1 if validate.main(args.full, args.backend, args.seed, args.limit) else 0
+    if args.command == "bench":
+        return _bench(args)
+    if args.command == "plot":
+        return _plot(args)
     return 2
+
+
+def _add_bench(sub):
+    import textwrap
+
+    from .bench import KERNEL_BACKENDS, SWEEPS
+
+    b = sub.add_parser(
+        "bench", help="time the kernels beside torch and any importable peer; JSON + CSV",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+                    "Time MLA decode on this GPU: every numba_mla kernel backend "
+                    f"({', '.join(KERNEL_BACKENDS)}), torch (two bmm on a contiguous cache; "
+                    "gather from pages + bmm) and FlashMLA / FlashInfer / vLLM's Triton decode "
+                    "when importable (a provider that cannot run is skipped with the reason). "
+                    "CUDA events, warm-up, median and p10/p90, the L2 flushed before each timed "
+                    "run, fresh random data; every row's error is measured against the float64 "
+                    "reference. The copy bandwidth and dense bf16 rate are measured first. "
+                    "Prints a table, writes JSON and CSV, and exits 1 when a numba_mla row's "
+                    "error exceeds the tolerance (2e-2 for bf16) or a numba_mla run fails.", 79),
+        epilog="sweeps:\n"
+               "  default  PERFORMANCE.md's shapes: 64x16x4096 128x16x8192 64x128x4096\n"
+               "           128x128x1024 16x128x32768 1x128x65536 (B x H x L), bf16, page 64\n"
+               "  lengths  L = 512 .. 65536 for H = 16 and 128 at B = 64\n"
+               "  splitk   B=1 H=128 L=65536: the library's split-K choice, then P = 1 .. 64\n"
+               "  all      default + lengths + splitk\n"
+               "  tiny     simulator-sized shapes (the default, and the only one, without a GPU)")
+    b.add_argument("--sweep", choices=list(SWEEPS), default=None,
+                   help="which configurations (default: 'default' on a GPU, 'tiny' on the "
+                        "simulator)")
+    b.add_argument("--out", default=None, metavar="JSON",
+                   help="JSON output (default: plots/bench_<device>.json)")
+    b.add_argument("--csv", default=None, metavar="CSV",
+                   help="CSV output of the rows (default: the JSON path with .csv)")
+    b.add_argument("--providers", default=None, metavar="LIST",
+                   help="comma-separated providers (default: all): numba_mla (every kernel "
+                        "backend), numba_mla:simt, numba_mla:mma, torch_bmm, torch_gather, "
+                        "flash_mla, flashinfer, vllm_triton")
+    b.add_argument("--iters", type=int, default=None,
+                   help="timed runs per row (default 30 on a GPU, 1 on the simulator)")
+    b.add_argument("--commit", default=None,
+                   help="commit to record (default: git rev-parse --short HEAD of the checkout)")
+    b.add_argument("--limit", type=int, default=None, help="run only the first N configurations")
+    b.add_argument("--seed", type=int, default=0, help="random data seed")
+    b.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar")
+
+
+def _add_plot(sub):
+    p = sub.add_parser(
+        "plot", help="figures (PNG) from a bench JSON file",
+        description="Render figures from a `numba-mla bench` JSON file into a directory: "
+                    "latency_vs_length.png (GPU time vs cache length per head count and "
+                    "provider, log-log), roofline.png (achieved TFLOP/s vs arithmetic intensity "
+                    "under the measured copy-bandwidth and dense-bf16 ceilings), splitk.png "
+                    "(GPU time vs split-K factor on one long sequence), host_overhead.png "
+                    "(Python call cost beyond the GPU time). Each is titled with the run's "
+                    "device, date and commit; a figure whose rows are absent is skipped with a "
+                    "message.")
+    p.add_argument("--json", default=None,
+                   help="bench JSON (default: the newest plots/bench_*.json)")
+    p.add_argument("--out-dir", default="plots", help="where the PNGs go (default: plots)")
+
+
+def _bench(args):
+    import os
+
+    from . import _compat, bench
+
+    sweep = args.sweep or ("tiny" if _compat.SIMULATOR else "default")
+    if _compat.SIMULATOR and sweep != "tiny":
+        print(f"numba-mla bench: on the CUDA simulator: the 'tiny' sweep instead of {sweep!r}")
+        sweep = "tiny"
+    configs = bench.SWEEPS[sweep]()[:args.limit]
+    try:
+        providers = bench.select_providers(args.providers)
+    except ValueError as e:
+        print(f"numba-mla bench: {e}", file=sys.stderr)
+        return 2
+    settings = bench.Settings.simulator() if _compat.SIMULATOR else bench.Settings.gpu()
+    if args.iters is not None:
+        settings.iters = max(1, args.iters)
+    result = bench.run(configs, providers, settings, seed=args.seed, commit=args.commit,
+                       progress=args.progress, sweep=sweep)
+    out = args.out or os.path.join("plots", f"bench_{bench.device_slug(result['meta']['device'])}.json")
+    csv_path = args.csv or (os.path.splitext(out)[0] + ".csv")
+    bench.write_json(result, out)
+    bench.write_csv(result["rows"], csv_path)
+    print(bench.format_table(result["rows"]))
+    notes = bench.format_notes(result["meta"])
+    if notes:
+        print(notes)
+    print(f"wrote {out} and {csv_path} ({len(result['rows'])} rows)")
+    bad = bench.failures(result)
+    for line in bad:
+        print(f"FAILED {line}")
+    if bad:
+        print(f"numba-mla bench: validation failed ({len(bad)})")
+    return 1 if bad else 0
+
+
+def _plot(args):
+    from . import plot
+
+    try:
+        written = plot.main(args.json, args.out_dir)
+    except FileNotFoundError as e:
+        print(f"numba-mla plot: {e}", file=sys.stderr)
+        return 2
+    return 0 if written else 1
 
 
 def _ensure_simulator_without_gpu(argv):

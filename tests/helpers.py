@@ -10,11 +10,13 @@ in the result.
 Each mask / score-mod case carries its SPEC rule as a plain scalar function, written from the
 SPEC tables (not from mods.py), so brute-force checks stay independent of the library.
 """
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import pytest
 
 import numba_mla as nm
 
@@ -149,3 +151,54 @@ SCORE_MOD_CASES = [
 SCORE_MODS = {c.id: c for c in SCORE_MOD_CASES}
 
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel backends
+# ---------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _backend_accepts(backend, dtype_name):
+    """Whether ``backend`` takes a ``dtype_name`` call on this machine. Asked with a ragged
+    call of no query rows: the backend is chosen, nothing is launched (free in the simulator).
+    Unsupported means NotImplementedError, or a ValueError naming ``backend`` (e.g. "mma" on a
+    GPU without wgmma); any other error means supported but broken, and the tests show it."""
+    rng = np.random.default_rng(0)
+    p = make_problem(rng, 1, 1, 1, [1], np.dtype(DTYPES[dtype_name]), "contiguous",
+                     ragged=True, q_counts=[0])
+    try:
+        p.run(nm, backend=backend)
+    except NotImplementedError:
+        return False
+    except ValueError as e:
+        if str(e).startswith("backend"):
+            return False
+    except Exception:  # noqa: BLE001  (broken, not unsupported: let the tests fail on it)
+        return True
+    return True
+
+
+def dtype_name(dtype):
+    """The DTYPES key of a storage dtype ("bf16", "fp16", "fp32")."""
+    dtype = np.dtype(dtype)
+    return next(k for k, v in DTYPES.items() if v == dtype)
+
+
+def kernel_backends(dtype):
+    """The kernel backends to test for ``dtype`` (a dtype or a DTYPES key): "simt" always, and
+    "mma" (tensor cores) for 16-bit data where the library accepts it. Cached per dtype."""
+    name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    out = ["simt"]
+    if name != "fp32" and _backend_accepts("mma", name):
+        out.append("mma")
+    return out
+
+
+def run_backend(p, backend, **kwargs):
+    """``p.run(numba_mla, backend=backend, ...)``, skipping the test when a backend other than
+    "simt" says (NotImplementedError) that it does not support this configuration."""
+    try:
+        return p.run(nm, backend=backend, **kwargs)
+    except NotImplementedError as e:
+        if backend == "simt":
+            raise
+        pytest.skip(f"backend={backend!r} does not support this call: {e}")

@@ -19,6 +19,7 @@ from .._compat import JIT_OPTIONS
 
 NTHREADS = 128
 D_V = 512
+DIMS = D_V // NTHREADS  # output dims per thread
 NEG_INF = -math.inf
 
 
@@ -55,8 +56,8 @@ def make_combine_kernel(store):
         # The weights, a chunk of NTHREADS partitions at a time, go through shared memory:
         # one exp per partition, not one per partition and output dim.
         w_s = cuda.shared.array(NTHREADS, float32)
-        acc = cuda.local.array(D_V // NTHREADS, float32)
-        for j in range(D_V // NTHREADS):
+        acc = cuda.local.array(DIMS, float32)
+        for j in range(DIMS):
             acc[j] = float32(0.0)
         total = float32(0.0)
         for c0 in range(0, nparts, NTHREADS):
@@ -69,12 +70,12 @@ def make_combine_kernel(store):
                 w = w_s[i]
                 total += w
                 if w > 0.0:
-                    for j in range(D_V // NTHREADS):
+                    for j in range(DIMS):
                         acc[j] += w * part_out[t, h, c0 + i, tid + NTHREADS * j]
             # Everyone is done with the chunk before the next one replaces it.
             cuda.syncthreads()
         inv = float32(1.0) / total
-        for j in range(D_V // NTHREADS):
+        for j in range(DIMS):
             out[t, h, tid + NTHREADS * j] = store(acc[j] * inv)
         if tid == 0:
             lse[t, h] = big + math.log(total)

@@ -1,0 +1,290 @@
+"""``numba-mla plot``: PNG figures from a ``numba-mla bench`` JSON file (matplotlib, Agg).
+
+1. ``latency_vs_length.png``: GPU time against cache length, one panel per head count, a line
+   per provider (and batch size); log-log.
+2. ``roofline.png``: every row's achieved TFLOP/s against its arithmetic intensity (FLOP per
+   byte of the fewest bytes), under the measured copy-bandwidth line and dense bf16 ceiling.
+3. ``splitk.png``: GPU time against the split-K factor (num_partitions) for the long single
+   sequence, p10-p90 as error bars; the library's own choice starred.
+4. ``host_overhead.png``: what one whole Python call costs beyond the GPU time, per provider
+   and shape (``overhead_us``, or ``host_us - us`` for files that lack it).
+
+Each figure is titled with the device, date and commit of the run. A figure whose rows are
+absent from the file is skipped with a message.
+"""
+import glob
+import json
+import os
+
+FIGURES = ("latency_vs_length", "roofline", "splitk", "host_overhead")
+MARKERS = "osD^v<>phX*"
+
+
+def load(path):
+    with open(path) as f:
+        doc = json.load(f)
+    return doc.get("meta", {}), [r for r in doc.get("rows", []) if r.get("us")]
+
+
+def default_json(directory="plots"):
+    """The newest ``plots/bench_*.json``, or None."""
+    found = sorted(glob.glob(os.path.join(directory, "bench_*.json")), key=os.path.getmtime)
+    return found[-1] if found else None
+
+
+def _who(r):
+    return r["provider"] + (f":{r['backend']}" if r.get("backend") else "")
+
+
+def _shape(r):
+    s = f"{r['batch']}x{r['heads']}x{r['seqlen']}"
+    if r.get("sq", 1) != 1:
+        s += f" Sq={r['sq']}"
+    return s
+
+
+def _stamp(meta):
+    return f"{meta.get('device', '?')}, {meta.get('date', '?')}, commit {meta.get('commit', '?')}"
+
+
+def _intensity(r):
+    """FLOP per byte: the row's own counts, else PERFORMANCE.md's formula (null mask)."""
+    if r.get("intensity"):
+        return r["intensity"]
+    B, H, L, sq = r["batch"], r["heads"], r["seqlen"], r.get("sq", 1)
+    nbytes = 2 * (B * L * 576 + B * sq * H * (576 + 512))
+    return 2 * B * sq * H * L * (576 + 512) / nbytes
+
+
+def _styles(keys):
+    import matplotlib.pyplot as plt
+
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {k: colors[i % len(colors)] for i, k in enumerate(sorted(keys))}
+
+
+def latency_vs_length(meta, rows, path, plt):
+    sel = [r for r in rows if r.get("num_partitions_requested") is None]
+    lengths_rows = [r for r in sel if r.get("sweep") == "lengths"]
+    sel = lengths_rows or sel
+    if not sel:
+        return "no rows with the library's own split-K choice"
+    heads = sorted({r["heads"] for r in sel})
+    color = _styles({_who(r) for r in sel})
+    fig, axes = plt.subplots(1, len(heads), figsize=(6.2 * len(heads), 4.8), squeeze=False)
+    for ax, H in zip(axes[0], heads):
+        groups = {}
+        for r in sel:
+            if r["heads"] == H:
+                key = (_who(r), r["batch"], r.get("sq", 1), r.get("mask", "null"),
+                       bool(r.get("varlen")))
+                groups.setdefault(key, []).append(r)
+        batches = sorted({k[1] for k in groups})
+        for key in sorted(groups):
+            rs = sorted(groups[key], key=lambda r: r["seqlen"])
+            who, B, sq, mask, varlen = key
+            label = f"{who} B={B}" + (f" Sq={sq}" if sq != 1 else "") + \
+                (f" {mask}" if mask != "null" else "") + (" varlen" if varlen else "")
+            ax.plot([r["seqlen"] for r in rs], [r["us"] for r in rs], color=color[who],
+                    marker=MARKERS[batches.index(B) % len(MARKERS)], label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("cache length L (keys per sequence)")
+        ax.set_ylabel("GPU time per call (us, median)")
+        ax.set_title(f"H = {H}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"MLA decode latency vs cache length\n{_stamp(meta)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def roofline(meta, rows, path, plt):
+    import numpy as np
+
+    pts = [r for r in rows if r.get("tflops")]
+    if not pts:
+        return "no rows with TFLOP/s"
+    copy, dense = meta.get("copy_gbps"), meta.get("matmul_tflops")
+    inten = np.array([_intensity(r) for r in pts])
+    lo, hi = inten.min() / 2, inten.max() * 2
+    if dense and copy:
+        hi = max(hi, 2 * dense * 1e3 / copy)  # show the ridge point
+    grid = np.geomspace(lo, hi, 200)
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    if copy:
+        ax.plot(grid, copy * grid / 1e3, "k--", lw=1, label=f"copy bandwidth {copy:.0f} GB/s")
+    if dense:
+        ax.axhline(dense, color="k", ls=":", lw=1, label=f"dense bf16 matmul {dense:.0f} TFLOP/s")
+    if copy and dense:
+        ax.plot(grid, np.minimum(copy * grid / 1e3, dense), "k-", lw=1.5, alpha=0.4,
+                label="roof")
+    who = sorted({_who(r) for r in pts})
+    color = _styles(who)
+    heads = sorted({r["heads"] for r in pts})
+    for w in who:
+        for H in heads:
+            rs = [r for r in pts if _who(r) == w and r["heads"] == H]
+            if rs:
+                ax.scatter([_intensity(r) for r in rs], [r["tflops"] for r in rs],
+                           color=color[w], marker=MARKERS[heads.index(H) % len(MARKERS)],
+                           label=f"{w} H={H}", s=28, zorder=3)
+    if len(pts) <= 30:
+        for r in pts:
+            ax.annotate(f"{r['batch']}x{r['heads']}x{r['seqlen']}", (_intensity(r), r["tflops"]),
+                        fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte of the fewest bytes)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    note = "" if copy else " (no ceilings in this file)"
+    ax.set_title(f"Roofline{note}\n{_stamp(meta)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def splitk(meta, rows, path, plt):
+    sel = [r for r in rows if r.get("sweep") == "splitk" and r.get("num_partitions")]
+    if not sel:  # files without a split-K sweep: their single-sequence rows
+        sel = [r for r in rows if r["batch"] == 1 and r.get("num_partitions")]
+    if not sel:
+        return "no split-K rows (sweep 'splitk', or batch 1 with num_partitions)"
+    groups = {}
+    for r in sel:
+        groups.setdefault((_who(r), _shape(r)), []).append(r)
+    color = _styles({k[0] for k in groups})
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    for (who, shape), rs in sorted(groups.items()):
+        rs = sorted(rs, key=lambda r: (r["num_partitions"], r.get("num_partitions_requested")
+                                       is None))
+        forced = [r for r in rs if r.get("num_partitions_requested") is not None] or rs
+        x = [r["num_partitions"] for r in forced]
+        y = [r["us"] for r in forced]
+        err = [[max(0.0, r["us"] - (r.get("us_p10") or r["us"])) for r in forced],
+               [max(0.0, (r.get("us_p90") or r["us"]) - r["us"]) for r in forced]]
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, color=color[who],
+                    label=f"{who} {shape}")
+        for r in rs:
+            if r.get("num_partitions_requested") is None:
+                ax.scatter([r["num_partitions"]], [r["us"]], marker="*", s=180,
+                           color=color[who], edgecolor="k", zorder=4,
+                           label=f"{who}: its own choice, P={r['num_partitions']}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("split-K factor (num_partitions)")
+    ax.set_ylabel("GPU time per call (us, median; bars p10-p90)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"Split-K on a long single sequence\n{_stamp(meta)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _overhead(r):
+    if r.get("overhead_us") is not None:
+        return r["overhead_us"], "host_sync_us - us_warm"
+    if r.get("host_us") is not None:
+        return r["host_us"] - r["us"], "host_us - us"
+    return None, None
+
+
+def host_overhead(meta, rows, path, plt):
+    sel = [r for r in rows if _overhead(r)[0] is not None
+           and r.get("num_partitions_requested") is None]
+    if not sel:
+        return "no rows with host_us"
+    sel.sort(key=lambda r: (_who(r), r["heads"], r["batch"], r["seqlen"]))
+    color = _styles({_who(r) for r in sel})
+    vals = [_overhead(r)[0] for r in sel]
+    how = sorted({_overhead(r)[1] for r in sel})
+    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.28 * len(sel)))
+    y = range(len(sel))
+    ax.barh(list(y), [max(v, 0.5) for v in vals], color=[color[_who(r)] for r in sel])
+    for i, (r, v) in enumerate(zip(sel, vals)):
+        ax.text(max(v, 0.5), i, f" {v:.0f} us (GPU {r.get('us_warm') or r['us']:.0f} us)",
+                va="center", fontsize=7)
+    ax.set_yticks(list(y))
+    ax.set_yticklabels([f"{_who(r)}  {_shape(r)}" for r in sel], fontsize=7)
+    ax.invert_yaxis()
+    pos = [v for v in vals if v > 0.5]
+    if pos and max(pos) / min(pos) > 50:  # a wide range: log scale
+        ax.set_xscale("log")
+    ax.set_xlabel(f"host overhead per call, us ({' / '.join(how)})")
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    ax.set_title(f"Python call cost beyond the GPU time\n{_stamp(meta)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def headline_markdown(meta, rows):
+    """A Markdown table of the default sweep's shapes (or every shape with the library's own
+    split-K choice), one column per provider: median us, then TFLOP/s (H >= 64) or GB/s."""
+    sel = [r for r in rows if r.get("num_partitions_requested") is None]
+    sel = [r for r in sel if r.get("sweep", "default") == "default"] or sel
+    if not sel:
+        return None
+    who = sorted({_who(r) for r in sel}, key=lambda w: (not w.startswith("numba_mla"), w))
+    shapes = []
+    for r in sel:
+        key = (r["batch"], r["heads"], r["seqlen"], r.get("sq", 1))
+        if key not in shapes:
+            shapes.append(key)
+    cell = {(_who(r), (r["batch"], r["heads"], r["seqlen"], r.get("sq", 1))): r for r in sel}
+    lines = [f"{_stamp(meta)}; median GPU microseconds (TFLOP/s for H >= 64, else GB/s); "
+             "rel. error vs float64 in brackets", "",
+             "| B x H x L | " + " | ".join(who) + " |",
+             "| --- |" + " --- |" * len(who)]
+    for B, H, L, sq in shapes:
+        cells = []
+        for w in who:
+            r = cell.get((w, (B, H, L, sq)))
+            if r is None:
+                cells.append("-")
+                continue
+            rate = f"{r['tflops']:.1f} TFLOP/s" if H >= 64 else f"{r['gbps']:.0f} GB/s"
+            err = f" [{r['rel_err']:.1e}]" if r.get("rel_err") is not None else ""
+            cells.append(f"{r['us']:.0f} ({rate}){err}")
+        shape = f"{B} x {H} x {L}" + (f" Sq={sq}" if sq != 1 else "")
+        lines.append(f"| {shape} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+PLOTTERS = {"latency_vs_length": latency_vs_length, "roofline": roofline, "splitk": splitk,
+            "host_overhead": host_overhead}
+
+
+def main(json_path=None, out_dir="plots", log=print):
+    """Render every figure it has rows for; returns the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    json_path = json_path or default_json()
+    if json_path is None:
+        raise FileNotFoundError("no bench JSON given and no plots/bench_*.json found; run "
+                                "`numba-mla bench` first or pass --json")
+    meta, rows = load(json_path)
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for name in FIGURES:
+        path = os.path.join(out_dir, f"{name}.png")
+        why = PLOTTERS[name](meta, rows, path, plt)
+        if why:
+            log(f"numba-mla plot: skipped {name}: {why}")
+        else:
+            written.append(path)
+            log(f"numba-mla plot: wrote {path}")
+    table = headline_markdown(meta, rows)
+    if table:
+        path = os.path.join(out_dir, "headline.md")
+        with open(path, "w") as f:
+            f.write(table)
+        log(f"numba-mla plot: wrote {path} (the README's table of headline figures)")
+    return written
