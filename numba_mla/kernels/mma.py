@@ -166,19 +166,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                        min(k0 + BLOCK_N, kend), tid)
             ptx.cp_async_commit()
 
-        # This thread's two rows of every fragment: m = 16*warp + lane//4 (+ 8).
-        row_ok = cuda.local.array(2, int32)
-        row_h = cuda.local.array(2, int32)
-        row_i = cuda.local.array(2, int32)
+        # This thread's two rows of every fragment ("halves"): m = 16*warp + lane//4 (+ 8).
         m_run = cuda.local.array(2, float32)  # running max, log2 units
         l_run = cuda.local.array(2, float32)  # running sum over this warpgroup's keys
         alpha = cuda.local.array(2, float32)
+        mx = cuda.local.array(2, float32)  # this tile's row maxima
         for half in range(2):
-            m = ptx.acc_row(2 * half, wtid)
-            r = r0 + m
-            row_ok[half] = m < nrows
-            row_i[half] = r // H
-            row_h[half] = r % H
             m_run[half] = float32(NEG_INF)
             l_run[half] = float32(0.0)
         s_acc = cuda.local.array(NS, float32)
@@ -213,39 +206,40 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             ptx.wgmma_commit()
             wait_s(s_acc)
 
-            # -- mask and score mod; row maxima (log2 units) --
-            mx0 = float32(NEG_INF)
-            mx1 = float32(NEG_INF)
-            for i in range(NS):
-                half = (i // 2) % 2
-                k = k0 + KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
-                s = float32(NEG_INF)
-                if row_ok[half] and k < k1:
-                    iq = row_i[half]
-                    h = row_h[half]
-                    q_pos = length - nq + iq
-                    s = s_acc[i]
-                    if fold_scale:
-                        s = s * qscale
-                        if cls == PARTIAL:
-                            s = float32(mask_apply(s, b, h, iq, q_pos, k, bias))
-                    else:
-                        s = s * scale
-                        s = float32(score_mod(s, b, h, q_pos, k))
-                        if cls == PARTIAL:
-                            s = float32(mask_apply(s, b, h, iq, q_pos, k, bias))
-                        s = s * float32(LOG2E)
-                s_acc[i] = s
-                if half == 0:
-                    mx0 = max(mx0, s)
-                else:
-                    mx1 = max(mx1, s)
-            for o in (1, 2):  # the four lanes of a quad share a row
-                mx0 = max(mx0, ptx.shfl_xor(mx0, o, tid))
-                mx1 = max(mx1, ptx.shfl_xor(mx1, o, tid))
+            # -- mask and score mod; row maxima (log2 units); the row's indices are recomputed
+            # here rather than kept across the loop (registers are scarce beside O) --
+            for half in range(2):
+                m = ptx.acc_row(2 * half, wtid)
+                r = r0 + m
+                iq = r // H
+                h = r - iq * H
+                q_pos = length - nq + iq
+                row_max = float32(NEG_INF)
+                for j in range(NS // 4):
+                    for e in range(2):
+                        i = 4 * j + 2 * half + e
+                        k = k0 + KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
+                        s = float32(NEG_INF)
+                        if m < nrows and k < k1:
+                            s = s_acc[i]
+                            if fold_scale:
+                                s = s * qscale
+                                if cls == PARTIAL:
+                                    s = float32(mask_apply(s, b, h, iq, q_pos, k, bias))
+                            else:
+                                s = s * scale
+                                s = float32(score_mod(s, b, h, q_pos, k))
+                                if cls == PARTIAL:
+                                    s = float32(mask_apply(s, b, h, iq, q_pos, k, bias))
+                                s = s * float32(LOG2E)
+                        s_acc[i] = s
+                        row_max = max(row_max, s)
+                for o in (1, 2):  # the four lanes of a quad share a row
+                    row_max = max(row_max, ptx.shfl_xor(row_max, o, tid))
+                mx[half] = row_max
             if lane % 4 == 0:
-                smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(0, wtid)] = mx0
-                smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(2, wtid)] = mx1
+                smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(0, wtid)] = mx[0]
+                smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(2, wtid)] = mx[1]
             # Both warpgroups' maxima are in place.
             cuda.syncthreads()
 
