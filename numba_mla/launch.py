@@ -17,6 +17,7 @@ from .caches import D_QK, D_V
 from numba import cuda
 
 _SMEM_STATIC_LIMIT = 48 * 1024
+_MAX_GRID_X = 2**31 - 1
 _tls = threading.local()
 
 
@@ -77,8 +78,20 @@ def _empty_like_caller(q, shape, dtype):
 def _workspace(nfloats):
     pool = getattr(_tls, "workspace", None)
     if pool is None or pool.size < nfloats:
+        _check_fits(4 * nfloats, "num_partitions: the split-K workspace (T x H x P x 513 float32)")
         pool = _tls.workspace = cuda.device_array(max(nfloats, 1 << 20), np.float32)
     return pool
+
+
+def _check_fits(nbytes, what):
+    """A clear error before an allocation the device cannot hold (instead of the driver's)."""
+    if _compat.SIMULATOR:
+        return
+    free, _ = cuda.current_context().get_memory_info()
+    if nbytes > free:
+        raise MemoryError(f"{what} needs {nbytes / 2**30:.2f} GiB of device memory, "
+                          f"{free / 2**30:.2f} GiB are free; use fewer partitions or a smaller "
+                          f"batch")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,6 +220,9 @@ class Plan:
         P = self.num_partitions = call.num_partitions or split(
             B, groups, heuristics.longest_key_range(call.mask, cache.lengths_host, counts),
             block_n)
+        if P > _MAX_GRID_X:
+            raise ValueError(f"num_partitions: at most {_MAX_GRID_X} (a grid's x dimension; "
+                             f"the workspace alone would not fit in memory), got {P}")
 
         out_user = call.out
         out_shape3 = (T, H, D_V)

@@ -487,10 +487,16 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
             f"call(s) left in the partition kernel's PTX: {sorted(callees - allowed_calls)}")
         declared = sum(int(n) for n in PTX_LOCAL_DEPOT.findall(ptx))
         assert declared == 0 or callees, f"the kernel's PTX declares {declared} B of local memory"
+        if callees and backend == "mma":
+            # The call's ABI saves the live accumulators to local memory around it (and ptxas
+            # serialises the wgmmas): slow, and expected of a score mod that keeps a call.
+            continue
         assert k.local_mem_per_thread <= declared, (
             f"the partition kernel uses {k.local_mem_per_thread} bytes of local memory per "
             f"thread (its PTX declares {declared}): spills")
+    for k in kernels:
         if backend == "mma":
+            ptx = k.inspect_asm(None)
             assert ptx.count("wgmma.mma_async") == 40, "36 wgmma for Q.K^T and 4 for P.V"
 
 
