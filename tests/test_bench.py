@@ -15,7 +15,12 @@ import numpy as np
 import pytest
 
 import numba_mla as nm
-from numba_mla import bench, cli, plot
+from numba_mla import _compat, bench, cli, plot
+
+#: The tiny sweep's code path on the simulator (host arrays, NaN past each length); on a GPU
+#: the same code runs with torch tensors, checked by the real run (plots/bench_h200.json).
+SIMULATOR_ONLY = pytest.mark.skipif(not _compat.SIMULATOR,
+                                    reason="checks the simulator's tiny-sweep data path")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "tests", "data", "bench_sample.json")
@@ -29,6 +34,7 @@ def _pngs(directory):
 
 
 @pytest.mark.kernel
+@SIMULATOR_ONLY
 def test_bench_cli_end_to_end(tmp_path, capsys):
     """Two tiny configurations (a paged cache over two pages; Sq = 2 under a causal mask with
     NaN past the length) through ``numba-mla bench``, then ``numba-mla plot`` on its JSON."""
@@ -129,6 +135,7 @@ def test_count_matches_performance_md():
     assert flops == 2 * H * 256 * (576 + 512)
 
 
+@SIMULATOR_ONLY
 def test_problem_paged_varlen(rng):
     """Varying lengths, a shuffled block table with unused entries out of range, NaN past
     each length: the cache the library gets, the token index torch gets, and the reference."""
