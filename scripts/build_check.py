@@ -1,0 +1,91 @@
+"""Compile the tensor-core kernel for sm_90a on a machine without a GPU and fail on local-memory
+spills, on a call left in the code, or on a missing HGMMA.
+
+Needs ``pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump`` (NVVM, nvJitLink, cuobjdump).
+Usage: python scripts/build_check.py      (exit status 1 on any failure)
+"""
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numba.cuda.dispatcher as _dispatcher
+
+
+class _Hopper:  # compile as if for an H200 without touching a device
+    compute_capability = (9, 0)
+
+
+_dispatcher.get_current_device = lambda: _Hopper()
+
+import numba_mla as nm  # noqa: E402
+from numba import cuda, types  # noqa: E402
+from numba_mla import factory  # noqa: E402
+
+CASES = [  # (mask, score mod, dtype tag, cache, heads, direct)
+    (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 128, True),
+    (nm.CausalMask(), nm.SoftCapScoreMod(2.0), "f16", nm.ContiguousKVCache, 16, False),
+    (nm.ChunkedMask(4) | nm.SlidingWindowCausalMask(2), nm.AlibiScoreMod(8), "bf16",
+     nm.PagedKVCache, 1, False),
+]
+
+
+def signature(direct):
+    w = types.int32
+    return (types.Array(w, 3, "C"), types.Array(types.int32, 1, "C"), types.Array(w, 3, "C"),
+            types.Array(types.int32, 2, "C"), types.Array(types.int32, 1, "C"),
+            types.Array(types.float32, 3, "C"), types.float32,
+            types.Array(types.int16 if direct else types.float32, 4, "C"),
+            types.Array(types.float32, 3, "C"))
+
+
+def link(ptx):
+    """(cubin, info log) from nvJitLink for sm_90a."""
+    from cuda.bindings import nvjitlink
+
+    h = nvjitlink.create(2, ["-arch=sm_90a", "-verbose"])
+    nvjitlink.add_data(h, nvjitlink.InputType.PTX, ptx.encode(), len(ptx), "kernel")
+    nvjitlink.complete(h)
+    log = bytearray(nvjitlink.get_info_log_size(h))
+    nvjitlink.get_info_log(h, log)
+    cubin = bytearray(nvjitlink.get_linked_cubin_size(h))
+    nvjitlink.get_linked_cubin(h, cubin)
+    return bytes(cubin), log.decode(errors="replace")
+
+
+def cuobjdump():
+    for base in sys.path:
+        hits = glob.glob(os.path.join(base, "nvidia", "**", "bin", "cuobjdump"), recursive=True)
+        if hits:
+            return hits[0]
+    return "cuobjdump"
+
+
+def main():
+    bad = 0
+    for mask, mod, tag, cache, heads, direct in CASES:
+        kern = factory.mma_partition_kernel(mask, mod, tag, cache, heads, direct)
+        ptx, _ = cuda.compile_ptx(kern.py_func, signature(direct), cc=(9, 0, "a"))
+        cubin, log = link(ptx)
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(cubin)
+            f.flush()
+            sass = subprocess.run([cuobjdump(), "-sass", f.name], capture_output=True,
+                                  text=True).stdout
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
+        regs = re.findall(r"Used (\d+) registers", log)
+        calls = len(re.findall(r"\bcall(?:\.uni)?\s", ptx))
+        hgmma = sass.count("HGMMA")
+        serial = "serialized" in log
+        ok = not any(spills) and calls == 0 and hgmma == 40 and not serial
+        bad += not ok
+        print(f"{mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
+              f"regs={regs[0] if regs else '?'} spills={sum(spills)} calls={calls} "
+              f"HGMMA={hgmma} serialized={serial}  {'ok' if ok else 'FAIL'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
