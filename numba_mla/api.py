@@ -36,6 +36,21 @@ def mla_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
                 (q, cache, call.scale, call.mask, call.score_mod, num_partitions))
 
 
+def prepare(q, cache, scale, mask=None, score_mod=None, num_partitions=None, return_lse=False,
+            out=None, backend="auto"):
+    """``mla_decode`` prepared once for device arrays: returns a callable that enqueues the
+    decode on the current stream and returns out (and lse), the same arrays every call. The
+    per-call cost is the launches alone; the inputs' contents may change between calls (not
+    their addresses), so the call can be captured in a CUDA graph."""
+    from . import launch
+
+    call = check_decode(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
+    if call.backend == "reference":
+        raise ValueError("backend: prepare() runs a kernel backend ('auto', 'simt', 'mma'), "
+                         "got 'reference'")
+    return launch.Decoder(call)
+
+
 def mla_decode_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None,
                       num_partitions=None, return_lse=False, out=None, backend="auto"):
     """Ragged MLA decode: q [T, H, 576], sequence b owning rows

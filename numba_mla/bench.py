@@ -18,8 +18,8 @@ device-to-device copy) and dense bf16 rate (torch, 8192^3) are measured once; ev
 ``gbps``/``tflops`` (the fewest bytes and the FLOPs of PERFORMANCE.md over the median time)
 and their fractions of those ceilings.
 
-Host latency, per call of the whole Python entry point (``numba_mla.mla_decode`` on device
-inputs for numba_mla): ``host_us`` is the wall time per call over ``host_calls`` calls with one
+Host latency, per call of the Python entry point a decode loop uses (for numba_mla: the
+callable ``numba_mla.prepare`` returns, on device inputs; ``host_path`` in the row): ``host_us`` is the wall time per call over ``host_calls`` calls with one
 synchronize at the end (calls pipeline: it is max(Python cost, GPU time) per call);
 ``host_sync_us`` is the median wall time of one call followed by a synchronize (what a caller
 that waits pays); ``overhead_us = host_sync_us - us_warm`` (``us_warm``: the GPU time without the
@@ -589,7 +589,16 @@ class NumbaMLA(Provider):
             return nm.mla_decode(p.q, p.cache, p.scale, mask=p.mask,
                                  num_partitions=cfg.num_partitions, backend=self.backend)
 
-        return Prepared(plan.launch, lambda: plan.result()[0], host_call, info)
+        # The host latency is that of the thin path a decode loop uses (``numba_mla.prepare``,
+        # device inputs); NumPy inputs can only take the whole ``mla_decode`` call.
+        try:
+            host = nm.prepare(p.q, p.cache, p.scale, mask=p.mask,
+                              num_partitions=cfg.num_partitions, backend=self.backend)
+            info["host_path"] = "numba_mla.prepare"
+        except TypeError:
+            host = host_call
+            info["host_path"] = "numba_mla.mla_decode"
+        return Prepared(plan.launch, lambda: plan.result()[0], host, info)
 
 
 def _torch_dtype(p):

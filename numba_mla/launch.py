@@ -75,12 +75,46 @@ def _empty_like_caller(q, shape, dtype):
 # ---------------------------------------------------------------------------------------------
 # Workspace: per-partition results, reused between calls (stream-ordered on the default stream)
 # ---------------------------------------------------------------------------------------------
-def _workspace(nfloats):
-    pool = getattr(_tls, "workspace", None)
+def _workspace(nfloats, stream=0, private=False):
+    """Per-partition results: a pool per (thread, stream), reused by later calls on that
+    stream (stream order keeps them apart), or a ``private`` allocation (a prepared decoder's,
+    whose address must not change under a CUDA graph)."""
+    what = "num_partitions: the split-K workspace (T x H x P x 513 float32)"
+    if private:
+        _check_fits(4 * nfloats, what)
+        return cuda.device_array(max(nfloats, 1), np.float32)
+    pools = getattr(_tls, "workspaces", None)
+    if pools is None:
+        pools = _tls.workspaces = {}
+    pool = pools.get(stream)
     if pool is None or pool.size < nfloats:
-        _check_fits(4 * nfloats, "num_partitions: the split-K workspace (T x H x P x 513 float32)")
-        pool = _tls.workspace = cuda.device_array(max(nfloats, 1 << 20), np.float32)
+        _check_fits(4 * nfloats, what)
+        pool = pools[stream] = cuda.device_array(max(nfloats, 1 << 20), np.float32)
     return pool
+
+
+def current_stream(q):
+    """The stream a call on ``q`` is ordered on: torch's current stream for torch tensors (so
+    side streams and CUDA-graph capture work as torch users expect), else the legacy default
+    stream (0), as Numba uses."""
+    if _compat.SIMULATOR or not is_torch(q):
+        return 0
+    import torch
+
+    return torch.cuda.current_stream(q.device).cuda_stream
+
+
+_core_streams = {}
+
+
+def _core_stream(handle):
+    """A cuda.core stream object for a raw stream handle (cached: made once per handle)."""
+    st = _core_streams.get(handle)
+    if st is None:
+        from numba.cuda.cudadrv.driver import ExperimentalStream
+
+        st = _core_streams[handle] = ExperimentalStream.from_handle(handle)
+    return st
 
 
 def _check_fits(nbytes, what):
@@ -109,9 +143,7 @@ class _Launch:
         self.kernel = None
         if not _compat.SIMULATOR:
             from numba.core.typing import typeof
-            from numba.cuda.cudadrv.driver import _to_core_stream
 
-            self.stream = _to_core_stream(0)  # the legacy default stream, as the dispatcher uses
             sig = tuple(typeof.typeof(a, typeof.Purpose.argument) for a in args)
             self.kernel = dispatcher.compile(sig)
             if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
@@ -123,11 +155,12 @@ class _Launch:
                 driver.cuKernelSetAttribute(attr, smem, fn.handle, fn.device.id)
                 self.kernel._numba_mla_smem = smem
 
-    def __call__(self):
+    def __call__(self, stream=0):
+        """Enqueue on ``stream`` (a raw handle; 0: the legacy default stream)."""
         if self.kernel is None:
             self.dispatcher[self.grid, self.block, 0, self.smem](*self.args)
         else:
-            self.kernel.launch(self.args, self.grid, self.block, self.stream, self.smem)
+            self.kernel.launch(self.args, self.grid, self.block, _core_stream(stream), self.smem)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,11 +203,12 @@ class Plan:
     partition and combine kernels, ``result()`` returns out (and lse) as the caller expects.
     The benchmark times ``launch()`` alone."""
 
-    def __init__(self, call):
+    def __init__(self, call, private_workspace=False):
         from .kernels import mma, simt
         from .kernels.combine import NTHREADS as COMBINE_THREADS
 
         self.call = call
+        self.stream = current_stream(call.q)
         tag = factory.dtype_tag(call.dtype)
         sixteen = self.sixteen = tag != "f32"
         backend = self.backend = resolve_backend(call.backend, tag)
@@ -250,7 +284,7 @@ class Plan:
                     grid, mma.NTHREADS, mma.SMEM_BYTES))
                 return
             n_out, n_lse = T * H * P * D_V, T * H * P
-            ws = _workspace(n_out + n_lse)
+            ws = _workspace(n_out + n_lse, self.stream, private_workspace)
             part_out = ws[:n_out].reshape((T, H, P, D_V))
             part_lse = ws[n_out:n_out + n_lse].reshape((T, H, P))
             if backend == "mma":
@@ -265,9 +299,11 @@ class Plan:
                                          (part_out, part_lse, self.out_dev, self.lse_dev),
                                          (T, H), COMBINE_THREADS))
 
-    def launch(self):
+    def launch(self, stream=None):
+        """Enqueue the kernels on ``stream`` (default: the stream current at construction)."""
+        stream = self.stream if stream is None else stream
         for launch in self.launches:
-            launch()
+            launch(stream)
 
     def result(self):
         call = self.call
@@ -290,6 +326,34 @@ class Plan:
         if not call.return_lse:
             return result
         return result, lse.reshape(call.out_shape[:-1])
+
+
+class Decoder:
+    """A decode call prepared once (``numba_mla.prepare``): checks, device views, workspace,
+    compiled kernels and their arguments. Each call enqueues the kernels on the caller's current
+    stream (torch's, for torch tensors) and returns out (and lse): the same arrays every time,
+    so between calls the inputs' contents may change but not their addresses or shapes: what a
+    decode loop and a CUDA graph (``torch.cuda.graph``) need."""
+
+    def __init__(self, call):
+        if not is_device(call.q):
+            raise TypeError("q: prepare() needs device arrays (torch, CuPy or Numba); use "
+                            "mla_decode for NumPy inputs")
+        self.plan = Plan(call, private_workspace=True)
+        self.q = call.q
+        self.torch = is_torch(call.q)
+        out = self.plan.result_array
+        lse = self.plan.lse_dev
+        if self.torch:
+            import torch
+
+            lse = torch.as_tensor(lse, device=call.q.device)
+        lse = lse.reshape(call.out_shape[:-1])
+        self._result = (out, lse) if call.return_lse else out
+
+    def __call__(self):
+        self.plan.launch(current_stream(self.q) if self.torch else 0)
+        return self._result
 
 
 def run(call):

@@ -7,10 +7,11 @@
   score mod and shape, give the right answers (GPU: Numba's CUDA simulator swaps module
   globals while a kernel runs and cannot run kernels from two threads at once). The kernel
   factory's cache, which the threads share, is checked from threads in CI.
-- Streams: numba_mla launches on the legacy default stream. Calls made under two torch side
-  streams (``torch.cuda.stream(s)``), with the inputs synchronised first, are correct. torch's
-  side streams are non-blocking (they do not wait for the legacy stream, nor it for them): the
-  xfail tests record what a caller who relies on torch's current stream gets today.
+- Streams: for torch tensors numba_mla launches on torch's current stream (else on the legacy
+  default stream), with a split-K workspace per stream. Calls made under two torch side
+  streams (``torch.cuda.stream(s)``) are correct, and a call under a side stream is ordered
+  after the stream's earlier work (inputs written there) and before its later work (the
+  output read there), without any synchronisation.
 """
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -255,20 +256,11 @@ def test_gpu_two_torch_streams_with_synchronisation():
         np.testing.assert_array_equal(f64(to_numpy(torch, out)), f64(to_numpy(torch, out0)))
 
 
-SIDE_STREAM_XFAIL = pytest.mark.xfail(
-    strict=False,
-    reason="numba_mla launches on the legacy default stream, which does not wait for torch's "
-           "side streams (created non-blocking), nor they for it; launching on "
-           "torch.cuda.current_stream() for torch inputs would order the call after the "
-           "stream's work (launch.py)")
-
-
 @pytest.mark.gpu
-@SIDE_STREAM_XFAIL
 def test_gpu_inputs_written_on_a_side_stream_without_synchronisation():
     """q is written on a side stream behind a long GPU sleep, and the call is made under that
-    stream without synchronising: a library honouring torch's current stream reads the new q;
-    one on the legacy stream reads the old one (NaN) before the copy lands."""
+    stream without synchronising: the kernels, on that stream, read the new q (on the legacy
+    stream they would read the old one, NaN, before the copy lands)."""
     torch = _torch()
     rng = np.random.default_rng(12)
     p = make_problem(rng, 2, 1, 16, [2000, 300], BF16, "paged", 64)
@@ -287,10 +279,10 @@ def test_gpu_inputs_written_on_a_side_stream_without_synchronisation():
 
 
 @pytest.mark.gpu
-@SIDE_STREAM_XFAIL
 def test_gpu_output_read_on_a_side_stream_without_synchronisation():
-    """The result is consumed on the calling side stream (a clone) right after the call: with
-    the kernels on another, unordered stream the clone may copy an unfinished output."""
+    """The result is consumed on the calling side stream (a clone) right after the call: the
+    kernels are ordered before it on that stream (on another, unordered stream the clone could
+    copy an unfinished output)."""
     torch = _torch()
     rng = np.random.default_rng(13)
     p = make_problem(rng, 8, 1, 128, [8000] * 8, BF16, "paged", 64)   # ~ms of kernel time
