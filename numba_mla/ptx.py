@@ -94,13 +94,17 @@ if SIMULATOR:
 
     # Warp exchange: the simulator runs a block's threads as Python threads, one block at a
     # time; the 32 threads of a warp meet at a barrier, publish their values, read a partner's.
+    # Two slot buffers used in turn make one barrier per exchange enough: a lane writes a
+    # buffer again only two exchanges later, after a barrier every lane passes having read it.
+    # Each lane counts its exchanges (all lanes of a warp make the same ones, so they agree on
+    # the buffer).
     _warps = {}
     _warps_lock = threading.Lock()
 
     def _warp(tid):
         with _warps_lock:
             if tid // 32 not in _warps:
-                _warps[tid // 32] = (threading.Barrier(32), [None] * 32)
+                _warps[tid // 32] = (threading.Barrier(32), ([None] * 32, [None] * 32), [0] * 32)
             return _warps[tid // 32]
 
     def syncwarp(tid):
@@ -108,12 +112,12 @@ if SIMULATOR:
 
     def shfl_xor(v, mask, tid):
         lane = tid % 32
-        barrier, slots = _warp(tid)
+        barrier, buffers, turns = _warp(tid)
+        slots = buffers[turns[lane] % 2]
+        turns[lane] += 1
         slots[lane] = v
         barrier.wait()
-        r = slots[lane ^ mask]
-        barrier.wait()  # nobody overwrites a slot before every lane has read
-        return r
+        return slots[lane ^ mask]
 
 else:
     from llvmlite import ir
