@@ -54,8 +54,17 @@ def attend(q, kv, b, length, scale, mask, score_mod, compute_dtype=np.float64):
     m_safe = np.where(empty, 0, m)                                 # [n, H] avoid -inf - -inf
     p = np.exp(s - m_safe[..., None])                              # [n, H, L] 0 where dropped
     l = p.sum(axis=-1)                                             # [n, H]
+    # A key the mask drops takes no part: its V row is never multiplied in (0 x NaN would be
+    # NaN). A kept key whose score came out -inf still does (0 x its V), as in the kernels.
+    finite = np.isfinite(V).all(axis=1)                            # [L] V rows without NaN/inf
+    pv = p @ np.where(finite[:, None], V, 0)                       # [n, H, 512] those rows
+    if not finite.all():                                           # the others, where kept only
+        bad = np.flatnonzero(~finite)                              # [nb]
+        kept = ~np.isneginf(bias[..., bad])[..., None]             # [n, H, nb, 1] by the mask
+        with np.errstate(invalid="ignore"):
+            pv = pv + np.where(kept, p[..., bad, None] * V[bad], 0).sum(axis=-2)
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = (p @ V) / l[..., None]                               # [n, H, 512]
+        out = pv / l[..., None]                                    # [n, H, 512]
         lse = m_safe + np.log(l)                                   # [n, H]
     out = np.where(empty[..., None], 0, out)                       # empty row: out = 0
     lse = np.where(empty, -np.inf, lse)                            #            lse = -inf

@@ -184,6 +184,20 @@ def test_dropped_keys_ignore_the_score_mod(score_mod, mask_kind, rng):
     assert_close(lse, want_lse, RTOL, ATOL, "lse")
 
 
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_a_dropped_key_takes_no_part(value, rng):
+    """NaN or inf in the V part of a valid key: the rows that keep it are NaN (their whole out
+    row, and lse), the rows the mask drops it for are untouched (never 0 x NaN)."""
+    p = make_problem(rng, 1, 3, 2, [12], np.float32, "contiguous")
+    clean = p.run(nm.reference, mask=nm.CausalMask(), return_lse=True)
+    p.cache.storage[0, 10, 100] = value       # key 10: kept by the queries at 10 and 11 only
+    out, lse = p.run(nm.reference, mask=nm.CausalMask(), return_lse=True)
+    kept = np.array([False, True, True])      # queries at positions 9, 10, 11
+    assert not np.isfinite(out[0, kept][..., 100]).any()
+    np.testing.assert_array_equal(out[0, ~kept], clean[0][0, ~kept])
+    np.testing.assert_array_equal(lse[0, ~kept], clean[1][0, ~kept])
+
+
 @pytest.mark.parametrize("mask_id", ["null", "bias_B_H_Sq_S"])
 @pytest.mark.parametrize("kind,page_size", [("contiguous", 0), ("paged", 1), ("paged", 5)],
                          ids=["contiguous", "paged1", "paged5"])
