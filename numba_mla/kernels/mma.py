@@ -3,7 +3,8 @@
 Same contract as the FMA kernel (kernels/simt.py): grid ``(P, G, B)``, block (p, g, b) owns
 sequence b, query rows ``[g*64, (g+1)*64)`` (row r = query token i * H + head h) and key
 partition p; it writes the partition's normalised output and natural-log LSE to the fp32
-workspace, and the combine kernel merges partitions. 16-bit storage only (bf16, fp16).
+workspace, and the combine kernel merges partitions (with one partition it writes out and lse
+itself: ``store`` below). 16-bit storage only (bf16, fp16).
 
 Two warpgroups (256 threads); 64 query rows along M; key tiles of 64 along N.
 Shared memory (bytes), every operand in wgmma's no-swizzle K-major layout of core matrices
