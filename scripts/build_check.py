@@ -2,7 +2,8 @@
 spills, on a call left in the code, or on a missing HGMMA.
 
 Needs ``pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump`` (NVVM, nvJitLink, cuobjdump).
-Usage: python scripts/build_check.py      (exit status 1 on any failure)
+Usage: python scripts/build_check.py      (exit status 1 on any failure, 77 when NVVM or
+nvJitLink is not installed: nothing was checked)
 """
 import glob
 import os
@@ -63,7 +64,26 @@ def cuobjdump():
     return "cuobjdump"
 
 
+def toolchain_missing():
+    """Why the sm_90a build cannot run here (None when it can)."""
+    try:
+        from cuda.bindings import nvjitlink, nvrtc
+        from numba.cuda.cudadrv import nvvm
+
+        nvvm.NVVM()
+        nvrtc.nvrtcVersion()
+        nvjitlink.version()
+    except Exception as e:  # no NVVM / nvJitLink wheels (numba-cuda[cu13])
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def main():
+    missing = toolchain_missing()
+    if missing:
+        print(f"build_check: NVVM/nvJitLink not available ({missing}); "
+              'pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump')
+        return 77
     bad = 0
     for mask, mod, tag, cache, heads, direct in CASES:
         kern = factory.mma_partition_kernel(mask, mod, tag, cache, heads, direct)
