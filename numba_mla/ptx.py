@@ -77,8 +77,15 @@ if SIMULATOR:
         i = addr // 4
         return arr[i], arr[i + 1], arr[i + 2], arr[i + 3]
 
-    def cp_async4(arr, addr, src, i0, i1, i2, valid):
-        arr[addr // 4] = src[i0, i1, i2] if valid else 0
+    def _cp_async(words):
+        def copy(arr, addr, src, i0, i1, i2, valid):
+            i = addr // 4
+            for j in range(words):
+                arr[i + j] = src[i0, i1, i2 + j] if valid else 0
+
+        return copy
+
+    cp_async4 = _cp_async(1)
 
     def cp_async_commit():
         pass
@@ -245,23 +252,32 @@ else:
 
         return sig, cg
 
-    @intrinsic
-    def cp_async4(typingctx, arr, addr, src, i0, i1, i2, valid):
-        sig = types.void(arr, addr, src, i0, i1, i2, valid)
+    def _cp_async(nbytes, cache_op):
+        """The ``cp.async`` of ``nbytes`` from ``src[i0, i1, i2]`` to the shared ``addr``
+        (``cache_op``: "ca" through L1, "cg" L2 only); a source size of 0 zero-fills."""
 
-        def cg(ctx, b, s, args):
-            gptr = _item_ptr(ctx, b, s.args[2], args[2], args[3:6], s.args[3:6])
-            cvta = ir.InlineAsm(ir.FunctionType(_i64, [_i64]), "cvta.to.global.u64 $0, $1;", "=l,l")
-            gaddr = b.call(cvta, [b.ptrtoint(gptr, _i64)])
-            ok = ctx.cast(b, args[6], s.args[6], types.boolean)
-            nbytes = b.select(ok, ir.Constant(_i32, 4), ir.Constant(_i32, 0))  # 0: zero-fill
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _i64, _i32]),
-                               "cp.async.ca.shared.global [$0], [$1], 4, $2;", "r,l,r,~{memory}",
-                               side_effect=True)
-            b.call(asm, [_addr32(ctx, b, args[1], s.args[1]), gaddr, nbytes])
-            return ctx.get_dummy_value()
+        @intrinsic
+        def copy(typingctx, arr, addr, src, i0, i1, i2, valid):
+            sig = types.void(arr, addr, src, i0, i1, i2, valid)
 
-        return sig, cg
+            def cg(ctx, b, s, args):
+                gptr = _item_ptr(ctx, b, s.args[2], args[2], args[3:6], s.args[3:6])
+                cvta = ir.InlineAsm(ir.FunctionType(_i64, [_i64]), "cvta.to.global.u64 $0, $1;",
+                                    "=l,l")
+                gaddr = b.call(cvta, [b.ptrtoint(gptr, _i64)])
+                ok = ctx.cast(b, args[6], s.args[6], types.boolean)
+                size = b.select(ok, ir.Constant(_i32, nbytes), ir.Constant(_i32, 0))
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _i64, _i32]),
+                                   f"cp.async.{cache_op}.shared.global [$0], [$1], {nbytes}, $2;",
+                                   "r,l,r,~{memory}", side_effect=True)
+                b.call(asm, [_addr32(ctx, b, args[1], s.args[1]), gaddr, size])
+                return ctx.get_dummy_value()
+
+            return sig, cg
+
+        return copy
+
+    cp_async4 = _cp_async(4, "ca")
 
     def _void_asm(text):
         @intrinsic
@@ -439,10 +455,7 @@ if SIMULATOR:
     def fence_proxy_async():
         pass
 
-    def cp_async16(arr, addr, src, i0, i1, i2, valid):
-        i = addr // 4
-        for j in range(4):
-            arr[i + j] = src[i0, i1, i2 + j] if valid else 0
+    cp_async16 = _cp_async(4)
 
     def pack_bf16x2(lo, hi):
         return np.array([lo, hi], np.float32).astype(ml_dtypes.bfloat16).view(np.int32)[0]
@@ -563,23 +576,7 @@ else:
 
         return wait
 
-    @intrinsic
-    def cp_async16(typingctx, arr, addr, src, i0, i1, i2, valid):
-        sig = types.void(arr, addr, src, i0, i1, i2, valid)
-
-        def cg(ctx, b, s, args):
-            gptr = _item_ptr(ctx, b, s.args[2], args[2], args[3:6], s.args[3:6])
-            cvta = ir.InlineAsm(ir.FunctionType(_i64, [_i64]), "cvta.to.global.u64 $0, $1;", "=l,l")
-            gaddr = b.call(cvta, [b.ptrtoint(gptr, _i64)])
-            ok = ctx.cast(b, args[6], s.args[6], types.boolean)
-            nbytes = b.select(ok, ir.Constant(_i32, 16), ir.Constant(_i32, 0))  # 0: zero-fill
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _i64, _i32]),
-                               "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
-                               side_effect=True)
-            b.call(asm, [_addr32(ctx, b, args[1], s.args[1]), gaddr, nbytes])
-            return ctx.get_dummy_value()
-
-        return sig, cg
+    cp_async16 = _cp_async(16, "cg")
 
     def _pack(text):
         @intrinsic
