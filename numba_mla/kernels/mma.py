@@ -30,14 +30,9 @@ from numba import cuda, float32, int32
 
 from .. import ptx
 from .._compat import JIT_OPTIONS
-from ..mods import EMPTY, PARTIAL
+from ..mods import PARTIAL
+from .common import D_QK, D_V, LN2, LOG2E, NEG_INF, make_tile_walk
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-NEG_INF = -math.inf
-
-D_QK = 576
-D_V = 512
 BLOCK_M = 64  # query rows per block: wgmma's M
 BLOCK_N = 64  # keys per tile
 NTHREADS = 256  # two warpgroups
@@ -80,6 +75,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     zero_o = ptx.acc_zero(NO)
     scale_o = ptx.acc_scale(NO)
     store_o = ptx.acc_store(NO)
+    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
 
     @cuda.jit(device=True)
     def chunk_offset(n, c):
@@ -108,15 +104,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     ptx.cp_async16(smk, dst + chunk_offset(n, c), storage, pgs[g], sls[g], 4 * c,
                                    valid)
 
-    @cuda.jit(device=True)
-    def next_tile(t, t_end, kstart, kend, q_lo, q_hi):
-        while t < t_end:
-            k0 = kstart + t * BLOCK_N
-            if mask_classify(k0, min(k0 + BLOCK_N, kend), q_lo, q_hi) != EMPTY:
-                break
-            t += 1
-        return t
-
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
                          part_out, part_lse):
@@ -141,12 +128,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         if nrows <= 0:
             return
 
-        q_lo = length - nq + r0 // H
-        q_hi = length - nq + (r0 + nrows - 1) // H
-        kstart, kend = mask_key_range(q_lo, q_hi)
-        kstart = max(kstart, 0)
-        kend = min(kend, length)
-        ntiles = (kend - kstart + BLOCK_N - 1) // BLOCK_N if kend > kstart else 0
+        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
         per_part = ptx.divmod_u32(ntiles + nparts - 1, nparts)[0]
         t_end = min((p + 1) * per_part, ntiles)
         t = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)

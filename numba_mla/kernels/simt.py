@@ -43,14 +43,9 @@ from numba import cuda, float32, int32
 
 from .. import ptx
 from .._compat import JIT_OPTIONS
-from ..mods import EMPTY, PARTIAL
+from ..mods import PARTIAL
+from .common import D_QK, D_V, LN2, LOG2E, NEG_INF, make_tile_walk
 
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
-LN2 = 0.6931471805599453  # log(x) = log2(x) * LN2
-NEG_INF = -math.inf  # (a Python float: kernels cast it, float32(NEG_INF), to stay in fp32)
-
-D_QK = 576  # q and cache row width: 512 latent + 64 rope
-D_V = 512  # V = the first 512 dims of the same row
 NWARPS = 8
 NTHREADS = 32 * NWARPS
 BLOCK_N = 32  # keys per tile: one per lane in the score and softmax phases
@@ -100,6 +95,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
     H = heads
     assert block_m % 8 == 0 and ROW_WORDS % (32 * NWARPS // 8) == 0
     assert D_QK * block_m >= D_V * block_m  # the output is staged in the queries' space
+    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
 
     @cuda.jit(device=True)
     def issue_tile(smk, sb, buf, storage, block_table, page_size, b, k0, k1, warp, lane):
@@ -117,16 +113,6 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
                 w = lane + 32 * c
                 ptx.cp_async4(smk, sb + 4 * (base + w), storage, pg, sl, w, valid)
         ptx.cp_async_commit()
-
-    @cuda.jit(device=True)
-    def next_tile(t, t_end, kstart, kend, q_lo, q_hi):
-        """The first tile at or after t that the mask does not drop entirely (or t_end)."""
-        while t < t_end:
-            k0 = kstart + t * BLOCK_N
-            if mask_classify(k0, min(k0 + BLOCK_N, kend), q_lo, q_hi) != EMPTY:
-                break
-            t += 1
-        return t
 
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
@@ -152,13 +138,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
         if nrows <= 0:
             return  # every thread of the block leaves: no barrier is skipped
 
-        # Query positions of the block's rows: i in [i_lo, i_hi], q_pos = length - nq + i.
-        q_lo = length - nq + r0 // H
-        q_hi = length - nq + (r0 + nrows - 1) // H
-        kstart, kend = mask_key_range(q_lo, q_hi)
-        kstart = max(kstart, 0)
-        kend = min(kend, length)
-        ntiles = (kend - kstart + BLOCK_N - 1) // BLOCK_N if kend > kstart else 0
+        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
         per_part = (ntiles + nparts - 1) // nparts
         t_end = min((p + 1) * per_part, ntiles)
         t = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)

@@ -1,0 +1,46 @@
+"""What both partition kernels share: the constants of the operation and the walk over a
+block's key tiles (which keys its queries may keep, and which tiles the mask drops)."""
+import math
+
+from numba import cuda
+
+from ..caches import D_QK, D_V  # noqa: F401  (576-wide rows; V = the first 512 dims)
+from ..mods import EMPTY
+
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
+LN2 = 0.6931471805599453  # log(x) = log2(x) * LN2
+NEG_INF = -math.inf  # (a Python float: kernels cast it, float32(NEG_INF), to stay in fp32)
+
+
+def make_tile_walk(mask_classify, mask_key_range, block_n, heads):
+    """Device functions over key tiles of ``block_n`` keys:
+
+    - ``key_tiles(length, nq, r0, nrows)``: for a block owning query rows [r0, r0 + nrows) of a
+      sequence of ``length`` keys and ``nq`` query tokens: the query positions it spans
+      (``q_lo``, ``q_hi``), the key range its mask may keep, cut to the sequence (``kstart``,
+      ``kend``), and the tiles that range holds;
+    - ``next_tile(t, t_end, kstart, kend, q_lo, q_hi)``: the first tile at or after t that the
+      mask does not drop entirely (or t_end)."""
+    H = heads
+
+    @cuda.jit(device=True)
+    def key_tiles(length, nq, r0, nrows):
+        # Query positions of the block's rows: i in [i_lo, i_hi], q_pos = length - nq + i.
+        q_lo = length - nq + r0 // H
+        q_hi = length - nq + (r0 + nrows - 1) // H
+        kstart, kend = mask_key_range(q_lo, q_hi)
+        kstart = max(kstart, 0)
+        kend = min(kend, length)
+        ntiles = (kend - kstart + block_n - 1) // block_n if kend > kstart else 0
+        return q_lo, q_hi, kstart, kend, ntiles
+
+    @cuda.jit(device=True)
+    def next_tile(t, t_end, kstart, kend, q_lo, q_hi):
+        while t < t_end:
+            k0 = kstart + t * block_n
+            if mask_classify(k0, min(k0 + block_n, kend), q_lo, q_hi) != EMPTY:
+                break
+            t += 1
+        return t
+
+    return key_tiles, next_tile
