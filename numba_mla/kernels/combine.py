@@ -16,11 +16,10 @@ import math
 from numba import cuda, float32
 
 from .._compat import JIT_OPTIONS
+from .common import D_V, NEG_INF
 
 NTHREADS = 128
-D_V = 512
 DIMS = D_V // NTHREADS  # output dims per thread
-NEG_INF = -math.inf
 
 
 def make_combine_kernel(store):
