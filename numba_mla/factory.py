@@ -66,54 +66,55 @@ def unpacker(tag):
     return {"bf16": ptx.bf16x2_to_f32, "f16": ptx.f16x2_to_f32, "f32": None}[tag]
 
 
+def _fold_scale(mask, score_mod):
+    """The scale can be folded into LOG2E: a boolean mask and no score mod, so the scores
+    need not be seen in natural units."""
+    return score_mod.identity and mask.boolean
+
+
+def _mods_key(mask, score_mod, cache_cls):
+    """The cache key part that the mask, score mod and cache make (built on every call:
+    cheap; the device functions below are made only to compile)."""
+    return (mask.cache_key(), score_mod.cache_key(), cache_cls.kind, _fold_scale(mask, score_mod))
+
+
+def _device_functions(mask, score_mod, cache_cls):
+    """What both partition kernels compile in for a mask, score mod and cache."""
+    return dict(
+        locate=cache_cls.device_locate(),
+        mask_apply=mask.device_apply(),
+        mask_classify=mask.device_classify(),
+        mask_key_range=mask.device_key_range(),
+        score_mod=score_mod.device_fn(),
+        fold_scale=_fold_scale(mask, score_mod),
+    )
+
+
 def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads):
     """The stage-1 FMA kernel (kernels/simt.py) for this configuration."""
-    fold = score_mod.identity and mask.boolean
-    key = ("simt", mask.cache_key(), score_mod.cache_key(), tag, cache_cls.kind, block_m, heads,
-           fold)
 
     def build():
         from .kernels.simt import make_partition_kernel
 
-        return make_partition_kernel(
-            load=converters(tag)[0],
-            unpack=unpacker(tag),
-            locate=cache_cls.device_locate(),
-            mask_apply=mask.device_apply(),
-            mask_classify=mask.device_classify(),
-            mask_key_range=mask.device_key_range(),
-            score_mod=score_mod.device_fn(),
-            fold_scale=fold,
-            block_m=block_m,
-            heads=heads,
-        )
+        return make_partition_kernel(load=converters(tag)[0], unpack=unpacker(tag),
+                                     block_m=block_m, heads=heads,
+                                     **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(key, build)
+    return _cached(("simt", tag, block_m, heads) + _mods_key(mask, score_mod, cache_cls), build)
 
 
 def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False):
     """The stage-1 tensor-core kernel (kernels/mma.py) for this configuration (bf16, f16);
     ``direct``: the variant that writes the final output (one partition, no combine)."""
-    fold = score_mod.identity and mask.boolean
-    key = ("mma", mask.cache_key(), score_mod.cache_key(), tag, cache_cls.kind, heads, fold,
-           direct)
 
     def build():
         from .kernels.mma import make_partition_kernel
 
-        return make_partition_kernel(
-            tag=tag,
-            locate=cache_cls.device_locate(),
-            mask_apply=mask.device_apply(),
-            mask_classify=mask.device_classify(),
-            mask_key_range=mask.device_key_range(),
-            score_mod=score_mod.device_fn(),
-            fold_scale=fold,
-            heads=heads,
-            store=converters(tag)[1] if direct else converters("f32")[1],
-        )
+        store = converters(tag)[1] if direct else converters("f32")[1]
+        return make_partition_kernel(tag=tag, heads=heads, store=store,
+                                     **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(key, build)
+    return _cached(("mma", tag, heads, direct) + _mods_key(mask, score_mod, cache_cls), build)
 
 
 def combine_kernel(tag):
