@@ -202,3 +202,38 @@ def run_backend(p, backend, **kwargs):
         if backend == "simt":
             raise
         pytest.skip(f"backend={backend!r} does not support this call: {e}")
+
+
+# ---------------------------------------------------------------------------------------------
+# References and torch tensors
+# ---------------------------------------------------------------------------------------------
+def references(p, mask=None, score_mod=None):
+    """(float64 out, float64 lse) and the same-precision run's (out in q's dtype, float32 lse)."""
+    kw = dict(mask=mask, score_mod=score_mod, return_lse=True)
+    golden = p.run(nm.reference, **kw)
+    low_out, low_lse = p.run(nm.reference, compute_dtype=np.float32, **kw)
+    return golden, (low_out.astype(p.dtype), low_lse)
+
+
+def cuda_torch():
+    """torch with CUDA, or skip the test."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch was built without CUDA")
+    return torch
+
+
+def to_torch(torch, x, device="cuda"):
+    """A NumPy array as a torch tensor on ``device`` (bfloat16 through its int16 bits)."""
+    x = np.ascontiguousarray(x)
+    if x.dtype == BF16:
+        return torch.from_numpy(x.view(np.int16)).to(device).view(torch.bfloat16)
+    return torch.from_numpy(x).to(device)
+
+
+def to_numpy(torch, t):
+    """A torch tensor as a NumPy array on the host (bfloat16 as ml_dtypes.bfloat16)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).cpu().numpy().view(BF16)
+    return t.cpu().numpy()

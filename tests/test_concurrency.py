@@ -24,21 +24,18 @@ from helpers import (
     BF16,
     DTYPES,
     assert_three_way,
+    cuda_torch,
     f64,
     fp32_floor,
     kernel_backends,
     make_problem,
+    references,
     run_backend,
+    to_numpy,
+    to_torch,
 )
 from numba_mla import factory
 from numba_mla.mods import as_mask, as_score_mod
-
-
-def references(p, mask=None, score_mod=None):
-    kw = dict(mask=mask, score_mod=score_mod, return_lse=True)
-    golden = p.run(nm.reference, **kw)
-    low_out, low_lse = p.run(nm.reference, compute_dtype=np.float32, **kw)
-    return golden, (low_out.astype(p.dtype), low_lse)
 
 
 def assert_matches(out, lse, golden, same):
@@ -189,27 +186,6 @@ def test_gpu_threads_share_one_configuration():
 # ---------------------------------------------------------------------------------------------
 # torch streams
 # ---------------------------------------------------------------------------------------------
-def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch was built without CUDA")
-    return torch
-
-
-def to_torch(torch, x, device="cuda"):
-    x = np.ascontiguousarray(x)
-    if x.dtype == BF16:
-        return torch.from_numpy(x.view(np.int16)).to(device).view(torch.bfloat16)
-    return torch.from_numpy(x).to(device)
-
-
-def to_numpy(torch, t):
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).cpu().numpy().view(BF16)
-    return t.cpu().numpy()
-
-
 def torch_problem(torch, p):
     """(q, cache) of problem p as CUDA tensors (made on the current torch stream)."""
     q = to_torch(torch, p.q)
@@ -222,7 +198,7 @@ def torch_problem(torch, p):
 def test_gpu_two_torch_streams_with_synchronisation():
     """Two problems, each built and run under its own side stream, the inputs synchronised
     before the calls; both calls are in flight before either result is read."""
-    torch = _torch()
+    torch = cuda_torch()
     rng = np.random.default_rng(11)
     ps = [make_problem(rng, 3, 1, 16, [3000, 64, 1], BF16, "paged", 64),
           make_problem(rng, 2, 2, 128, [1000, 2], BF16, "paged", 64)]
@@ -261,7 +237,7 @@ def test_gpu_inputs_written_on_a_side_stream_without_synchronisation():
     """q is written on a side stream behind a long GPU sleep, and the call is made under that
     stream without synchronising: the kernels, on that stream, read the new q (on the legacy
     stream they would read the old one, NaN, before the copy lands)."""
-    torch = _torch()
+    torch = cuda_torch()
     rng = np.random.default_rng(12)
     p = make_problem(rng, 2, 1, 16, [2000, 300], BF16, "paged", 64)
     golden, same = references(p)
@@ -283,7 +259,7 @@ def test_gpu_output_read_on_a_side_stream_without_synchronisation():
     """The result is consumed on the calling side stream (a clone) right after the call: the
     kernels are ordered before it on that stream (on another, unordered stream the clone could
     copy an unfinished output)."""
-    torch = _torch()
+    torch = cuda_torch()
     rng = np.random.default_rng(13)
     p = make_problem(rng, 8, 1, 128, [8000] * 8, BF16, "paged", 64)   # ~ms of kernel time
     golden, same = references(p)

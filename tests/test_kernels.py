@@ -38,11 +38,15 @@ from helpers import (
     SCORE_MOD_CASES,
     SCORE_MODS,
     assert_three_way,
+    cuda_torch,
     fp32_floor,
     f64,
     make_problem,
     random_counts,
     random_lengths,
+    references,
+    to_numpy,
+    to_torch,
 )
 from numba_mla import factory, heuristics
 from numba_mla.kernels.simt import BLOCK_N
@@ -73,14 +77,6 @@ def ragged_counts(rng, lengths, Sq):
     counts = random_counts(rng, lengths, Sq)
     counts[np.argmax(lengths)] = Sq
     return counts
-
-
-def references(p, mask, score_mod):
-    """(float64 out, float64 lse) and the same-precision (out in q's dtype, float32 lse)."""
-    kw = dict(mask=mask, score_mod=score_mod, return_lse=True)
-    golden = p.run(nm.reference, **kw)
-    low_out, low_lse = p.run(nm.reference, compute_dtype=np.float32, **kw)
-    return golden, (low_out.astype(p.dtype), low_lse)
 
 
 def assert_matches_reference(out, lse, golden, same_precision, backend="simt"):
@@ -628,39 +624,25 @@ def test_gpu_shapes(shape, backend, rng):
 def test_gpu_torch_tensors(backend, rng):
     """torch CUDA tensors in (q, pages, block table, lengths, out): torch tensors out, on
     q's device, q's dtype; lse a float32 torch tensor."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch was built without CUDA")
-
-    def to_torch(x):
-        x = np.ascontiguousarray(x)
-        if x.dtype == BF16:
-            return torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
-        return torch.from_numpy(x).cuda()
-
-    def to_numpy(t):
-        t = t.detach()
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).cpu().numpy().view(BF16)
-        return t.cpu().numpy()
+    torch = cuda_torch()
 
     p = make_problem(rng, 3, 2, 16, lengths_with_longest(rng, 3, 2, 301), BF16, "paged", 64)
     mask, score_mod = nm.CausalMask(), nm.SoftCapScoreMod(5.0)
     golden, same = references(p, mask, score_mod)
-    q = to_torch(p.q)
-    cache = nm.PagedKVCache(to_torch(p.cache.storage), to_torch(p.cache.block_table),
-                            to_torch(p.lengths))
+    q = to_torch(torch, p.q)
+    cache = nm.PagedKVCache(to_torch(torch, p.cache.storage), to_torch(torch, p.cache.block_table),
+                            to_torch(torch, p.lengths))
     out, lse = nm.mla_decode(q, cache, p.scale, mask, score_mod, return_lse=True, backend=backend)
     assert isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor)
     assert out.device == q.device and lse.device == q.device
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     assert tuple(out.shape) == p.out_shape and tuple(lse.shape) == p.lse_shape
-    assert_matches_reference(to_numpy(out), to_numpy(lse), golden, same, backend)
+    assert_matches_reference(to_numpy(torch, out), to_numpy(torch, lse), golden, same, backend)
 
     out_t = torch.full(p.out_shape, float("nan"), dtype=torch.bfloat16, device=q.device)
     got = nm.mla_decode(q, cache, p.scale, mask, score_mod, out=out_t, backend=backend)
     assert got is out_t
-    np.testing.assert_array_equal(f64(to_numpy(out_t)), f64(to_numpy(out)))
+    np.testing.assert_array_equal(f64(to_numpy(torch, out_t)), f64(to_numpy(torch, out)))
 
 
 @pytest.mark.gpu

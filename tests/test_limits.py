@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import numba_mla as nm
-from helpers import BF16, DTYPES, assert_three_way, f64, fp32_floor, kernel_backends, make_problem
+from helpers import (BF16, DTYPES, assert_three_way, cuda_torch, f64, fp32_floor, kernel_backends,
+                     make_problem, to_numpy, to_torch)
 
 PAGE = 64
 #: Pages in the big paged cache: 61000 x 64 x 576 = 2.25e9 elements > 2^31.
@@ -24,27 +25,6 @@ BIG_PAGES = 61_000
 #: Tokens per sequence in the big contiguous cache: sequence 3 starts at 3 x 1.3e6 x 576 =
 #: 2.25e9 elements > 2^31.
 BIG_S = 1_300_000
-
-
-def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch was built without CUDA")
-    return torch
-
-
-def to_torch(torch, x):
-    x = np.ascontiguousarray(x)
-    if x.dtype == BF16:
-        return torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
-    return torch.from_numpy(x).cuda()
-
-
-def to_numpy(torch, t):
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).cpu().numpy().view(BF16)
-    return t.cpu().numpy()
 
 
 def torch_dtype(torch, dtype):
@@ -74,7 +54,7 @@ def big_cases():
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype,backend", big_cases())
 def test_gpu_paged_cache_beyond_int32(dtype, backend):
-    torch = _torch()
+    torch = cuda_torch()
     rng = np.random.default_rng(31)
     lengths = [200, 129, 64, 1]                                     # 4 + 3 + 1 + 1 pages
     small = make_problem(rng, 4, 1, 16, lengths, DTYPES[dtype], "paged", PAGE, spare_pages=0)
@@ -97,7 +77,7 @@ def test_gpu_paged_cache_beyond_int32(dtype, backend):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype,backend", big_cases())
 def test_gpu_contiguous_cache_beyond_int32(dtype, backend):
-    torch = _torch()
+    torch = cuda_torch()
     rng = np.random.default_rng(32)
     lengths = [300, 0, 129, 257]
     small = make_problem(rng, 4, 1, 16, lengths, DTYPES[dtype], "contiguous")

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import numba_mla as nm
-from helpers import BF16, assert_three_way, f64, fp32_floor, make_problem
+from helpers import (BF16, assert_three_way, cuda_torch, f64, fp32_floor, make_problem, references,
+                     to_numpy, to_torch)
 
 
 def test_prepare_refuses_host_arrays(rng):
@@ -24,53 +25,31 @@ def test_prepare_refuses_the_reference(rng):
         nm.prepare(p.q, p.cache, p.scale, backend="reference")
 
 
-def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch was built without CUDA")
-    return torch
-
-
-def _to_torch(torch, x):
-    x = np.ascontiguousarray(x)
-    if x.dtype == BF16:
-        return torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
-    return torch.from_numpy(x).cuda()
-
-
-def _to_numpy(torch, t):
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).cpu().numpy().view(BF16)
-    return t.cpu().numpy()
-
-
 def _check(torch, p, out, lse, backend, mask=None):
-    golden = p.run(nm.reference, mask=mask, return_lse=True)
-    low = p.run(nm.reference, mask=mask, return_lse=True, compute_dtype=np.float32)
-    for name, a, s, g in (("out", _to_numpy(torch, out), low[0].astype(p.dtype), golden[0]),
-                          ("lse", _to_numpy(torch, lse), low[1], golden[1])):
+    golden, low = references(p, mask)
+    for name, a, s, g in (("out", to_numpy(torch, out), low[0], golden[0]),
+                          ("lse", to_numpy(torch, lse), low[1], golden[1])):
         assert_three_way(a, s, g, floor=fp32_floor(g, backend), what=name)
 
 
 def _paged_torch(torch, p):
-    return nm.PagedKVCache(_to_torch(torch, p.cache.storage), _to_torch(torch, p.cache.block_table),
-                           _to_torch(torch, p.lengths))
+    return nm.PagedKVCache(to_torch(torch, p.cache.storage), to_torch(torch, p.cache.block_table),
+                           to_torch(torch, p.lengths))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend,num_partitions", [("mma", 1), ("mma", 3), ("simt", None)])
 def test_gpu_prepared_decode_loop(backend, num_partitions, rng):
     """Three calls with new q contents: the same arrays back, each result right."""
-    torch = _torch()
+    torch = cuda_torch()
     p = make_problem(rng, 3, 2, 16, [301, 77, 129], BF16, "paged", 64)
-    q = _to_torch(torch, p.q)
+    q = to_torch(torch, p.q)
     step = nm.prepare(q, _paged_torch(torch, p), p.scale, nm.CausalMask(),
                       num_partitions=num_partitions, return_lse=True, backend=backend)
     first = None
     for _ in range(3):
         p.q[...] = rng.standard_normal(p.q.shape).astype(BF16)
-        q.copy_(_to_torch(torch, p.q))
+        q.copy_(to_torch(torch, p.q))
         out, lse = step()
         if first is None:
             first = (out, lse)
@@ -84,13 +63,13 @@ def test_gpu_prepared_decode_loop(backend, num_partitions, rng):
 def test_gpu_prepared_decode_on_a_side_stream(backend, rng):
     """Under ``torch.cuda.stream(s)`` the kernels are ordered on s: q written on s just before
     (behind a long GPU sleep) is what they read, and out read on s after is what they wrote."""
-    torch = _torch()
+    torch = cuda_torch()
     p = make_problem(rng, 2, 1, 16, [500, 211], BF16, "paged", 16)
-    q = _to_torch(torch, p.q)
+    q = to_torch(torch, p.q)
     step = nm.prepare(q, _paged_torch(torch, p), p.scale, num_partitions=2, return_lse=True,
                       backend=backend)
     new_q = rng.standard_normal(p.q.shape).astype(BF16)
-    staged = _to_torch(torch, new_q)
+    staged = to_torch(torch, new_q)
     s = torch.cuda.Stream()
     torch.cuda.synchronize()
     with torch.cuda.stream(s):
@@ -109,12 +88,12 @@ def test_gpu_prepared_decode_on_a_side_stream(backend, rng):
 def test_gpu_prepared_decode_in_a_cuda_graph(backend, num_partitions, rng):
     """Captured once in torch.cuda.graph, replayed after q and the cache rows changed in place:
     the replay computes with the new contents."""
-    torch = _torch()
+    torch = cuda_torch()
     p = make_problem(rng, 2, 1, 16, [257, 130], BF16, "paged", 64, filler=0.0)
-    q = _to_torch(torch, p.q)
-    pages = _to_torch(torch, p.cache.storage)
-    cache = nm.PagedKVCache(pages, _to_torch(torch, p.cache.block_table),
-                            _to_torch(torch, p.lengths))
+    q = to_torch(torch, p.q)
+    pages = to_torch(torch, p.cache.storage)
+    cache = nm.PagedKVCache(pages, to_torch(torch, p.cache.block_table),
+                            to_torch(torch, p.lengths))
     step = nm.prepare(q, cache, p.scale, num_partitions=num_partitions, return_lse=True,
                       backend=backend)
     s = torch.cuda.Stream()
@@ -128,10 +107,10 @@ def test_gpu_prepared_decode_in_a_cuda_graph(backend, num_partitions, rng):
     for _ in range(2):
         p.q[...] = rng.standard_normal(p.q.shape).astype(BF16)
         p.cache.storage[...] = rng.standard_normal(p.cache.storage.shape).astype(BF16)
-        q.copy_(_to_torch(torch, p.q))
-        pages.copy_(_to_torch(torch, p.cache.storage))
+        q.copy_(to_torch(torch, p.q))
+        pages.copy_(to_torch(torch, p.cache.storage))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert np.isfinite(f64(_to_numpy(torch, out))).all()
+        assert np.isfinite(f64(to_numpy(torch, out))).all()
         _check(torch, p, out, lse, backend)

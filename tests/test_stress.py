@@ -30,6 +30,7 @@ from helpers import (
     kernel_backends,
     make_bias,
     make_problem,
+    references,
     run_backend,
 )
 
@@ -67,13 +68,6 @@ def write_keys(p, keys):
             storage[p.cache.block_table[b, t // p.page_size], t % p.page_size] = K
         else:
             storage[b, t] = K
-
-
-def references(p, mask=None):
-    kw = dict(mask=mask, return_lse=True)
-    golden = p.run(nm.reference, **kw)
-    low_out, low_lse = p.run(nm.reference, compute_dtype=np.float32, **kw)
-    return golden, (low_out.astype(p.dtype), low_lse)
 
 
 def stress_floors(p, golden):
