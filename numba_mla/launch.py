@@ -275,29 +275,28 @@ class Plan:
         if T > 0 and B > 0:
             args = (q_dev, offs_dev, storage, block_table, lengths, bias, np.float32(call.scale))
             grid = (P, groups, B)
-            if backend == "mma" and P == 1:  # one partition: the kernel writes out and lse
-                kern = factory.mma_partition_kernel(call.mask, call.score_mod, tag, type(cache),
-                                                    H, direct=True)
-                self.launches.append(_Launch(
-                    kern, args + (self.out_dev.reshape((T, H, 1, D_V)),
-                                  self.lse_dev.reshape((T, H, 1))),
-                    grid, mma.NTHREADS, mma.SMEM_BYTES))
-                return
-            n_out, n_lse = T * H * P * D_V, T * H * P
-            ws = _workspace(n_out + n_lse, self.stream, private_workspace)
-            part_out = ws[:n_out].reshape((T, H, P, D_V))
-            part_lse = ws[n_out:n_out + n_lse].reshape((T, H, P))
+            # One partition on tensor cores: the kernel writes out and lse itself (no combine).
+            direct = backend == "mma" and P == 1
             if backend == "mma":
-                kern = factory.mma_partition_kernel(call.mask, call.score_mod, tag, type(cache), H)
+                kern = factory.mma_partition_kernel(call.mask, call.score_mod, tag, type(cache),
+                                                    H, direct)
                 threads, smem = mma.NTHREADS, mma.SMEM_BYTES
             else:
                 kern = factory.partition_kernel(call.mask, call.score_mod, tag, type(cache),
                                                 self.block_m, H)
                 threads, smem = simt.NTHREADS, simt.smem_bytes(self.block_m, sixteen)
-            self.launches.append(_Launch(kern, args + (part_out, part_lse), grid, threads, smem))
-            self.launches.append(_Launch(factory.combine_kernel(tag),
-                                         (part_out, part_lse, self.out_dev, self.lse_dev),
-                                         (T, H), COMBINE_THREADS))
+            if direct:
+                results = (self.out_dev.reshape((T, H, 1, D_V)), self.lse_dev.reshape((T, H, 1)))
+            else:
+                n_out, n_lse = T * H * P * D_V, T * H * P
+                ws = _workspace(n_out + n_lse, self.stream, private_workspace)
+                results = (ws[:n_out].reshape((T, H, P, D_V)),
+                           ws[n_out:n_out + n_lse].reshape((T, H, P)))
+            self.launches.append(_Launch(kern, args + results, grid, threads, smem))
+            if not direct:
+                self.launches.append(_Launch(factory.combine_kernel(tag),
+                                             results + (self.out_dev, self.lse_dev),
+                                             (T, H), COMBINE_THREADS))
 
     def launch(self, stream=None):
         """Enqueue the kernels on ``stream`` (default: the stream current at construction)."""
@@ -341,18 +340,10 @@ class Decoder:
                             "mla_decode for NumPy inputs")
         self.plan = Plan(call, private_workspace=True)
         self.q = call.q
-        self.torch = is_torch(call.q)
-        out = self.plan.result_array
-        lse = self.plan.lse_dev
-        if self.torch:
-            import torch
-
-            lse = torch.as_tensor(lse, device=call.q.device)
-        lse = lse.reshape(call.out_shape[:-1])
-        self._result = (out, lse) if call.return_lse else out
+        self._result = self.plan.result()  # device arrays: the same ones every call, no copy
 
     def __call__(self):
-        self.plan.launch(current_stream(self.q) if self.torch else 0)
+        self.plan.launch(current_stream(self.q))
         return self._result
 
 
