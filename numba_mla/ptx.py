@@ -87,6 +87,31 @@ if SIMULATOR:
 
     cp_async4 = _cp_async(1)
 
+    class _GlobalAddr:
+        """The simulator's global address: an array and a byte offset into its C-order data."""
+
+        def __init__(self, src, byte):
+            self.src, self.byte = src, byte
+
+        def __add__(self, nbytes):
+            return _GlobalAddr(self.src, self.byte + int(nbytes))
+
+        def word(self, j):
+            i = self.byte // self.src.dtype.itemsize + j
+            return self.src[np.unravel_index(i, self.src.shape)]
+
+    def global_addr(src, i0, i1, i2):
+        return _GlobalAddr(src, int(np.ravel_multi_index((i0, i1, i2), src.shape))
+                           * src.dtype.itemsize)
+
+    def _cp_async_at(words):
+        def copy(arr, addr, gaddr, valid):
+            i = addr // 4
+            for j in range(words):
+                arr[i + j] = gaddr.word(j) if valid else 0
+
+        return copy
+
     def cp_async_commit():
         pass
 
@@ -252,9 +277,23 @@ else:
 
         return sig, cg
 
+    def _to_global(b, ptr):
+        """The global-window address (64-bit integer) of a generic pointer."""
+        cvta = ir.InlineAsm(ir.FunctionType(_i64, [_i64]), "cvta.to.global.u64 $0, $1;", "=l,l")
+        return b.call(cvta, [b.ptrtoint(ptr, _i64)])
+
+    def _emit_cp_async(ctx, b, nbytes, cache_op, addr, gaddr, ok):
+        """``cp.async`` of ``nbytes`` from global ``gaddr`` to shared ``addr`` (LLVM values);
+        a source size of 0 (``ok`` false) zero-fills and reads nothing."""
+        size = b.select(ok, ir.Constant(_i32, nbytes), ir.Constant(_i32, 0))
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _i64, _i32]),
+                           f"cp.async.{cache_op}.shared.global [$0], [$1], {nbytes}, $2;",
+                           "r,l,r,~{memory}", side_effect=True)
+        b.call(asm, [addr, gaddr, size])
+
     def _cp_async(nbytes, cache_op):
         """The ``cp.async`` of ``nbytes`` from ``src[i0, i1, i2]`` to the shared ``addr``
-        (``cache_op``: "ca" through L1, "cg" L2 only); a source size of 0 zero-fills."""
+        (``cache_op``: "ca" through L1, "cg" L2 only)."""
 
         @intrinsic
         def copy(typingctx, arr, addr, src, i0, i1, i2, valid):
@@ -262,15 +301,34 @@ else:
 
             def cg(ctx, b, s, args):
                 gptr = _item_ptr(ctx, b, s.args[2], args[2], args[3:6], s.args[3:6])
-                cvta = ir.InlineAsm(ir.FunctionType(_i64, [_i64]), "cvta.to.global.u64 $0, $1;",
-                                    "=l,l")
-                gaddr = b.call(cvta, [b.ptrtoint(gptr, _i64)])
-                ok = ctx.cast(b, args[6], s.args[6], types.boolean)
-                size = b.select(ok, ir.Constant(_i32, nbytes), ir.Constant(_i32, 0))
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _i64, _i32]),
-                                   f"cp.async.{cache_op}.shared.global [$0], [$1], {nbytes}, $2;",
-                                   "r,l,r,~{memory}", side_effect=True)
-                b.call(asm, [_addr32(ctx, b, args[1], s.args[1]), gaddr, size])
+                _emit_cp_async(ctx, b, nbytes, cache_op, _addr32(ctx, b, args[1], s.args[1]),
+                               _to_global(b, gptr), ctx.cast(b, args[6], s.args[6], types.boolean))
+                return ctx.get_dummy_value()
+
+            return sig, cg
+
+        return copy
+
+    @intrinsic
+    def global_addr(typingctx, src, i0, i1, i2):
+        sig = types.int64(src, i0, i1, i2)
+
+        def cg(ctx, b, s, args):
+            return _to_global(b, _item_ptr(ctx, b, s.args[0], args[0], args[1:4], s.args[1:4]))
+
+        return sig, cg
+
+    def _cp_async_at(nbytes, cache_op):
+        """The ``cp.async`` of ``nbytes`` from the global address ``gaddr``."""
+
+        @intrinsic
+        def copy(typingctx, arr, addr, gaddr, valid):
+            sig = types.void(arr, addr, gaddr, valid)
+
+            def cg(ctx, b, s, args):
+                _emit_cp_async(ctx, b, nbytes, cache_op, _addr32(ctx, b, args[1], s.args[1]),
+                               ctx.cast(b, args[2], s.args[2], types.int64),
+                               ctx.cast(b, args[3], s.args[3], types.boolean))
                 return ctx.get_dummy_value()
 
             return sig, cg
@@ -360,6 +418,10 @@ else:
 #   visible to wgmma (the async proxy); then a barrier.
 # - ``cp_async16(arr, addr, src, i0, i1, i2, valid)``: 16 bytes from ``src[i0, i1, i2:i2+4]``
 #   (4-byte words, 16-byte aligned), zeros when not ``valid``. Same groups as ``cp_async4``.
+# - ``global_addr(src, i0, i1, i2)``: the global address of ``src[i0, i1, i2]`` (an int64 on
+#   the GPU); ``cp_async16_at(arr, addr, gaddr, valid)`` copies the 16 bytes at ``gaddr`` (an
+#   address plus a byte offset: a row's address computed once serves all its chunks, and
+#   the offsets fold into the instruction; the row's last axis must be contiguous).
 # - ``pack_bf16x2(lo, hi)``, ``pack_f16x2(lo, hi)``: two floats -> one int32 word of 16-bit pairs.
 
 
@@ -456,6 +518,7 @@ if SIMULATOR:
         pass
 
     cp_async16 = _cp_async(4)
+    cp_async16_at = _cp_async_at(4)
 
     def pack_bf16x2(lo, hi):
         return np.array([lo, hi], np.float32).astype(ml_dtypes.bfloat16).view(np.int32)[0]
@@ -577,6 +640,7 @@ else:
         return wait
 
     cp_async16 = _cp_async(16, "cg")
+    cp_async16_at = _cp_async_at(16, "cg")
 
     def _pack(text):
         @intrinsic

@@ -51,7 +51,6 @@ SMEM_BYTES = RED_OFF + 2 * 2 * BLOCK_M * 4  # 230400 of the H200's 232448
 # eight consecutive threads fill one core matrix (8 rows, one chunk), so the shared-memory
 # writes are free of bank conflicts and each warp reads 64 contiguous bytes of 8 rows.
 CHUNK_STEP = NTHREADS // 8  # 32
-CHUNK_ROUNDS = -(-CHUNKS // CHUNK_STEP)  # 3 (the last only for t//8 < 72 - 64)
 NS = KEYS_PER_WG // 2  # score accumulators per thread (16)
 NO = DIMS_PER_WG // 2  # output accumulators per thread (128)
 
@@ -78,31 +77,32 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
 
     @cuda.jit(device=True)
-    def chunk_offset(n, c):
-        """Byte offset of 16-byte chunk c of row n of a 64-row operand."""
-        return (n // 8) * GROUP + c * 128 + (n % 8) * 16
+    def copy_row(smk, dst, row, valid, tid):
+        """Start copying this thread's chunks (tid//8 + 32j) of one 576-wide row at global
+        address ``row`` to the row's place at ``dst`` (zeros when not ``valid``): two full
+        rounds, then the 8 chunks past 64 by the first 64 threads."""
+        c = tid // 8
+        for j in range(CHUNKS // CHUNK_STEP):
+            ptx.cp_async16_at(smk, dst + 128 * (c + CHUNK_STEP * j), row + 16 * (c + CHUNK_STEP * j),
+                              valid)
+        if c < CHUNKS % CHUNK_STEP:
+            j = CHUNKS // CHUNK_STEP
+            ptx.cp_async16_at(smk, dst + 128 * (c + CHUNK_STEP * j), row + 16 * (c + CHUNK_STEP * j),
+                              valid)
 
     @cuda.jit(device=True)
     def issue_tile(smk, dst, storage, block_table, page_size, b, k0, k1, tid):
         """Start copying keys [k0, k1) into the KV buffer at byte ``dst`` (zeros past k1).
-        The thread's eight rows are located first: their page-table loads are independent and
-        go out together, before the copies (asm statements the loads cannot move across)."""
+        The thread's eight rows are located first, without branches (so the division by the
+        page size shares its reciprocal): their page-table loads are independent and go out
+        together, before the copies (asm statements the loads cannot move across)."""
         pgs = cuda.local.array(8, int32)
         sls = cuda.local.array(8, int32)
+        for g in range(8):  # rows past k1 read key k1 - 1's place (a real one) but copy zeros
+            pgs[g], sls[g] = locate(block_table, page_size, b, min(k0 + 8 * g + tid % 8, k1 - 1))
         for g in range(8):
-            k = k0 + 8 * g + tid % 8
-            pgs[g] = 0
-            sls[g] = 0
-            if k < k1:
-                pgs[g], sls[g] = locate(block_table, page_size, b, k)
-        for g in range(8):
-            n = 8 * g + tid % 8
-            valid = k0 + n < k1
-            for j in range(CHUNK_ROUNDS):
-                c = tid // 8 + CHUNK_STEP * j
-                if c < CHUNKS:
-                    ptx.cp_async16(smk, dst + chunk_offset(n, c), storage, pgs[g], sls[g], 4 * c,
-                                   valid)
+            copy_row(smk, dst + g * GROUP + (tid % 8) * 16,
+                     ptx.global_addr(storage, pgs[g], sls[g], 0), k0 + 8 * g + tid % 8 < k1, tid)
 
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
@@ -135,15 +135,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         if t < t_end:  # the queries and the first tile, in one group
             for g in range(8):
                 n = 8 * g + tid % 8
-                r = r0 + n
                 valid = n < nrows
-                tok = row0 + r // H if valid else 0
-                h = r % H if valid else 0
-                for j in range(CHUNK_ROUNDS):
-                    c = tid // 8 + CHUNK_STEP * j
-                    if c < CHUNKS:
-                        ptx.cp_async16(smk, sb + Q_OFF + chunk_offset(n, c), q, tok, h, 4 * c,
-                                       valid)
+                r = r0 + n if valid else r0
+                copy_row(smk, sb + Q_OFF + g * GROUP + (tid % 8) * 16,
+                         ptx.global_addr(q, row0 + r // H, r % H, 0), valid, tid)
             k0 = kstart + t * BLOCK_N
             issue_tile(smk, sb + KV_OFF, storage, block_table, page_size, b, k0,
                        min(k0 + BLOCK_N, kend), tid)
@@ -173,20 +168,21 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # This tile (and the queries) landed for every thread; every warpgroup is done
             # with the previous tile, whose buffer the next copy reuses, and with P.
             cuda.syncthreads()
-            t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
-            if t_next < t_end:
-                k0n = kstart + t_next * BLOCK_N
-                issue_tile(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, storage, block_table,
-                           page_size, b, k0n, min(k0n + BLOCK_N, kend), tid)
-                ptx.cp_async_commit()
 
-            # -- S = Q K^T over this warpgroup's 32 keys --
+            # -- S = Q K^T over this warpgroup's 32 keys; the next tile's copies are issued
+            # while the tensor cores work (page lookups and address arithmetic included) --
             ptx.wgmma_fence()
             kw = kv + wg * (KEYS_PER_WG // 8) * GROUP
             for kk in range(CHUNKS // 2):
                 mma_s(s_acc, smk, desc_rows(sb + Q_OFF + 256 * kk), desc_rows(kw + 256 * kk),
                       kk, wtid)
             ptx.wgmma_commit()
+            t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+            if t_next < t_end:
+                k0n = kstart + t_next * BLOCK_N
+                issue_tile(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, storage, block_table,
+                           page_size, b, k0n, min(k0n + BLOCK_N, kend), tid)
+                ptx.cp_async_commit()
             wait_s(s_acc)
 
             # -- mask and score mod; row maxima (log2 units); the row's indices are recomputed
