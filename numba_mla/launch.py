@@ -5,6 +5,8 @@ with row offsets ``b * Sq``. NumPy inputs are copied to the device and the resul
 Numba device arrays, torch and CuPy tensors are used in place, and results come back in the
 caller's kind of array (torch in, torch out).
 """
+import ctypes
+import functools
 import math
 import threading
 
@@ -104,6 +106,20 @@ def current_stream(q):
     return torch.cuda.current_stream(q.device).cuda_stream
 
 
+def _stream_query(q):
+    """``current_stream(q)`` as a callable for the per-call path. For torch tensors it is
+    torch's raw current-stream query (what torch.compile's generated code calls), which skips
+    building a torch.cuda.Stream object on every call."""
+    if _compat.SIMULATOR or not is_torch(q):
+        return lambda: 0
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:  # a torch without it
+        return functools.partial(current_stream, q)
+    return functools.partial(raw, q.device.index)
+
+
 _core_streams = {}
 
 
@@ -129,38 +145,111 @@ def _check_fits(nbytes, what):
 
 
 # ---------------------------------------------------------------------------------------------
-# Compiled kernels, with shared memory above 48 KB
+# Compiled kernels: arguments packed once, each launch one cuLaunchKernel
 # ---------------------------------------------------------------------------------------------
+def _param_array(values):
+    """cuLaunchKernel's ``void*[]`` (one entry per kernel parameter) over the values Numba's
+    launch hands to cuda.core, packed as cuda.core packs them: a bool is a one-byte C bool, an
+    int a pointer-sized integer, a ctypes scalar is itself. Returns the array and the C values
+    it points at: both must stay alive as long as it is launched with."""
+    cvals = []
+    for v in values:
+        if isinstance(v, bool):
+            v = ctypes.c_bool(v)
+        elif isinstance(v, int):
+            v = ctypes.c_ssize_t(v)
+        elif not isinstance(v, ctypes._SimpleCData):
+            raise TypeError(f"kernel parameter: cannot pack a {type(v).__name__}")
+        cvals.append(v)
+    return (ctypes.c_void_p * len(cvals))(*map(ctypes.addressof, cvals)), cvals
+
+
+def _pack(kernel, args):
+    """The parameter array for launching a compiled kernel with ``args``: Numba's own conversion
+    (``_prepare_args``, what ``kernel.launch`` redoes on every call: a device array becomes
+    meminfo, parent, nitems, itemsize, data, shape..., strides...; a float32 a C float), run
+    once."""
+    values, writebacks = [], []
+    for ty, val in zip(kernel.argument_types, args):
+        kernel._prepare_args(ty, val, 0, writebacks, values)
+    if writebacks:  # a host array was copied to the device: later launches would reuse the copy
+        raise TypeError("_Launch: the arguments must be device arrays and scalars")
+    return _param_array(values)
+
+
+def _dim3(d):
+    d = (d,) if isinstance(d, (int, np.integer)) else tuple(d)
+    return tuple(int(x) for x in d) + (1,) * (3 - len(d))
+
+
 class _Launch:
-    """One kernel with its arguments, grid and shared memory, ready to go. On a GPU it holds
-    the compiled kernel and launches it directly (the dispatcher would re-type the arguments on
-    every call); the dynamic shared-memory limit is raised once when above 48 KB (Numba has no
-    API for it: numba-cuda#94)."""
+    """One kernel with its arguments, grid and shared memory, ready to go. On a GPU the kernel
+    is compiled and its parameters packed here, once; a call is then a single cuLaunchKernel
+    (Numba's ``kernel.launch`` re-packs every argument into ctypes on every call, tens of
+    microseconds). The dynamic shared-memory limit is raised once when above 48 KB (Numba has
+    no API for it: numba-cuda#94). The simulator keeps Numba's dispatcher."""
 
     def __init__(self, dispatcher, args, grid, block, smem=0):
         self.args, self.grid, self.block, self.smem = args, grid, block, smem
         self.dispatcher = dispatcher
-        self.kernel = None
-        if not _compat.SIMULATOR:
-            from numba.core.typing import typeof
+        self.kernel = self._params = None
+        if _compat.SIMULATOR:
+            return
+        from cuda.bindings import driver as binding
+        from numba.core.typing import typeof
+        from numba.cuda.cudadrv.driver import driver
 
-            sig = tuple(typeof.typeof(a, typeof.Purpose.argument) for a in args)
-            self.kernel = dispatcher.compile(sig)
-            if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
-                from cuda.bindings import driver as binding
-                from numba.cuda.cudadrv.driver import driver
-
-                fn = self.kernel._codelibrary.get_cufunc()
-                attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-                driver.cuKernelSetAttribute(attr, smem, fn.handle, fn.device.id)
-                self.kernel._numba_mla_smem = smem
+        sig = tuple(typeof.typeof(a, typeof.Purpose.argument) for a in args)
+        self.kernel = dispatcher.compile(sig)
+        fn = self.kernel._codelibrary.get_cufunc()  # loads the module into the context, once
+        if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
+            attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            driver.cuKernelSetAttribute(attr, smem, fn.handle, fn.device.id)
+            self.kernel._numba_mla_smem = smem
+        if self.kernel.debug or self.kernel.cooperative:
+            return  # Numba's launch does their extra work (error readback, cooperative launch)
+        # Kept together: the parameter array points into _cvals, and both into self.args' memory.
+        self._params, self._cvals = _pack(self.kernel, args)
+        self._params_ptr = ctypes.addressof(self._params)
+        # A CUkernel handle (Numba loads modules as libraries): the driver launches it in the
+        # thread's current context.
+        self._func = fn.handle
+        self._dims = _dim3(grid) + _dim3(block) + (int(smem),)
+        # cuda.bindings: about 0.6 us of Python a call (timed against a stub libcuda), where
+        # calling libcuda through ctypes (argtypes set) took about 1.5 us.
+        self._enqueue = binding.cuLaunchKernel
 
     def __call__(self, stream=0):
         """Enqueue on ``stream`` (a raw handle; 0: the legacy default stream)."""
-        if self.kernel is None:
+        if self._params is not None:
+            err, = self._enqueue(self._func, *self._dims, stream, self._params_ptr, 0)
+            if err:
+                self._failed(err, stream)
+        elif self.kernel is None:
             self.dispatcher[self.grid, self.block, 0, self.smem](*self.args)
         else:
             self.kernel.launch(self.args, self.grid, self.block, _core_stream(stream), self.smem)
+
+    def _failed(self, err, stream):
+        """cuLaunchKernel failed (nothing was enqueued). A thread that has not used CUDA yet has
+        no current context (Numba's launch makes one current): make Numba's current and retry
+        once; any other failure is raised."""
+        from cuda.bindings import driver as binding
+        from numba.cuda.cudadrv.driver import CudaAPIError
+
+        res, ctx = binding.cuCtxGetCurrent()
+        if not res and not int(ctx):
+            cuda.current_context()
+            err, = self._enqueue(self._func, *self._dims, stream, self._params_ptr, 0)
+            if not err:
+                return
+        name = binding.cuGetErrorName(err)[1]
+        name = name.decode() if isinstance(name, bytes) else getattr(err, "name", str(err))
+        gx, gy, gz, bx, by, bz, smem = self._dims
+        raise CudaAPIError(int(err), f"cuLaunchKernel: {name} launching "
+                                     f"{self.dispatcher.py_func.__name__} (grid {gx}x{gy}x{gz}, "
+                                     f"block {bx}x{by}x{bz}, {smem} bytes of dynamic shared "
+                                     f"memory, stream {stream:#x})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,10 +429,12 @@ class Decoder:
                             "mla_decode for NumPy inputs")
         self.plan = Plan(call, private_workspace=True)
         self.q = call.q
+        self._stream = _stream_query(call.q)
         self._result = self.plan.result()  # device arrays: the same ones every call, no copy
 
     def __call__(self):
-        self.plan.launch(current_stream(self.q))
+        # The per-call path: a stream query and one cuLaunchKernel per kernel (_Launch).
+        self.plan.launch(self._stream())
         return self._result
 
 
