@@ -103,18 +103,20 @@ def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads):
     return _cached(("simt", tag, block_m, heads) + _mods_key(mask, score_mod, cache_cls), build)
 
 
-def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False):
+def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, tma=False):
     """The stage-1 tensor-core kernel (kernels/mma.py) for this configuration (bf16, f16);
-    ``direct``: the variant that writes the final output (one partition, no combine)."""
+    ``direct``: the variant that writes the final output (one partition, no combine); ``tma``:
+    the variant whose tiles the copy engine brings (tiles never straddle pages)."""
 
     def build():
         from .kernels.mma import make_partition_kernel
 
         store = converters(tag)[1] if direct else converters("f32")[1]
-        return make_partition_kernel(tag=tag, heads=heads, store=store,
+        return make_partition_kernel(tag=tag, heads=heads, store=store, tma=tma,
                                      **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(("mma", tag, heads, direct) + _mods_key(mask, score_mod, cache_cls), build)
+    return _cached(("mma", tag, heads, direct, tma) + _mods_key(mask, score_mod, cache_cls),
+                   build)
 
 
 def combine_kernel(tag):

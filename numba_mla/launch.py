@@ -13,7 +13,7 @@ import threading
 import numpy as np
 
 from . import _compat  # noqa: F401
-from . import factory, heuristics
+from . import factory, heuristics, ptx
 from .arrays import BF16, is_device, is_torch
 from .caches import D_QK, D_V
 from numba import cuda
@@ -367,13 +367,24 @@ class Plan:
             # One partition on tensor cores: the kernel writes out and lse itself (no combine).
             direct = backend == "mma" and P == 1
             if backend == "mma":
+                # Tiles by the copy engine (TMA) where a 64-key tile never straddles pages and
+                # rows are packed (the tensor maps see q and the cache as [rows, 576]).
+                tma = ((cache.kind == "contiguous" or cache.page_size % mma.BLOCK_N == 0)
+                       and q_dev.is_c_contiguous() and storage.is_c_contiguous())
                 kern = factory.mma_partition_kernel(call.mask, call.score_mod, tag, type(cache),
-                                                    H, direct)
+                                                    H, direct, tma)
                 threads, smem = mma.NTHREADS, mma.SMEM_BYTES
+                if tma:
+                    maps = (ptx.tensor_map(q_dev, T * H, mma.BLOCK_M),
+                            ptx.tensor_map(storage, storage.shape[0] * storage.shape[1],
+                                           mma.BLOCK_N))
+                else:
+                    maps = (_dummy((128,), np.uint8),) * 2
             else:
                 kern = factory.partition_kernel(call.mask, call.score_mod, tag, type(cache),
                                                 self.block_m, H)
                 threads, smem = simt.NTHREADS, simt.smem_bytes(self.block_m, sixteen)
+                maps = ()
             if direct:
                 results = (self.out_dev.reshape((T, H, 1, D_V)), self.lse_dev.reshape((T, H, 1)))
             else:
@@ -381,7 +392,7 @@ class Plan:
                 ws = _workspace(n_out + n_lse, self.stream, private_workspace)
                 results = (ws[:n_out].reshape((T, H, P, D_V)),
                            ws[n_out:n_out + n_lse].reshape((T, H, P)))
-            self.launches.append(_Launch(kern, args + results, grid, threads, smem))
+            self.launches.append(_Launch(kern, args + results + maps, grid, threads, smem))
             if not direct:
                 self.launches.append(_Launch(factory.combine_kernel(tag),
                                              results + (self.out_dev, self.lse_dev),

@@ -35,6 +35,7 @@ Primitives
   call in a kernel serialises its wgmma instructions).
 """
 import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -657,6 +658,152 @@ else:
     pack_bf16x2 = _pack("cvt.rn.bf16x2.f32 $0, $1, $2;")
     pack_f16x2 = _pack("cvt.rn.f16x2.f32 $0, $1, $2;")
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Bulk tensor copies (TMA) completing on shared-memory barriers (mbarrier)
+# ---------------------------------------------------------------------------------------------
+# The copy engine moves a whole box of a 2-D tensor into shared memory from one instruction;
+# the threads that issue it spend no registers or load slots on it (16-byte cp.async from every
+# thread kept the load queue full and stalled the kernel on operand registers). Completion is
+# counted in bytes on an mbarrier: one thread announces the bytes (``expect_tx``) and arrives,
+# each copy signals its bytes, and the barrier's phase flips when both are done.
+#
+# Primitives
+# - ``tensor_map(dev, rows, box_rows)`` (host): the 128-byte tensor map (a uint8 device array)
+#   of a 16-bit array seen as ``[rows, 576]`` (``dev``: its int32-word view, rows of 288
+#   words), cut into boxes of ``box_rows`` rows x 8 values (16 bytes). A box lands as
+#   ``box_rows`` 16-byte rows, one after another: 8 of them are a wgmma core matrix.
+# - ``tma_load(box_rows)`` -> ``load(arr, addr, tmap, src, col, row, bar)``: start copying the
+#   box at value column ``col``, row ``row`` to the shared ``addr`` (rows past the tensor's end
+#   read as zeros), completing on the mbarrier at ``bar``. ``src`` (the array) serves the twin.
+# - ``mbar_init(arr, bar, count)``, then ``mbar_fence_init()`` and a block barrier;
+#   ``mbar_expect_tx(arr, bar, nbytes)``: arrive, announcing nbytes of copies;
+#   ``mbar_try_wait(arr, bar, parity)``: True once the phase of that parity completed.
+# In the simulator a copy happens when issued and counts its bytes off the mbarrier, which
+# keeps its completed phases and expected bytes in its own 8 bytes: a waiter spins until the
+# issuing lane has copied, as on the GPU.
+MAP_BOX_COLS = 8  # values per box row: 16 bytes
+
+if SIMULATOR:
+
+    def tensor_map(dev, rows, box_rows):
+        return cuda.to_device(np.zeros(128, np.uint8))
+
+    # An mbarrier's 8 bytes hold [phases completed, bytes still expected]; a lock keeps the
+    # lanes' updates whole.
+    _mbar_lock = threading.Lock()
+
+    def _mbar_complete_tx(arr, bar, nbytes):
+        with _mbar_lock:
+            arr[bar // 4 + 1] -= nbytes
+            if arr[bar // 4 + 1] == 0:
+                arr[bar // 4] += 1
+
+    def tma_load(box_rows):
+        def load(arr, addr, tmap, src, col, row, bar):
+            nrows = src.shape[0] * src.shape[1]
+            words = MAP_BOX_COLS // 2
+            for r in range(box_rows):
+                i = (addr + 16 * r) // 4
+                for j in range(words):
+                    arr[i + j] = (src[np.unravel_index((row + r) * src.shape[2] + col // 2 + j,
+                                                       src.shape)]
+                                  if row + r < nrows else 0)
+            _mbar_complete_tx(arr, bar, 16 * box_rows)
+
+        return load
+
+    def mbar_init(arr, bar, count):
+        assert count == 1, "the twin models one arrival per phase"
+        arr[bar // 4] = 0
+        arr[bar // 4 + 1] = 0
+
+    def mbar_fence_init():
+        pass
+
+    def mbar_expect_tx(arr, bar, nbytes):
+        _mbar_complete_tx(arr, bar, -nbytes)
+
+    def mbar_try_wait(arr, bar, parity):
+        if arr[bar // 4] % 2 != parity:
+            return True
+        time.sleep(1e-4)  # let the copying lanes run
+        return False
+
+else:
+
+    def tensor_map(dev, rows, box_rows):
+        from cuda.bindings import driver as cu
+
+        ptr = dev.__cuda_array_interface__["data"][0]
+        err, tmap = cu.cuTensorMapEncodeTiled(
+            cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, ptr,
+            [576, rows], [1152], [MAP_BOX_COLS, box_rows], [1, 1],
+            cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+            cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r} (rows {rows})")
+        return cuda.to_device(np.array([int(v) for v in tmap.opaque], np.uint64).view(np.uint8))
+
+    def tma_load(box_rows):
+        @intrinsic
+        def load(typingctx, arr, addr, tmap, src, col, row, bar):
+            sig = types.void(arr, addr, tmap, src, col, row, bar)
+
+            def cg(ctx, b, s, args):
+                mp = _item_ptr(ctx, b, s.args[2], args[2], [ir.Constant(_i64, 0)], [types.int64])
+                asm = ir.InlineAsm(
+                    ir.FunctionType(ir.VoidType(), [_i32, _i64, _i32, _i32, _i32]),
+                    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx"
+                    "::bytes [$0], [$1, {$2, $3}], [$4];", "r,l,r,r,r,~{memory}",
+                    side_effect=True)
+                b.call(asm, [_addr32(ctx, b, args[1], s.args[1]), b.ptrtoint(mp, _i64),
+                             _addr32(ctx, b, args[4], s.args[4]),
+                             _addr32(ctx, b, args[5], s.args[5]),
+                             _addr32(ctx, b, args[6], s.args[6])])
+                return ctx.get_dummy_value()
+
+            return sig, cg
+
+        return load
+
+    def _bar_op(text):
+        @intrinsic
+        def op(typingctx, arr, bar, value):
+            sig = types.void(arr, bar, value)
+
+            def cg(ctx, b, s, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _i32]), text,
+                                   "r,r,~{memory}", side_effect=True)
+                b.call(asm, [_addr32(ctx, b, args[1], s.args[1]),
+                             _addr32(ctx, b, args[2], s.args[2])])
+                return ctx.get_dummy_value()
+
+            return sig, cg
+
+        return op
+
+    mbar_init = _bar_op("mbarrier.init.shared::cta.b64 [$0], $1;")
+    mbar_expect_tx = _bar_op("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;")
+    mbar_fence_init = _void_asm("fence.mbarrier_init.release.cluster;")
+
+    @intrinsic
+    def mbar_try_wait(typingctx, arr, bar, parity):
+        sig = types.boolean(arr, bar, parity)
+
+        def cg(ctx, b, s, args):
+            asm = ir.InlineAsm(
+                ir.FunctionType(_i32, [_i32, _i32]),
+                "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; "
+                "selp.b32 $0, 1, 0, p; }", "=r,r,r,~{memory}", side_effect=True)
+            r = b.call(asm, [_addr32(ctx, b, args[1], s.args[1]),
+                             _addr32(ctx, b, args[2], s.args[2])])
+            return b.icmp_unsigned("!=", r, ir.Constant(_i32, 0))
+
+        return sig, cg
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,11 +25,12 @@ import numba_mla as nm  # noqa: E402
 from numba import cuda, types  # noqa: E402
 from numba_mla import factory  # noqa: E402
 
-CASES = [  # (mask, score mod, dtype tag, cache, heads, direct)
-    (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 128, True),
-    (nm.CausalMask(), nm.SoftCapScoreMod(2.0), "f16", nm.ContiguousKVCache, 16, False),
+CASES = [  # (mask, score mod, dtype tag, cache, heads, direct, tma)
+    (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 128, True, True),
+    (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 16, False, False),
+    (nm.CausalMask(), nm.SoftCapScoreMod(2.0), "f16", nm.ContiguousKVCache, 16, False, True),
     (nm.ChunkedMask(4) | nm.SlidingWindowCausalMask(2), nm.AlibiScoreMod(8), "bf16",
-     nm.PagedKVCache, 1, False),
+     nm.PagedKVCache, 1, False, False),
 ]
 
 
@@ -39,7 +40,8 @@ def signature(direct):
             types.Array(types.int32, 2, "C"), types.Array(types.int32, 1, "C"),
             types.Array(types.float32, 3, "C"), types.float32,
             types.Array(types.int16 if direct else types.float32, 4, "C"),
-            types.Array(types.float32, 3, "C"))
+            types.Array(types.float32, 3, "C"), types.Array(types.uint8, 1, "C"),
+            types.Array(types.uint8, 1, "C"))
 
 
 def link(ptx):
@@ -85,8 +87,8 @@ def main():
               'pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump')
         return 77
     bad = 0
-    for mask, mod, tag, cache, heads, direct in CASES:
-        kern = factory.mma_partition_kernel(mask, mod, tag, cache, heads, direct)
+    for mask, mod, tag, cache, heads, direct, tma in CASES:
+        kern = factory.mma_partition_kernel(mask, mod, tag, cache, heads, direct, tma)
         ptx, _ = cuda.compile_ptx(kern.py_func, signature(direct), cc=(9, 0, "a"))
         cubin, log = link(ptx)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -102,7 +104,7 @@ def main():
         ok = not any(spills) and calls == 0 and hgmma == 40 and not serial
         bad += not ok
         print(f"{mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
-              f"regs={regs[0] if regs else '?'} spills={sum(spills)} calls={calls} "
+              f"tma={tma!s:5} regs={regs[0] if regs else '?'} spills={sum(spills)} calls={calls} "
               f"HGMMA={hgmma} serialized={serial}  {'ok' if ok else 'FAIL'}")
     return 1 if bad else 0
 

@@ -12,13 +12,14 @@ LN2 = 0.6931471805599453  # log(x) = log2(x) * LN2
 NEG_INF = -math.inf  # (a Python float: kernels cast it, float32(NEG_INF), to stay in fp32)
 
 
-def make_tile_walk(mask_classify, mask_key_range, block_n, heads):
+def make_tile_walk(mask_classify, mask_key_range, block_n, heads, align=1):
     """Device functions over key tiles of ``block_n`` keys:
 
     - ``key_tiles(length, nq, r0, nrows)``: for a block owning query rows [r0, r0 + nrows) of a
       sequence of ``length`` keys and ``nq`` query tokens: the query positions it spans
       (``q_lo``, ``q_hi``), the key range its mask may keep, cut to the sequence (``kstart``,
-      ``kend``), and the tiles that range holds;
+      ``kend``; kstart rounded down to a multiple of ``align``: the keys added are ones the
+      mask drops), and the tiles that range holds;
     - ``next_tile(t, t_end, kstart, kend, q_lo, q_hi)``: the first tile at or after t that the
       mask does not drop entirely (or t_end)."""
     H = heads
@@ -31,6 +32,8 @@ def make_tile_walk(mask_classify, mask_key_range, block_n, heads):
         kstart, kend = mask_key_range(q_lo, q_hi)
         kstart = max(kstart, 0)
         kend = min(kend, length)
+        if align > 1 and kend > kstart:
+            kstart -= kstart % align
         ntiles = (kend - kstart + block_n - 1) // block_n if kend > kstart else 0
         return q_lo, q_hi, kstart, kend, ntiles
 

@@ -7,14 +7,19 @@ workspace, and the combine kernel merges partitions (with one partition it write
 itself: ``store`` below). 16-bit storage only (bf16, fp16).
 
 Two warpgroups (256 threads); 64 query rows along M; key tiles of 64 along N.
-Shared memory (bytes), every operand in wgmma's no-swizzle K-major layout of core matrices
-(8 rows x 16 bytes, see ptx.py): a 576-wide row r, chunk c of 8 values, lives at
-``(r//8)*9216 + c*128 + (r%8)*16`` (9216 = 8 rows x 1152 bytes).
+Shared memory (bytes), every operand in wgmma's no-swizzle layout of core matrices (8 rows x
+16 bytes, see ptx.py), chunk by chunk: chunk c (8 values) of row r of a 64-row operand lives at
+``c*1024 + r*16``, so one chunk of all 64 rows is one kilobyte: what a bulk tensor copy (TMA)
+of a 64-row x 8-value box writes.
     Q    [64 rows x 576]            loaded once
-    KV   [2][64 keys x 576]         double buffer: the next tile is copied (cp.async) while
-                                    this one is used
+    KV   [2][64 keys x 576]         double buffer: the next tile is copied while this one is
+                                    used; by TMA (72 boxes, completing on the buffer's
+                                    mbarrier) when a tile never straddles pages (contiguous
+                                    cache, or pages of a multiple of 64 keys, with tiles
+                                    aligned to 64 keys), else by 16-byte cp.async per thread
     P    [64 rows x 64 keys]        probabilities, 16-bit, K-major (keys along K)
     red  [2][2][64] f32             per-warpgroup row maxima and row sums, exchanged
+    bars [2] mbarrier               one per KV buffer (TMA)
     (at the end, the output is staged as fp32 [64][512] over the KV buffers)
 Per tile:
   1. S = Q K^T: warpgroup w computes the 64 rows x its 32 keys (36 wgmma m64n32k16 over 576);
@@ -39,26 +44,29 @@ NTHREADS = 256  # two warpgroups
 KEYS_PER_WG = BLOCK_N // 2  # score columns of one warpgroup: wgmma N
 DIMS_PER_WG = D_V // 2  # output columns of one warpgroup: wgmma N
 CHUNKS = D_QK // 8  # 16-byte chunks in a row
-GROUP = 8 * D_QK * 2  # bytes of 8 rows: the step between core-matrix rows (9216)
+COL_BYTES = BLOCK_M * 16  # one chunk of 64 rows: the step between chunks (1024)
 ROWS_BYTES = BLOCK_M * D_QK * 2  # one 64-row operand (73728)
 P_GROUP = 8 * BLOCK_N * 2  # 8 rows of P (1024)
 Q_OFF = 0
 KV_OFF = ROWS_BYTES
 P_OFF = KV_OFF + 2 * ROWS_BYTES
 RED_OFF = P_OFF + BLOCK_M * BLOCK_N * 2
-SMEM_BYTES = RED_OFF + 2 * 2 * BLOCK_M * 4  # 230400 of the H200's 232448
-# Copies of a 64-row operand: thread t copies rows 8*g + t%8 (g = 0..7) at chunks t//8 + 32*j:
-# eight consecutive threads fill one core matrix (8 rows, one chunk), so the shared-memory
-# writes are free of bank conflicts and each warp reads 64 contiguous bytes of 8 rows.
+BAR_OFF = RED_OFF + 2 * 2 * BLOCK_M * 4
+SMEM_BYTES = BAR_OFF + 2 * 8  # 230416 of the H200's 232448
+# cp.async copies of a 64-row operand: thread t copies rows 8*g + t%8 (g = 0..7) at chunks
+# t//8 + 32*j: eight consecutive threads fill one core matrix (8 rows, one chunk), so the
+# shared-memory writes are free of bank conflicts and each warp reads 64 contiguous bytes of
+# 8 rows.
 CHUNK_STEP = NTHREADS // 8  # 32
 NS = KEYS_PER_WG // 2  # score accumulators per thread (16)
 NO = DIMS_PER_WG // 2  # output accumulators per thread (128)
 
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads, store):
+                          fold_scale, heads, store, tma):
     """The stage-1 tensor-core kernel for one configuration; arguments as for the FMA kernel
-    (see factory.py), ``tag`` "bf16" or "f16". ``store`` converts an output value for
+    (see factory.py), ``tag`` "bf16" or "f16"; ``tma``: tiles copied by the copy engine (the
+    caller makes sure a 64-key tile aligned to 64 keys lies in one page). ``store`` converts an output value for
     ``part_out``: the identity for the fp32 workspace, or the storage conversion when there is
     one partition and the kernel writes ``out [T, H, 1, 512]`` and ``lse [T, H, 1]`` itself
     (no combine)."""
@@ -67,14 +75,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     mma_o = ptx.wgmma(DIMS_PER_WG, tag, True)
     wait_s = ptx.wgmma_wait(NS)
     wait_o = ptx.wgmma_wait(NO)
-    desc_rows = ptx.wgmma_desc(128, GROUP)  # Q and K: K-major, chunks 128 B apart along K
-    desc_v = ptx.wgmma_desc(GROUP, 128)  # V: MN-major, keys (K) in 8-row groups, dims (N) in chunks
+    desc_rows = ptx.wgmma_desc(COL_BYTES, 128)  # Q and K: K-major; chunks (K) 1 KB apart, 8-row groups 128 B
+    desc_v = ptx.wgmma_desc(128, COL_BYTES)  # V: MN-major; 8-key groups (K) 128 B apart, chunks (N) 1 KB
     desc_p = ptx.wgmma_desc(128, P_GROUP)  # P: K-major, 64 keys a row
     pack = ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2
     zero_o = ptx.acc_zero(NO)
     scale_o = ptx.acc_scale(NO)
     store_o = ptx.acc_store(NO)
-    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
+    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
+                                          align=BLOCK_N if tma else 1)
+    tma_box = ptx.tma_load(BLOCK_M)
 
     @cuda.jit(device=True)
     def copy_row(smk, dst, row, valid, tid):
@@ -83,12 +93,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         rounds, then the 8 chunks past 64 by the first 64 threads."""
         c = tid // 8
         for j in range(CHUNKS // CHUNK_STEP):
-            ptx.cp_async16_at(smk, dst + 128 * (c + CHUNK_STEP * j), row + 16 * (c + CHUNK_STEP * j),
-                              valid)
+            ptx.cp_async16_at(smk, dst + COL_BYTES * (c + CHUNK_STEP * j),
+                              row + 16 * (c + CHUNK_STEP * j), valid)
         if c < CHUNKS % CHUNK_STEP:
             j = CHUNKS // CHUNK_STEP
-            ptx.cp_async16_at(smk, dst + 128 * (c + CHUNK_STEP * j), row + 16 * (c + CHUNK_STEP * j),
-                              valid)
+            ptx.cp_async16_at(smk, dst + COL_BYTES * (c + CHUNK_STEP * j),
+                              row + 16 * (c + CHUNK_STEP * j), valid)
 
     @cuda.jit(device=True)
     def issue_tile(smk, dst, storage, block_table, page_size, b, k0, k1, tid):
@@ -101,13 +111,42 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         for g in range(8):  # rows past k1 read key k1 - 1's place (a real one) but copy zeros
             pgs[g], sls[g] = locate(block_table, page_size, b, min(k0 + 8 * g + tid % 8, k1 - 1))
         for g in range(8):
-            copy_row(smk, dst + g * GROUP + (tid % 8) * 16,
+            copy_row(smk, dst + (8 * g + tid % 8) * 16,
                      ptx.global_addr(storage, pgs[g], sls[g], 0), k0 + 8 * g + tid % 8 < k1, tid)
+
+    @cuda.jit(device=True)
+    def tma_rows(smk, dst, tmap, src, row, bar, expect, tid):
+        """Warp 0 (``tid`` < 32): copy 64 rows from ``row`` of ``src`` (seen as [rows, 576])
+        by 72 boxes of 8 values, completing on the mbarrier ``bar``; lane 0 first arrives on
+        it expecting ``expect`` bytes (0: an earlier call's arrival counted these rows too)."""
+        if tid == 0 and expect > 0:
+            ptx.mbar_expect_tx(smk, bar, expect)
+        ptx.syncwarp(tid)
+        for j in range(-(-CHUNKS // 32)):
+            c = tid + 32 * j
+            if c < CHUNKS:
+                tma_box(smk, dst + COL_BYTES * c, tmap, src, 8 * c, row, bar)
+
+    @cuda.jit(device=True)
+    def tma_tile(smk, dst, tmap, storage, block_table, page_size, b, k0, bar, expect, tid):
+        """Warp 0: copy keys [k0, k0 + 64) (one page: the tile is aligned) by TMA."""
+        pg, sl = locate(block_table, page_size, b, k0)
+        tma_rows(smk, dst, tmap, storage, pg * page_size + sl, bar, expect, tid)
+
+    @cuda.jit(device=True)
+    def zero_rows(smk, dst, n0, tid):
+        """Zero rows [n0, 64) of the 64-row operand at ``dst``: a TMA tile's keys past the
+        partition's end (cache slots that may hold anything, NaN included)."""
+        for i in range(tid, (BLOCK_N - n0) * CHUNKS * 4, NTHREADS):
+            c = (i // 4) % CHUNKS
+            n = n0 + i // (4 * CHUNKS)
+            ptx.sts32(smk, dst + COL_BYTES * c + 16 * n + 4 * (i % 4), 0)
 
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
-                         part_out, part_lse):
-        # q [T, H, 288] and storage [pages, page_size, 288]: int32 words of 16-bit pairs.
+                         part_out, part_lse, tmap_q, tmap_kv):
+        # q [T, H, 288] and storage [pages, page_size, 288]: int32 words of 16-bit pairs;
+        # tmap_q, tmap_kv: their tensor maps (TMA; unused otherwise).
         p = cuda.blockIdx.x
         nparts = cuda.gridDim.x
         b = cuda.blockIdx.z
@@ -132,17 +171,32 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         per_part = ptx.divmod_u32(ntiles + nparts - 1, nparts)[0]
         t_end = min((p + 1) * per_part, ntiles)
         t = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)
+        bars = sb + BAR_OFF  # the mbarriers of KV buffers 0 and 1 (8 bytes each)
+        if tma:
+            if tid == 0:
+                ptx.mbar_init(smk, bars, 1)
+                ptx.mbar_init(smk, bars + 8, 1)
+                ptx.mbar_fence_init()
+            cuda.syncthreads()
         if t < t_end:  # the queries and the first tile, in one group
-            for g in range(8):
-                n = 8 * g + tid % 8
-                valid = n < nrows
-                r = r0 + n if valid else r0
-                copy_row(smk, sb + Q_OFF + g * GROUP + (tid % 8) * 16,
-                         ptx.global_addr(q, row0 + r // H, r % H, 0), valid, tid)
             k0 = kstart + t * BLOCK_N
-            issue_tile(smk, sb + KV_OFF, storage, block_table, page_size, b, k0,
-                       min(k0 + BLOCK_N, kend), tid)
-            ptx.cp_async_commit()
+            if tma:
+                if tid < 32:  # queries (rows row0*H + r0 ... of q seen as [T*H, 576]) and
+                    # the first tile, on one arrival of KV buffer 0's mbarrier
+                    tma_rows(smk, sb + Q_OFF, tmap_q, q, row0 * H + r0, bars, 2 * ROWS_BYTES,
+                             tid)
+                    tma_tile(smk, sb + KV_OFF, tmap_kv, storage, block_table, page_size, b, k0,
+                             bars, 0, tid)
+            else:
+                for g in range(8):
+                    n = 8 * g + tid % 8
+                    valid = n < nrows
+                    r = r0 + n if valid else r0
+                    copy_row(smk, sb + Q_OFF + n * 16,
+                             ptx.global_addr(q, row0 + r // H, r % H, 0), valid, tid)
+                issue_tile(smk, sb + KV_OFF, storage, block_table, page_size, b, k0,
+                           min(k0 + BLOCK_N, kend), tid)
+                ptx.cp_async_commit()
 
         # This thread's two rows of every fragment ("halves"): m = 16*warp + lane//4 (+ 8).
         m_run = cuda.local.array(2, float32)  # running max, log2 units
@@ -158,12 +212,20 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         qscale = float32(scale * LOG2E)
 
         buf = 0
+        phases = 0  # bit i: parity of KV buffer i's next mbarrier phase
         while t < t_end:
             k0 = kstart + t * BLOCK_N
             k1 = min(k0 + BLOCK_N, kend)
             cls = mask_classify(k0, k1, q_lo, q_hi)
             kv = sb + KV_OFF + buf * ROWS_BYTES
-            ptx.cp_async_wait_all()
+            if tma:
+                while not ptx.mbar_try_wait(smk, bars + 8 * buf, (phases >> buf) & 1):
+                    pass
+                phases ^= 1 << buf
+                if k1 - k0 < BLOCK_N:
+                    zero_rows(smk, kv, k1 - k0, tid)
+            else:
+                ptx.cp_async_wait_all()
             ptx.fence_proxy_async()
             # This tile (and the queries) landed for every thread; every warpgroup is done
             # with the previous tile, whose buffer the next copy reuses, and with P.
@@ -172,17 +234,24 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # -- S = Q K^T over this warpgroup's 32 keys; the next tile's copies are issued
             # while the tensor cores work (page lookups and address arithmetic included) --
             ptx.wgmma_fence()
-            kw = kv + wg * (KEYS_PER_WG // 8) * GROUP
+            kw = kv + wg * KEYS_PER_WG * 16
             for kk in range(CHUNKS // 2):
-                mma_s(s_acc, smk, desc_rows(sb + Q_OFF + 256 * kk), desc_rows(kw + 256 * kk),
+                mma_s(s_acc, smk, desc_rows(sb + Q_OFF + 2 * COL_BYTES * kk),
+                      desc_rows(kw + 2 * COL_BYTES * kk),
                       kk, wtid)
             ptx.wgmma_commit()
             t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
             if t_next < t_end:
                 k0n = kstart + t_next * BLOCK_N
-                issue_tile(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, storage, block_table,
-                           page_size, b, k0n, min(k0n + BLOCK_N, kend), tid)
-                ptx.cp_async_commit()
+                nxt = sb + KV_OFF + (1 - buf) * ROWS_BYTES
+                if tma:
+                    if tid < 32:
+                        tma_tile(smk, nxt, tmap_kv, storage, block_table, page_size, b, k0n,
+                                 bars + 8 * (1 - buf), ROWS_BYTES, tid)
+                else:
+                    issue_tile(smk, nxt, storage, block_table, page_size, b, k0n,
+                               min(k0n + BLOCK_N, kend), tid)
+                    ptx.cp_async_commit()
             wait_s(s_acc)
 
             # -- mask and score mod; row maxima (log2 units); the row's indices are recomputed
@@ -245,9 +314,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
             # -- O += P V over this warpgroup's 256 dims --
             ptx.wgmma_fence()
-            vw = kv + wg * (DIMS_PER_WG // 8) * 128
+            vw = kv + wg * (DIMS_PER_WG // 8) * COL_BYTES
             for kk in range(BLOCK_N // 16):
-                mma_o(o_acc, smk, desc_p(sb + P_OFF + 256 * kk), desc_v(vw + 2 * kk * GROUP),
+                mma_o(o_acc, smk, desc_p(sb + P_OFF + 256 * kk), desc_v(vw + 256 * kk),
                       1, wtid)
             ptx.wgmma_commit()
             wait_o(o_acc)
