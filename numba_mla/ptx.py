@@ -34,6 +34,7 @@ Primitives
   (Python's ints make Numba divide in 64 bits, which ptxas turns into a subroutine call; any
   call in a kernel serialises its wgmma instructions).
 """
+import ctypes
 import threading
 import time
 
@@ -737,16 +738,19 @@ else:
         from cuda.bindings import driver as cu
 
         ptr = dev.__cuda_array_interface__["data"][0]
+        u32, u64 = cu.cuuint32_t, cu.cuuint64_t
         err, tmap = cu.cuTensorMapEncodeTiled(
-            cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, ptr,
-            [576, rows], [1152], [MAP_BOX_COLS, box_rows], [1, 1],
+            cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16, u32(2), ptr,
+            [u64(576), u64(rows)], [u64(1152)], [u32(MAP_BOX_COLS), u32(box_rows)],
+            [u32(1), u32(1)],
             cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
             cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
         if err != cu.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r} (rows {rows})")
-        return cuda.to_device(np.array([int(v) for v in tmap.opaque], np.uint64).view(np.uint8))
+        raw = ctypes.string_at(tmap.getPtr(), 128)  # the opaque 128 bytes
+        return cuda.to_device(np.frombuffer(raw, np.uint8).copy())
 
     def tma_load(box_rows):
         @intrinsic

@@ -464,16 +464,20 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
     local memory but the local arrays its PTX declares (none without such a call): no
     spills. The tensor-core kernel's SASS holds its wgmma instructions (HGMMA)."""
     tag = factory.dtype_tag(p.dtype)
-    if backend == "mma":  # the workspace variant and the one-partition (direct) variant
+    if backend == "mma":  # workspace or one-partition (direct) output; TMA or cp.async tiles
         dispatchers = [factory.mma_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
-                                                    type(p.cache), p.heads, direct)
-                       for direct in (False, True)]
+                                                    type(p.cache), p.heads, direct, tma)
+                       for direct in (False, True) for tma in (False, True)]
     else:
         block_m = heuristics.simt_block_m(int(p.counts.max()) * p.heads, tag != "f32")
         dispatchers = [factory.partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
                                                 type(p.cache), block_m, p.heads)]
     kernels = [k for d in dispatchers for k in d.overloads.values()]
     assert kernels, "the partition kernel for this configuration was never compiled"
+    if backend == "mma":  # the copy engine brings the tiles wherever a tile fits one page
+        tma = p.cache.kind == "contiguous" or p.cache.page_size % 64 == 0
+        assert any(d.overloads for d in dispatchers[int(tma)::2]), (
+            f"expected the {'TMA' if tma else 'cp.async'} variant for {p.cache!r}")
     for k in kernels:
         # cc=None: the PTX the kernel was built from (the current device's architecture, "sm_90a"
         # on an H200), kept with the kernel; passing (9, 0) would compile it again for "sm_90".
