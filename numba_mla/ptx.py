@@ -409,7 +409,8 @@ else:
 # - ``wgmma_fence()`` before the first wgmma of a batch (orders register writes to the
 #   accumulators), ``wgmma_commit()`` closes the batch; ``wgmma_wait(nacc)`` -> ``wait(acc)``
 #   waits for every committed batch, with ``acc[:nacc]`` tied through so no read of it moves
-#   above the wait.
+#   above the wait; ``wgmma_wait2(n1, n2)`` -> ``wait(acc1, acc2)`` ties two accumulators
+#   (a wait that also covers an earlier batch into another accumulator).
 # - ``acc_zero(n)`` -> ``zero(acc)``, ``acc_scale(n)`` -> ``scale(acc, a0, a1)`` (rows of the
 #   fragment's upper and lower 8 times a0 and a1), ``acc_store(n)`` -> ``store(acc, arr, addr,
 #   row_bytes)`` (element i to ``addr + 8*((i//2)%2)*row_bytes + 4*(8*(i//4) + i%2)``, i.e. the
@@ -512,6 +513,12 @@ if SIMULATOR:
 
     def wgmma_wait(nacc):
         def wait(acc):
+            pass
+
+        return wait
+
+    def wgmma_wait2(n1, n2):
+        def wait(acc1, acc2):
             pass
 
         return wait
@@ -638,6 +645,19 @@ else:
                 return ctx.get_dummy_value()
 
             return types.void(acc), cg
+
+        return wait
+
+    def wgmma_wait2(n1, n2):
+        @intrinsic
+        def wait(typingctx, acc1, acc2):
+            def cg(ctx, b, sig, args):
+                ptrs = (_acc_ptrs(ctx, b, sig.args[0], args[0], n1)
+                        + _acc_ptrs(ctx, b, sig.args[1], args[1], n2))
+                _tied_asm(b, ptrs, "wgmma.wait_group.sync.aligned 0;", [], [], [])
+                return ctx.get_dummy_value()
+
+            return types.void(acc1, acc2), cg
 
         return wait
 

@@ -73,7 +73,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     H = heads
     mma_s = ptx.wgmma(KEYS_PER_WG, tag, False)
     mma_o = ptx.wgmma(DIMS_PER_WG, tag, True)
-    wait_s = ptx.wgmma_wait(NS)
+    wait_so = ptx.wgmma_wait2(NS, NO)
     wait_o = ptx.wgmma_wait(NO)
     desc_rows = ptx.wgmma_desc(COL_BYTES, 128)  # Q and K: K-major; chunks (K) 1 KB apart, 8-row groups 128 B
     desc_v = ptx.wgmma_desc(128, COL_BYTES)  # V: MN-major; 8-key groups (K) 128 B apart, chunks (N) 1 KB
@@ -115,23 +115,26 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                      ptx.global_addr(storage, pgs[g], sls[g], 0), k0 + 8 * g + tid % 8 < k1, tid)
 
     @cuda.jit(device=True)
-    def tma_rows(smk, dst, tmap, src, row, bar, expect, tid):
-        """Warp 0 (``tid`` < 32): copy 64 rows from ``row`` of ``src`` (seen as [rows, 576])
-        by 72 boxes of 8 values, completing on the mbarrier ``bar``; lane 0 first arrives on
-        it expecting ``expect`` bytes (0: an earlier call's arrival counted these rows too)."""
-        if tid == 0 and expect > 0:
-            ptx.mbar_expect_tx(smk, bar, expect)
-        ptx.syncwarp(tid)
-        for j in range(-(-CHUNKS // 32)):
-            c = tid + 32 * j
-            if c < CHUNKS:
-                tma_box(smk, dst + COL_BYTES * c, tmap, src, 8 * c, row, bar)
+    def tma_rows(smk, dst, tmap, src, row, bar, tid):
+        """Copy 64 rows from ``row`` of ``src`` (seen as [rows, 576]) by 72 boxes of 8 values,
+        completing on the mbarrier ``bar`` (thread 0 announced the bytes before a block
+        barrier that precedes this). Each warp's lanes 0..8 issue 9 boxes (a warp's bulk
+        copies go out one at a time: 72 from one warp kept the others waiting); warpgroup w
+        takes the chunks its P V reads (32w..32w+31) and half of the last 8 (64+4w..67+4w),
+        so it may refill a buffer once its own P V is done with it."""
+        lane = tid % 32
+        if lane < CHUNKS // 8:
+            i = (tid % 128 // 32) * (CHUNKS // 8) + lane  # 0..35 in the warpgroup
+            w = tid // 128
+            c = DIMS_PER_WG // 8 * w + i if i < DIMS_PER_WG // 8 else D_V // 8 + 4 * w + i - 32
+            tma_box(smk, dst + COL_BYTES * c, tmap, src, 8 * c, row, bar)
 
     @cuda.jit(device=True)
-    def tma_tile(smk, dst, tmap, storage, block_table, page_size, b, k0, bar, expect, tid):
-        """Warp 0: copy keys [k0, k0 + 64) (one page: the tile is aligned) by TMA."""
+    def tile_row(block_table, page_size, b, k0):
+        """The row of ``storage`` (seen as [pages * page_size, 576]) holding key k0: a 64-key
+        tile aligned to 64 keys lies in one page, so its rows follow."""
         pg, sl = locate(block_table, page_size, b, k0)
-        tma_rows(smk, dst, tmap, storage, pg * page_size + sl, bar, expect, tid)
+        return pg * page_size + sl
 
     @cuda.jit(device=True)
     def zero_rows(smk, dst, n0, tid):
@@ -177,16 +180,18 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 ptx.mbar_init(smk, bars, 1)
                 ptx.mbar_init(smk, bars + 8, 1)
                 ptx.mbar_fence_init()
+                if t < t_end:  # the queries and the first tile arrive on buffer 0's barrier,
+                    ptx.mbar_expect_tx(smk, bars, 2 * ROWS_BYTES)
+                    if next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi) < t_end:
+                        ptx.mbar_expect_tx(smk, bars + 8, ROWS_BYTES)  # the second on 1's
             cuda.syncthreads()
         if t < t_end:  # the queries and the first tile, in one group
             k0 = kstart + t * BLOCK_N
             if tma:
-                if tid < 32:  # queries (rows row0*H + r0 ... of q seen as [T*H, 576]) and
-                    # the first tile, on one arrival of KV buffer 0's mbarrier
-                    tma_rows(smk, sb + Q_OFF, tmap_q, q, row0 * H + r0, bars, 2 * ROWS_BYTES,
-                             tid)
-                    tma_tile(smk, sb + KV_OFF, tmap_kv, storage, block_table, page_size, b, k0,
-                             bars, 0, tid)
+                # the queries: rows row0*H + r0 ... of q seen as [T*H, 576]
+                tma_rows(smk, sb + Q_OFF, tmap_q, q, row0 * H + r0, bars, tid)
+                tma_rows(smk, sb + KV_OFF, tmap_kv, storage,
+                         tile_row(block_table, page_size, b, k0), bars, tid)
             else:
                 for g in range(8):
                     n = 8 * g + tid % 8
@@ -218,6 +223,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             k1 = min(k0 + BLOCK_N, kend)
             cls = mask_classify(k0, k1, q_lo, q_hi)
             kv = sb + KV_OFF + buf * ROWS_BYTES
+            t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+            k0n = kstart + t_next * BLOCK_N
+            if tma and t_next < t_end:  # looked up now: the load's latency hides under S
+                row_next = tile_row(block_table, page_size, b, k0n)
             if tma:
                 while not ptx.mbar_try_wait(smk, bars + 8 * buf, (phases >> buf) & 1):
                     pass
@@ -226,13 +235,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     zero_rows(smk, kv, k1 - k0, tid)
             else:
                 ptx.cp_async_wait_all()
-            ptx.fence_proxy_async()
-            # This tile (and the queries) landed for every thread; every warpgroup is done
-            # with the previous tile, whose buffer the next copy reuses, and with P.
-            cuda.syncthreads()
+            if not tma or k1 - k0 < BLOCK_N:
+                ptx.fence_proxy_async()
+                # This tile's copies (cp.async) or zeroed rows are visible to every thread
+                # (a TMA tile is, through its mbarrier).
+                cuda.syncthreads()
 
-            # -- S = Q K^T over this warpgroup's 32 keys; the next tile's copies are issued
-            # while the tensor cores work (page lookups and address arithmetic included) --
+            # -- S = Q K^T over this warpgroup's 32 keys; with TMA, issued behind the previous
+            # tile's P V (the tensor cores run both back to back; the wait covers both) --
             ptx.wgmma_fence()
             kw = kv + wg * KEYS_PER_WG * 16
             for kk in range(CHUNKS // 2):
@@ -240,19 +250,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                       desc_rows(kw + 2 * COL_BYTES * kk),
                       kk, wtid)
             ptx.wgmma_commit()
-            t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
-            if t_next < t_end:
-                k0n = kstart + t_next * BLOCK_N
-                nxt = sb + KV_OFF + (1 - buf) * ROWS_BYTES
-                if tma:
-                    if tid < 32:
-                        tma_tile(smk, nxt, tmap_kv, storage, block_table, page_size, b, k0n,
-                                 bars + 8 * (1 - buf), ROWS_BYTES, tid)
-                else:
-                    issue_tile(smk, nxt, storage, block_table, page_size, b, k0n,
-                               min(k0n + BLOCK_N, kend), tid)
-                    ptx.cp_async_commit()
-            wait_s(s_acc)
+            if not tma and t_next < t_end:  # cp.async: the copies go out under the product
+                issue_tile(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, storage, block_table,
+                           page_size, b, k0n, min(k0n + BLOCK_N, kend), tid)
+                ptx.cp_async_commit()
+            wait_so(s_acc, o_acc)
+            if tma and t_next < t_end:  # this warpgroup's P V is done with the other buffer
+                tma_rows(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, tmap_kv, storage, row_next,
+                         bars + 8 * (1 - buf), tid)
 
             # -- mask and score mod; row maxima (log2 units); the row's indices are recomputed
             # here rather than kept across the loop (registers are scarce beside O) --
@@ -288,6 +293,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             if lane % 4 == 0:
                 smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(0, wtid)] = mx[0]
                 smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(2, wtid)] = mx[1]
+            # The tile after next will land in this buffer: announced before the barrier
+            # below, which every copy into it follows and every wait for this tile precedes.
+            if tma and tid == 0 and t_next < t_end:
+                if next_tile(t_next + 1, t_end, kstart, kend, q_lo, q_hi) < t_end:
+                    ptx.mbar_expect_tx(smk, bars + 8 * buf, ROWS_BYTES)
             # Both warpgroups' maxima are in place.
             cuda.syncthreads()
 
@@ -319,7 +329,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 mma_o(o_acc, smk, desc_p(sb + P_OFF + 256 * kk), desc_v(vw + 256 * kk),
                       1, wtid)
             ptx.wgmma_commit()
-            wait_o(o_acc)
+            if not tma or t_next >= t_end:  # (TMA: else waited for with the next tile's S)
+                wait_o(o_acc)
             buf = 1 - buf
             t = t_next
 
