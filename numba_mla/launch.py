@@ -375,9 +375,9 @@ class Plan:
                                                     H, direct, tma)
                 threads, smem = mma.NTHREADS, mma.SMEM_BYTES
                 if tma:
-                    maps = (ptx.tensor_map(q_dev, T * H, mma.BLOCK_M),
+                    maps = (ptx.tensor_map(q_dev, T * H, mma.BLOCK_M, mma.BOX, True),
                             ptx.tensor_map(storage, storage.shape[0] * storage.shape[1],
-                                           mma.BLOCK_N))
+                                           mma.BLOCK_N, mma.BOX, True))
                 else:
                     maps = (_dummy((128,), np.uint8),) * 2
             else:

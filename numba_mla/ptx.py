@@ -401,8 +401,12 @@ else:
 # every index is a compile-time constant, so they live in registers.
 #
 # Primitives
-# - ``wgmma_desc(lbo, sbo)`` -> ``desc(addr)``: the 64-bit descriptor of an operand at the
-#   32-bit shared address ``addr`` (LBO, SBO compile-time).
+# - ``wgmma_desc(lbo, sbo, swizzle=False)`` -> ``desc(addr)``: the 64-bit descriptor of an
+#   operand at the 32-bit shared address ``addr`` (LBO, SBO compile-time). ``swizzle``: the
+#   128-byte swizzled layout TMA writes (rows of 64 values, 128 bytes; 16-byte chunk j of
+#   row r at j ^ (r % 8)): K-major, atoms of 8 rows SBO apart (LBO unused; a K step of 16
+#   moves the start 32 bytes); MN-major, N in 64-value atoms LBO apart, K in 8-row groups SBO
+#   apart.
 # - ``wgmma(n, tag, trans_b)`` -> ``mma(acc, arr, desc_a, desc_b, accumulate, wtid)``: issue one
 #   m64n{n}k16 product (tag "bf16" or "f16") into ``acc[:n//2]``; ``accumulate`` 0 overwrites.
 #   ``arr`` (the shared array) and ``wtid`` (thread index in the warpgroup) serve the twin.
@@ -440,9 +444,15 @@ acc_row = cuda.jit(device=True)(_acc_row)
 acc_col = cuda.jit(device=True)(_acc_col)
 
 
-def _desc_value(addr, lbo, sbo):
+def _desc_value(addr, lbo, sbo, swizzle=False):
     return (((addr >> 4) & 0x3FFF) | (((lbo >> 4) & 0x3FFF) << 16)
-            | (((sbo >> 4) & 0x3FFF) << 32))
+            | (((sbo >> 4) & 0x3FFF) << 32) | (int(swizzle) << 62))
+
+
+def _swizzle128(byte):
+    """The 128-byte swizzle (TMA's and wgmma's): 16-byte chunk j of a 128-byte row r sits at
+    chunk j ^ (r % 8); address bits 4-6 take bits 7-9 (buffers 1024-byte aligned)."""
+    return byte ^ (((byte >> 7) & 7) << 4)
 
 
 def _acc_offset(i, row_bytes):
@@ -471,9 +481,9 @@ if SIMULATOR:
 
         return store
 
-    def wgmma_desc(lbo, sbo):
+    def wgmma_desc(lbo, sbo, swizzle=False):
         def desc(addr):
-            return _desc_value(int(addr), lbo, sbo)
+            return _desc_value(int(addr), lbo, sbo, swizzle)
 
         return desc
 
@@ -485,7 +495,13 @@ if SIMULATOR:
         sbo = ((desc >> 32) & 0x3FFF) << 4
         r = np.arange(rows)[:, None]
         k = np.arange(16)[None, :]
-        if kmajor:
+        if (desc >> 62) & 3 == 1:  # 128-byte swizzle: rows of 64 values, 8-row atoms
+            if kmajor:  # atoms SBO apart along M/N (K steps move the start by 32 bytes)
+                byte = addr + (r // 8) * sbo + (r % 8) * 128 + k * 2
+            else:  # N in 64-value atoms LBO apart, K in 8-row groups SBO apart
+                byte = addr + (r // 64) * lbo + (k // 8) * sbo + (k % 8) * 128 + (r % 64) * 2
+            byte = _swizzle128(byte)
+        elif kmajor:
             byte = addr + (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16 + (k % 8) * 2
         else:
             byte = addr + (r // 8) * sbo + (k // 8) * lbo + (k % 8) * 16 + (r % 8) * 2
@@ -537,8 +553,8 @@ if SIMULATOR:
 
 else:
 
-    def wgmma_desc(lbo, sbo):
-        hi = ((lbo >> 4) & 0x3FFF) << 16 | ((sbo >> 4) & 0x3FFF) << 32
+    def wgmma_desc(lbo, sbo, swizzle=False):
+        hi = ((lbo >> 4) & 0x3FFF) << 16 | ((sbo >> 4) & 0x3FFF) << 32 | int(swizzle) << 62
 
         @intrinsic
         def desc(typingctx, addr):
@@ -691,24 +707,24 @@ else:
 # each copy signals its bytes, and the barrier's phase flips when both are done.
 #
 # Primitives
-# - ``tensor_map(dev, rows, box_rows)`` (host): the 128-byte tensor map (a uint8 device array)
-#   of a 16-bit array seen as ``[rows, 576]`` (``dev``: its int32-word view, rows of 288
-#   words), cut into boxes of ``box_rows`` rows x 8 values (16 bytes). A box lands as
-#   ``box_rows`` 16-byte rows, one after another: 8 of them are a wgmma core matrix.
-# - ``tma_load(box_rows)`` -> ``load(arr, addr, tmap, src, col, row, bar)``: start copying the
-#   box at value column ``col``, row ``row`` to the shared ``addr`` (rows past the tensor's end
-#   read as zeros), completing on the mbarrier at ``bar``. ``src`` (the array) serves the twin.
+# - ``tensor_map(dev, rows, box_rows, box_cols=8, swizzle=False)`` (host): the 128-byte
+#   tensor map (a uint8 device array) of a 16-bit array seen as ``[rows, 576]`` (``dev``: its
+#   int32-word view, rows of 288 words), cut into boxes of ``box_rows`` rows x ``box_cols``
+#   values. A box lands as its rows one after another; with ``swizzle`` (box_cols 64: rows of
+#   128 bytes) in the 128-byte swizzled order wgmma's swizzled descriptors read.
+# - ``tma_load(box_rows, box_cols=8, swizzle=False)`` -> ``load(arr, addr, tmap, src, col,
+#   row, bar)``: start copying the box at value column ``col``, row ``row`` to the shared
+#   ``addr`` (rows past the tensor's end read as zeros), completing on the mbarrier at
+#   ``bar``. The box shape is the map's; here it serves the twin, as ``src`` (the array) does.
 # - ``mbar_init(arr, bar, count)``, then ``mbar_fence_init()`` and a block barrier;
 #   ``mbar_expect_tx(arr, bar, nbytes)``: arrive, announcing nbytes of copies;
 #   ``mbar_try_wait(arr, bar, parity)``: True once the phase of that parity completed.
 # In the simulator a copy happens when issued and counts its bytes off the mbarrier, which
 # keeps its completed phases and expected bytes in its own 8 bytes: a waiter spins until the
 # issuing lane has copied, as on the GPU.
-MAP_BOX_COLS = 8  # values per box row: 16 bytes
-
 if SIMULATOR:
 
-    def tensor_map(dev, rows, box_rows):
+    def tensor_map(dev, rows, box_rows, box_cols=8, swizzle=False):
         return cuda.to_device(np.zeros(128, np.uint8))
 
     # An mbarrier's 8 bytes hold [phases completed, bytes still expected]; a lock keeps the
@@ -721,17 +737,16 @@ if SIMULATOR:
             if arr[bar // 4 + 1] == 0:
                 arr[bar // 4] += 1
 
-    def tma_load(box_rows):
+    def tma_load(box_rows, box_cols=8, swizzle=False):
         def load(arr, addr, tmap, src, col, row, bar):
             nrows = src.shape[0] * src.shape[1]
-            words = MAP_BOX_COLS // 2
             for r in range(box_rows):
-                i = (addr + 16 * r) // 4
-                for j in range(words):
-                    arr[i + j] = (src[np.unravel_index((row + r) * src.shape[2] + col // 2 + j,
-                                                       src.shape)]
-                                  if row + r < nrows else 0)
-            _mbar_complete_tx(arr, bar, 16 * box_rows)
+                for j in range(box_cols // 2):
+                    byte = addr + 2 * box_cols * r + 4 * j
+                    arr[(_swizzle128(byte) if swizzle else byte) // 4] = (
+                        src[np.unravel_index((row + r) * src.shape[2] + col // 2 + j, src.shape)]
+                        if row + r < nrows else 0)
+            _mbar_complete_tx(arr, bar, 2 * box_cols * box_rows)
 
         return load
 
@@ -754,17 +769,18 @@ if SIMULATOR:
 
 else:
 
-    def tensor_map(dev, rows, box_rows):
+    def tensor_map(dev, rows, box_rows, box_cols=8, swizzle=False):
         from cuda.bindings import driver as cu
 
         ptr = dev.__cuda_array_interface__["data"][0]
         u32, u64 = cu.cuuint32_t, cu.cuuint64_t
         err, tmap = cu.cuTensorMapEncodeTiled(
             cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16, u32(2), ptr,
-            [u64(576), u64(rows)], [u64(1152)], [u32(MAP_BOX_COLS), u32(box_rows)],
+            [u64(576), u64(rows)], [u64(1152)], [u32(box_cols), u32(box_rows)],
             [u32(1), u32(1)],
             cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+            (cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle
+             else cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE),
             cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
         if err != cu.CUresult.CUDA_SUCCESS:
@@ -772,7 +788,7 @@ else:
         raw = ctypes.string_at(tmap.getPtr(), 128)  # the opaque 128 bytes
         return cuda.to_device(np.frombuffer(raw, np.uint8).copy())
 
-    def tma_load(box_rows):
+    def tma_load(box_rows, box_cols=8, swizzle=False):
         @intrinsic
         def load(typingctx, arr, addr, tmap, src, col, row, bar):
             sig = types.void(arr, addr, tmap, src, col, row, bar)

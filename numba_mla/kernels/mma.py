@@ -45,6 +45,9 @@ KEYS_PER_WG = BLOCK_N // 2  # score columns of one warpgroup: wgmma N
 DIMS_PER_WG = D_V // 2  # output columns of one warpgroup: wgmma N
 CHUNKS = D_QK // 8  # 16-byte chunks in a row
 COL_BYTES = BLOCK_M * 16  # one chunk of 64 rows: the step between chunks (1024)
+BOX = 64  # TMA: values per box row (128 bytes, swizzled)
+BOX_BYTES = BLOCK_M * BOX * 2  # one box of 64 rows (8192)
+NBOX = D_QK // BOX  # boxes per 576-wide operand (9)
 ROWS_BYTES = BLOCK_M * D_QK * 2  # one 64-row operand (73728)
 P_GROUP = 8 * BLOCK_N * 2  # 8 rows of P (1024)
 Q_OFF = 0
@@ -75,8 +78,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     mma_o = ptx.wgmma(DIMS_PER_WG, tag, True)
     wait_so = ptx.wgmma_wait2(NS, NO)
     wait_o = ptx.wgmma_wait(NO)
-    desc_rows = ptx.wgmma_desc(COL_BYTES, 128)  # Q and K: K-major; chunks (K) 1 KB apart, 8-row groups 128 B
-    desc_v = ptx.wgmma_desc(128, COL_BYTES)  # V: MN-major; 8-key groups (K) 128 B apart, chunks (N) 1 KB
+    if tma:  # 128-byte swizzled boxes of 64 rows x 64 values, 8 KB apart
+        desc_rows = ptx.wgmma_desc(16, 1024, True)  # Q, K: K-major; 8-row atoms 1 KB apart
+        desc_v = ptx.wgmma_desc(BOX_BYTES, 1024, True)  # V: MN-major; 64 dims a box, 8 keys 1 KB
+    else:
+        desc_rows = ptx.wgmma_desc(COL_BYTES, 128)  # K-major; chunks (K) 1 KB apart, 8 rows 128 B
+        desc_v = ptx.wgmma_desc(128, COL_BYTES)  # MN-major; 8 keys (K) 128 B apart, chunks (N) 1 KB
     desc_p = ptx.wgmma_desc(128, P_GROUP)  # P: K-major, 64 keys a row
     pack = ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2
     zero_o = ptx.acc_zero(NO)
@@ -84,7 +91,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     store_o = ptx.acc_store(NO)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           align=BLOCK_N if tma else 1)
-    tma_box = ptx.tma_load(BLOCK_M)
+    tma_box = ptx.tma_load(BLOCK_M, BOX, True)
 
     @cuda.jit(device=True)
     def copy_row(smk, dst, row, valid, tid):
@@ -116,18 +123,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
     @cuda.jit(device=True)
     def tma_rows(smk, dst, tmap, src, row, bar, tid):
-        """Copy 64 rows from ``row`` of ``src`` (seen as [rows, 576]) by 72 boxes of 8 values,
-        completing on the mbarrier ``bar`` (thread 0 announced the bytes before a block
-        barrier that precedes this). Each warp's lanes 0..8 issue 9 boxes (a warp's bulk
-        copies go out one at a time: 72 from one warp kept the others waiting); warpgroup w
-        takes the chunks its P V reads (32w..32w+31) and half of the last 8 (64+4w..67+4w),
-        so it may refill a buffer once its own P V is done with it."""
+        """Copy 64 rows from ``row`` of ``src`` (seen as [rows, 576]) by 9 swizzled boxes of
+        64 values, completing on the mbarrier ``bar`` (thread 0 announced the bytes before a
+        block barrier that precedes this). Lane 0 of warp j of warpgroup w copies box 4w + j
+        (the dims its warpgroup's P V reads), lane 1 of warp 0 the last box (dims 512..575):
+        a warpgroup may refill a buffer once its own P V is done with it."""
         lane = tid % 32
-        if lane < CHUNKS // 8:
-            i = (tid % 128 // 32) * (CHUNKS // 8) + lane  # 0..35 in the warpgroup
-            w = tid // 128
-            c = DIMS_PER_WG // 8 * w + i if i < DIMS_PER_WG // 8 else D_V // 8 + 4 * w + i - 32
-            tma_box(smk, dst + COL_BYTES * c, tmap, src, 8 * c, row, bar)
+        j = tid % 128 // 32
+        if lane == 0 or (lane == 1 and tid < 32):
+            box = 4 * (tid // 128) + j if lane == 0 else NBOX - 1
+            tma_box(smk, dst + BOX_BYTES * box, tmap, src, BOX * box, row, bar)
 
     @cuda.jit(device=True)
     def tile_row(block_table, page_size, b, k0):
@@ -138,12 +143,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
     @cuda.jit(device=True)
     def zero_rows(smk, dst, n0, tid):
-        """Zero rows [n0, 64) of the 64-row operand at ``dst``: a TMA tile's keys past the
-        partition's end (cache slots that may hold anything, NaN included)."""
-        for i in range(tid, (BLOCK_N - n0) * CHUNKS * 4, NTHREADS):
-            c = (i // 4) % CHUNKS
-            n = n0 + i // (4 * CHUNKS)
-            ptx.sts32(smk, dst + COL_BYTES * c + 16 * n + 4 * (i % 4), 0)
+        """Zero rows [n0, 64) of the TMA tile at ``dst`` (whole 128-byte rows of each box: the
+        swizzle stays within a row): keys past the partition's end (cache slots that may hold
+        anything, NaN included)."""
+        for i in range(tid, (BLOCK_N - n0) * NBOX * 32, NTHREADS):
+            box = (i // 32) % NBOX
+            n = n0 + i // (32 * NBOX)
+            ptx.sts32(smk, dst + BOX_BYTES * box + 128 * n + 4 * (i % 32), 0)
 
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
@@ -244,11 +250,18 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # -- S = Q K^T over this warpgroup's 32 keys; with TMA, issued behind the previous
             # tile's P V (the tensor cores run both back to back; the wait covers both) --
             ptx.wgmma_fence()
-            kw = kv + wg * KEYS_PER_WG * 16
-            for kk in range(CHUNKS // 2):
-                mma_s(s_acc, smk, desc_rows(sb + Q_OFF + 2 * COL_BYTES * kk),
-                      desc_rows(kw + 2 * COL_BYTES * kk),
-                      kk, wtid)
+            if tma:  # K step kk: box kk // 4, 32 bytes a step within its rows
+                kw = kv + wg * KEYS_PER_WG * 128
+                for box in range(NBOX):
+                    for j in range(BOX // 16):
+                        step = BOX_BYTES * box + 32 * j
+                        mma_s(s_acc, smk, desc_rows(sb + Q_OFF + step), desc_rows(kw + step),
+                              box + j, wtid)
+            else:
+                kw = kv + wg * KEYS_PER_WG * 16
+                for kk in range(CHUNKS // 2):
+                    mma_s(s_acc, smk, desc_rows(sb + Q_OFF + 2 * COL_BYTES * kk),
+                          desc_rows(kw + 2 * COL_BYTES * kk), kk, wtid)
             ptx.wgmma_commit()
             if not tma and t_next < t_end:  # cp.async: the copies go out under the product
                 issue_tile(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, storage, block_table,
@@ -324,10 +337,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
             # -- O += P V over this warpgroup's 256 dims --
             ptx.wgmma_fence()
-            vw = kv + wg * (DIMS_PER_WG // 8) * COL_BYTES
-            for kk in range(BLOCK_N // 16):
-                mma_o(o_acc, smk, desc_p(sb + P_OFF + 256 * kk), desc_v(vw + 256 * kk),
-                      1, wtid)
+            if tma:  # this warpgroup's 4 boxes; 16 keys = 2 groups of 8 rows
+                vw = kv + wg * (DIMS_PER_WG // BOX) * BOX_BYTES
+                for kk in range(BLOCK_N // 16):
+                    mma_o(o_acc, smk, desc_p(sb + P_OFF + 256 * kk), desc_v(vw + 2048 * kk), 1,
+                          wtid)
+            else:
+                vw = kv + wg * (DIMS_PER_WG // 8) * COL_BYTES
+                for kk in range(BLOCK_N // 16):
+                    mma_o(o_acc, smk, desc_p(sb + P_OFF + 256 * kk), desc_v(vw + 256 * kk), 1,
+                          wtid)
             ptx.wgmma_commit()
             if not tma or t_next >= t_end:  # (TMA: else waited for with the next tile's S)
                 wait_o(o_acc)
