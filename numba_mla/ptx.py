@@ -29,6 +29,8 @@ Primitives
   the thread's index in its block (the simulator needs it to find the warp).
 - ``syncwarp(tid)``: the warp's barrier: shared-memory accesses before it are seen by every
   lane after it.
+- ``bar_sync(barrier_id, nthreads)``: named barrier ``barrier_id`` (1..15; 0 is the block's)
+  for the ``nthreads`` threads (whole warps) that use it, e.g. one warpgroup.
 - ``rcp(x)``: 1/x to within an ulp (``rcp.approx``: an IEEE division is a subroutine call).
 - ``divmod_u32(a, b)``: ``(a // b, a % b)`` for 0 <= a, 0 < b < 2**31, in 32-bit arithmetic
   (Python's ints make Numba divide in 64 bits, which ptxas turns into a subroutine call; any
@@ -143,6 +145,14 @@ if SIMULATOR:
 
     def syncwarp(tid):
         _warp(tid)[0].wait()
+
+    _named = {}
+
+    def bar_sync(barrier_id, nthreads):
+        with _warps_lock:
+            if barrier_id not in _named:
+                _named[barrier_id] = threading.Barrier(nthreads)
+        _named[barrier_id].wait()
 
     def shfl_xor(v, mask, tid):
         lane = tid % 32
@@ -381,6 +391,16 @@ else:
     @cuda.jit(device=True)
     def syncwarp(tid):
         cuda.syncwarp(0xFFFFFFFF)
+
+    @intrinsic
+    def bar_sync(typingctx, barrier_id, nthreads):
+        def cg(ctx, b, sig, args):
+            ids = [_addr32(ctx, b, v, t) for v, t in zip(args, sig.args)]
+            b.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _i32]),
+                                "bar.sync $0, $1;", "r,r,~{memory}", side_effect=True), ids)
+            return ctx.get_dummy_value()
+
+        return types.void(barrier_id, nthreads), cg
 
 
 # ---------------------------------------------------------------------------------------------

@@ -279,6 +279,27 @@ def test_mma_kernel_each_factor(case, rng):
     check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, "mma")
 
 
+@KERNEL
+@pytest.mark.parametrize("cache_kind,page_size,tma", [("contiguous", 16, True),
+                                                      ("paged", 64, True), ("paged", 16, False)])
+def test_mma_copy_path(cache_kind, page_size, tma, rng, monkeypatch):
+    """The tensor-core kernel takes its tiles by TMA where a 64-key tile lies in one page and
+    by cp.async elsewhere; both paths over several tiles (the mbarrier phases alternate, the
+    last tile is partial and its slots past the length hold NaN) match the reference."""
+    chosen = []
+    build = factory.mma_partition_kernel
+
+    def recording(*args):
+        chosen.append(args[-1])
+        return build(*args)
+
+    monkeypatch.setattr(factory, "mma_partition_kernel", recording)
+    p = make_problem(rng, 1, 1, 2, [150], BF16, cache_kind, page_size)
+    mask = MASKS["causal"].make(p, rng)
+    check_kernel(p, mask, SCORE_MODS["identity"].make(p), 1, "mma")
+    assert chosen == [tma]
+
+
 MANY_ROWS = [  # (dtype, layout, mask, score mod): H * Sq = 18 query rows per sequence
     ("bf16", "padded", "causal", "alibi"),                 # one group, BLOCK_M = 32
     ("fp16", "ragged", "bias_B_H_Sq_S", "softcap"),        # one group, BLOCK_M = 32

@@ -7,16 +7,16 @@ workspace, and the combine kernel merges partitions (with one partition it write
 itself: ``store`` below). 16-bit storage only (bf16, fp16).
 
 Two warpgroups (256 threads); 64 query rows along M; key tiles of 64 along N.
-Shared memory (bytes), every operand in wgmma's no-swizzle layout of core matrices (8 rows x
-16 bytes, see ptx.py), chunk by chunk: chunk c (8 values) of row r of a 64-row operand lives at
-``c*1024 + r*16``, so one chunk of all 64 rows is one kilobyte: what a bulk tensor copy (TMA)
-of a 64-row x 8-value box writes.
-    Q    [64 rows x 576]            loaded once
+Shared memory (bytes), Q and the KV tiles in one of two layouts, chosen when compiling:
+  - TMA (``tma``: a 64-key tile never straddles pages: a contiguous cache, or pages of a
+    multiple of 64 keys, tiles aligned to 64 keys): 9 boxes of 64 rows x 64 values, 8 KB
+    apart, each in the 128-byte swizzled layout the copy engine writes (rows of 128 bytes;
+    16-byte chunk j of row r at j ^ (r % 8)) and swizzled descriptors read;
+  - cp.async (other page sizes): wgmma's no-swizzle layout of core matrices (8 rows x 16
+    bytes, see ptx.py), chunk by chunk: chunk c (8 values) of row r at ``c*1024 + r*16``.
+    Q    [64 rows x 576]            loaded once (with the first tile)
     KV   [2][64 keys x 576]         double buffer: the next tile is copied while this one is
-                                    used; by TMA (72 boxes, completing on the buffer's
-                                    mbarrier) when a tile never straddles pages (contiguous
-                                    cache, or pages of a multiple of 64 keys, with tiles
-                                    aligned to 64 keys), else by 16-byte cp.async per thread
+                                    used (TMA: completing on the buffer's mbarrier)
     P    [64 rows x 64 keys]        probabilities, 16-bit, K-major (keys along K)
     red  [2][2][64] f32             per-warpgroup row maxima and row sums, exchanged
     bars [2] mbarrier               one per KV buffer (TMA)
@@ -28,6 +28,9 @@ Per tile:
   3. O = alpha * O + P V: warpgroup w owns output dims [256w, 256w+256) (4 wgmma m64n256k16
      over the 64 keys), V read from the same tile as K: viewed MN-major (wgmma transposes it).
 Each warpgroup keeps the running sum over its own keys; the two are added at the end.
+With TMA, step 1 of the next tile is issued behind step 3 (one wait covers both), and each
+warpgroup refills the boxes its own P V read as soon as that wait returns; with cp.async, the
+next tile's copies go out under step 1 and step 3 is waited for at the end of the tile.
 """
 import math
 
@@ -268,7 +271,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                            page_size, b, k0n, min(k0n + BLOCK_N, kend), tid)
                 ptx.cp_async_commit()
             wait_so(s_acc, o_acc)
-            if tma and t_next < t_end:  # this warpgroup's P V is done with the other buffer
+            if tma and t_next < t_end:
+                # A wait covers its own warp's share of the warpgroup's products: once all four
+                # warps are past theirs, this warpgroup's P V is done with the other buffer.
+                ptx.bar_sync(1 + wg, 128)
                 tma_rows(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, tmap_kv, storage, row_next,
                          bars + 8 * (1 - buf), tid)
 
