@@ -38,7 +38,6 @@ Primitives
 """
 import ctypes
 import threading
-import time
 
 import ml_dtypes
 import numpy as np
@@ -747,25 +746,29 @@ if SIMULATOR:
     def tensor_map(dev, rows, box_rows, box_cols=8, swizzle=False):
         return cuda.to_device(np.zeros(128, np.uint8))
 
-    # An mbarrier's 8 bytes hold [phases completed, bytes still expected]; a lock keeps the
-    # lanes' updates whole.
-    _mbar_lock = threading.Lock()
+    # An mbarrier's 8 bytes hold [phases completed, bytes still expected]; a condition keeps
+    # the lanes' updates whole and wakes the waiters when a phase completes.
+    _mbar_cond = threading.Condition()
 
     def _mbar_complete_tx(arr, bar, nbytes):
-        with _mbar_lock:
+        with _mbar_cond:
             arr[bar // 4 + 1] -= nbytes
             if arr[bar // 4 + 1] == 0:
                 arr[bar // 4] += 1
+                _mbar_cond.notify_all()
 
     def tma_load(box_rows, box_cols=8, swizzle=False):
+        words = box_cols // 2
+        rows = np.arange(box_rows)[:, None]
+        offsets = 2 * box_cols * rows + 4 * np.arange(words)[None, :]  # bytes from addr
+
         def load(arr, addr, tmap, src, col, row, bar):
-            nrows = src.shape[0] * src.shape[1]
-            for r in range(box_rows):
-                for j in range(box_cols // 2):
-                    byte = addr + 2 * box_cols * r + 4 * j
-                    arr[(_swizzle128(byte) if swizzle else byte) // 4] = (
-                        src[np.unravel_index((row + r) * src.shape[2] + col // 2 + j, src.shape)]
-                        if row + r < nrows else 0)
+            flat = np.asarray(getattr(src, "_ary", src)).reshape(-1, src.shape[2])  # [rows, 288]
+            box = np.zeros((box_rows, words), np.int32)  # rows past the end read as zeros
+            n = max(0, min(box_rows, flat.shape[0] - row))
+            box[:n] = flat[row:row + n, col // 2:col // 2 + words]
+            byte = addr + offsets
+            np.asarray(arr)[(_swizzle128(byte) if swizzle else byte) // 4] = box
             _mbar_complete_tx(arr, bar, 2 * box_cols * box_rows)
 
         return load
@@ -782,10 +785,10 @@ if SIMULATOR:
         _mbar_complete_tx(arr, bar, -nbytes)
 
     def mbar_try_wait(arr, bar, parity):
-        if arr[bar // 4] % 2 != parity:
-            return True
-        time.sleep(1e-4)  # let the copying lanes run
-        return False
+        # Like the instruction, waits a while for the phase and then says whether it completed
+        # (sleeping, so the copying lanes get the interpreter).
+        with _mbar_cond:
+            return _mbar_cond.wait_for(lambda: arr[bar // 4] % 2 != parity, timeout=1.0)
 
 else:
 
