@@ -281,7 +281,7 @@ def test_mma_kernel_each_factor(case, rng):
 
 @KERNEL
 @pytest.mark.parametrize("cache_kind,page_size,tma", [("contiguous", 16, True),
-                                                      ("paged", 64, True), ("paged", 16, False)])
+                                                      ("paged", 64, True), ("paged", 48, False)])
 def test_mma_copy_path(cache_kind, page_size, tma, rng, monkeypatch):
     """The tensor-core kernel takes its tiles by TMA where a 64-key tile lies in one page and
     by cp.async elsewhere; both paths over several tiles (the mbarrier phases alternate, the
