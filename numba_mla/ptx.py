@@ -442,12 +442,11 @@ else:
 #   (a 128-iteration loop is not always unrolled, and the array would then live in memory).
 # - ``fence_proxy_async()``: shared-memory writes by ordinary stores and cp.async become
 #   visible to wgmma (the async proxy); then a barrier.
-# - ``cp_async16(arr, addr, src, i0, i1, i2, valid)``: 16 bytes from ``src[i0, i1, i2:i2+4]``
-#   (4-byte words, 16-byte aligned), zeros when not ``valid``. Same groups as ``cp_async4``.
 # - ``global_addr(src, i0, i1, i2)``: the global address of ``src[i0, i1, i2]`` (an int64 on
 #   the GPU); ``cp_async16_at(arr, addr, gaddr, valid)`` copies the 16 bytes at ``gaddr`` (an
 #   address plus a byte offset: a row's address computed once serves all its chunks, and
-#   the offsets fold into the instruction; the row's last axis must be contiguous).
+#   the offsets fold into the instruction; the row's last axis must be contiguous), zeros
+#   when not ``valid``. Same groups as ``cp_async4``.
 # - ``pack_bf16x2(lo, hi)``, ``pack_f16x2(lo, hi)``: two floats -> one int32 word of 16-bit pairs.
 
 
@@ -561,7 +560,6 @@ if SIMULATOR:
     def fence_proxy_async():
         pass
 
-    cp_async16 = _cp_async(4)
     cp_async16_at = _cp_async_at(4)
 
     def pack_bf16x2(lo, hi):
@@ -671,32 +669,32 @@ else:
     wgmma_commit = _void_asm("wgmma.commit_group.sync.aligned;")
     fence_proxy_async = _void_asm("fence.proxy.async.shared::cta;")
 
+    def _wait_all(counts):
+        """Codegen of ``wgmma.wait_group 0`` with the first ``counts[i]`` values of accumulator
+        argument i tied through."""
+
+        def cg(ctx, b, sig, args):
+            ptrs = [ptr for ty, acc, n in zip(sig.args, args, counts)
+                    for ptr in _acc_ptrs(ctx, b, ty, acc, n)]
+            _tied_asm(b, ptrs, "wgmma.wait_group.sync.aligned 0;", [], [], [])
+            return ctx.get_dummy_value()
+
+        return cg
+
     def wgmma_wait(nacc):
         @intrinsic
         def wait(typingctx, acc):
-            def cg(ctx, b, sig, args):
-                ptrs = _acc_ptrs(ctx, b, sig.args[0], args[0], nacc)
-                _tied_asm(b, ptrs, "wgmma.wait_group.sync.aligned 0;", [], [], [])
-                return ctx.get_dummy_value()
-
-            return types.void(acc), cg
+            return types.void(acc), _wait_all((nacc,))
 
         return wait
 
     def wgmma_wait2(n1, n2):
         @intrinsic
         def wait(typingctx, acc1, acc2):
-            def cg(ctx, b, sig, args):
-                ptrs = (_acc_ptrs(ctx, b, sig.args[0], args[0], n1)
-                        + _acc_ptrs(ctx, b, sig.args[1], args[1], n2))
-                _tied_asm(b, ptrs, "wgmma.wait_group.sync.aligned 0;", [], [], [])
-                return ctx.get_dummy_value()
-
-            return types.void(acc1, acc2), cg
+            return types.void(acc1, acc2), _wait_all((n1, n2))
 
         return wait
 
-    cp_async16 = _cp_async(16, "cg")
     cp_async16_at = _cp_async_at(16, "cg")
 
     def _pack(text):

@@ -29,7 +29,8 @@ Per tile:
      over the 64 keys), V read from the same tile as K: viewed MN-major (wgmma transposes it).
 Each warpgroup keeps the running sum over its own keys; the two are added at the end.
 With TMA, step 1 of the next tile is issued behind step 3 (one wait covers both), and each
-warpgroup refills the boxes its own P V read as soon as that wait returns; with cp.async, the
+warpgroup refills the boxes its own P V read once its four warps are past that wait (a named
+barrier: a wait covers only its own warp's share of the product); with cp.async, the
 next tile's copies go out under step 1 and step 3 is waited for at the end of the tile.
 """
 import math
@@ -72,10 +73,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           fold_scale, heads, store, tma):
     """The stage-1 tensor-core kernel for one configuration; arguments as for the FMA kernel
     (see factory.py), ``tag`` "bf16" or "f16"; ``tma``: tiles copied by the copy engine (the
-    caller makes sure a 64-key tile aligned to 64 keys lies in one page). ``store`` converts an output value for
-    ``part_out``: the identity for the fp32 workspace, or the storage conversion when there is
-    one partition and the kernel writes ``out [T, H, 1, 512]`` and ``lse [T, H, 1]`` itself
-    (no combine)."""
+    caller makes sure a 64-key tile aligned to 64 keys lies in one page). ``store`` converts
+    an output value for ``part_out``: the identity for the fp32 workspace, or the storage
+    conversion when there is one partition and the kernel writes ``out [T, H, 1, 512]`` and
+    ``lse [T, H, 1]`` itself (no combine)."""
     H = heads
     mma_s = ptx.wgmma(KEYS_PER_WG, tag, False)
     mma_o = ptx.wgmma(DIMS_PER_WG, tag, True)
