@@ -215,6 +215,25 @@ def references(p, mask=None, score_mod=None):
     return golden, (low_out.astype(p.dtype), low_lse)
 
 
+def run_build_script(script):
+    """Run ``script`` (a Python file that builds kernels for sm_90a and exits 1 on a failed
+    check) in a fresh process without the simulator, with ``NUMBA_MLA_BUILD_PYTHON`` (default:
+    this Python); skip the test where NVVM/nvJitLink are missing (exit status 77)."""
+    import os
+    import subprocess
+    import sys
+
+    python = os.environ.get("NUMBA_MLA_BUILD_PYTHON", sys.executable)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([python, os.path.abspath(script)], capture_output=True, text=True,
+                       env=env, timeout=900)
+    if r.returncode == 77:
+        pytest.skip(r.stdout.strip())
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def cuda_torch():
     """torch with CUDA, or skip the test."""
     torch = pytest.importorskip("torch")

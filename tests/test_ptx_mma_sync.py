@@ -288,15 +288,9 @@ def test_gpu_ldmatrix_draws(num, trans, rng):
 @pytest.mark.build
 def test_mma_sync_builds_for_sm90a():
     """This file run as a script in a fresh process (no simulator): see build_check()."""
-    python = os.environ.get("NUMBA_MLA_BUILD_PYTHON", sys.executable)
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([python, os.path.abspath(__file__)], capture_output=True, text=True,
-                       env=env, timeout=900)
-    if r.returncode == 77:
-        pytest.skip(r.stdout.strip())
-    assert r.returncode == 0, r.stdout + r.stderr
+    from helpers import run_build_script
+
+    run_build_script(__file__)
 
 
 # ---------------------------------------------------------------------------------------------
