@@ -294,7 +294,7 @@ class Plan:
 
     def __init__(self, call, private_workspace=False):
         from .kernels import mma, simt
-        from .kernels.combine import NTHREADS as COMBINE_THREADS
+        from .kernels.combine import NTHREADS as COMBINE_THREADS, SLICES as COMBINE_SLICES
 
         self.call = call
         self.stream = current_stream(call.q)
@@ -396,7 +396,7 @@ class Plan:
             if not direct:
                 self.launches.append(_Launch(factory.combine_kernel(tag),
                                              results + (self.out_dev, self.lse_dev),
-                                             (T, H), COMBINE_THREADS))
+                                             (T, H, COMBINE_SLICES), COMBINE_THREADS))
 
     def launch(self, stream=None):
         """Enqueue the kernels on ``stream`` (default: the stream current at construction)."""

@@ -7,11 +7,12 @@ Partition p of row (t, h) holds its normalised output o_p (fp32) and its LSE l_p
 
 Empty partitions get weight exp(-inf) = 0; a row whose partitions are all empty gets out = 0
 and lse = -inf (never NaN). A NaN LSE (NaN in the row's scores) makes the row NaN, as in the
-reference. Grid ``(T, H)``, one block a row; thread x owns output dims
-x, x + 128, ... . Traffic: reads P x 512 fp32 per row, writes 512 values in the output dtype.
-The P weights are computed once each (a chunk of 128 at a time, in shared memory); the row's
-LSEs are read by all threads at once, and partitions merged four at a time, so no step waits
-on one load after another (a long row of 64 partitions took 110 us when it did).
+reference. Grid ``(T, H, SLICES)``: block (t, h, z) merges output dims [128z, 128z + 128) of
+row (t, h), one dim a thread, so even one long row (B = 1) spreads over many multiprocessors.
+Traffic: reads P x 512 fp32 per row, writes 512 values in the output dtype.
+The partition loop is latency-bound, so its loads must go out together: UNROLL partitions a
+step, each load unconditional (the index is clamped, a partition past the end has weight 0),
+and the weights are computed once per partition (a chunk of 128 at a time, in shared memory).
 """
 import math
 
@@ -21,8 +22,8 @@ from .._compat import JIT_OPTIONS
 from .common import D_V, NEG_INF
 
 NTHREADS = 128
-DIMS = D_V // NTHREADS  # output dims per thread
-UNROLL = 4  # partitions merged per step
+SLICES = D_V // NTHREADS  # blocks per row (one output dim a thread)
+UNROLL = 8  # partitions merged per step: independent loads in flight per thread
 
 
 def make_combine_kernel(store):
@@ -34,10 +35,12 @@ def make_combine_kernel(store):
         t = cuda.blockIdx.x
         h = cuda.blockIdx.y
         tid = cuda.threadIdx.x
+        d = cuda.blockIdx.z * NTHREADS + tid
         nparts = part_lse.shape[2]
         # The row's largest LSE (and whether one is NaN): each thread scans its partitions,
-        # then every thread reads the 128 partial results from shared memory (the LSEs are
-        # loaded side by side, not one after another).
+        # then every thread reads the partial results from shared memory (the LSEs are loaded
+        # side by side, not one after another; only the first ``nparts`` hold any: a block's
+        # fixed cost counts, there are T x H x 4 of them).
         red = cuda.shared.array(NTHREADS, float32)
         mine = float32(NEG_INF)
         for p in range(tid, nparts, NTHREADS):
@@ -51,55 +54,47 @@ def make_combine_kernel(store):
         cuda.syncthreads()
         big = float32(NEG_INF)  # float32, like part_lse: the merge stays in fp32
         nan = False
-        for i in range(NTHREADS):
+        for i in range(min(nparts, NTHREADS)):
             x = red[i]
             if x != x:
                 nan = True
             elif x > big:
                 big = x
+        first = cuda.blockIdx.z == 0 and tid == 0  # the thread that writes the row's LSE
         if nan:  # NaN among the row's scores: the row is NaN, as in the reference
-            for d in range(tid, D_V, NTHREADS):
-                out[t, h, d] = store(float32(math.nan))
-            if tid == 0:
+            out[t, h, d] = store(float32(math.nan))
+            if first:
                 lse[t, h] = float32(math.nan)
             return
         if big == float32(NEG_INF):
-            for d in range(tid, D_V, NTHREADS):
-                out[t, h, d] = store(float32(0.0))
-            if tid == 0:
+            out[t, h, d] = store(float32(0.0))
+            if first:
                 lse[t, h] = float32(NEG_INF)
             return
         # The weights, a chunk of NTHREADS partitions at a time, go through shared memory:
-        # one exp per partition, not one per partition and output dim.
+        # one exp per partition, not one per partition and output dim; 0 past the chunk's end.
         w_s = cuda.shared.array(NTHREADS, float32)
-        acc = cuda.local.array(DIMS, float32)
-        for j in range(DIMS):
-            acc[j] = float32(0.0)
+        acc = float32(0.0)
         total = float32(0.0)
         for c0 in range(0, nparts, NTHREADS):
             n = min(NTHREADS, nparts - c0)
-            if tid < n:
-                w_s[tid] = math.exp(part_lse[t, h, c0 + tid] - big)  # 0 for empty partitions
+            w_s[tid] = math.exp(part_lse[t, h, c0 + tid] - big) if tid < n else float32(0.0)
             # The chunk's weights are in place.
             cuda.syncthreads()
             for i in range(n):
                 total += w_s[i]
-            # Four partitions a step: their loads are independent and go out together. An
-            # empty partition (weight 0) adds nothing, whatever its output holds.
+            # UNROLL partitions a step: their loads are independent and unconditional (past
+            # the chunk, partition n - 1 is read again with weight 0). An empty partition
+            # (weight 0) adds nothing, whatever its output holds.
             for i0 in range(0, n, UNROLL):
-                for j in range(DIMS):
-                    d = tid + NTHREADS * j
-                    for u in range(UNROLL):
-                        if i0 + u < n:
-                            w = w_s[i0 + u]
-                            x = part_out[t, h, c0 + i0 + u, d]
-                            acc[j] += w * x if w > 0.0 else float32(0.0)
+                for u in range(UNROLL):
+                    w = w_s[i0 + u]
+                    x = part_out[t, h, c0 + min(i0 + u, n - 1), d]
+                    acc += w * x if w > 0.0 else float32(0.0)
             # Everyone is done with the chunk before the next one replaces it.
             cuda.syncthreads()
-        inv = float32(1.0) / total
-        for j in range(DIMS):
-            out[t, h, tid + NTHREADS * j] = store(acc[j] * inv)
-        if tid == 0:
+        out[t, h, d] = store(acc / total)
+        if first:
             lse[t, h] = big + math.log(total)
 
     return combine_kernel
