@@ -27,6 +27,9 @@ Primitives
   ``cp_async_wait_all()`` waits for this thread's groups; a barrier then publishes them.
 - ``shfl_xor(v, mask, tid)``: the float32 ``v`` of lane ``lane ^ mask`` (full warp). ``tid`` is
   the thread's index in its block (the simulator needs it to find the warp).
+- ``warp_uniform(v, tid)``: ``v``, which the caller knows is the same in every lane, read
+  from lane 0, so ptxas knows it too: values derived from it (e.g. wgmma descriptors that
+  depend on the warpgroup) then live in uniform registers, not moved there one by one.
 - ``syncwarp(tid)``: the warp's barrier: shared-memory accesses before it are seen by every
   lane after it.
 - ``bar_sync(barrier_id, nthreads)``: named barrier ``barrier_id`` (1..15; 0 is the block's)
@@ -43,7 +46,7 @@ import ml_dtypes
 import numpy as np
 
 from ._compat import SIMULATOR
-from numba import cuda
+from numba import cuda, uint64
 
 if SIMULATOR:
 
@@ -152,6 +155,9 @@ if SIMULATOR:
             if barrier_id not in _named:
                 _named[barrier_id] = threading.Barrier(nthreads)
         _named[barrier_id].wait()
+
+    def warp_uniform(v, tid):
+        return v  # the same in every lane, by the caller's word
 
     def shfl_xor(v, mask, tid):
         lane = tid % 32
@@ -388,6 +394,10 @@ else:
         return cuda.shfl_xor_sync(0xFFFFFFFF, v, mask)
 
     @cuda.jit(device=True)
+    def warp_uniform(v, tid):
+        return cuda.shfl_sync(0xFFFFFFFF, v, 0)
+
+    @cuda.jit(device=True)
     def syncwarp(tid):
         cuda.syncwarp(0xFFFFFFFF)
 
@@ -425,7 +435,9 @@ else:
 #   128-byte swizzled layout TMA writes (rows of 64 values, 128 bytes; 16-byte chunk j of
 #   row r at j ^ (r % 8)): K-major, atoms of 8 rows SBO apart (LBO unused; a K step of 16
 #   moves the start 32 bytes); MN-major, N in 64-value atoms LBO apart, K in 8-row groups SBO
-#   apart.
+#   apart. ``desc_advance(desc, nbytes)``: the descriptor of the operand ``nbytes`` further
+#   on (one 64-bit add: the address field, addr >> 4 in the low 14 bits, never carries within
+#   shared memory's 228 KB), so a loop of products builds its descriptors once.
 # - ``wgmma(n, tag, trans_b)`` -> ``mma(acc, arr, desc_a, desc_b, accumulate, wtid)``: issue one
 #   m64n{n}k16 product (tag "bf16" or "f16") into ``acc[:n//2]``; ``accumulate`` 0 overwrites.
 #   ``arr`` (the shared array) and ``wtid`` (thread index in the warpgroup) serve the twin.
@@ -460,6 +472,18 @@ def _acc_col(i, wtid):
 
 acc_row = cuda.jit(device=True)(_acc_row)
 acc_col = cuda.jit(device=True)(_acc_col)
+
+
+if SIMULATOR:
+
+    def desc_advance(desc, nbytes):
+        return desc + (int(nbytes) >> 4)
+
+else:
+
+    @cuda.jit(device=True)
+    def desc_advance(desc, nbytes):
+        return desc + uint64(nbytes >> 4)
 
 
 def _desc_value(addr, lbo, sbo, swizzle=False):

@@ -28,14 +28,14 @@ Per tile:
   3. O = alpha * O + P V: warpgroup w owns output dims [256w, 256w+256) (4 wgmma m64n256k16
      over the 64 keys), V read from the same tile as K: viewed MN-major (wgmma transposes it).
 Each warpgroup keeps the running sum over its own keys; the two are added at the end.
-With TMA, step 1 of the next tile is issued behind step 3 (one wait covers both), and each
-warpgroup refills the boxes its own P V read once its four warps are past that wait (a named
-barrier: a wait covers only its own warp's share of the product); with cp.async, the
+With TMA, step 1 of the next tile is issued behind step 3, and each warpgroup refills the
+boxes its own P V read once its four warps are past that wait (a named barrier: a wait covers
+only its own warp's share of the product); with cp.async, the
 next tile's copies go out under step 1 and step 3 is waited for at the end of the tile.
 """
 import math
 
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint64
 
 from .. import ptx
 from .._compat import JIT_OPTIONS
@@ -164,7 +164,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         nparts = cuda.gridDim.x
         b = cuda.blockIdx.z
         tid = cuda.threadIdx.x
-        wg = tid // 128  # warpgroup
+        wg = ptx.warp_uniform(tid // 128, tid)  # warpgroup (uniform: see the descriptors)
         wtid = tid % 128  # thread in the warpgroup
         lane = tid % 32
         smk = cuda.shared.array(0, int32)  # the dynamic shared memory, as 4-byte words
@@ -225,140 +225,155 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         o_acc = cuda.local.array(NO, float32)
         zero_o(o_acc)
         qscale = float32(scale * LOG2E)
+        dq = desc_rows(sb + Q_OFF)  # the queries' and P's descriptors (advanced by constants)
+        dp = desc_p(sb + P_OFF)
 
         buf = 0
         phases = 0  # bit i: parity of KV buffer i's next mbarrier phase
-        while t < t_end:
-            k0 = kstart + t * BLOCK_N
-            k1 = min(k0 + BLOCK_N, kend)
-            cls = mask_classify(k0, k1, q_lo, q_hi)
-            kv = sb + KV_OFF + buf * ROWS_BYTES
-            t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
-            k0n = kstart + t_next * BLOCK_N
-            if tma and t_next < t_end:  # looked up now: the load's latency hides under S
-                row_next = tile_row(block_table, page_size, b, k0n)
-            if tma:
-                while not ptx.mbar_try_wait(smk, bars + 8 * buf, (phases >> buf) & 1):
-                    pass
-                phases ^= 1 << buf
-                if k1 - k0 < BLOCK_N:
-                    zero_rows(smk, kv, k1 - k0, tid)
-            else:
-                ptx.cp_async_wait_all()
-            if not tma or k1 - k0 < BLOCK_N:
-                ptx.fence_proxy_async()
-                # This tile's copies (cp.async) or zeroed rows are visible to every thread
-                # (a TMA tile is, through its mbarrier).
+        # No wgmma wait sits in a run-time branch that rejoins, and the loop is left only by
+        # its break, after the last wait: at a join where one path waited for a product and
+        # another did not, ptxas waits for every product in flight (before: a full wait at the
+        # end of every tile, which undid the overlap of P V with the next S; 15% of the
+        # stall samples on 64x128x4096).
+        if t < t_end:
+            while True:
+                k0 = kstart + t * BLOCK_N
+                k1 = min(k0 + BLOCK_N, kend)
+                cls = mask_classify(k0, k1, q_lo, q_hi)
+                kv = sb + KV_OFF + buf * ROWS_BYTES
+                t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+                k0n = kstart + t_next * BLOCK_N
+                if tma and t_next < t_end:  # looked up now: the load's latency hides under S
+                    row_next = tile_row(block_table, page_size, b, k0n)
+                if tma:
+                    while not ptx.mbar_try_wait(smk, bars + 8 * buf, (phases >> buf) & 1):
+                        pass
+                    phases ^= 1 << buf
+                    if k1 - k0 < BLOCK_N:
+                        zero_rows(smk, kv, k1 - k0, tid)
+                else:
+                    ptx.cp_async_wait_all()
+                if not tma or k1 - k0 < BLOCK_N:
+                    ptx.fence_proxy_async()
+                    # This tile's copies (cp.async) or zeroed rows are visible to every thread
+                    # (a TMA tile is, through its mbarrier).
+                    cuda.syncthreads()
+
+                # -- S = Q K^T over this warpgroup's 32 keys; with TMA, issued behind the previous
+                # tile's P V (the tensor cores run both back to back; the wait covers both) --
+                ptx.wgmma_fence()
+                # (descriptors built once a tile and advanced by constants: issuing 36
+                # products must not cost more than the tensor cores take to run them)
+                if tma:  # K step kk: box kk // 4, 32 bytes a step within its rows
+                    dk = desc_rows(kv + wg * KEYS_PER_WG * 128)
+                    for box in range(NBOX):
+                        for j in range(BOX // 16):
+                            step = BOX_BYTES * box + 32 * j
+                            mma_s(s_acc, smk, ptx.desc_advance(dq, step),
+                                  ptx.desc_advance(dk, step), box + j, wtid)
+                else:
+                    dk = desc_rows(kv + wg * KEYS_PER_WG * 16)
+                    for kk in range(CHUNKS // 2):
+                        mma_s(s_acc, smk, ptx.desc_advance(dq, 2 * COL_BYTES * kk),
+                              ptx.desc_advance(dk, 2 * COL_BYTES * kk), kk, wtid)
+                ptx.wgmma_commit()
+                if not tma and t_next < t_end:  # cp.async: the copies go out under the product
+                    issue_tile(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, storage, block_table,
+                               page_size, b, k0n, min(k0n + BLOCK_N, kend), tid)
+                    ptx.cp_async_commit()
+                wait_so(s_acc, o_acc)
+                if tma and t_next < t_end:
+                    # A wait covers its own warp's share of the warpgroup's products: once all four
+                    # warps are past theirs, this warpgroup's P V is done with the other buffer.
+                    ptx.bar_sync(1 + wg, 128)
+                    tma_rows(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, tmap_kv, storage, row_next,
+                             bars + 8 * (1 - buf), tid)
+
+                # -- mask and score mod; row maxima (log2 units); the row's indices are recomputed
+                # here rather than kept across the loop (registers are scarce beside O) --
+                for half in range(2):
+                    m = ptx.acc_row(2 * half, wtid)
+                    r = r0 + m
+                    iq = r // H
+                    h = r - iq * H
+                    q_pos = length - nq + iq
+                    row_max = float32(NEG_INF)
+                    for j in range(NS // 4):
+                        for e in range(2):
+                            i = 4 * j + 2 * half + e
+                            k = k0 + KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
+                            s = float32(NEG_INF)
+                            if m < nrows and k < k1:
+                                s = s_acc[i]
+                                if fold_scale:
+                                    s = s * qscale
+                                    if cls == PARTIAL:
+                                        s = float32(mask_apply(s, b, h, iq, q_pos, k, bias))
+                                else:
+                                    s = s * scale
+                                    s = float32(score_mod(s, b, h, q_pos, k))
+                                    if cls == PARTIAL:
+                                        s = float32(mask_apply(s, b, h, iq, q_pos, k, bias))
+                                    s = s * float32(LOG2E)
+                            s_acc[i] = s
+                            row_max = max(row_max, s)
+                    for o in (1, 2):  # the four lanes of a quad share a row
+                        row_max = max(row_max, ptx.shfl_xor(row_max, o, tid))
+                    mx[half] = row_max
+                if lane % 4 == 0:
+                    smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(0, wtid)] = mx[0]
+                    smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(2, wtid)] = mx[1]
+                # The tile after next will land in this buffer: announced before the barrier
+                # below, which every copy into it follows and every wait for this tile precedes.
+                if tma and tid == 0 and t_next < t_end:
+                    if next_tile(t_next + 1, t_end, kstart, kend, q_lo, q_hi) < t_end:
+                        ptx.mbar_expect_tx(smk, bars + 8 * buf, ROWS_BYTES)
+                # Both warpgroups' maxima are in place.
                 cuda.syncthreads()
 
-            # -- S = Q K^T over this warpgroup's 32 keys; with TMA, issued behind the previous
-            # tile's P V (the tensor cores run both back to back; the wait covers both) --
-            ptx.wgmma_fence()
-            if tma:  # K step kk: box kk // 4, 32 bytes a step within its rows
-                kw = kv + wg * KEYS_PER_WG * 128
-                for box in range(NBOX):
-                    for j in range(BOX // 16):
-                        step = BOX_BYTES * box + 32 * j
-                        mma_s(s_acc, smk, desc_rows(sb + Q_OFF + step), desc_rows(kw + step),
-                              box + j, wtid)
-            else:
-                kw = kv + wg * KEYS_PER_WG * 16
-                for kk in range(CHUNKS // 2):
-                    mma_s(s_acc, smk, desc_rows(sb + Q_OFF + 2 * COL_BYTES * kk),
-                          desc_rows(kw + 2 * COL_BYTES * kk), kk, wtid)
-            ptx.wgmma_commit()
-            if not tma and t_next < t_end:  # cp.async: the copies go out under the product
-                issue_tile(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, storage, block_table,
-                           page_size, b, k0n, min(k0n + BLOCK_N, kend), tid)
-                ptx.cp_async_commit()
-            wait_so(s_acc, o_acc)
-            if tma and t_next < t_end:
-                # A wait covers its own warp's share of the warpgroup's products: once all four
-                # warps are past theirs, this warpgroup's P V is done with the other buffer.
-                ptx.bar_sync(1 + wg, 128)
-                tma_rows(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, tmap_kv, storage, row_next,
-                         bars + 8 * (1 - buf), tid)
+                # -- online softmax: both warpgroups compute the same new max per row --
+                for half in range(2):
+                    m = ptx.acc_row(2 * half, wtid)
+                    m_new = max(m_run[half], max(smf[RED_OFF // 4 + m],
+                                                 smf[RED_OFF // 4 + BLOCK_M + m]))
+                    m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
+                    alpha[half] = math.exp2(m_run[half] - m_ref)
+                    m_run[half] = m_new
+                    l_run[half] *= alpha[half]
+                    for j in range(NS // 4):
+                        i = 4 * j + 2 * half
+                        p0 = math.exp2(s_acc[i] - m_ref)
+                        p1 = math.exp2(s_acc[i + 1] - m_ref)
+                        l_run[half] += p0 + p1
+                        n = KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
+                        ptx.sts32(smk, sb + P_OFF + (m // 8) * P_GROUP + (n // 8) * 128
+                                  + (m % 8) * 16 + (n % 8) * 2, pack(p0, p1))
+                scale_o(o_acc, alpha[0], alpha[1])
+                ptx.fence_proxy_async()
+                # P is complete (both warpgroups' keys).
+                cuda.syncthreads()
 
-            # -- mask and score mod; row maxima (log2 units); the row's indices are recomputed
-            # here rather than kept across the loop (registers are scarce beside O) --
-            for half in range(2):
-                m = ptx.acc_row(2 * half, wtid)
-                r = r0 + m
-                iq = r // H
-                h = r - iq * H
-                q_pos = length - nq + iq
-                row_max = float32(NEG_INF)
-                for j in range(NS // 4):
-                    for e in range(2):
-                        i = 4 * j + 2 * half + e
-                        k = k0 + KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
-                        s = float32(NEG_INF)
-                        if m < nrows and k < k1:
-                            s = s_acc[i]
-                            if fold_scale:
-                                s = s * qscale
-                                if cls == PARTIAL:
-                                    s = float32(mask_apply(s, b, h, iq, q_pos, k, bias))
-                            else:
-                                s = s * scale
-                                s = float32(score_mod(s, b, h, q_pos, k))
-                                if cls == PARTIAL:
-                                    s = float32(mask_apply(s, b, h, iq, q_pos, k, bias))
-                                s = s * float32(LOG2E)
-                        s_acc[i] = s
-                        row_max = max(row_max, s)
-                for o in (1, 2):  # the four lanes of a quad share a row
-                    row_max = max(row_max, ptx.shfl_xor(row_max, o, tid))
-                mx[half] = row_max
-            if lane % 4 == 0:
-                smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(0, wtid)] = mx[0]
-                smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(2, wtid)] = mx[1]
-            # The tile after next will land in this buffer: announced before the barrier
-            # below, which every copy into it follows and every wait for this tile precedes.
-            if tma and tid == 0 and t_next < t_end:
-                if next_tile(t_next + 1, t_end, kstart, kend, q_lo, q_hi) < t_end:
-                    ptx.mbar_expect_tx(smk, bars + 8 * buf, ROWS_BYTES)
-            # Both warpgroups' maxima are in place.
-            cuda.syncthreads()
-
-            # -- online softmax: both warpgroups compute the same new max per row --
-            for half in range(2):
-                m = ptx.acc_row(2 * half, wtid)
-                m_new = max(m_run[half], max(smf[RED_OFF // 4 + m], smf[RED_OFF // 4 + BLOCK_M + m]))
-                m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
-                alpha[half] = math.exp2(m_run[half] - m_ref)
-                m_run[half] = m_new
-                l_run[half] *= alpha[half]
-                for j in range(NS // 4):
-                    i = 4 * j + 2 * half
-                    p0 = math.exp2(s_acc[i] - m_ref)
-                    p1 = math.exp2(s_acc[i + 1] - m_ref)
-                    l_run[half] += p0 + p1
-                    n = KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
-                    ptx.sts32(smk, sb + P_OFF + (m // 8) * P_GROUP + (n // 8) * 128 + (m % 8) * 16
-                              + (n % 8) * 2, pack(p0, p1))
-            scale_o(o_acc, alpha[0], alpha[1])
-            ptx.fence_proxy_async()
-            # P is complete (both warpgroups' keys).
-            cuda.syncthreads()
-
-            # -- O += P V over this warpgroup's 256 dims --
-            ptx.wgmma_fence()
-            if tma:  # this warpgroup's 4 boxes; 16 keys = 2 groups of 8 rows
-                vw = kv + wg * (DIMS_PER_WG // BOX) * BOX_BYTES
-                for kk in range(BLOCK_N // 16):
-                    mma_o(o_acc, smk, desc_p(sb + P_OFF + 256 * kk), desc_v(vw + 2048 * kk), 1,
-                          wtid)
-            else:
-                vw = kv + wg * (DIMS_PER_WG // 8) * COL_BYTES
-                for kk in range(BLOCK_N // 16):
-                    mma_o(o_acc, smk, desc_p(sb + P_OFF + 256 * kk), desc_v(vw + 256 * kk), 1,
-                          wtid)
-            ptx.wgmma_commit()
-            if not tma or t_next >= t_end:  # (TMA: else waited for with the next tile's S)
-                wait_o(o_acc)
-            buf = 1 - buf
-            t = t_next
+                # -- O += P V over this warpgroup's 256 dims --
+                ptx.wgmma_fence()
+                if tma:  # this warpgroup's 4 boxes; 16 keys = 2 groups of 8 rows
+                    dv = desc_v(kv + wg * (DIMS_PER_WG // BOX) * BOX_BYTES)
+                    for kk in range(BLOCK_N // 16):
+                        mma_o(o_acc, smk, ptx.desc_advance(dp, 256 * kk),
+                              ptx.desc_advance(dv, 2048 * kk), 1, wtid)
+                else:
+                    dv = desc_v(kv + wg * (DIMS_PER_WG // 8) * COL_BYTES)
+                    for kk in range(BLOCK_N // 16):
+                        mma_o(o_acc, smk, ptx.desc_advance(dp, 256 * kk),
+                              ptx.desc_advance(dv, 256 * kk), 1, wtid)
+                ptx.wgmma_commit()
+                if not tma:
+                    wait_o(o_acc)
+                if t_next >= t_end:
+                    if tma:  # (else waited for under the next tile's S)
+                        wait_o(o_acc)
+                    break
+                buf = 1 - buf
+                t = t_next
 
         # -- the row sums of both warpgroups, then the partition's output and LSE --
         for half in range(2):
@@ -380,17 +395,29 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     smf[RED_OFF // 4 + m] = m_run[half]
         # The staged output, maxima and sums are in place.
         cuda.syncthreads()
-        for m in range(nrows):
-            r = r0 + m
-            t_row = row0 + r // H
-            h = r % H
-            lsum = smf[RED_OFF // 4 + 2 * BLOCK_M + m] + smf[RED_OFF // 4 + 3 * BLOCK_M + m]
-            empty = lsum == 0.0  # no kept key (NaN scores give NaN, not empty)
-            inv = float32(0.0) if empty else ptx.rcp(lsum)
-            for d in range(tid, D_V, NTHREADS):
-                part_out[t_row, h, p, d] = store(smf[KV_OFF // 4 + m * D_V + d] * inv)
-            if tid == 0:
-                part_lse[t_row, h, p] = (float32(NEG_INF) if empty
-                                         else (smf[RED_OFF // 4 + m] + math.log2(lsum)) * float32(LN2))
+        # One thread a row: the row's LSE, and 1/sum (0 for a row without kept keys; NaN
+        # scores give NaN, not empty) in place of warpgroup 0's sum, for the stores below.
+        if tid < nrows:
+            r = r0 + tid
+            lsum = smf[RED_OFF // 4 + 2 * BLOCK_M + tid] + smf[RED_OFF // 4 + 3 * BLOCK_M + tid]
+            empty = lsum == 0.0
+            part_lse[row0 + r // H, r % H, p] = (
+                float32(NEG_INF) if empty
+                else (smf[RED_OFF // 4 + tid] + math.log2(lsum)) * float32(LN2))
+            smf[RED_OFF // 4 + 2 * BLOCK_M + tid] = float32(0.0) if empty else ptx.rcp(lsum)
+        # Every row's 1/sum is in place.
+        cuda.syncthreads()
+        # A warp a row (rows w, w + 8, ...): each row's index arithmetic is done by one warp,
+        # not by all eight, and each store writes 128 contiguous bytes. Unsigned indices: no
+        # negative-index wrap-around code.
+        for m in range(tid // 32, nrows, NTHREADS // 32):
+            r = uint64(r0 + m)
+            t_row = uint64(row0) + r // uint64(H)
+            h = r % uint64(H)
+            inv = smf[uint64(RED_OFF // 4 + 2 * BLOCK_M + m)]
+            src = uint64(KV_OFF // 4 + m * D_V)
+            for j in range(D_V // 32):
+                d = uint64(lane + 32 * j)
+                part_out[t_row, h, uint64(p), d] = store(smf[src + d] * inv)
 
     return partition_kernel
