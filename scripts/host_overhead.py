@@ -4,8 +4,16 @@ queue kept short) and the wall time of call + synchronize minus the GPU time (CU
 A prepared call is one raw cuLaunchKernel per kernel over parameters packed once; for
 comparison the same kernels are also enqueued through Numba's ``kernel.launch`` (which packs
 every argument again on every call).
+The CUDA context spins while synchronizing (CU_CTX_SCHED_SPIN, set before the context
+exists): with the default, a thread that waited long on a kernel yields the processor and
+its wake-up (the operating system's, 5-15 us) would count as the call's.
 Usage: python scripts/host_overhead.py"""
 import time
+
+from cuda.bindings import driver
+
+driver.cuInit(0)
+driver.cuDevicePrimaryCtxSetFlags(driver.cuDeviceGet(0)[1], driver.CUctx_flags.CU_CTX_SCHED_SPIN)
 
 import ml_dtypes
 import numpy as np
@@ -15,7 +23,7 @@ import numba_mla as nm
 from numba_mla import launch
 
 SHAPES = [(64, 16, 4096, "mma"), (64, 128, 4096, "mma"), (1, 128, 65536, "mma"),
-          (64, 16, 4096, "simt")]
+          (4, 16, 1024, "mma"), (64, 16, 4096, "simt"), (4, 16, 1024, "simt")]
 med = lambda x: float(np.median(x))  # noqa: E731
 
 

@@ -65,6 +65,7 @@ SMEM_BYTES = BAR_OFF + 2 * 8  # 230416 of the H200's 232448
 # shared-memory writes are free of bank conflicts and each warp reads 64 contiguous bytes of
 # 8 rows.
 CHUNK_STEP = NTHREADS // 8  # 32
+RESCALE_SLACK = 8.0  # log2 units the running max may lag the true one (see the softmax)
 NS = KEYS_PER_WG // 2  # score accumulators per thread (16)
 NO = DIMS_PER_WG // 2  # output accumulators per thread (128)
 
@@ -334,11 +335,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 # -- online softmax: both warpgroups compute the same new max per row --
                 for half in range(2):
                     m = ptx.acc_row(2 * half, wtid)
-                    m_new = max(m_run[half], max(smf[RED_OFF // 4 + m],
-                                                 smf[RED_OFF // 4 + BLOCK_M + m]))
-                    m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
-                    alpha[half] = math.exp2(m_run[half] - m_ref)
-                    m_run[half] = m_new
+                    m_old = m_run[half]
+                    m_new = max(m_old, max(smf[RED_OFF // 4 + m], smf[RED_OFF // 4 + BLOCK_M + m]))
+                    # The reference max moves only when the row's max passes it by more than
+                    # RESCALE_SLACK (or it was -inf, or the max is NaN): P then stays below
+                    # 2^RESCALE_SLACK (exact either way: O, the sum and the LSE all use the
+                    # reference), and most tiles leave O unscaled.
+                    if not (m_new <= m_old + float32(RESCALE_SLACK)):
+                        m_run[half] = m_new
+                    m_ref = m_run[half] if m_run[half] != float32(NEG_INF) else float32(0.0)
+                    alpha[half] = math.exp2(m_old - m_ref)
                     l_run[half] *= alpha[half]
                     for j in range(NS // 4):
                         i = 4 * j + 2 * half
@@ -348,7 +354,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         n = KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
                         ptx.sts32(smk, sb + P_OFF + (m // 8) * P_GROUP + (n // 8) * 128
                                   + (m % 8) * 16 + (n % 8) * 2, pack(p0, p1))
-                scale_o(o_acc, alpha[0], alpha[1])
+                if alpha[0] != float32(1.0) or alpha[1] != float32(1.0):  # per lane: a warp
+                    scale_o(o_acc, alpha[0], alpha[1])  # skips it when none of its rows moved
                 ptx.fence_proxy_async()
                 # P is complete (both warpgroups' keys).
                 cuda.syncthreads()
