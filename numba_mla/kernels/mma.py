@@ -24,14 +24,16 @@ Shared memory (bytes), Q and the KV tiles in one of two layouts, chosen when com
 Per tile:
   1. S = Q K^T: warpgroup w computes the 64 rows x its 32 keys (36 wgmma m64n32k16 over 576);
   2. mask / score mod on the fragment; row maxima exchanged between the warpgroups through
-     ``red``, so both keep the same running max; P = exp2(S - max) written to shared memory;
-  3. O = alpha * O + P V: warpgroup w owns output dims [256w, 256w+256) (4 wgmma m64n256k16
-     over the 64 keys), V read from the same tile as K: viewed MN-major (wgmma transposes it).
+     ``red``, so both keep the same running max (a reference that moves only when the max
+     passes it by more than RESCALE_SLACK); P = exp2(S - max) written to shared memory;
+  3. O = alpha * O + P V (alpha = 1, no rescale, while the reference stays): warpgroup w
+     owns output dims [256w, 256w+256) (4 wgmma m64n256k16 over the 64 keys), V read from
+     the same tile as K: viewed MN-major (wgmma transposes it).
 Each warpgroup keeps the running sum over its own keys; the two are added at the end.
 With TMA, step 1 of the next tile is issued behind step 3, and each warpgroup refills the
 boxes its own P V read once its four warps are past that wait (a named barrier: a wait covers
-only its own warp's share of the product); with cp.async, the
-next tile's copies go out under step 1 and step 3 is waited for at the end of the tile.
+only its own warp's share of the product); with cp.async, the next tile's copies go out under
+step 1 and step 3 is waited for at the end of the tile.
 """
 import math
 
