@@ -441,6 +441,13 @@ else:
 # - ``wgmma(n, tag, trans_b)`` -> ``mma(acc, arr, desc_a, desc_b, accumulate, wtid)``: issue one
 #   m64n{n}k16 product (tag "bf16" or "f16") into ``acc[:n//2]``; ``accumulate`` 0 overwrites.
 #   ``arr`` (the shared array) and ``wtid`` (thread index in the warpgroup) serve the twin.
+# - ``wgmma_rs(n, tag, trans_b)`` -> ``mma(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid)``:
+#   the same product with A from registers: the thread's four int32 words of A [64 x 16]
+#   (16-bit pairs) in mma.sync's A layout over its warp's 16 rows (r = 16*(warp % 4) +
+#   lane//4, t = lane % 4): a0 = A[r, 2t:2t+2], a1 = A[r+8, 2t:2t+2], a2 = A[r, 2t+8:2t+10],
+#   a3 = A[r+8, 2t+8:2t+10]. That is an accumulator's layout: words packed from a score
+#   fragment (keys 16j..16j+15: elements 8j..8j+7, in pairs) are A for P V, no shared memory
+#   in between. ``tid`` is the thread's index in its block (the twin exchanges within a warp).
 # - ``wgmma_fence()`` before the first wgmma of a batch (orders register writes to the
 #   accumulators), ``wgmma_commit()`` closes the batch; ``wgmma_wait(nacc)`` -> ``wait(acc)``
 #   waits for every committed batch, with ``acc[:nacc]`` tied through so no read of it moves
@@ -557,6 +564,27 @@ if SIMULATOR:
             a = _operand(arr, desc_a, 64, True, dtype)
             bt = _operand(arr, desc_b, n, not trans_b, dtype)
             d = (a[_acc_row(idx, wtid)] * bt[_acc_col(idx, wtid)]).sum(axis=1)
+            if accumulate:
+                d += acc[:n // 2]
+            acc[:n // 2] = d
+
+        return mma
+
+    def wgmma_rs(n, tag, trans_b):
+        dtype = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}[tag]
+        idx = np.arange(n // 2)
+
+        def mma(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid):
+            # The warp's 16 rows of A from its lanes' words (one warp exchange), then the
+            # thread's fragment as for the shared-memory form.
+            h = _halves(_warp_gather((a0, a1, a2, a3), tid), dtype)  # [lane, word, half]
+            a = np.empty((16, 16))
+            for e in range(2):
+                for w in range(4):  # rows +8 in a1, a3; columns +8 in a2, a3
+                    a[_G + 8 * (w % 2), 2 * _T + 8 * (w // 2) + e] = h[:, w, e]
+            wtid = tid % 128
+            bt = _operand(arr, desc_b, n, not trans_b, dtype)
+            d = (a[_acc_row(idx, wtid) % 16] * bt[_acc_col(idx, wtid)]).sum(axis=1)
             if accumulate:
                 d += acc[:n // 2]
             acc[:n // 2] = d
@@ -683,6 +711,31 @@ else:
                        ctx.cast(b, args[3], s.args[3], types.uint64),
                        ctx.cast(b, args[4], s.args[4], types.uint32)]
                 _tied_asm(b, ptrs, text, [_i64, _i64, _i32], ["l", "l", "r"], ins)
+                return ctx.get_dummy_value()
+
+            return sig, cg
+
+        return mma
+
+    def wgmma_rs(n, tag, trans_b):
+        nacc = n // 2
+        regs = ",".join(f"${i}" for i in range(nacc))
+        text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; "
+                "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, {$%d,$%d,$%d,$%d}, $%d, "
+                "p, 1, 1, %d; }"
+                % (nacc + 5, n, tag, tag, regs, nacc, nacc + 1, nacc + 2, nacc + 3, nacc + 4,
+                   int(trans_b)))
+
+        @intrinsic
+        def mma(typingctx, acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid):
+            sig = types.void(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid)
+
+            def cg(ctx, b, s, args):
+                ptrs = _acc_ptrs(ctx, b, s.args[0], args[0], nacc)
+                ins = [ctx.cast(b, args[k], s.args[k], types.int32) for k in range(1, 5)]
+                ins += [ctx.cast(b, args[6], s.args[6], types.uint64),
+                        ctx.cast(b, args[7], s.args[7], types.uint32)]
+                _tied_asm(b, ptrs, text, [_i32] * 4 + [_i64, _i32], ["r"] * 4 + ["l", "r"], ins)
                 return ctx.get_dummy_value()
 
             return sig, cg
