@@ -58,6 +58,17 @@ def link(ptx):
     return bytes(cubin), log.decode(errors="replace")
 
 
+def build_sass(ptx):
+    """(SASS, nvJitLink's info log) of ``ptx`` built for sm_90a."""
+    cubin, log = link(ptx)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([cuobjdump(), "-sass", f.name], capture_output=True,
+                              text=True).stdout
+    return sass, log
+
+
 def cuobjdump():
     for base in sys.path:
         hits = glob.glob(os.path.join(base, "nvidia", "**", "bin", "cuobjdump"), recursive=True)
@@ -90,12 +101,7 @@ def main():
     for mask, mod, tag, cache, heads, direct, tma in CASES:
         kern = factory.mma_partition_kernel(mask, mod, tag, cache, heads, direct, tma)
         ptx, _ = cuda.compile_ptx(kern.py_func, signature(direct), cc=(9, 0, "a"))
-        cubin, log = link(ptx)
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(cubin)
-            f.flush()
-            sass = subprocess.run([cuobjdump(), "-sass", f.name], capture_output=True,
-                                  text=True).stdout
+        sass, log = build_sass(ptx)
         spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
         regs = re.findall(r"Used (\d+) registers", log)
         calls = len(re.findall(r"\bcall(?:\.uni)?\s", ptx))

@@ -215,6 +215,20 @@ def references(p, mask=None, score_mod=None):
     return golden, (low_out.astype(p.dtype), low_lse)
 
 
+def build_check_module():
+    """scripts/build_check.py as a module (``toolchain_missing``, ``build_sass``): for the
+    sm_90a build checks that test files run as scripts."""
+    import importlib.util
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        "_build_check", os.path.join(root, "scripts", "build_check.py"))
+    bc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bc)
+    return bc
+
+
 def run_build_script(script):
     """Run ``script`` (a Python file that builds kernels for sm_90a and exits 1 on a failed
     check) in a fresh process without the simulator, with ``NUMBA_MLA_BUILD_PYTHON`` (default:

@@ -11,9 +11,7 @@ written out here independently of ptx.py.
 """
 import collections
 import functools
-import os
 import re
-import subprocess
 import sys
 
 import ml_dtypes
@@ -300,15 +298,10 @@ def build_check():
     """Compile the chain kernels for sm_90a with NVVM, link with nvJitLink, disassemble: per
     kernel 4 HMMA.16816 (one per mma), the expected LDSM forms, no local memory (the local
     accumulator array in registers), no spills. 0 when all pass, 1 if not, 77 if no toolchain."""
-    import importlib.util
-
+    from helpers import build_check_module
     from numba import types
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location(
-        "_build_check", os.path.join(here, "..", "scripts", "build_check.py"))
-    bc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bc)  # link(), cuobjdump(), toolchain_missing()
+    bc = build_check_module()
     missing = bc.toolchain_missing()
     if missing:
         print(f"NVVM/nvJitLink not available ({missing})")
@@ -318,15 +311,7 @@ def build_check():
     for tag, layout, x2 in CHAIN_CASES:
         ptx_text, _ = cuda.compile_ptx(chain_kernel_fn(tag, layout, x2), (w1, w1, f2, f2),
                                        cc=(9, 0, "a"))
-        cubin, log = bc.link(ptx_text)
-        path = f"/tmp/mmasync_build_{os.getpid()}.cubin"
-        try:
-            with open(path, "wb") as f:
-                f.write(cubin)
-            sass = subprocess.run([bc.cuobjdump(), "-sass", path], capture_output=True,
-                                  text=True).stdout
-        finally:
-            os.remove(path)
+        sass, log = bc.build_sass(ptx_text)
         suffix = ".BF16" if tag == "bf16" else ""
         hmma = len(re.findall(rf"HMMA\.16816\.F32{re.escape(suffix)}\s", sass))
         ldsm = re.findall(r"LDSM\.16\.(M\w*88)\.(\d)", sass)

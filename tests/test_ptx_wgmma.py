@@ -11,9 +11,7 @@ D: the wgmma accumulator fragment).
   ``python tests/test_ptx_wgmma.py`` runs that check by itself (exit status 77: no toolchain).
 """
 import functools
-import os
 import re
-import subprocess
 import sys
 
 import ml_dtypes
@@ -153,15 +151,10 @@ def build_check():
     """Compile every case for sm_90a with NVVM, link with nvJitLink, disassemble: two HGMMA
     with a register A operand (``HGMMA.64x{n}x16.F32[.BF16] R.., R..``), no serialisation
     warning. 0 when all pass, 1 if not, 77 if no toolchain."""
-    import importlib.util
-
+    from helpers import build_check_module
     from numba import types
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location(
-        "_build_check", os.path.join(here, "..", "scripts", "build_check.py"))
-    bc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bc)  # link(), cuobjdump(), toolchain_missing()
+    bc = build_check_module()
     missing = bc.toolchain_missing()
     if missing:
         print(f"NVVM/nvJitLink not available ({missing})")
@@ -171,15 +164,7 @@ def build_check():
     bad = 0
     for tag, n, trans_b in CASES:
         ptx_text, _ = cuda.compile_ptx(kernel_fn(tag, n, trans_b), sig, cc=(9, 0, "a"))
-        cubin, log = bc.link(ptx_text)
-        path = f"/tmp/wgmma_rs_build_{os.getpid()}.cubin"
-        try:
-            with open(path, "wb") as f:
-                f.write(cubin)
-            sass = subprocess.run([bc.cuobjdump(), "-sass", path], capture_output=True,
-                                  text=True).stdout
-        finally:
-            os.remove(path)
+        sass, log = bc.build_sass(ptx_text)
         suffix = r"\.BF16" if tag == "bf16" else ""
         hgmma = len(re.findall(rf"HGMMA\.64x{n}x16\.F32{suffix} R\d+, R\d+,", sass))
         serial = "serialized" in log
