@@ -103,7 +103,9 @@ def latency_vs_length(meta, rows, path, plt):
 def roofline(meta, rows, path, plt):
     import numpy as np
 
-    pts = [r for r in rows if r.get("tflops")]
+    # Each provider's own choices (rows with a forced split-K factor belong to the split-K
+    # figure: P = 1 on one sequence is slow on purpose).
+    pts = [r for r in rows if r.get("tflops") and r.get("num_partitions_requested") is None]
     if not pts:
         return "no rows with TFLOP/s"
     copy, dense = meta.get("copy_gbps"), meta.get("matmul_tflops")
@@ -112,7 +114,7 @@ def roofline(meta, rows, path, plt):
     if dense and copy:
         hi = max(hi, 2 * dense * 1e3 / copy)  # show the ridge point
     grid = np.geomspace(lo, hi, 200)
-    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    fig, ax = plt.subplots(figsize=(9.5, 5.5))
     if copy:
         ax.plot(grid, copy * grid / 1e3, "k--", lw=1, label=f"copy bandwidth {copy:.0f} GB/s")
     if dense:
@@ -139,7 +141,8 @@ def roofline(meta, rows, path, plt):
     ax.set_xlabel("arithmetic intensity (FLOP per byte of the fewest bytes)")
     ax.set_ylabel("achieved TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())  # decade labels only: no overlaps
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: no point hidden
     note = "" if copy else " (no ceilings in this file)"
     ax.set_title(f"Roofline{note}\n{_stamp(meta)}", fontsize=10)
     fig.tight_layout()
