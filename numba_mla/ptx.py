@@ -34,6 +34,9 @@ Primitives
   lane after it.
 - ``bar_sync(barrier_id, nthreads)``: named barrier ``barrier_id`` (1..15; 0 is the block's)
   for the ``nthreads`` threads (whole warps) that use it, e.g. one warpgroup.
+  ``bar_arrive(barrier_id, nthreads)`` counts the calling warp's arrival without waiting: a
+  producer signals "written" (its shared-memory writes before it are seen by the threads
+  that ``bar_sync`` on the same barrier), and moves on; the waiters' ``bar_sync`` counts too.
 - ``rcp(x)``: 1/x to within an ulp (``rcp.approx``: an IEEE division is a subroutine call).
 - ``divmod_u32(a, b)``: ``(a // b, a % b)`` for 0 <= a, 0 < b < 2**31, in 32-bit arithmetic
   (Python's ints make Numba divide in 64 bits, which ptxas turns into a subroutine call; any
@@ -148,13 +151,44 @@ if SIMULATOR:
     def syncwarp(tid):
         _warp(tid)[0].wait()
 
+    class _Named:
+        """A named barrier: ``nthreads`` arrivals complete a phase; ``sync`` arrives and waits
+        for its phase to complete, ``arrive`` only counts."""
+
+        def __init__(self, nthreads):
+            self.n, self.count, self.phase = nthreads, 0, 0
+            self.cv = threading.Condition()
+
+        def _arrive(self):
+            self.count += 1
+            if self.count == self.n:
+                self.count, self.phase = 0, self.phase + 1
+                self.cv.notify_all()
+
+        def arrive(self):
+            with self.cv:
+                self._arrive()
+
+        def sync(self):
+            with self.cv:
+                phase = self.phase
+                self._arrive()
+                self.cv.wait_for(lambda: self.phase != phase)
+
     _named = {}
 
+    def _named_barrier(barrier_id, nthreads):
+        with _warps_lock:  # (the simulator runs one block at a time)
+            key = barrier_id, nthreads
+            if key not in _named:
+                _named[key] = _Named(nthreads)
+            return _named[key]
+
     def bar_sync(barrier_id, nthreads):
-        with _warps_lock:
-            if barrier_id not in _named:
-                _named[barrier_id] = threading.Barrier(nthreads)
-        _named[barrier_id].wait()
+        _named_barrier(barrier_id, nthreads).sync()
+
+    def bar_arrive(barrier_id, nthreads):
+        _named_barrier(barrier_id, nthreads).arrive()
 
     def warp_uniform(v, tid):
         return v  # the same in every lane, by the caller's word
@@ -401,15 +435,21 @@ else:
     def syncwarp(tid):
         cuda.syncwarp(0xFFFFFFFF)
 
-    @intrinsic
-    def bar_sync(typingctx, barrier_id, nthreads):
-        def cg(ctx, b, sig, args):
-            ids = [_addr32(ctx, b, v, t) for v, t in zip(args, sig.args)]
-            b.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _i32]),
-                                "bar.sync $0, $1;", "r,r,~{memory}", side_effect=True), ids)
-            return ctx.get_dummy_value()
+    def _barrier_asm(text):
+        @intrinsic
+        def barrier(typingctx, barrier_id, nthreads):
+            def cg(ctx, b, sig, args):
+                ids = [_addr32(ctx, b, v, t) for v, t in zip(args, sig.args)]
+                b.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, _i32]),
+                                    text, "r,r,~{memory}", side_effect=True), ids)
+                return ctx.get_dummy_value()
 
-        return types.void(barrier_id, nthreads), cg
+            return types.void(barrier_id, nthreads), cg
+
+        return barrier
+
+    bar_sync = _barrier_asm("bar.sync $0, $1;")
+    bar_arrive = _barrier_asm("bar.arrive $0, $1;")
 
 
 # ---------------------------------------------------------------------------------------------
