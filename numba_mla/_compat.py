@@ -21,6 +21,9 @@ DISK_CACHE = not SIMULATOR and os.environ.get("NUMBA_MLA_DISK_CACHE", "1") != "0
 #: Options for the kernels' @cuda.jit (the simulator takes none). lineinfo=True is left out:
 #: NVVM 13 rejects these kernels with it (ERROR_COMPILATION, seen on the H200).
 JIT_OPTIONS = {} if SIMULATOR else dict(cache=DISK_CACHE)
+#: Device functions that must be inlined into straight-line code (NVVM's alwaysinline) for
+#: ptxas to interleave their loads with their neighbours' arithmetic.
+INLINE = {} if SIMULATOR else dict(forceinline=True)
 
 
 def gpu_present():

@@ -19,8 +19,9 @@ Primitives
   that folds into the instruction's immediate offset, instead of Numba's 64-bit indexing.
 - ``lds32(arr, addr)``: one 4-byte element of the shared array ``arr`` (its dtype);
   ``sts32(arr, addr, v)`` stores one.
-- ``lds128(arr, addr)``: four float32 in one 16-byte load (``ld.shared.v4``; addr 16-byte
-  aligned). With every lane at one address it is a broadcast.
+- ``lds64(arr, addr)``, ``lds128(arr, addr)``: two or four consecutive elements of ``arr``
+  (float32 or int32) in one 8- or 16-byte load (``ld.shared.v2``/``.v4``; addr aligned to
+  the load's size). Lanes at one address share a broadcast.
 - ``cp_async4(arr, addr, src, i0, i1, i2, valid)``: start copying the 4-byte ``src[i0, i1, i2]``
   into the shared ``arr`` at ``addr`` without passing through registers (``cp.async``); zeros
   when not ``valid`` (nothing is read). ``cp_async_commit()`` closes a group of copies,
@@ -81,6 +82,10 @@ if SIMULATOR:
 
     def sts32(arr, addr, v):
         arr[addr // 4] = v
+
+    def lds64(arr, addr):
+        i = addr // 4
+        return arr[i], arr[i + 1]
 
     def lds128(arr, addr):
         i = addr // 4
@@ -315,18 +320,30 @@ else:
 
         return types.void(arr, addr, v), cg
 
-    @intrinsic
-    def lds128(typingctx, arr, addr):
-        sig = types.UniTuple(types.float32, 4)(arr, addr)
+    def _lds_vector(n):
+        """``ld.shared.v<n>``: n consecutive 4-byte elements of the shared array (its dtype,
+        float32 or int32) in one load."""
+        regs = ",".join(f"${k}" for k in range(n))
 
-        def cg(ctx, b, s, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_f32] * 4), [_i32]),
-                               "ld.shared.v4.f32 {$0,$1,$2,$3}, [$4];", "=f,=f,=f,=f,r",
-                               side_effect=True)
-            r = b.call(asm, [_addr32(ctx, b, args[1], s.args[1])])
-            return ctx.make_tuple(b, s.return_type, [b.extract_value(r, k) for k in range(4)])
+        def typer(typingctx, arr, addr):
+            sig = types.UniTuple(arr.dtype, n)(arr, addr)
+            f = arr.dtype == types.float32
+            ty, c = (_f32, "f") if f else (_i32, "r")
+            text = f"ld.shared.v{n}.{'f32' if f else 'b32'} {{{regs}}}, [${n}];"
 
-        return sig, cg
+            def cg(ctx, b, s, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([ty] * n), [_i32]),
+                                   text, ",".join([f"={c}"] * n + ["r"]), side_effect=True)
+                r = b.call(asm, [_addr32(ctx, b, args[1], s.args[1])])
+                return ctx.make_tuple(b, s.return_type, [b.extract_value(r, k) for k in range(n)])
+
+            return sig, cg
+
+        typer.__name__ = f"lds{32 * n}"
+        return intrinsic(typer)
+
+    lds64 = _lds_vector(2)
+    lds128 = _lds_vector(4)
 
     def _to_global(b, ptr):
         """The global-window address (64-bit integer) of a generic pointer."""
@@ -505,7 +522,7 @@ else:
 #   the GPU); ``cp_async16_at(arr, addr, gaddr, valid)`` copies the 16 bytes at ``gaddr`` (an
 #   address plus a byte offset: a row's address computed once serves all its chunks, and
 #   the offsets fold into the instruction; the row's last axis must be contiguous), zeros
-#   when not ``valid``. Same groups as ``cp_async4``.
+#   when not ``valid``; ``cp_async4_at`` the same for 4 bytes. Same groups as ``cp_async4``.
 # - ``pack_bf16x2(lo, hi)``, ``pack_f16x2(lo, hi)``: two floats -> one int32 word of 16-bit pairs.
 
 
@@ -652,6 +669,7 @@ if SIMULATOR:
     def fence_proxy_async():
         pass
 
+    cp_async4_at = _cp_async_at(1)
     cp_async16_at = _cp_async_at(4)
 
     def pack_bf16x2(lo, hi):
@@ -812,6 +830,7 @@ else:
 
         return wait
 
+    cp_async4_at = _cp_async_at(4, "ca")
     cp_async16_at = _cp_async_at(16, "cg")
 
     def _pack(text):

@@ -10,21 +10,33 @@ Notation
   skipping the ones the mask drops entirely.
 - 8 warps (256 threads). A cache row is 576 values = ROW_WORDS 4-byte *words* (288 packed
   bf16/fp16 pairs, or 576 fp32). Shared memory (4-byte words):
-      Qt [576][BLOCK_M]           queries, transposed: the BLOCK_M rows of one dim are adjacent,
-                                  so one 16-byte broadcast load gives four rows
-      Pt [BLOCK_N][BLOCK_M]       probabilities of the current tile, transposed likewise
-      Ss [8][BLOCK_M][BLOCK_N]    each warp's partial scores over its eighth of the dims
-      m, l, alpha [BLOCK_M]       running max (log2 units), running sum, this tile's rescale
-      Ks [2][BLOCK_N][ROW_WORDS+1] two KV tiles (double buffer) in storage format: the next
-                                  tile is copied asynchronously (cp.async) while this one is
-                                  used; the +1 word of padding puts the 32 rows of one column
-                                  in 32 different banks
-- Scores: warp w sums the dims of words [w*ROW_WORDS/8, (w+1)*ROW_WORDS/8); lane = key, each
-  lane holding BLOCK_M partial scores in registers. Per word: one load of K, BLOCK_M/4 (x2
-  for packed pairs) broadcast loads of q, BLOCK_M (x2) FMAs.
+      Qt [576][BLOCK_M]             queries in fp32, transposed: the BLOCK_M rows of one dim
+                                    are adjacent, so one 16-byte load gives four rows
+      Pt [BLOCK_N][BLOCK_M]         probabilities of the current tile, transposed likewise
+      Ss [8][BLOCK_M][SS_STRIDE]    each warp's partial scores over its eighth of the dims
+      m, l, alpha [BLOCK_M]         running max (log2 units), running sum, this tile's rescale
+      Ks [2][BLOCK_N][KV_STRIDE]    two KV tiles (double buffer) in storage format: the next
+                                    tile is copied asynchronously (cp.async) while this one is
+                                    used. Rows are 16-byte aligned (4 words of padding), which
+                                    also puts consecutive keys 4 banks apart.
+
+Register tiling
+---------------
+An FMA unit does one multiply-add per operand it is fed; shared memory feeds far fewer
+operands per clock than the FMA units consume, so each thread keeps a small tile of outputs in
+registers and reuses every loaded operand across a row or column of it (an outer product,
+as in a SIMT matrix product):
+- Scores S = Q K^T: warp w sums the dims of its eighth of a row (36 packed words); its lanes
+  tile the BLOCK_M x BLOCK_N scores, each lane SR = 8 rows x SK keys (SK = 4 for 32 rows, 2 for
+  16). Per step of two words a lane loads SR x DPS queries (16-byte loads of Qt) and SK x DPS
+  keys (8-byte loads of Ks) for SR x SK x DPS FMAs (DPS = dims a step: 4 packed, 2 fp32). The
+  lane's keys are kg, kg + KG, ... (KG = lanes across keys): the KG keys a warp reads at once lie
+  in distinct banks. Partial scores go to Ss; the softmax sums the eight warps' parts.
 - Online softmax: warp w owns rows w, w+8, ...; lane = key; row max and sum by warp shuffles.
-- P.V: thread t owns V words t (and t+256 for fp32), i.e. 2 of the 512 output dims, for all
-  BLOCK_M rows; fp32 accumulators in registers across the partition's tiles.
+- O += P V, V = the tile's first 512 dims: each thread owns PR = 8 rows x PD dims
+  (PD = BLOCK_M / 4) of the BLOCK_M x 512 output, as fp32 accumulators in registers across the
+  partition's tiles. Per key: PD values of V (one 8- or 16-byte load) and 8 probabilities (two
+  16-byte loads of Pt) for 8 x PD FMAs.
 
 Softmax in base 2: exp(x) = exp2(x * LOG2E); when the score mod is the identity and the mask
 is boolean, scale * LOG2E is folded into q as it is loaded, so scores arrive in log2 units.
@@ -42,30 +54,38 @@ import math
 from numba import cuda, float32, int32
 
 from .. import ptx
-from .._compat import JIT_OPTIONS
+from .._compat import INLINE, JIT_OPTIONS
 from ..mods import PARTIAL
 from .common import D_QK, D_V, LN2, LOG2E, NEG_INF, make_tile_walk
 
 NWARPS = 8
 NTHREADS = 32 * NWARPS
-BLOCK_N = 32  # keys per tile: one per lane in the score and softmax phases
+BLOCK_N = 32  # keys per tile: one per lane in the softmax
+SR = 8  # score rows per lane
+PR = 8  # output rows per thread
+UNROLL = 2  # keys of the P.V loop written out together
 
 
 def layout(block_m, packed):
-    """Word offsets of the shared arrays and the total size in bytes."""
+    """Word offsets of the shared arrays, the strides, and the total size in bytes."""
+    assert block_m in (16, 32)
     row_words = D_QK // 2 if packed else D_QK
+    kg = 32 * SR // block_m  # lanes across keys in the score tile
+    kv_stride = row_words + 4
+    ss_stride = BLOCK_N + kg // 8  # the lanes' partial-score stores hit 32 distinct banks
+    qt_stride = pt_stride = block_m + 2  # column stores by consecutive lanes: 2-way conflicts
     qt = 0
-    pt = qt + D_QK * block_m
-    ss = pt + BLOCK_N * block_m
-    m = ss + NWARPS * block_m * BLOCK_N
+    pt = qt + D_QK * qt_stride
+    ss = pt + BLOCK_N * pt_stride
+    m = ss + NWARPS * block_m * ss_stride
     l = m + block_m
     alpha = l + block_m
     ks = alpha + block_m
     ks += -ks % 4  # keep Ks 16-byte aligned
-    stride = row_words + 1
-    end = ks + 2 * BLOCK_N * stride
-    assert block_m % 4 == 0 and qt % 4 == pt % 4 == alpha % 4 == 0  # lds128 alignment
-    return dict(qt=qt, pt=pt, ss=ss, m=m, l=l, alpha=alpha, ks=ks, stride=stride,
+    end = ks + 2 * BLOCK_N * kv_stride
+    assert qt % 2 == pt % 2 == 0 and alpha % 4 == 0  # lds64, lds128 alignment
+    return dict(qt=qt, pt=pt, ss=ss, m=m, l=l, alpha=alpha, ks=ks, kv_stride=kv_stride,
+                ss_stride=ss_stride, qt_stride=qt_stride, pt_stride=pt_stride,
                 row_words=row_words, nbytes=4 * end)
 
 
@@ -84,35 +104,70 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
 
     L = layout(block_m, packed)
     QT, PT, SS, M_, L_, A_, KS = L["qt"], L["pt"], L["ss"], L["m"], L["l"], L["alpha"], L["ks"]
-    STRIDE, ROW_WORDS = L["stride"], L["row_words"]
+    STRIDE, SSTR, ROW_WORDS = L["kv_stride"], L["ss_stride"], L["row_words"]
+    QS, PS = L["qt_stride"], L["pt_stride"]
     BUF = BLOCK_N * STRIDE  # words per KV tile buffer
     E = 2 if packed else 1  # values per word
-    WORDS_PER_WARP = ROW_WORDS // NWARPS  # score phase: this warp's slice of a row
-    WORDS_PER_LANE = ROW_WORDS // 32  # tile copy: words per lane per key
-    KEYS_PER_WARP = BLOCK_N // NWARPS  # tile copy: keys per warp
-    ROWS_PER_WARP = block_m // NWARPS
-    MQ = block_m // 4  # 16-byte groups of rows
+    # Scores: lane = (rg, kg); rows rg*SR + i, keys kg + KG*j; steps of 2 words = DPS dims.
+    RG = block_m // SR
+    KG = 32 // RG
+    SK = BLOCK_N // KG
+    DPS = 2 * E
+    WORDS_PER_WARP = ROW_WORDS // NWARPS  # this warp's slice of a row
+    STEPS = WORDS_PER_WARP // 2
+    # Output: thread = (rgp, dg); rows rgp*PR + i, dims dg*PD + c (PDW words).
+    RGP = block_m // PR
+    PD = 2 * block_m // PR
+    PDW = PD // E
+    # Tile copy: one 4-byte cp.async a word.
+    WORDS_PER_LANE = ROW_WORDS // 32
+    KEYS_PER_WARP = BLOCK_N // NWARPS
+    ROWS_PER_WARP = block_m // NWARPS  # softmax
     H = heads
-    assert block_m % 8 == 0 and ROW_WORDS % (32 * NWARPS // 8) == 0
-    assert D_QK * block_m >= D_V * block_m  # the output is staged in the queries' space
+    assert STEPS % 2 == 0 and BLOCK_N % UNROLL == 0 and PDW in (2, 4) and SK >= 1
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
 
     @cuda.jit(device=True)
     def issue_tile(smk, sb, buf, storage, block_table, page_size, b, k0, k1, warp, lane):
-        """Start the asynchronous copy of keys [k0, k1) into buffer ``buf`` (zeros past k1)."""
+        """Start the asynchronous copy of keys [k0, k1) into buffer ``buf`` (zeros past k1).
+        Warp w copies keys w, w + 8, ...: each row is located once (keys past k1 read key
+        k1 - 1's place, a real one, but copy zeros), then its lanes copy 4-byte words."""
         for j in range(KEYS_PER_WARP):
             n = warp + NWARPS * j
-            k = k0 + n
-            valid = k < k1
-            pg = 0
-            sl = 0
-            if valid:
-                pg, sl = locate(block_table, page_size, b, k)
-            base = KS + buf * BUF + n * STRIDE
+            pg, sl = locate(block_table, page_size, b, min(k0 + n, k1 - 1))
+            src = ptx.global_addr(storage, pg, sl, 0) + 4 * lane
+            dst = sb + 4 * (KS + buf * BUF + n * STRIDE + lane)
             for c in range(WORDS_PER_LANE):
-                w = lane + 32 * c
-                ptx.cp_async4(smk, sb + 4 * (base + w), storage, pg, sl, w, valid)
+                ptx.cp_async4_at(smk, dst + 128 * c, src + 128 * c, k0 + n < k1)
         ptx.cp_async_commit()
+
+    @cuda.jit(device=True, **INLINE)
+    def score_step(smf, smk, q_at, k_at, st, s_acc, kv):
+        """Partial scores += this lane's SR rows x SK keys over the DPS dims of step ``st``."""
+        for j in range(SK):  # SK keys x DPS dims
+            w0, w1 = ptx.lds64(smk, k_at + 4 * (j * KG * STRIDE + 2 * st))
+            if packed:
+                kv[j, 0], kv[j, 1] = unpack(w0)
+                kv[j, 2], kv[j, 3] = unpack(w1)
+            else:
+                kv[j, 0], kv[j, 1] = w0, w1
+        for dd in range(DPS):  # SR rows of each dim, two at a time
+            for i2 in range(SR // 2):
+                q0, q1 = ptx.lds64(smf, q_at + 4 * ((st * DPS + dd) * QS + 2 * i2))
+                for j in range(SK):
+                    s_acc[2 * i2, j] += q0 * kv[j, dd]
+                    s_acc[2 * i2 + 1, j] += q1 * kv[j, dd]
+
+    @cuda.jit(device=True, **INLINE)
+    def load_v(smk, addr, v):
+        """V: this thread's PD values of one key, at byte address ``addr``, into ``v``."""
+        for h in range(PDW // 2):
+            w0, w1 = ptx.lds64(smk, addr + 8 * h)
+            if packed:
+                v[4 * h], v[4 * h + 1] = unpack(w0)
+                v[4 * h + 2], v[4 * h + 3] = unpack(w1)
+            else:
+                v[2 * h], v[2 * h + 1] = w0, w1
 
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
@@ -149,22 +204,36 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
 
         # -- load the block's queries, transposed (once), and reset the softmax state --
         qscale = float32(scale * LOG2E) if fold_scale else float32(1.0)
-        for idx in range(tid, block_m * D_QK, NTHREADS):
-            m = idx // D_QK
-            d = idx - m * D_QK
-            v = float32(0.0)
-            if m < nrows:
-                r = r0 + m
-                v = load(q[row0 + r // H, r % H, d]) * qscale
-            ptx.sts32(smf, sb + 4 * (QT + d * block_m + m), v)
+        for m in range(block_m):
+            r = r0 + min(m, nrows - 1)  # rows past nrows read a real row and store zeros
+            t_q = row0 + r // H
+            h_q = r % H
+            for d in range(tid, D_QK, NTHREADS):
+                x = load(q[t_q, h_q, d]) * qscale
+                ptx.sts32(smf, sb + 4 * (QT + d * QS + m), x if m < nrows else float32(0.0))
         if tid < block_m:
             smf[M_ + tid] = float32(NEG_INF)
             smf[L_ + tid] = 0.0
-        acc = cuda.local.array((block_m, 2), float32)  # P.V accumulators: rows x my 2 dims
-        for ii in range(block_m):
-            acc[ii, 0] = 0.0
-            acc[ii, 1] = 0.0
-        s_acc = cuda.local.array(block_m, float32)
+
+        # This thread's place in the score tile and in the output tile.
+        # (Lanes that share an address sit in different half-warps for the operand loaded
+        # most often, Q in the scores, P in P.V: a 64-bit load then takes one pass.)
+        rg = lane // KG
+        kg = lane % KG
+        rgp = lane // (32 // RGP)
+        dg = warp * (32 // RGP) + lane % (32 // RGP)
+        q_at = sb + 4 * (QT + warp * WORDS_PER_WARP * E * QS + rg * SR)
+        p_at = sb + 4 * (PT + rgp * PR)
+        acc = cuda.local.array((PR, PD), float32)  # O: my PR rows x PD dims
+        for i in range(PR):
+            for c in range(PD):
+                acc[i, c] = 0.0
+        s_acc = cuda.local.array((SR, SK), float32)
+        kv = cuda.local.array((SK, DPS), float32)
+        v = cuda.local.array(PD, float32)
+        sm_s = cuda.local.array(ROWS_PER_WARP, float32)  # softmax: scores, then probabilities
+        sm_max = cuda.local.array(ROWS_PER_WARP, float32)  # row maxima
+        sm_alpha = cuda.local.array(ROWS_PER_WARP, float32)  # rescale factors
 
         buf = 0
         while t < t_end:
@@ -183,37 +252,23 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
                 issue_tile(smk, sb, 1 - buf, storage, block_table, page_size, b, k0n,
                            min(k0n + BLOCK_N, kend), warp, lane)
 
-            # -- partial scores: lane = key, warp w sums its slice of the 576 dims --
-            for ii in range(block_m):
-                s_acc[ii] = 0.0
-            for wd in range(warp * WORDS_PER_WARP, (warp + 1) * WORDS_PER_WARP):
-                if packed:
-                    k_lo, k_hi = unpack(ptx.lds32(smk, sb + 4 * (kb + lane * STRIDE + wd)))
-                    for mq in range(MQ):
-                        q0, q1, q2, q3 = ptx.lds128(smf, sb + 4 * (QT + (2 * wd) * block_m + 4 * mq))
-                        s_acc[4 * mq] += q0 * k_lo
-                        s_acc[4 * mq + 1] += q1 * k_lo
-                        s_acc[4 * mq + 2] += q2 * k_lo
-                        s_acc[4 * mq + 3] += q3 * k_lo
-                        q0, q1, q2, q3 = ptx.lds128(smf, sb + 4 * (QT + (2 * wd + 1) * block_m + 4 * mq))
-                        s_acc[4 * mq] += q0 * k_hi
-                        s_acc[4 * mq + 1] += q1 * k_hi
-                        s_acc[4 * mq + 2] += q2 * k_hi
-                        s_acc[4 * mq + 3] += q3 * k_hi
-                else:
-                    kv = ptx.lds32(smf, sb + 4 * (kb + lane * STRIDE + wd))
-                    for mq in range(MQ):
-                        q0, q1, q2, q3 = ptx.lds128(smf, sb + 4 * (QT + wd * block_m + 4 * mq))
-                        s_acc[4 * mq] += q0 * kv
-                        s_acc[4 * mq + 1] += q1 * kv
-                        s_acc[4 * mq + 2] += q2 * kv
-                        s_acc[4 * mq + 3] += q3 * kv
-            for ii in range(block_m):
-                ptx.sts32(smf, sb + 4 * (SS + (warp * block_m + ii) * BLOCK_N + lane), s_acc[ii])
+            # -- partial scores: warp w sums its slice of the dims, lanes tile rows x keys --
+            for i in range(SR):
+                for j in range(SK):
+                    s_acc[i, j] = 0.0
+            k_at = sb + 4 * (kb + kg * STRIDE + warp * WORDS_PER_WARP)
+            for st in range(0, STEPS, 2):  # two steps written out: the loads of one overlap
+                score_step(smf, smk, q_at, k_at, st, s_acc, kv)  # the FMAs of the other
+                score_step(smf, smk, q_at, k_at, st + 1, s_acc, kv)
+            for i in range(SR):
+                for j in range(SK):
+                    ptx.sts32(smf, sb + 4 * (SS + (warp * block_m + rg * SR + i) * SSTR
+                                             + kg + KG * j), s_acc[i, j])
             # Wait for all eight warps' partial scores.
             cuda.syncthreads()
 
-            # -- mask, score mod and online softmax: warp w owns rows w, w+8, ...; lane = key --
+            # -- mask, score mod and online softmax: warp w owns rows w, w+8, ...; lane = key.
+            #    The warp's rows take each step together: their shuffles overlap. --
             k = k0 + lane
             for jr in range(ROWS_PER_WARP):
                 m = warp + NWARPS * jr
@@ -225,7 +280,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
                 if m < nrows and k < k1:
                     s = float32(0.0)
                     for w in range(NWARPS):
-                        s += ptx.lds32(smf, sb + 4 * (SS + (w * block_m + m) * BLOCK_N + lane))
+                        s += ptx.lds32(smf, sb + 4 * (SS + (w * block_m + m) * SSTR + lane))
                     if fold_scale:
                         # ---- apply mask (scores already in log2 units) ----
                         if cls == PARTIAL:
@@ -238,81 +293,74 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
                         if cls == PARTIAL:
                             s = float32(mask_apply(s, b, h, i, q_pos, k, bias))
                         s = s * float32(LOG2E)
+                sm_s[jr] = s
+                sm_max[jr] = s
+            for e in range(5):  # row maxima over the tile's keys (butterfly: 16, 8, ..., 1)
+                for jr in range(ROWS_PER_WARP):
+                    sm_max[jr] = max(sm_max[jr], ptx.shfl_xor(sm_max[jr], 16 >> e, tid))
+            for jr in range(ROWS_PER_WARP):
+                m = warp + NWARPS * jr
                 m_old = ptx.lds32(smf, sb + 4 * (M_ + m))
-                m_new = s
-                for o in (16, 8, 4, 2, 1):
-                    m_new = max(m_new, ptx.shfl_xor(m_new, o, tid))
-                m_new = max(m_new, m_old)
+                m_new = max(sm_max[jr], m_old)
                 # A row with no kept key so far keeps m = -inf; exp2 then sees -inf - 0.
                 m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
-                pr = math.exp2(s - m_ref)
-                ptx.sts32(smf, sb + 4 * (PT + lane * block_m + m), pr)
-                row_sum = pr
-                for o in (16, 8, 4, 2, 1):
-                    row_sum += ptx.shfl_xor(row_sum, o, tid)
-                # Every lane has read m_old before lane 0 replaces it.
-                ptx.syncwarp(tid)
-                if lane == 0:
-                    alpha = math.exp2(m_old - m_ref)
-                    smf[A_ + m] = alpha
-                    smf[L_ + m] = smf[L_ + m] * alpha + row_sum
-                    smf[M_ + m] = m_new
+                pr = math.exp2(sm_s[jr] - m_ref)
+                ptx.sts32(smf, sb + 4 * (PT + lane * PS + m), pr)
+                sm_s[jr] = pr
+                sm_max[jr] = m_new
+                sm_alpha[jr] = math.exp2(m_old - m_ref)
+            for e in range(5):  # row sums
+                for jr in range(ROWS_PER_WARP):
+                    sm_s[jr] += ptx.shfl_xor(sm_s[jr], 16 >> e, tid)
+            # Every lane has read m_old before lane 0 replaces it.
+            ptx.syncwarp(tid)
+            if lane == 0:
+                for jr in range(ROWS_PER_WARP):
+                    m = warp + NWARPS * jr
+                    smf[A_ + m] = sm_alpha[jr]
+                    smf[L_ + m] = smf[L_ + m] * sm_alpha[jr] + sm_s[jr]
+                    smf[M_ + m] = sm_max[jr]
             # Wait for the probabilities and the rescale factors.
             cuda.syncthreads()
 
-            # -- O = alpha * O + P @ V, V = the tile's first 512 dims --
-            for mq in range(MQ):
-                a0, a1, a2, a3 = ptx.lds128(smf, sb + 4 * (A_ + 4 * mq))
-                for c in range(2):
-                    acc[4 * mq, c] *= a0
-                    acc[4 * mq + 1, c] *= a1
-                    acc[4 * mq + 2, c] *= a2
-                    acc[4 * mq + 3, c] *= a3
-            for n in range(BLOCK_N):
-                if packed:
-                    v0, v1 = unpack(ptx.lds32(smk, sb + 4 * (kb + n * STRIDE + tid)))
-                else:
-                    v0 = ptx.lds32(smf, sb + 4 * (kb + n * STRIDE + tid))
-                    v1 = ptx.lds32(smf, sb + 4 * (kb + n * STRIDE + tid + NTHREADS))
-                for mq in range(MQ):
-                    p0, p1, p2, p3 = ptx.lds128(smf, sb + 4 * (PT + n * block_m + 4 * mq))
-                    acc[4 * mq, 0] += p0 * v0
-                    acc[4 * mq, 1] += p0 * v1
-                    acc[4 * mq + 1, 0] += p1 * v0
-                    acc[4 * mq + 1, 1] += p1 * v1
-                    acc[4 * mq + 2, 0] += p2 * v0
-                    acc[4 * mq + 2, 1] += p2 * v1
-                    acc[4 * mq + 3, 0] += p3 * v0
-                    acc[4 * mq + 3, 1] += p3 * v1
+            # -- O = alpha * O + P @ V: my PR rows x PD dims --
+            for i4 in range(PR // 4):
+                a0, a1, a2, a3 = ptx.lds128(smf, sb + 4 * (A_ + rgp * PR + 4 * i4))
+                for c in range(PD):
+                    acc[4 * i4, c] *= a0
+                    acc[4 * i4 + 1, c] *= a1
+                    acc[4 * i4 + 2, c] *= a2
+                    acc[4 * i4 + 3, c] *= a3
+            v_at = sb + 4 * (kb + dg * PDW)
+            for n2 in range(0, BLOCK_N, UNROLL):
+                for u in range(UNROLL):
+                    n = n2 + u
+                    load_v(smk, v_at + 4 * n * STRIDE, v)
+                    for i2 in range(PR // 2):
+                        p0, p1 = ptx.lds64(smf, p_at + 4 * (n * PS + 2 * i2))
+                        for c in range(PD):
+                            acc[2 * i2, c] += p0 * v[c]
+                            acc[2 * i2 + 1, c] += p1 * v[c]
             buf = 1 - buf
             t = t_next
 
-        # -- write the partition's normalised output and LSE --
-        # Stage O through shared memory in the queries' space: every register index stays a
-        # compile-time constant, and the global writes are whole rows.
-        # Wait until every warp is done with the queries (and, when no tile was processed,
-        # until the queries' stores are over: the staging below overwrites them).
+        # -- write the partition's normalised output and LSE, straight from registers --
+        # Wait for the softmax state (when no tile was processed: for its initial values).
         cuda.syncthreads()
-        # Thread t's dims: 2t, 2t+1 (packed pairs) or t, t+256 (fp32).
-        d0 = E * tid
-        d1 = d0 + 1 if packed else tid + NTHREADS
-        for m in range(block_m):
-            ptx.sts32(smf, sb + 4 * (QT + m * D_V + d0), acc[m, 0])
-            ptx.sts32(smf, sb + 4 * (QT + m * D_V + d1), acc[m, 1])
-        # Wait for the staged output.
-        cuda.syncthreads()
-        for m in range(nrows):
-            r = r0 + m
-            t_row = row0 + r // H
-            h = r % H
-            l = smf[L_ + m]
-            empty = l == 0.0  # no kept key (a NaN score gives l = NaN: not empty, NaN out)
-            inv = float32(0.0) if empty else float32(1.0) / l
-            for d in range(tid, D_V, NTHREADS):
-                part_out[t_row, h, p, d] = smf[QT + m * D_V + d] * inv
-            if tid == 0:
-                part_lse[t_row, h, p] = (float32(NEG_INF) if empty
-                                         else (smf[M_ + m] + math.log2(l)) * float32(LN2))
+        for i in range(PR):
+            m = rgp * PR + i
+            if m < nrows:
+                r = r0 + m
+                t_row = row0 + r // H
+                h = r % H
+                l = smf[L_ + m]
+                empty = l == 0.0  # no kept key (a NaN score gives l = NaN: not empty, NaN out)
+                inv = float32(0.0) if empty else float32(1.0) / l
+                for c in range(PD):
+                    part_out[t_row, h, p, dg * PD + c] = acc[i, c] * inv
+                if dg == 0:
+                    part_lse[t_row, h, p] = (float32(NEG_INF) if empty
+                                             else (smf[M_ + m] + math.log2(l)) * float32(LN2))
 
     return partition_kernel
 
