@@ -90,17 +90,20 @@ def _device_functions(mask, score_mod, cache_cls):
     )
 
 
-def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads):
-    """The stage-1 FMA kernel (kernels/simt.py) for this configuration."""
+def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False):
+    """The stage-1 FMA kernel (kernels/simt.py) for this configuration; ``direct``: the
+    variant that writes the final output (one partition, no combine)."""
 
     def build():
         from .kernels.simt import make_partition_kernel
 
-        return make_partition_kernel(load=converters(tag)[0], unpack=unpacker(tag),
-                                     block_m=block_m, heads=heads,
+        load, store = converters(tag)
+        return make_partition_kernel(load=load, store=store if direct else converters("f32")[1],
+                                     unpack=unpacker(tag), block_m=block_m, heads=heads,
                                      **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(("simt", tag, block_m, heads) + _mods_key(mask, score_mod, cache_cls), build)
+    return _cached(("simt", tag, block_m, heads, direct) + _mods_key(mask, score_mod, cache_cls),
+                   build)
 
 
 def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, tma=False):

@@ -33,26 +33,13 @@ def longest_key_range(mask, lengths, counts):
     return longest
 
 
-def num_partitions(batch, row_groups, max_keys, block_n, sms=None):
-    """Split-K factor P: enough blocks (B x G x P) to give every multiprocessor about two
-    (one is resident at a time: the FMA kernel's shared memory allows no more), but at least
-    two key tiles per partition so the combine stays cheap."""
-    sms = sm_count() if sms is None else sms
-    tiles = math.ceil(max_keys / block_n)
-    if tiles <= 1:
-        return 1
-    blocks = max(1, batch * row_groups)
-    want = math.ceil(2 * sms / blocks)
-    return max(1, min(want, math.ceil(tiles / 2)))
-
-
 #: A block's fixed cost (queries in, output out), in key tiles.
 BLOCK_OVERHEAD_TILES = 2
 
 
-def num_partitions_waves(batch, row_groups, max_keys, block_n, sms=None, max_parts=256):
-    """Split-K factor for a kernel with one resident block per multiprocessor (the tensor-core
-    kernel's shared memory allows no more): the blocks run in waves of ``sms``, so the time is
+def num_partitions(batch, row_groups, max_keys, block_n, sms=None, max_parts=256):
+    """Split-K factor P for a kernel with one resident block per multiprocessor (both
+    kernels' shared memory allows no more): the blocks run in waves of ``sms``, so the time is
     about (waves) x (tiles per partition + a block's fixed cost, ``BLOCK_OVERHEAD_TILES``:
     loading the queries, writing the output). Pick the P that minimises it, the smallest on
     ties (fewer partitions: a cheaper combine, none at all for P = 1)."""

@@ -343,8 +343,7 @@ class Plan:
         else:
             self.block_m, block_n = heuristics.simt_block_m(rows, sixteen), simt.BLOCK_N
         groups = max(1, math.ceil(rows / self.block_m))
-        split = heuristics.num_partitions_waves if backend == "mma" else heuristics.num_partitions
-        P = self.num_partitions = call.num_partitions or split(
+        P = self.num_partitions = call.num_partitions or heuristics.num_partitions(
             B, groups, heuristics.longest_key_range(call.mask, cache.lengths_host, counts),
             block_n)
         if P > _MAX_GRID_X:
@@ -368,8 +367,8 @@ class Plan:
         if T > 0 and B > 0:
             args = (q_dev, offs_dev, storage, block_table, lengths, bias, np.float32(call.scale))
             grid = (P, groups, B)
-            # One partition on tensor cores: the kernel writes out and lse itself (no combine).
-            direct = backend == "mma" and P == 1
+            # One partition: the kernel writes out and lse itself (no combine).
+            direct = P == 1
             if backend == "mma":
                 # Tiles by the copy engine (TMA) where a 64-key tile never straddles pages and
                 # rows are packed (the tensor maps see q and the cache as [rows, 576]).
@@ -386,7 +385,7 @@ class Plan:
                     maps = (_dummy((128,), np.uint8),) * 2
             else:
                 kern = factory.partition_kernel(call.mask, call.score_mod, tag, type(cache),
-                                                self.block_m, H)
+                                                self.block_m, H, direct)
                 threads, smem = simt.NTHREADS, simt.smem_bytes(self.block_m, sixteen)
                 maps = ()
             if direct:

@@ -19,34 +19,21 @@ def test_longest_key_range(mask, lengths, counts, want):
     assert got == want
 
 
-def test_num_partitions_fills_the_device():
-    sms = 132
-    # One long sequence, 8 row groups: about two blocks per multiprocessor.
-    P = heuristics.num_partitions(1, 8, 65536, 32, sms)
-    assert 8 * P >= 2 * sms and 8 * (P - 1) < 2 * sms
-    # A large batch already fills it: no split.
-    assert heuristics.num_partitions(512, 4, 4096, 32, sms) == 1
-    # Never fewer than two tiles per partition; one tile, one partition.
-    assert heuristics.num_partitions(1, 1, 256, 32, sms) == 4
-    assert heuristics.num_partitions(1, 1, 32, 32, sms) == 1
-    assert heuristics.num_partitions(1, 1, 0, 32, sms) == 1
-
-
-def test_num_partitions_waves():
+def test_num_partitions():
     """One resident block per multiprocessor: the fewest partitions that minimise
     waves x tiles per partition."""
     sms = 132
     # B=1, H=128 (2 row groups), 1024 tiles: 64 partitions of 16 tiles, one wave of 128 blocks
     # (66 would be no faster: still 16 tiles for some partition).
-    assert heuristics.num_partitions_waves(1, 2, 65536, 64, sms) == 64
+    assert heuristics.num_partitions(1, 2, 65536, 64, sms) == 64
     # 128 blocks already (almost) fill the device: no split, no combine.
-    assert heuristics.num_partitions_waves(64, 2, 4096, 64, sms) == 1
+    assert heuristics.num_partitions(64, 2, 4096, 64, sms) == 1
     # 64 blocks: two partitions make one full wave.
-    assert heuristics.num_partitions_waves(64, 1, 4096, 64, sms) == 2
-    assert heuristics.num_partitions_waves(1, 1, 64, 64, sms) == 1
-    assert heuristics.num_partitions_waves(1, 1, 0, 64, sms) == 1
+    assert heuristics.num_partitions(64, 1, 4096, 64, sms) == 2
+    assert heuristics.num_partitions(1, 1, 64, 64, sms) == 1
+    assert heuristics.num_partitions(1, 1, 0, 64, sms) == 1
     for blocks, keys in [(1, 65536), (3, 5000), (16, 32768), (200, 1000)]:
-        P = heuristics.num_partitions_waves(blocks, 1, keys, 64, sms)
+        P = heuristics.num_partitions(blocks, 1, keys, 64, sms)
         tiles = -(-keys // 64)
         cost = lambda n: -(-blocks * n // sms) * (-(-tiles // n) + heuristics.BLOCK_OVERHEAD_TILES)
         assert all(cost(P) <= cost(n) for n in range(1, min(tiles, 256) + 1))

@@ -492,7 +492,8 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
     else:
         block_m = heuristics.simt_block_m(int(p.counts.max()) * p.heads, tag != "f32")
         dispatchers = [factory.partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
-                                                type(p.cache), block_m, p.heads)]
+                                                type(p.cache), block_m, p.heads, direct)
+                       for direct in (False, True)]  # workspace or one-partition output
     kernels = [k for d in dispatchers for k in d.overloads.values()]
     assert kernels, "the partition kernel for this configuration was never compiled"
     if backend == "mma":  # the copy engine brings the tiles wherever a tile fits one page

@@ -41,9 +41,10 @@ as in a SIMT matrix product):
 Softmax in base 2: exp(x) = exp2(x * LOG2E); when the score mod is the identity and the mask
 is boolean, scale * LOG2E is folded into q as it is loaded, so scores arrive in log2 units.
 
-Output (fp32 workspace): the partition's normalised output ``part_out[t, h, p, :512]`` and its
+Output: the partition's normalised output ``part_out[t, h, p, :512]`` (fp32 workspace) and its
 natural-log LSE ``part_lse[t, h, p]`` (-inf and 0 when it kept no key); the combine kernel
-merges the partitions.
+merges the partitions. With one partition the kernel writes ``out`` and ``lse`` itself
+(``part_out = out [T, H, 1, 512]`` in the storage dtype, ``store`` converting), no combine.
 
 Traffic: each block reads its partition's keys once (576 values a key, into shared memory,
 serving both q.K and P.V) plus its queries once; the G row groups of one sequence read the same
@@ -89,11 +90,12 @@ def layout(block_m, packed):
                 row_words=row_words, nbytes=4 * end)
 
 
-def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, mask_key_range,
-                          score_mod, fold_scale, block_m, heads):
+def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_classify,
+                          mask_key_range, score_mod, fold_scale, block_m, heads):
     """The stage-1 kernel for one configuration. Every argument is a compile-time constant:
     device functions (inlined) or ints; see factory.py. ``unpack`` turns a packed 16-bit pair
-    into two floats, or is None for fp32 storage."""
+    into two floats, or is None for fp32 storage; ``store`` converts an output value for
+    ``part_out`` (the identity for the fp32 workspace)."""
     packed = unpack is not None
     WORD = int32 if packed else float32
     if not packed:
@@ -357,7 +359,7 @@ def make_partition_kernel(*, load, unpack, locate, mask_apply, mask_classify, ma
                 empty = l == 0.0  # no kept key (a NaN score gives l = NaN: not empty, NaN out)
                 inv = float32(0.0) if empty else float32(1.0) / l
                 for c in range(PD):
-                    part_out[t_row, h, p, dg * PD + c] = acc[i, c] * inv
+                    part_out[t_row, h, p, dg * PD + c] = store(acc[i, c] * inv)
                 if dg == 0:
                     part_lse[t_row, h, p] = (float32(NEG_INF) if empty
                                              else (smf[M_ + m] + math.log2(l)) * float32(LN2))
