@@ -4,12 +4,43 @@ import math
 
 from numba import cuda
 
+from numba import float32
+
 from ..caches import D_QK, D_V  # noqa: F401  (576-wide rows; V = the first 512 dims)
-from ..mods import EMPTY
+from ..mods import EMPTY, PARTIAL
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # log(x) = log2(x) * LN2
 NEG_INF = -math.inf  # (a Python float: kernels cast it, float32(NEG_INF), to stay in fp32)
+
+
+def make_log2_score(mask_apply, score_mod, fold_scale):
+    """The score step both kernels share, as a device function
+    ``log2_score(s, fold, scale, cls, b, h, i, q_pos, k, bias)``: a product ``s`` of q and k
+    in, the score in log2 units out (the softmax uses exp2), score mod and mask applied.
+
+    - ``fold_scale`` (a boolean mask and no score mod): the scores need not be seen in natural
+      units, so scale and LOG2E come in one multiply, by ``fold`` (1 when the kernel already
+      folded them into q);
+    - otherwise ``s * scale`` goes through the score mod (computed as the mod likes, kept in
+      fp32), then the mask, then to log2 units.
+
+    The mask runs only on tiles it keeps in part (``cls == PARTIAL``): a tile it keeps whole
+    needs no per-element work."""
+
+    @cuda.jit(device=True)
+    def log2_score(s, fold, scale, cls, b, h, i, q_pos, k, bias):
+        if fold_scale:
+            s = s * fold
+            if cls == PARTIAL:
+                s = float32(mask_apply(s, b, h, i, q_pos, k, bias))
+            return s
+        s = float32(score_mod(s * scale, b, h, q_pos, k))
+        if cls == PARTIAL:
+            s = float32(mask_apply(s, b, h, i, q_pos, k, bias))
+        return s * float32(LOG2E)
+
+    return log2_score
 
 
 def make_tile_walk(mask_classify, mask_key_range, block_n, heads, align=1):

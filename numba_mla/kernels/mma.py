@@ -41,8 +41,7 @@ from numba import cuda, float32, int32, uint64
 
 from .. import ptx
 from .._compat import JIT_OPTIONS
-from ..mods import PARTIAL
-from .common import D_QK, D_V, LN2, LOG2E, NEG_INF, make_tile_walk
+from .common import D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk
 
 BLOCK_M = 64  # query rows per block: wgmma's M
 BLOCK_N = 64  # keys per tile
@@ -96,6 +95,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     zero_o = ptx.acc_zero(NO)
     scale_o = ptx.acc_scale(NO)
     store_o = ptx.acc_store(NO)
+    log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           align=BLOCK_N if tma else 1)
     tma_box = ptx.tma_load(BLOCK_M, BOX, True)
@@ -307,17 +307,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                             k = k0 + KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
                             s = float32(NEG_INF)
                             if m < nrows and k < k1:
-                                s = s_acc[i]
-                                if fold_scale:
-                                    s = s * qscale
-                                    if cls == PARTIAL:
-                                        s = float32(mask_apply(s, b, h, iq, q_pos, k, bias))
-                                else:
-                                    s = s * scale
-                                    s = float32(score_mod(s, b, h, q_pos, k))
-                                    if cls == PARTIAL:
-                                        s = float32(mask_apply(s, b, h, iq, q_pos, k, bias))
-                                    s = s * float32(LOG2E)
+                                s = log2_score(s_acc[i], qscale, scale, cls, b, h, iq, q_pos, k,
+                                               bias)
                             s_acc[i] = s
                             row_max = max(row_max, s)
                     for o in (1, 2):  # the four lanes of a quad share a row

@@ -56,8 +56,7 @@ from numba import cuda, float32, int32
 
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS
-from ..mods import PARTIAL
-from .common import D_QK, D_V, LN2, LOG2E, NEG_INF, make_tile_walk
+from .common import D_QK, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk
 
 NWARPS = 8
 NTHREADS = 32 * NWARPS
@@ -128,6 +127,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     H = heads
     assert STEPS % 2 == 0 and BLOCK_N % UNROLL == 0 and PDW in (2, 4) and SK >= 1
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
+    log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
     @cuda.jit(device=True)
     def issue_tile(smk, sb, buf, storage, block_table, page_size, b, k0, k1, warp, lane):
@@ -283,18 +283,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                     s = float32(0.0)
                     for w in range(NWARPS):
                         s += ptx.lds32(smf, sb + 4 * (SS + (w * block_m + m) * SSTR + lane))
-                    if fold_scale:
-                        # ---- apply mask (scores already in log2 units) ----
-                        if cls == PARTIAL:
-                            s = float32(mask_apply(s, b, h, i, q_pos, k, bias))
-                    else:
-                        s = s * scale
-                        # ---- apply score mod (computed as the mod likes, kept in fp32) ----
-                        s = float32(score_mod(s, b, h, q_pos, k))
-                        # ---- apply mask ----
-                        if cls == PARTIAL:
-                            s = float32(mask_apply(s, b, h, i, q_pos, k, bias))
-                        s = s * float32(LOG2E)
+                    # (with fold_scale, q brought scale * LOG2E already)
+                    s = log2_score(s, float32(1.0), scale, cls, b, h, i, q_pos, k, bias)
                 sm_s[jr] = s
                 sm_max[jr] = s
             for e in range(5):  # row maxima over the tile's keys (butterfly: 16, 8, ..., 1)
