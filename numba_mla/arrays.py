@@ -68,6 +68,17 @@ def is_device(x):
     return hasattr(x, "__cuda_array_interface__")
 
 
+def last_axis_contiguous(x):
+    """Whether the last axis's elements are adjacent in memory (NumPy input counts as such: it is
+    copied to a contiguous device array before use)."""
+    if isinstance(x, np.ndarray) or shape_of(x)[-1] <= 1:
+        return True
+    if is_torch(x):
+        return x.stride()[-1] == 1
+    strides = (getattr(x, "__cuda_array_interface__", None) or {}).get("strides")
+    return strides is None or int(strides[-1]) == dtype_of(x).itemsize
+
+
 def to_host(x):
     """A NumPy copy (or view, for NumPy input) of any accepted array."""
     if isinstance(x, np.ndarray):

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _compat  # noqa: F401
 from . import ptx
-from .arrays import IO_DTYPES, dtype_of, is_array, is_device, shape_of, to_host
+from .arrays import IO_DTYPES, dtype_of, is_array, is_device, last_axis_contiguous, shape_of, to_host
 from numba import cuda
 
 D_LATENT = 512  # the compressed KV ("nope") part; also V
@@ -29,6 +29,10 @@ def _check_storage(name, x):
         raise ValueError(f"{name}: expected shape [*, *, {D_QK}] (512 latent + 64 rope), got {list(shape)}")
     if dt not in IO_DTYPES:
         raise TypeError(f"{name}: expected dtype bfloat16, float16 or float32, got {dt}")
+    if not last_axis_contiguous(x):
+        # The kernels copy a cache row as one run of bytes from its start.
+        raise ValueError(f"{name}: its rows (the last axis, {D_QK} values) must be contiguous "
+                         f"in memory; got a device array whose last axis is strided")
     return shape, dt
 
 

@@ -318,11 +318,7 @@ class Plan:
         counts = np.diff(offs_host)
         offs_dev = _int32_device(offs_src, offs_host)
 
-        storage = _as_device(cache.storage, sixteen, pairs=True)
-        if storage.strides[2] != storage.dtype.itemsize:
-            # Both kernels copy a cache row as one run of bytes from its start.
-            raise ValueError(f"{cache.kind} cache: its rows (the last axis, 576 values) must be "
-                             f"contiguous in memory, got a stride of {storage.strides[2]} bytes")
+        storage = _as_device(cache.storage, sixteen, pairs=True)  # rows contiguous (caches.py)
         if backend == "mma" and not (_aligned16(q_dev) and _aligned16(storage)):
             if call.backend == "mma":
                 raise ValueError("backend: 'mma' copies 16-byte pieces: q and the cache must start "

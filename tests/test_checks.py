@@ -326,6 +326,34 @@ def test_cache_not_a_cache(entry, rng):
     assert_refused(entry, p, TypeError, "cache", "ndarray", cache=p.cache.storage)
 
 
+class _DeviceView:
+    """A device array as the CUDA array interface describes it (no memory behind it: the
+    check must refuse it from its description alone)."""
+
+    def __init__(self, shape, strides):
+        self.shape, self.dtype = shape, np.dtype(np.float32)
+        self.__cuda_array_interface__ = dict(shape=shape, strides=strides, typestr="<f4",
+                                             data=(0, False), version=3)
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "paged"])
+def test_cache_rows_must_be_contiguous(kind):
+    """The kernels copy a cache row as one run of bytes: a device cache whose last axis is
+    strided (e.g. every other value of a wider array) is refused when the cache is built."""
+    name = "kv" if kind == "contiguous" else "pages"
+    lengths = np.array([3, 1], np.int32)
+
+    def build(storage):
+        if kind == "contiguous":
+            return nm.ContiguousKVCache(storage, lengths)
+        return nm.PagedKVCache(storage, np.array([[0], [1]], np.int32), lengths)
+
+    build(_DeviceView((2, 4, 576), None))                              # C-contiguous
+    build(_DeviceView((2, 4, 576), (4 * 576 * 4 + 64, 576 * 4, 4)))    # padded rows: fine
+    with pytest.raises(ValueError, match=f"^{name}: its rows .* must be contiguous"):
+        build(_DeviceView((2, 4, 576), (4 * 1152 * 4, 1152 * 4, 8)))   # every other value
+
+
 @pytest.mark.parametrize("kind", ["contiguous", "paged"])
 def test_cache_head_dim_and_dtype(kind, rng):
     name = "kv" if kind == "contiguous" else "pages"
