@@ -1,5 +1,6 @@
-"""Compile the tensor-core kernel for sm_90a on a machine without a GPU and fail on local-memory
-spills, on a call left in the code, or on a missing HGMMA.
+"""Compile the partition kernels for sm_90a on a machine without a GPU and fail on local-memory
+spills or a call left in the code; for the tensor-core kernel also on a missing or serialised
+HGMMA.
 
 Needs ``pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump`` (NVVM, nvJitLink, cuobjdump).
 Usage: python scripts/build_check.py      (exit status 1 on any failure, 77 when NVVM or
@@ -32,6 +33,26 @@ CASES = [  # (mask, score mod, dtype tag, cache, heads, direct, tma)
     (nm.ChunkedMask(4) | nm.SlidingWindowCausalMask(2), nm.AlibiScoreMod(8), "bf16",
      nm.PagedKVCache, 1, False, False),
 ]
+
+
+SIMT_CASES = [  # (mask, score mod, dtype tag, cache, rows per block, heads, direct)
+    (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 32, 128, True),
+    (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 16, 16, False),
+    (nm.CausalMask(), nm.SoftCapScoreMod(2.0), "f32", nm.ContiguousKVCache, 16, 16, False),
+    (nm.ChunkedMask(4) | nm.SlidingWindowCausalMask(2), nm.AlibiScoreMod(8), "f16",
+     nm.PagedKVCache, 32, 8, False),
+]
+
+
+def simt_signature(tag, direct):
+    w16 = tag != "f32"
+    word = types.int32 if w16 else types.float32
+    out = types.int16 if w16 and direct else types.float32
+    return (types.Array(types.int16 if w16 else types.float32, 3, "C"),
+            types.Array(types.int32, 1, "C"), types.Array(word, 3, "C"),
+            types.Array(types.int32, 2, "C"), types.Array(types.int32, 1, "C"),
+            types.Array(types.float32, 3, "C"), types.float32, types.Array(out, 4, "C"),
+            types.Array(types.float32, 3, "C"))
 
 
 def signature(direct):
@@ -77,6 +98,13 @@ def cuobjdump():
     return "cuobjdump"
 
 
+def _resources(ptx, log):
+    """(registers, spill bytes, calls) of a kernel built by ``build_sass``."""
+    regs = re.findall(r"Used (\d+) registers", log)
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", log))
+    return (regs[0] if regs else "?"), spills, len(re.findall(r"\bcall(?:\.uni)?\s", ptx))
+
+
 def toolchain_missing():
     """Why the sm_90a build cannot run here (None when it can)."""
     try:
@@ -102,16 +130,24 @@ def main():
         kern = factory.mma_partition_kernel(mask, mod, tag, cache, heads, direct, tma)
         ptx, _ = cuda.compile_ptx(kern.py_func, signature(direct), cc=(9, 0, "a"))
         sass, log = build_sass(ptx)
-        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
-        regs = re.findall(r"Used (\d+) registers", log)
-        calls = len(re.findall(r"\bcall(?:\.uni)?\s", ptx))
+        regs, spills, calls = _resources(ptx, log)
         hgmma = sass.count("HGMMA")
         serial = "serialized" in log
-        ok = not any(spills) and calls == 0 and hgmma == 40 and not serial
+        ok = not spills and calls == 0 and hgmma == 40 and not serial
         bad += not ok
-        print(f"{mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
-              f"tma={tma!s:5} regs={regs[0] if regs else '?'} spills={sum(spills)} calls={calls} "
+        print(f"mma  {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
+              f"tma={tma!s:5} regs={regs} spills={spills} calls={calls} "
               f"HGMMA={hgmma} serialized={serial}  {'ok' if ok else 'FAIL'}")
+    for mask, mod, tag, cache, block_m, heads, direct in SIMT_CASES:
+        kern = factory.partition_kernel(mask, mod, tag, cache, block_m, heads, direct)
+        ptx, _ = cuda.compile_ptx(kern.py_func, simt_signature(tag, direct), cc=(9, 0, "a"))
+        _, log = build_sass(ptx)
+        regs, spills, calls = _resources(ptx, log)
+        ok = not spills and calls == 0
+        bad += not ok
+        print(f"simt {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
+              f"rows={block_m} regs={regs} spills={spills} calls={calls}  "
+              f"{'ok' if ok else 'FAIL'}")
     return 1 if bad else 0
 
 

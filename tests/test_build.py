@@ -1,5 +1,5 @@
-"""The tensor-core kernel built for sm_90a without a GPU (scripts/build_check.py): no spills,
-no call, no serialised wgmma, 40 HGMMA in the SASS. Needs NVVM and nvJitLink
+"""The partition kernels built for sm_90a without a GPU (scripts/build_check.py): no spills,
+no call; for the tensor-core kernel no serialised wgmma, 40 HGMMA in the SASS. Needs NVVM and nvJitLink
 (``pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump``, about 830 MB, not in CI); skipped
 where they are missing. Run it on every change to the kernel: ``python -m pytest -m build``."""
 import os
@@ -11,5 +11,5 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "build_check.p
 
 
 @pytest.mark.build
-def test_mma_kernel_builds_for_sm90a():
+def test_partition_kernels_build_for_sm90a():
     run_build_script(SCRIPT)
