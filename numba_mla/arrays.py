@@ -68,15 +68,22 @@ def is_device(x):
     return hasattr(x, "__cuda_array_interface__")
 
 
+def strides_of(x):
+    """Strides in bytes of a device array; None means C-contiguous (CUDA array interface)."""
+    if is_torch(x):
+        return tuple(int(s) * x.element_size() for s in x.stride())
+    cai = getattr(x, "__cuda_array_interface__", None) or {}
+    strides = cai.get("strides")
+    return None if strides is None else tuple(int(s) for s in strides)
+
+
 def last_axis_contiguous(x):
     """Whether the last axis's elements are adjacent in memory (NumPy input counts as such: it is
     copied to a contiguous device array before use)."""
     if isinstance(x, np.ndarray) or shape_of(x)[-1] <= 1:
         return True
-    if is_torch(x):
-        return x.stride()[-1] == 1
-    strides = (getattr(x, "__cuda_array_interface__", None) or {}).get("strides")
-    return strides is None or int(strides[-1]) == dtype_of(x).itemsize
+    strides = strides_of(x)
+    return strides is None or strides[-1] == dtype_of(x).itemsize
 
 
 def to_host(x):

@@ -12,7 +12,8 @@ import numpy as np
 
 from . import _compat  # noqa: F401
 from . import ptx
-from .arrays import IO_DTYPES, dtype_of, is_array, is_device, last_axis_contiguous, shape_of, to_host
+from .arrays import (IO_DTYPES, dtype_of, is_array, is_device, last_axis_contiguous, shape_of,
+                     to_host)
 from numba import cuda
 
 D_LATENT = 512  # the compressed KV ("nope") part; also V

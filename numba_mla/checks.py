@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .arrays import IO_DTYPES, dtype_of, is_array, is_device, is_torch, shape_of
+from .arrays import IO_DTYPES, dtype_of, is_array, is_device, is_torch, shape_of, strides_of
 from .caches import D_QK, D_V, KVCache, _host_int32
 from .mods import Mask, ScoreMod, as_mask, as_score_mod
 
@@ -139,23 +139,14 @@ def _check_out(out, q, shape, dtype, name):
             raise ValueError(f"{name}: expected a writable array, got a read-only one")
         if not _c_contiguous(out):
             raise ValueError(f"{name}: expected a C-contiguous device array, got strides "
-                             f"{_strides_of(out)} for shape {list(shape)}")
-
-
-def _strides_of(x):
-    """Strides in bytes of a device array; None means C-contiguous (CUDA array interface)."""
-    if is_torch(x):
-        return tuple(int(s) * x.element_size() for s in x.stride())
-    cai = getattr(x, "__cuda_array_interface__", None) or {}
-    strides = cai.get("strides")
-    return None if strides is None else tuple(int(s) for s in strides)
+                             f"{strides_of(out)} for shape {list(shape)}")
 
 
 def _c_contiguous(x):
     """Whether a device array is C-contiguous (axes of length 1 may have any stride)."""
     if is_torch(x):
         return bool(x.is_contiguous())
-    strides = _strides_of(x)
+    strides = strides_of(x)
     if strides is None:
         return True
     step = dtype_of(x).itemsize

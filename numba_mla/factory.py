@@ -90,6 +90,12 @@ def _device_functions(mask, score_mod, cache_cls):
     )
 
 
+def _output_store(tag, direct):
+    """How a partition kernel stores its output: in the storage dtype when it writes ``out``
+    itself (``direct``: one partition), else into the fp32 workspace."""
+    return converters(tag if direct else "f32")[1]
+
+
 def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False):
     """The stage-1 FMA kernel (kernels/simt.py) for this configuration; ``direct``: the
     variant that writes the final output (one partition, no combine)."""
@@ -97,8 +103,7 @@ def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=Fal
     def build():
         from .kernels.simt import make_partition_kernel
 
-        load, store = converters(tag)
-        return make_partition_kernel(load=load, store=store if direct else converters("f32")[1],
+        return make_partition_kernel(load=converters(tag)[0], store=_output_store(tag, direct),
                                      unpack=unpacker(tag), block_m=block_m, heads=heads,
                                      **_device_functions(mask, score_mod, cache_cls))
 
@@ -114,8 +119,8 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
     def build():
         from .kernels.mma import make_partition_kernel
 
-        store = converters(tag)[1] if direct else converters("f32")[1]
-        return make_partition_kernel(tag=tag, heads=heads, store=store, tma=tma,
+        return make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
+                                     tma=tma,
                                      **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("mma", tag, heads, direct, tma) + _mods_key(mask, score_mod, cache_cls),

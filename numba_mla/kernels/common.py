@@ -2,9 +2,7 @@
 block's key tiles (which keys its queries may keep, and which tiles the mask drops)."""
 import math
 
-from numba import cuda
-
-from numba import float32
+from numba import cuda, float32
 
 from ..caches import D_QK, D_V  # noqa: F401  (576-wide rows; V = the first 512 dims)
 from ..mods import EMPTY, PARTIAL
