@@ -117,6 +117,11 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
     the variant whose tiles the copy engine brings (tiles never straddle pages)."""
 
     def build():
+        if tma:
+            from .kernels.seesaw import make_partition_kernel
+
+            return make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
+                                         **_device_functions(mask, score_mod, cache_cls))
         from .kernels.mma import make_partition_kernel
 
         return make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),

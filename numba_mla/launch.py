@@ -293,7 +293,7 @@ class Plan:
     The benchmark times ``launch()`` alone."""
 
     def __init__(self, call, private_workspace=False):
-        from .kernels import mma, simt
+        from .kernels import mma, seesaw, simt
         from .kernels.combine import NTHREADS as COMBINE_THREADS, SLICES as COMBINE_SLICES
 
         self.call = call
@@ -372,7 +372,7 @@ class Plan:
                        and q_dev.is_c_contiguous() and storage.is_c_contiguous())
                 kern = factory.mma_partition_kernel(call.mask, call.score_mod, tag, type(cache),
                                                     H, direct, tma)
-                threads, smem = mma.NTHREADS, mma.SMEM_BYTES
+                threads, smem = mma.NTHREADS, seesaw.SMEM_BYTES if tma else mma.SMEM_BYTES
                 if tma:
                     maps = (ptx.tensor_map(q_dev, T * H, mma.BLOCK_M, mma.BOX, True),
                             ptx.tensor_map(storage, storage.shape[0] * storage.shape[1],

@@ -1,0 +1,437 @@
+"""Stage 1 of split-K MLA decode on Hopper tensor cores, for tiles the copy engine brings (TMA):
+the two warpgroups take key tiles in turn ("seesaw"), so one's softmax runs while the other's
+products keep the tensor cores busy.
+
+Same contract as kernels/mma.py (grid ``(P, G, B)``, 64 query rows a block, 64-key tiles,
+normalised partition output and natural-log LSE, or out and lse themselves with one
+partition); used where a 64-key tile aligned to 64 keys lies in one page.
+
+The block's tiles are taken in pairs (t0, t1): warpgroup 0 computes S0 = Q K0^T, warpgroup 1
+S1 = Q K1^T, each over all 64 keys (36 wgmma m64n64k16). Warpgroup w owns output dims
+[256w, 256w + 256) of O. Per pair:
+
+  WG0: softmax of S0 against the running max m (from shared memory) -> m0, P0, scale0;
+       O0 *= scale0; publish m0, scale0                                  (barrier SCALE0)
+       O0 += P0 V0[:, :256]          (A from registers: P0's fragment is wgmma's A layout)
+       wait for WG1's m1, scale1                                          (barrier SCALE1)
+       refill K0's boxes 0-3 with the next pair's t0
+       P0 * scale1 (P0 against m1) -> shared memory                       (barrier P0)
+       O0 *= scale1; O0 += P1 V1[:, :256] (P1 from shared memory)        (after barrier P1)
+       refill K1's boxes 0-3 and 8; S0 of the next pair
+  WG1: wait for m0, scale0 (SCALE0); softmax of S1 against m0 -> m1, P1, scale1;
+       O1 *= scale0 * scale1; publish m1, scale1 (SCALE1); P1 -> shared memory (P1)
+       O1 += P1 V1[:, 256:]; O1 += P0 V0[:, 256:] (after barrier P0)
+       refill K0's boxes 4-8 and K1's boxes 4-7; S1 of the next pair
+so both warpgroups end a pair with O against m1. P of a tile is kept in the tile's own rope
+box (box 8, dims 512-575): S is its only reader, and it is done by then.
+
+Shared memory (bytes):
+    Q    [64 rows x 576]     9 boxes of 64 rows x 64 values, 128-byte swizzled (as TMA writes)
+    K0   [64 keys x 576]     tiles t0 (buffer 0) and t1 (buffer 1), same layout; V = boxes 0-7
+    K1   [64 keys x 576]
+    stat [5][64] f32         m, scale0, scale1, and the two warpgroups' row sums at the end
+    bars                     one mbarrier for Q, one per box of each buffer (18)
+Each box has its own mbarrier, so a product starts on the boxes that have landed while the
+others are on their way; the warpgroup computing S on a buffer announces each box's bytes
+just before waiting for it (the copy may have landed already: the phase completes on both).
+"""
+import math
+
+from numba import cuda, float32, int32, uint64
+
+from .. import ptx
+from .._compat import JIT_OPTIONS
+from .common import D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk
+from .mma import BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, ROWS_BYTES
+
+NS = BLOCK_N // 2  # score accumulators per thread: m64n64 (32)
+DIMS_PER_WG = D_V // 2  # output dims of one warpgroup: wgmma N (256)
+NO = DIMS_PER_WG // 2  # output accumulators per thread (128)
+V_BOXES = DIMS_PER_WG // BOX  # boxes of V a warpgroup reads (4)
+ROPE = NBOX - 1  # the rope box (dims 512-575): K only; holds P once S is done
+Q_OFF = 0
+KV_OFF = ROWS_BYTES
+STAT_OFF = KV_OFF + 2 * ROWS_BYTES
+STAT_M, STAT_SCALE0, STAT_SCALE1, STAT_L = 0, 1, 2, 3  # rows of ``stat`` (64 floats each)
+BAR_OFF = STAT_OFF + 5 * BLOCK_M * 4
+SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 222616
+# Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
+# arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
+BAR_SCALE0, BAR_SCALE1, BAR_P0, BAR_P1, BAR_WG = 1, 2, 3, 4, 5
+
+
+def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
+                          fold_scale, heads, store):
+    """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py."""
+    H = heads
+    mma_s = ptx.wgmma(BLOCK_N, tag, False)
+    mma_pv = ptx.wgmma(DIMS_PER_WG, tag, True)
+    mma_pv_rs = ptx.wgmma_rs(DIMS_PER_WG, tag, True)
+    wait_s = ptx.wgmma_wait(NS)
+    wait_o = ptx.wgmma_wait(NO)
+    desc_rows = ptx.wgmma_desc(16, 1024, True)  # Q, K, P: K-major; 8-row atoms 1 KB apart
+    desc_v = ptx.wgmma_desc(BOX_BYTES, 1024, True)  # V: MN-major; 64 dims a box, 8 keys 1 KB
+    pack = ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2
+    zero_o = ptx.acc_zero(NO)
+    scale_o = ptx.acc_scale(NO)
+    store_o = ptx.acc_store(NO)
+    log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
+    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
+                                          align=BLOCK_N)
+    tma_box = ptx.tma_load(BLOCK_M, BOX, True)
+
+    @cuda.jit(device=True)
+    def box_bar(sb, buf, box):
+        return sb + BAR_OFF + 8 * (1 + NBOX * buf + box)
+
+    @cuda.jit(device=True)
+    def load_boxes(smk, sb, buf, tmap, storage, block_table, page_size, b, k0, lo, hi):
+        """Start copying boxes [lo, hi) of the tile at key k0 into buffer ``buf`` (one thread):
+        a 64-key tile aligned to 64 keys lies in one page, so its rows follow."""
+        pg, sl = locate(block_table, page_size, b, k0)
+        row = pg * page_size + sl
+        for box in range(lo, hi):
+            tma_box(smk, sb + KV_OFF + buf * ROWS_BYTES + BOX_BYTES * box, tmap, storage,
+                    BOX * box, row, box_bar(sb, buf, box))
+
+    @cuda.jit(device=True)
+    def wait_box(smk, sb, buf, box, parity, wtid):
+        if wtid == 0:
+            ptx.mbar_expect_tx(smk, box_bar(sb, buf, box), BOX_BYTES)
+        while not ptx.mbar_try_wait(smk, box_bar(sb, buf, box), parity):
+            pass
+
+    @cuda.jit(device=True)
+    def qk(s_acc, smk, sb, buf, parity, wtid, first_box):
+        """S = Q K^T over the tile in buffer ``buf`` (this warpgroup's 128 threads), box by box
+        as each lands, from ``first_box`` round (the boxes refilled first go first); waited."""
+        dq = desc_rows(sb + Q_OFF)
+        dk = desc_rows(sb + KV_OFF + buf * ROWS_BYTES)
+        ptx.wgmma_fence()
+        for i in range(NBOX):
+            box = (first_box + i) % NBOX
+            wait_box(smk, sb, buf, box, parity, wtid)
+            for j in range(BOX // 16):
+                step = BOX_BYTES * box + 32 * j
+                mma_s(s_acc, smk, ptx.desc_advance(dq, step), ptx.desc_advance(dk, step), i + j,
+                      wtid)
+        ptx.wgmma_commit()
+        wait_s(s_acc)
+
+    @cuda.jit(device=True)
+    def scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale, scale, bias,
+               wtid, tid):
+        """Mask and score mod on a score fragment (keys [k0, k1) kept, the rest -inf), in log2
+        units; ``mx``: the fragment's two row maxima (its quad's, which share the rows)."""
+        cls = mask_classify(k0, k1, q_lo, q_hi)
+        for half in range(2):
+            m = ptx.acc_row(2 * half, wtid)
+            r = r0 + m
+            iq = r // H
+            h = r - iq * H
+            q_pos = length - nq + iq
+            row_max = float32(NEG_INF)
+            for j in range(NS // 4):
+                for e in range(2):
+                    i = 4 * j + 2 * half + e
+                    k = k0 + ptx.acc_col(i, wtid)
+                    s = float32(NEG_INF)
+                    if m < nrows and k < k1:
+                        s = log2_score(s_acc[i], qscale, scale, cls, b, h, iq, q_pos, k, bias)
+                    s_acc[i] = s
+                    row_max = max(row_max, s)
+            for o in (1, 2):
+                row_max = max(row_max, ptx.shfl_xor(row_max, o, tid))
+            mx[half] = row_max
+
+    @cuda.jit(device=True)
+    def softmax(s_acc, mx, smf, stat_scale, wtid, tid, scl, sums):
+        """The running max against this tile's maxima ``mx``: the new max replaces m in
+        ``stat``, exp2(old - new) goes to ``scl`` and ``stat`` row ``stat_scale``; P =
+        exp2(S - new) in place of S; ``sums``: P's row sums (this thread's part)."""
+        for half in range(2):
+            m = ptx.acc_row(2 * half, wtid)
+            m_old = smf[STAT_OFF // 4 + STAT_M * BLOCK_M + m]
+            m_new = max(m_old, mx[half])
+            m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)  # (no key yet: P = 0)
+            scl[half] = math.exp2(m_old - m_ref)
+            total = float32(0.0)
+            for j in range(NS // 4):
+                for e in range(2):
+                    i = 4 * j + 2 * half + e
+                    s_acc[i] = math.exp2(s_acc[i] - m_ref)
+                    total += s_acc[i]
+            sums[half] = total
+            mx[half] = m_new
+        ptx.syncwarp(tid)  # the quad's lanes have read m before one of them replaces it
+        if wtid % 4 == 0:
+            for half in range(2):
+                m = ptx.acc_row(2 * half, wtid)
+                smf[STAT_OFF // 4 + STAT_M * BLOCK_M + m] = mx[half]
+                smf[STAT_OFF // 4 + stat_scale * BLOCK_M + m] = scl[half]
+
+    @cuda.jit(device=True)
+    def store_p(s_acc, smk, sb, buf, a0, a1, wtid):
+        """P (times a0, a1 on the fragment's two rows) into buffer ``buf``'s rope box as a
+        K-major 16-bit operand in the 128-byte swizzled layout (row m's chunk c at c ^ m%8)."""
+        base = sb + KV_OFF + buf * ROWS_BYTES + BOX_BYTES * ROPE
+        for half in range(2):
+            m = ptx.acc_row(2 * half, wtid)
+            a = a0 if half == 0 else a1
+            for j in range(NS // 4):
+                i = 4 * j + 2 * half
+                ptx.sts32(smk, base + m * 128 + ((j ^ (m % 8)) << 4) + 4 * (wtid % 4),
+                          pack(s_acc[i] * a, s_acc[i + 1] * a))
+
+    @cuda.jit(device=True)
+    def pv_local(o_acc, s_acc, smk, sb, buf, wg, tid):
+        """Issue O += P V over this warpgroup's dims, P from the score fragment (registers)."""
+        dv = desc_v(sb + KV_OFF + buf * ROWS_BYTES + wg * V_BOXES * BOX_BYTES)
+        for kk in range(BLOCK_N // 16):
+            i = 8 * kk
+            mma_pv_rs(o_acc, pack(s_acc[i], s_acc[i + 1]), pack(s_acc[i + 2], s_acc[i + 3]),
+                      pack(s_acc[i + 4], s_acc[i + 5]), pack(s_acc[i + 6], s_acc[i + 7]), smk,
+                      ptx.desc_advance(dv, 2048 * kk), 1, tid)
+
+    @cuda.jit(device=True)
+    def pv_shared(o_acc, smk, sb, buf, wg, wtid):
+        """Issue O += P V over this warpgroup's dims, P from buffer ``buf``'s rope box."""
+        kv = sb + KV_OFF + buf * ROWS_BYTES
+        dp = desc_rows(kv + BOX_BYTES * ROPE)
+        dv = desc_v(kv + wg * V_BOXES * BOX_BYTES)
+        for kk in range(BLOCK_N // 16):
+            mma_pv(o_acc, smk, ptx.desc_advance(dp, 32 * kk), ptx.desc_advance(dv, 2048 * kk), 1,
+                   wtid)
+
+    @cuda.jit(device=True)
+    def zero_rows(smk, sb, buf, n0, wtid):
+        """Zero keys [n0, 64) of V in buffer ``buf`` (boxes 0-7, whole 128-byte rows: the
+        swizzle stays within a row), by one warpgroup: cache slots past the partition's end
+        may hold anything, NaN included, and P = 0 does not cancel NaN."""
+        for i in range(wtid, (BLOCK_N - n0) * ROPE * 32, 128):
+            box = (i // 32) % ROPE
+            n = n0 + i // (32 * ROPE)
+            ptx.sts32(smk, sb + KV_OFF + buf * ROWS_BYTES + BOX_BYTES * box + 128 * n
+                      + 4 * (i % 32), 0)
+
+    @cuda.jit(**JIT_OPTIONS)
+    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
+                         part_out, part_lse, tmap_q, tmap_kv):
+        p = cuda.blockIdx.x
+        nparts = cuda.gridDim.x
+        b = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        wg = ptx.warp_uniform(tid // 128, tid)
+        wtid = tid % 128
+        lane = tid % 32
+        smk = cuda.shared.array(0, int32)
+        smf = cuda.shared.array(0, float32)
+        sb = ptx.smem_addr(smk)
+
+        row0 = q_offsets[b]
+        nq = q_offsets[b + 1] - row0
+        length = lengths[b]
+        page_size = storage.shape[1]
+        r0 = cuda.blockIdx.y * BLOCK_M
+        nrows = min(BLOCK_M, nq * H - r0)
+        if nrows <= 0:
+            return
+
+        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
+        per_part = ptx.divmod_u32(ntiles + nparts - 1, nparts)[0]
+        t_end = min((p + 1) * per_part, ntiles)
+        t0 = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)
+        t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
+        qbar = sb + BAR_OFF
+        if tid < BLOCK_M:
+            smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
+        if tid == 0:
+            ptx.mbar_init(smk, qbar, 1)
+            for i in range(2 * NBOX):
+                ptx.mbar_init(smk, qbar + 8 * (1 + i), 1)
+            ptx.mbar_fence_init()
+        cuda.syncthreads()
+        if tid == 0 and t0 < t_end:  # the queries, then the first pair's tiles
+            ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
+            for box in range(NBOX):
+                tma_box(smk, sb + Q_OFF + BOX_BYTES * box, tmap_q, q, BOX * box,
+                        row0 * H + r0, qbar)
+            load_boxes(smk, sb, 0, tmap_kv, storage, block_table, page_size, b,
+                       kstart + t0 * BLOCK_N, 0, NBOX)
+            if t1 < t_end:
+                load_boxes(smk, sb, 1, tmap_kv, storage, block_table, page_size, b,
+                           kstart + t1 * BLOCK_N, 0, NBOX)
+
+        # This thread's two rows of every fragment: m = 16*warp + lane//4 (+ 8).
+        mx = cuda.local.array(2, float32)  # a tile's row maxima, then the new running max
+        scl = cuda.local.array(2, float32)  # exp2(old max - new max)
+        sums = cuda.local.array(2, float32)
+        l_run = cuda.local.array(2, float32)  # running sum over this warpgroup's tiles
+        for half in range(2):
+            l_run[half] = float32(0.0)
+        s_acc = cuda.local.array(NS, float32)
+        o_acc = cuda.local.array(NO, float32)
+        zero_o(o_acc)
+        qscale = float32(scale * LOG2E)
+
+        if t0 < t_end:
+            while not ptx.mbar_try_wait(smk, qbar, 0):
+                pass
+            parity = 0  # of this warpgroup's buffer's box barriers
+            # No wgmma is in flight where the branches below rejoin: ptxas would wait there
+            # for every product (see kernels/mma.py).
+            if wg == 0:
+                qk(s_acc, smk, sb, 0, parity, wtid, 0)
+                parity ^= 1
+                while True:
+                    t2 = next_tile(t1 + 1, t_end, kstart, kend, q_lo, q_hi) if t1 < t_end \
+                        else t_end
+                    t3 = next_tile(t2 + 1, t_end, kstart, kend, q_lo, q_hi) if t2 < t_end \
+                        else t_end
+                    k0 = kstart + t0 * BLOCK_N
+                    k1 = min(k0 + BLOCK_N, kend)
+                    scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
+                           scale, bias, wtid, tid)
+                    softmax(s_acc, mx, smf, STAT_SCALE0, wtid, tid, scl, sums)
+                    for half in range(2):
+                        l_run[half] = l_run[half] * scl[half] + sums[half]
+                    scale_o(o_acc, scl[0], scl[1])
+                    if k1 - k0 < BLOCK_N:
+                        zero_rows(smk, sb, 0, k1 - k0, wtid)
+                        ptx.fence_proxy_async()
+                        ptx.bar_sync(BAR_WG + wg, 128)  # before this warpgroup's P V reads them
+                    ptx.bar_arrive(BAR_SCALE0, NTHREADS)
+                    ptx.wgmma_fence()
+                    pv_local(o_acc, s_acc, smk, sb, 0, 0, tid)
+                    ptx.wgmma_commit()
+                    wait_o(o_acc)
+                    # WG1's max and scale; past this barrier all four warps are done with
+                    # boxes 0-3 of K0 (S and P V): refilled with the next pair's first tile.
+                    ptx.bar_sync(BAR_SCALE1, NTHREADS)
+                    if wtid == 0 and t2 < t_end:
+                        load_boxes(smk, sb, 0, tmap_kv, storage, block_table, page_size, b,
+                                   kstart + t2 * BLOCK_N, 0, V_BOXES)
+                    for half in range(2):
+                        scl[half] = smf[STAT_OFF // 4 + STAT_SCALE1 * BLOCK_M
+                                        + ptx.acc_row(2 * half, wtid)]
+                    # P0 against m1, for WG1's half of the dims.
+                    store_p(s_acc, smk, sb, 0, scl[0], scl[1], wtid)
+                    ptx.fence_proxy_async()
+                    ptx.bar_arrive(BAR_P0, NTHREADS)
+                    for half in range(2):
+                        l_run[half] *= scl[half]
+                    scale_o(o_acc, scl[0], scl[1])
+                    if t1 < t_end:
+                        ptx.bar_sync(BAR_P1, NTHREADS)
+                        ptx.wgmma_fence()
+                        pv_shared(o_acc, smk, sb, 1, 0, wtid)
+                        ptx.wgmma_commit()
+                        wait_o(o_acc)
+                        if t3 < t_end:  # K1's boxes 0-3 and the rope box (P1) are free
+                            ptx.bar_sync(BAR_WG + wg, 128)
+                            if wtid == 0:
+                                k3 = kstart + t3 * BLOCK_N
+                                load_boxes(smk, sb, 1, tmap_kv, storage, block_table,
+                                           page_size, b, k3, 0, V_BOXES)
+                                load_boxes(smk, sb, 1, tmap_kv, storage, block_table,
+                                           page_size, b, k3, ROPE, NBOX)
+                    if t2 >= t_end:
+                        break
+                    qk(s_acc, smk, sb, 0, parity, wtid, 0)
+                    parity ^= 1
+                    t0 = t2
+                    t1 = t3
+            else:
+                if t1 < t_end:
+                    qk(s_acc, smk, sb, 1, parity, wtid, 0)
+                    parity ^= 1
+                while True:
+                    t2 = next_tile(t1 + 1, t_end, kstart, kend, q_lo, q_hi) if t1 < t_end \
+                        else t_end
+                    t3 = next_tile(t2 + 1, t_end, kstart, kend, q_lo, q_hi) if t2 < t_end \
+                        else t_end
+                    k0 = kstart + t1 * BLOCK_N
+                    k1 = min(k0 + BLOCK_N, kend) if t1 < t_end else k0  # no tile: all -inf
+                    scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
+                           scale, bias, wtid, tid)
+                    ptx.bar_sync(BAR_SCALE0, NTHREADS)  # m0 and scale0 are in place
+                    softmax(s_acc, mx, smf, STAT_SCALE1, wtid, tid, scl, sums)
+                    for half in range(2):
+                        a = scl[half] * smf[STAT_OFF // 4 + STAT_SCALE0 * BLOCK_M
+                                            + ptx.acc_row(2 * half, wtid)]
+                        l_run[half] = l_run[half] * a + sums[half]
+                        scl[half] = a
+                    scale_o(o_acc, scl[0], scl[1])
+                    if t1 < t_end:
+                        if k1 - k0 < BLOCK_N:
+                            zero_rows(smk, sb, 1, k1 - k0, wtid)
+                        store_p(s_acc, smk, sb, 1, float32(1.0), float32(1.0), wtid)
+                        ptx.fence_proxy_async()
+                        ptx.bar_sync(BAR_WG + wg, 128)  # (zeroed rows) before this P V reads them
+                    ptx.bar_arrive(BAR_SCALE1, NTHREADS)
+                    if t1 < t_end:
+                        ptx.bar_arrive(BAR_P1, NTHREADS)
+                    # Without a tile t1, P1 = 0 and any finite V does: K0's (no wgmma in a
+                    # branch, so both products stay in flight together).
+                    ptx.wgmma_fence()
+                    pv_local(o_acc, s_acc, smk, sb, 1 if t1 < t_end else 0, 1, tid)
+                    ptx.bar_sync(BAR_P0, NTHREADS)
+                    pv_shared(o_acc, smk, sb, 0, 1, wtid)
+                    ptx.wgmma_commit()
+                    wait_o(o_acc)
+                    # All four warps are done with K0's boxes 4-7 and its rope box (P0), and
+                    # with K1's boxes 4-7.
+                    ptx.bar_sync(BAR_WG + wg, 128)
+                    if wtid == 0:
+                        if t2 < t_end:
+                            load_boxes(smk, sb, 0, tmap_kv, storage, block_table, page_size, b,
+                                       kstart + t2 * BLOCK_N, V_BOXES, NBOX)
+                        if t3 < t_end:
+                            load_boxes(smk, sb, 1, tmap_kv, storage, block_table, page_size, b,
+                                       kstart + t3 * BLOCK_N, V_BOXES, ROPE)
+                    if t2 >= t_end:
+                        break
+                    t0 = t2
+                    t1 = t3
+                    if t1 < t_end:  # boxes 8 and 0-3 were refilled first (by WG0)
+                        qk(s_acc, smk, sb, 1, parity, wtid, ROPE)
+                        parity ^= 1
+
+        # -- the row sums of both warpgroups, then the partition's output and LSE --
+        for half in range(2):
+            lsum = l_run[half]
+            for o in (1, 2):
+                lsum += ptx.shfl_xor(lsum, o, tid)
+            l_run[half] = lsum
+        # Both warpgroups are done with the tiles: their buffers take the staged output.
+        cuda.syncthreads()
+        store_o(o_acc, smf, sb + KV_OFF + 4 * (ptx.acc_row(0, wtid) * D_V + DIMS_PER_WG * wg
+                                               + ptx.acc_col(0, wtid)), 4 * D_V)
+        if lane % 4 == 0:
+            for half in range(2):
+                smf[STAT_OFF // 4 + (STAT_L + wg) * BLOCK_M + ptx.acc_row(2 * half, wtid)] = \
+                    l_run[half]
+        cuda.syncthreads()
+        if tid < nrows:
+            r = r0 + tid
+            lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid]
+                    + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + tid])
+            empty = lsum == 0.0
+            part_lse[row0 + r // H, r % H, p] = (
+                float32(NEG_INF) if empty
+                else (smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] + math.log2(lsum))
+                * float32(LN2))
+            smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid] = (
+                float32(0.0) if empty else ptx.rcp(lsum))
+        cuda.syncthreads()
+        for m in range(tid // 32, nrows, NTHREADS // 32):
+            r = uint64(r0 + m)
+            t_row = uint64(row0) + r // uint64(H)
+            h = r % uint64(H)
+            inv = smf[uint64(STAT_OFF // 4 + STAT_L * BLOCK_M + m)]
+            src = uint64(KV_OFF // 4 + m * D_V)
+            for j in range(D_V // 32):
+                d = uint64(lane + 32 * j)
+                part_out[t_row, h, uint64(p), d] = store(smf[src + d] * inv)
+
+    return partition_kernel
