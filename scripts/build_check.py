@@ -131,9 +131,11 @@ def main():
         ptx, _ = cuda.compile_ptx(kern.py_func, signature(direct), cc=(9, 0, "a"))
         sass, log = build_sass(ptx)
         regs, spills, calls = _resources(ptx, log)
-        hgmma = sass.count("HGMMA")
+        hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256)x16", sass))
         serial = "serialized" in log
-        ok = not spills and calls == 0 and hgmma == 40 and not serial
+        # cp.async kernel: 36 for S and 4 for P V; TMA kernel: 4 a box in each of the two
+        # warpgroups' two S sites, 4 in each of their two P V sites
+        ok = not spills and calls == 0 and hgmma == (32 if tma else 40) and not serial
         bad += not ok
         print(f"mma  {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
               f"tma={tma!s:5} regs={regs} spills={spills} calls={calls} "

@@ -10,18 +10,17 @@ The block's tiles are taken in pairs (t0, t1): warpgroup 0 computes S0 = Q K0^T,
 S1 = Q K1^T, each over all 64 keys (36 wgmma m64n64k16). Warpgroup w owns output dims
 [256w, 256w + 256) of O. Per pair:
 
-  WG0: softmax of S0 against the running max m (from shared memory) -> m0, P0, scale0;
-       O0 *= scale0; publish m0, scale0                                  (barrier SCALE0)
-       O0 += P0 V0[:, :256]          (A from registers: P0's fragment is wgmma's A layout)
-       wait for WG1's m1, scale1                                          (barrier SCALE1)
+  WG0: softmax of S0 against the running max m (shared memory) -> m0, P0, scale0;
+       O0 *= scale0; P0 -> shared memory; publish m0, scale0, P0          (barrier SCALE0)
+       O0 += P0 V0[:, :256]   (A from registers: P0's fragment is wgmma's A layout)
        refill K0's boxes 0-3 with the next pair's t0
-       P0 * scale1 (P0 against m1) -> shared memory                       (barrier P0)
-       O0 *= scale1; O0 += P1 V1[:, :256] (P1 from shared memory)        (after barrier P1)
+       wait for m1, scale1, P1 (SCALE1); O0 *= scale1; O0 += P1 V1[:, :256]
        refill K1's boxes 0-3 and 8; S0 of the next pair
-  WG1: wait for m0, scale0 (SCALE0); softmax of S1 against m0 -> m1, P1, scale1;
-       O1 *= scale0 * scale1; publish m1, scale1 (SCALE1); P1 -> shared memory (P1)
-       O1 += P1 V1[:, 256:]; O1 += P0 V0[:, 256:] (after barrier P0)
-       refill K0's boxes 4-8 and K1's boxes 4-7; S1 of the next pair
+  WG1: mask and score mod on S1; wait for m0, scale0, P0 (SCALE0)
+       O1 *= scale0; O1 += P0 V0[:, 256:]   (in flight during the softmax below)
+       softmax of S1 against m0 -> m1, P1, scale1; refill K0's boxes 4-8
+       O1 *= scale1; P1 -> shared memory; publish m1, scale1, P1         (barrier SCALE1)
+       O1 += P1 V1[:, 256:]; refill K1's boxes 4-7; S1 of the next pair
 so both warpgroups end a pair with O against m1. P of a tile is kept in the tile's own rope
 box (box 8, dims 512-575): S is its only reader, and it is done by then.
 
@@ -57,7 +56,7 @@ BAR_OFF = STAT_OFF + 5 * BLOCK_M * 4
 SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 222616
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
-BAR_SCALE0, BAR_SCALE1, BAR_P0, BAR_P1, BAR_WG = 1, 2, 3, 4, 5
+BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
 
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
@@ -171,17 +170,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 smf[STAT_OFF // 4 + stat_scale * BLOCK_M + m] = scl[half]
 
     @cuda.jit(device=True)
-    def store_p(s_acc, smk, sb, buf, a0, a1, wtid):
-        """P (times a0, a1 on the fragment's two rows) into buffer ``buf``'s rope box as a
-        K-major 16-bit operand in the 128-byte swizzled layout (row m's chunk c at c ^ m%8)."""
+    def store_p(s_acc, smk, sb, buf, wtid):
+        """P into buffer ``buf``'s rope box as a K-major 16-bit operand in the 128-byte
+        swizzled layout (row m's 16-byte chunk c at c ^ m%8)."""
         base = sb + KV_OFF + buf * ROWS_BYTES + BOX_BYTES * ROPE
         for half in range(2):
             m = ptx.acc_row(2 * half, wtid)
-            a = a0 if half == 0 else a1
             for j in range(NS // 4):
                 i = 4 * j + 2 * half
                 ptx.sts32(smk, base + m * 128 + ((j ^ (m % 8)) << 4) + 4 * (wtid % 4),
-                          pack(s_acc[i] * a, s_acc[i + 1] * a))
+                          pack(s_acc[i], s_acc[i + 1]))
 
     @cuda.jit(device=True)
     def pv_local(o_acc, s_acc, smk, sb, buf, wg, tid):
@@ -298,31 +296,29 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     scale_o(o_acc, scl[0], scl[1])
                     if k1 - k0 < BLOCK_N:
                         zero_rows(smk, sb, 0, k1 - k0, wtid)
-                        ptx.fence_proxy_async()
-                        ptx.bar_sync(BAR_WG + wg, 128)  # before this warpgroup's P V reads them
-                    ptx.bar_arrive(BAR_SCALE0, NTHREADS)
+                    ptx.fence_proxy_async()
+                    # All four warps are done with S0 (P0 goes into the rope box it read), and
+                    # zeroed rows are in place for this warpgroup's P V.
+                    ptx.bar_sync(BAR_WG + wg, 128)
+                    store_p(s_acc, smk, sb, 0, wtid)
+                    ptx.fence_proxy_async()
+                    ptx.bar_arrive(BAR_SCALE0, NTHREADS)  # m0, scale0, P0 for WG1
                     ptx.wgmma_fence()
                     pv_local(o_acc, s_acc, smk, sb, 0, 0, tid)
                     ptx.wgmma_commit()
                     wait_o(o_acc)
-                    # WG1's max and scale; past this barrier all four warps are done with
-                    # boxes 0-3 of K0 (S and P V): refilled with the next pair's first tile.
-                    ptx.bar_sync(BAR_SCALE1, NTHREADS)
-                    if wtid == 0 and t2 < t_end:
-                        load_boxes(smk, sb, 0, tmap_kv, storage, block_table, page_size, b,
-                                   kstart + t2 * BLOCK_N, 0, V_BOXES)
+                    if t2 < t_end:  # K0's boxes 0-3 are free: the next pair's first tile
+                        ptx.bar_sync(BAR_WG + wg, 128)
+                        if wtid == 0:
+                            load_boxes(smk, sb, 0, tmap_kv, storage, block_table, page_size, b,
+                                       kstart + t2 * BLOCK_N, 0, V_BOXES)
+                    ptx.bar_sync(BAR_SCALE1, NTHREADS)  # m1, scale1, P1 from WG1
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE1 * BLOCK_M
                                         + ptx.acc_row(2 * half, wtid)]
-                    # P0 against m1, for WG1's half of the dims.
-                    store_p(s_acc, smk, sb, 0, scl[0], scl[1], wtid)
-                    ptx.fence_proxy_async()
-                    ptx.bar_arrive(BAR_P0, NTHREADS)
-                    for half in range(2):
                         l_run[half] *= scl[half]
                     scale_o(o_acc, scl[0], scl[1])
                     if t1 < t_end:
-                        ptx.bar_sync(BAR_P1, NTHREADS)
                         ptx.wgmma_fence()
                         pv_shared(o_acc, smk, sb, 1, 0, wtid)
                         ptx.wgmma_commit()
@@ -332,9 +328,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                             if wtid == 0:
                                 k3 = kstart + t3 * BLOCK_N
                                 load_boxes(smk, sb, 1, tmap_kv, storage, block_table,
-                                           page_size, b, k3, 0, V_BOXES)
-                                load_boxes(smk, sb, 1, tmap_kv, storage, block_table,
                                            page_size, b, k3, ROPE, NBOX)
+                                load_boxes(smk, sb, 1, tmap_kv, storage, block_table,
+                                           page_size, b, k3, 0, V_BOXES)
                     if t2 >= t_end:
                         break
                     qk(s_acc, smk, sb, 0, parity, wtid, 0)
@@ -354,49 +350,53 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     k1 = min(k0 + BLOCK_N, kend) if t1 < t_end else k0  # no tile: all -inf
                     scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
                            scale, bias, wtid, tid)
-                    ptx.bar_sync(BAR_SCALE0, NTHREADS)  # m0 and scale0 are in place
-                    softmax(s_acc, mx, smf, STAT_SCALE1, wtid, tid, scl, sums)
+                    ptx.bar_sync(BAR_SCALE0, NTHREADS)  # m0, scale0, P0 from WG0
                     for half in range(2):
-                        a = scl[half] * smf[STAT_OFF // 4 + STAT_SCALE0 * BLOCK_M
-                                            + ptx.acc_row(2 * half, wtid)]
-                        l_run[half] = l_run[half] * a + sums[half]
-                        scl[half] = a
+                        scl[half] = smf[STAT_OFF // 4 + STAT_SCALE0 * BLOCK_M
+                                        + ptx.acc_row(2 * half, wtid)]
+                        l_run[half] *= scl[half]
+                    scale_o(o_acc, scl[0], scl[1])
+                    # O1 against m0 takes P0 V0 (under this warpgroup's softmax), so K0 is free
+                    # early for the next pair.
+                    ptx.wgmma_fence()
+                    pv_shared(o_acc, smk, sb, 0, 1, wtid)
+                    ptx.wgmma_commit()
+                    softmax(s_acc, mx, smf, STAT_SCALE1, wtid, tid, scl, sums)
+                    wait_o(o_acc)
+                    if t2 < t_end:  # K0's boxes 4-7 and the rope box (P0) are free
+                        ptx.bar_sync(BAR_WG + wg, 128)
+                        if wtid == 0:
+                            load_boxes(smk, sb, 0, tmap_kv, storage, block_table, page_size, b,
+                                       kstart + t2 * BLOCK_N, V_BOXES, NBOX)
+                    for half in range(2):
+                        l_run[half] = l_run[half] * scl[half] + sums[half]
                     scale_o(o_acc, scl[0], scl[1])
                     if t1 < t_end:
                         if k1 - k0 < BLOCK_N:
                             zero_rows(smk, sb, 1, k1 - k0, wtid)
-                        store_p(s_acc, smk, sb, 1, float32(1.0), float32(1.0), wtid)
+                        # (every warp is past S1: waited before the barrier SCALE0)
+                        store_p(s_acc, smk, sb, 1, wtid)
                         ptx.fence_proxy_async()
-                        ptx.bar_sync(BAR_WG + wg, 128)  # (zeroed rows) before this P V reads them
-                    ptx.bar_arrive(BAR_SCALE1, NTHREADS)
-                    if t1 < t_end:
-                        ptx.bar_arrive(BAR_P1, NTHREADS)
-                    # Without a tile t1, P1 = 0 and any finite V does: K0's (no wgmma in a
-                    # branch, so both products stay in flight together).
+                        ptx.bar_sync(BAR_WG + wg, 128)  # zeroed rows, before this P V reads
+                    ptx.bar_arrive(BAR_SCALE1, NTHREADS)  # m1, scale1, P1 for WG0
+                    # Without a tile t1, P1 = 0 and any finite V does: K0's boxes 4-7 (not
+                    # refilled: there is no next pair). No wgmma sits in a branch.
                     ptx.wgmma_fence()
                     pv_local(o_acc, s_acc, smk, sb, 1 if t1 < t_end else 0, 1, tid)
-                    ptx.bar_sync(BAR_P0, NTHREADS)
-                    pv_shared(o_acc, smk, sb, 0, 1, wtid)
                     ptx.wgmma_commit()
                     wait_o(o_acc)
-                    # All four warps are done with K0's boxes 4-7 and its rope box (P0), and
-                    # with K1's boxes 4-7.
-                    ptx.bar_sync(BAR_WG + wg, 128)
-                    if wtid == 0:
-                        if t2 < t_end:
-                            load_boxes(smk, sb, 0, tmap_kv, storage, block_table, page_size, b,
-                                       kstart + t2 * BLOCK_N, V_BOXES, NBOX)
-                        if t3 < t_end:
-                            load_boxes(smk, sb, 1, tmap_kv, storage, block_table, page_size, b,
-                                       kstart + t3 * BLOCK_N, V_BOXES, ROPE)
                     if t2 >= t_end:
                         break
+                    if t3 < t_end:  # K1's boxes 4-7 are free
+                        ptx.bar_sync(BAR_WG + wg, 128)
+                        if wtid == 0:
+                            load_boxes(smk, sb, 1, tmap_kv, storage, block_table, page_size, b,
+                                       kstart + t3 * BLOCK_N, V_BOXES, ROPE)
                     t0 = t2
                     t1 = t3
                     if t1 < t_end:  # boxes 8 and 0-3 were refilled first (by WG0)
                         qk(s_acc, smk, sb, 1, parity, wtid, ROPE)
                         parity ^= 1
-
         # -- the row sums of both warpgroups, then the partition's output and LSE --
         for half in range(2):
             lsum = l_run[half]
