@@ -18,9 +18,10 @@ S1 = Q K1^T, each over all 64 keys (36 wgmma m64n64k16). Warpgroup w owns output
        refill K1's boxes 0-3 and 8; S0 of the next pair
   WG1: mask and score mod on S1; wait for m0, scale0, P0 (SCALE0)
        O1 *= scale0; O1 += P0 V0[:, 256:]   (in flight during the softmax below)
-       softmax of S1 against m0 -> m1, P1, scale1; refill K0's boxes 4-8
-       O1 *= scale1; P1 -> shared memory; publish m1, scale1, P1         (barrier SCALE1)
-       O1 += P1 V1[:, 256:]; refill K1's boxes 4-7; S1 of the next pair
+       softmax of S1 against m0 -> m1, P1, scale1; P1 -> shared memory;
+       publish m1, scale1, P1                                            (barrier SCALE1)
+       refill K0's boxes 4-8; O1 *= scale1; O1 += P1 V1[:, 256:]
+       refill K1's boxes 4-7; S1 of the next pair
 so both warpgroups end a pair with O against m1. P of a tile is kept in the tile's own rope
 box (box 8, dims 512-575): S is its only reader, and it is done by then.
 
@@ -84,11 +85,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         return sb + BAR_OFF + 8 * (1 + NBOX * buf + box)
 
     @cuda.jit(device=True)
-    def load_boxes(smk, sb, buf, tmap, storage, block_table, page_size, b, k0, lo, hi):
-        """Start copying boxes [lo, hi) of the tile at key k0 into buffer ``buf`` (one thread):
-        a 64-key tile aligned to 64 keys lies in one page, so its rows follow."""
+    def tile_row(block_table, page_size, b, k0):
+        """The row of ``storage`` (seen as [pages * page_size, 576]) holding key k0: a 64-key
+        tile aligned to 64 keys lies in one page, so its rows follow."""
         pg, sl = locate(block_table, page_size, b, k0)
-        row = pg * page_size + sl
+        return pg * page_size + sl
+
+    @cuda.jit(device=True)
+    def load_boxes(smk, sb, buf, tmap, storage, row, lo, hi):
+        """Start copying boxes [lo, hi) of the tile at ``row`` into buffer ``buf`` (one
+        thread)."""
         for box in range(lo, hi):
             tma_box(smk, sb + KV_OFF + buf * ROWS_BYTES + BOX_BYTES * box, tmap, storage,
                     BOX * box, row, box_bar(sb, buf, box))
@@ -254,11 +260,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             for box in range(NBOX):
                 tma_box(smk, sb + Q_OFF + BOX_BYTES * box, tmap_q, q, BOX * box,
                         row0 * H + r0, qbar)
-            load_boxes(smk, sb, 0, tmap_kv, storage, block_table, page_size, b,
-                       kstart + t0 * BLOCK_N, 0, NBOX)
+            load_boxes(smk, sb, 0, tmap_kv, storage,
+                       tile_row(block_table, page_size, b, kstart + t0 * BLOCK_N), 0, NBOX)
             if t1 < t_end:
-                load_boxes(smk, sb, 1, tmap_kv, storage, block_table, page_size, b,
-                           kstart + t1 * BLOCK_N, 0, NBOX)
+                load_boxes(smk, sb, 1, tmap_kv, storage,
+                           tile_row(block_table, page_size, b, kstart + t1 * BLOCK_N), 0, NBOX)
 
         # This thread's two rows of every fragment: m = 16*warp + lane//4 (+ 8).
         mx = cuda.local.array(2, float32)  # a tile's row maxima, then the new running max
@@ -286,6 +292,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         else t_end
                     t3 = next_tile(t2 + 1, t_end, kstart, kend, q_lo, q_hi) if t2 < t_end \
                         else t_end
+                    # The next pair's rows, looked up now: the page-table loads' latency hides
+                    # under this pair's work, not in front of the refills.
+                    row2 = tile_row(block_table, page_size, b, kstart + min(t2, t_end - 1)
+                                    * BLOCK_N)
+                    row3 = tile_row(block_table, page_size, b, kstart + min(t3, t_end - 1)
+                                    * BLOCK_N)
                     k0 = kstart + t0 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend)
                     scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
@@ -310,8 +322,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     if t2 < t_end:  # K0's boxes 0-3 are free: the next pair's first tile
                         ptx.bar_sync(BAR_WG + wg, 128)
                         if wtid == 0:
-                            load_boxes(smk, sb, 0, tmap_kv, storage, block_table, page_size, b,
-                                       kstart + t2 * BLOCK_N, 0, V_BOXES)
+                            load_boxes(smk, sb, 0, tmap_kv, storage, row2, 0, V_BOXES)
                     ptx.bar_sync(BAR_SCALE1, NTHREADS)  # m1, scale1, P1 from WG1
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE1 * BLOCK_M
@@ -326,11 +337,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         if t3 < t_end:  # K1's boxes 0-3 and the rope box (P1) are free
                             ptx.bar_sync(BAR_WG + wg, 128)
                             if wtid == 0:
-                                k3 = kstart + t3 * BLOCK_N
-                                load_boxes(smk, sb, 1, tmap_kv, storage, block_table,
-                                           page_size, b, k3, ROPE, NBOX)
-                                load_boxes(smk, sb, 1, tmap_kv, storage, block_table,
-                                           page_size, b, k3, 0, V_BOXES)
+                                load_boxes(smk, sb, 1, tmap_kv, storage, row3, ROPE, NBOX)
+                                load_boxes(smk, sb, 1, tmap_kv, storage, row3, 0, V_BOXES)
                     if t2 >= t_end:
                         break
                     qk(s_acc, smk, sb, 0, parity, wtid, 0)
@@ -346,6 +354,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         else t_end
                     t3 = next_tile(t2 + 1, t_end, kstart, kend, q_lo, q_hi) if t2 < t_end \
                         else t_end
+                    # The next pair's rows, looked up now: the page-table loads' latency hides
+                    # under this pair's work, not in front of the refills.
+                    row2 = tile_row(block_table, page_size, b, kstart + min(t2, t_end - 1)
+                                    * BLOCK_N)
+                    row3 = tile_row(block_table, page_size, b, kstart + min(t3, t_end - 1)
+                                    * BLOCK_N)
                     k0 = kstart + t1 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend) if t1 < t_end else k0  # no tile: all -inf
                     scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
@@ -362,23 +376,24 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     pv_shared(o_acc, smk, sb, 0, 1, wtid)
                     ptx.wgmma_commit()
                     softmax(s_acc, mx, smf, STAT_SCALE1, wtid, tid, scl, sums)
-                    wait_o(o_acc)
-                    if t2 < t_end:  # K0's boxes 4-7 and the rope box (P0) are free
-                        ptx.bar_sync(BAR_WG + wg, 128)
-                        if wtid == 0:
-                            load_boxes(smk, sb, 0, tmap_kv, storage, block_table, page_size, b,
-                                       kstart + t2 * BLOCK_N, V_BOXES, NBOX)
-                    for half in range(2):
-                        l_run[half] = l_run[half] * scl[half] + sums[half]
-                    scale_o(o_acc, scl[0], scl[1])
                     if t1 < t_end:
                         if k1 - k0 < BLOCK_N:
                             zero_rows(smk, sb, 1, k1 - k0, wtid)
                         # (every warp is past S1: waited before the barrier SCALE0)
                         store_p(s_acc, smk, sb, 1, wtid)
                         ptx.fence_proxy_async()
-                        ptx.bar_sync(BAR_WG + wg, 128)  # zeroed rows, before this P V reads
-                    ptx.bar_arrive(BAR_SCALE1, NTHREADS)  # m1, scale1, P1 for WG0
+                    # m1, scale1, P1 for WG0, while P0 V0 is still in flight: WG0 waits for this
+                    # warpgroup's softmax, not for its product.
+                    ptx.bar_arrive(BAR_SCALE1, NTHREADS)
+                    wait_o(o_acc)
+                    # All four warps are past the wait (K0's boxes 4-7 and its rope box, P0, are
+                    # free), and K1's zeroed rows are in place for the P V below.
+                    ptx.bar_sync(BAR_WG + wg, 128)
+                    if wtid == 0 and t2 < t_end:
+                        load_boxes(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
+                    for half in range(2):
+                        l_run[half] = l_run[half] * scl[half] + sums[half]
+                    scale_o(o_acc, scl[0], scl[1])
                     # Without a tile t1, P1 = 0 and any finite V does: K0's boxes 4-7 (not
                     # refilled: there is no next pair). No wgmma sits in a branch.
                     ptx.wgmma_fence()
@@ -390,8 +405,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     if t3 < t_end:  # K1's boxes 4-7 are free
                         ptx.bar_sync(BAR_WG + wg, 128)
                         if wtid == 0:
-                            load_boxes(smk, sb, 1, tmap_kv, storage, block_table, page_size, b,
-                                       kstart + t3 * BLOCK_N, V_BOXES, ROPE)
+                            load_boxes(smk, sb, 1, tmap_kv, storage, row3, V_BOXES, ROPE)
                     t0 = t2
                     t1 = t3
                     if t1 < t_end:  # boxes 8 and 0-3 were refilled first (by WG0)
