@@ -129,6 +129,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         """Mask and score mod on a score fragment (keys [k0, k1) kept, the rest -inf), in log2
         units; ``mx``: the fragment's two row maxima (its quad's, which share the rows)."""
         cls = mask_classify(k0, k1, q_lo, q_hi)
+        # Element i's key is k0 + acc_col(i) = k0 + 2*(wtid%4) + (a constant): it is kept when
+        # the constant is below ``lim`` (one compare with an immediate; the key itself is formed
+        # only where the score step needs it: 64-bit keys for all 32 elements at once were the
+        # kernel's peak register use).
+        lim = k1 - k0 - 2 * (wtid % 4)
         for half in range(2):
             m = ptx.acc_row(2 * half, wtid)
             r = r0 + m
@@ -139,10 +144,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             for j in range(NS // 4):
                 for e in range(2):
                     i = 4 * j + 2 * half + e
-                    k = k0 + ptx.acc_col(i, wtid)
                     s = float32(NEG_INF)
-                    if m < nrows and k < k1:
-                        s = log2_score(s_acc[i], qscale, scale, cls, b, h, iq, q_pos, k, bias)
+                    if m < nrows and 8 * j + e < lim:
+                        s = log2_score(s_acc[i], qscale, scale, cls, b, h, iq, q_pos,
+                                       k0 + ptx.acc_col(i, wtid), bias)
                     s_acc[i] = s
                     row_max = max(row_max, s)
             for o in (1, 2):
