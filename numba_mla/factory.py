@@ -117,11 +117,6 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
     the variant whose tiles the copy engine brings (tiles never straddle pages)."""
 
     def build():
-        if tma:
-            from .kernels.seesaw import make_partition_kernel
-
-            return make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
-                                         **_device_functions(mask, score_mod, cache_cls))
         from .kernels.mma import make_partition_kernel
 
         return make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
@@ -130,6 +125,19 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
 
     return _cached(("mma", tag, heads, direct, tma) + _mods_key(mask, score_mod, cache_cls),
                    build)
+
+
+def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False):
+    """The stage-1 tensor-core kernel whose warpgroups take tiles in turn (kernels/seesaw.py),
+    for tiles the copy engine brings; ``direct`` as above."""
+
+    def build():
+        from .kernels.seesaw import make_partition_kernel
+
+        return make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
+                                     **_device_functions(mask, score_mod, cache_cls))
+
+    return _cached(("seesaw", tag, heads, direct) + _mods_key(mask, score_mod, cache_cls), build)
 
 
 def combine_kernel(tag):

@@ -219,6 +219,11 @@ class _Launch:
         # calling libcuda through ctypes (argtypes set) took about 1.5 us.
         self._enqueue = binding.cuLaunchKernel
 
+    def spills(self):
+        """Whether the compiled kernel uses local memory (registers spilled, or a call's
+        frame); never in the simulator, which compiles nothing."""
+        return self.kernel is not None and self.kernel.local_mem_per_thread > 0
+
     def __call__(self, stream=0):
         """Enqueue on ``stream`` (a raw handle; 0: the legacy default stream)."""
         if self._params is not None:
@@ -372,7 +377,7 @@ class Plan:
                        and q_dev.is_c_contiguous() and storage.is_c_contiguous())
                 kern = factory.mma_partition_kernel(call.mask, call.score_mod, tag, type(cache),
                                                     H, direct, tma)
-                threads, smem = mma.NTHREADS, seesaw.SMEM_BYTES if tma else mma.SMEM_BYTES
+                threads, smem = mma.NTHREADS, mma.SMEM_BYTES
                 if tma:
                     maps = (ptx.tensor_map(q_dev, T * H, mma.BLOCK_M, mma.BOX, True),
                             ptx.tensor_map(storage, storage.shape[0] * storage.shape[1],
@@ -391,7 +396,19 @@ class Plan:
                 ws = _workspace(n_out + n_lse, self.stream, private_workspace)
                 results = (ws[:n_out].reshape((T, H, P, D_V)),
                            ws[n_out:n_out + n_lse].reshape((T, H, P)))
-            self.launches.append(_Launch(kern, args + results + maps, grid, threads, smem))
+            partition = None
+            if backend == "mma" and tma:
+                # The seesaw kernel where it compiles without spills: beside its 160
+                # accumulators a mask with much arithmetic can push it past 255 registers
+                # (then the kernel above, whose score fragment is half as large).
+                partition = _Launch(factory.seesaw_partition_kernel(
+                    call.mask, call.score_mod, tag, type(cache), H, direct),
+                    args + results + maps, grid, threads, seesaw.SMEM_BYTES)
+                if partition.spills():
+                    partition = None
+            if partition is None:
+                partition = _Launch(kern, args + results + maps, grid, threads, smem)
+            self.launches.append(partition)
             if not direct:
                 self.launches.append(_Launch(factory.combine_kernel(tag),
                                              results + (self.out_dev, self.lse_dev),

@@ -127,19 +127,27 @@ def main():
         return 77
     bad = 0
     for mask, mod, tag, cache, heads, direct, tma in CASES:
-        kern = factory.mma_partition_kernel(mask, mod, tag, cache, heads, direct, tma)
-        ptx, _ = cuda.compile_ptx(kern.py_func, signature(direct), cc=(9, 0, "a"))
-        sass, log = build_sass(ptx)
-        regs, spills, calls = _resources(ptx, log)
-        hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256)x16", sass))
-        serial = "serialized" in log
-        # cp.async kernel: 36 for S and 4 for P V; TMA kernel: 4 a box in each of the two
-        # warpgroups' two S sites, 4 in each of their two P V sites
-        ok = not spills and calls == 0 and hgmma == (32 if tma else 40) and not serial
-        bad += not ok
-        print(f"mma  {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
-              f"tma={tma!s:5} regs={regs} spills={spills} calls={calls} "
-              f"HGMMA={hgmma} serialized={serial}  {'ok' if ok else 'FAIL'}")
+        # TMA configurations run the seesaw kernel (kernels/seesaw.py) unless it spills, and
+        # then the lockstep kernel's TMA variant: both are built
+        variants = [("mma", factory.mma_partition_kernel(mask, mod, tag, cache, heads, direct,
+                                                          tma))]
+        if tma:
+            variants.append(("seesaw", factory.seesaw_partition_kernel(mask, mod, tag, cache,
+                                                                       heads, direct)))
+        for name, kern in variants:
+            ptx, _ = cuda.compile_ptx(kern.py_func, signature(direct), cc=(9, 0, "a"))
+            sass, log = build_sass(ptx)
+            regs, spills, calls = _resources(ptx, log)
+            hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256)x16", sass))
+            serial = "serialized" in log
+            # lockstep: 36 for S and 4 for P V; seesaw: 4 a box in each warpgroup's two S
+            # sites (a loop over the boxes), 4 in each of their two P V sites
+            ok = (not spills and calls == 0 and hgmma == (32 if name == "seesaw" else 40)
+                  and not serial)
+            bad += not ok
+            print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
+                  f"direct={direct!s:5} tma={tma!s:5} regs={regs} spills={spills} "
+                  f"calls={calls} HGMMA={hgmma} serialized={serial}  {'ok' if ok else 'FAIL'}")
     for mask, mod, tag, cache, block_m, heads, direct in SIMT_CASES:
         kern = factory.partition_kernel(mask, mod, tag, cache, block_m, heads, direct)
         ptx, _ = cuda.compile_ptx(kern.py_func, simt_signature(tag, direct), cc=(9, 0, "a"))
@@ -147,7 +155,7 @@ def main():
         regs, spills, calls = _resources(ptx, log)
         ok = not spills and calls == 0
         bad += not ok
-        print(f"simt {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
+        print(f"simt   {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
               f"rows={block_m} regs={regs} spills={spills} calls={calls}  "
               f"{'ok' if ok else 'FAIL'}")
     return 1 if bad else 0

@@ -48,7 +48,7 @@ from helpers import (
     to_numpy,
     to_torch,
 )
-from numba_mla import factory, heuristics
+from numba_mla import factory, heuristics, launch
 from numba_mla.kernels.simt import BLOCK_N
 from numba_mla.mods import as_mask, as_score_mod
 
@@ -287,17 +287,48 @@ def test_mma_copy_path(cache_kind, page_size, tma, rng, monkeypatch):
     by cp.async elsewhere; both paths over several tiles (the mbarrier phases alternate, the
     last tile is partial and its slots past the length hold NaN) match the reference."""
     chosen = []
-    build = factory.mma_partition_kernel
+    build, build_seesaw = factory.mma_partition_kernel, factory.seesaw_partition_kernel
 
     def recording(*args):
         chosen.append(args[-1])
         return build(*args)
 
+    def recording_seesaw(*args):
+        chosen.append("seesaw")
+        return build_seesaw(*args)
+
     monkeypatch.setattr(factory, "mma_partition_kernel", recording)
+    monkeypatch.setattr(factory, "seesaw_partition_kernel", recording_seesaw)
     p = make_problem(rng, 1, 1, 2, [150], BF16, cache_kind, page_size)
     mask = MASKS["causal"].make(p, rng)
     check_kernel(p, mask, SCORE_MODS["identity"].make(p), 1, "mma")
-    assert chosen == [tma]
+    # TMA tiles: the seesaw kernel (the simulator compiles nothing, so it never spills)
+    assert chosen == ([True, "seesaw"] if tma else [False])
+
+
+@KERNEL
+def test_mma_tma_falls_back_when_the_seesaw_spills(rng, monkeypatch):
+    """Where the seesaw kernel would spill registers (a mask with much arithmetic), TMA tiles
+    go to the lockstep kernel's TMA variant, which matches the reference too."""
+    considered = []
+
+    def spills(self):
+        considered.append(self.dispatcher)
+        return self.dispatcher in seesaw_kernels
+
+    seesaw_kernels = []
+    build_seesaw = factory.seesaw_partition_kernel
+
+    def recording_seesaw(*args):
+        seesaw_kernels.append(build_seesaw(*args))
+        return seesaw_kernels[-1]
+
+    monkeypatch.setattr(factory, "seesaw_partition_kernel", recording_seesaw)
+    monkeypatch.setattr(launch._Launch, "spills", spills)
+    p = make_problem(rng, 1, 1, 2, [150], BF16, "paged", 64)
+    mask = MASKS["window3"].make(p, rng)
+    check_kernel(p, mask, SCORE_MODS["alibi"].make(p), 1, "mma")
+    assert considered == seesaw_kernels and len(seesaw_kernels) == 1
 
 
 MANY_ROWS = [  # (dtype, layout, mask, score mod): H * Sq = 18 query rows per sequence
@@ -485,45 +516,57 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
     local memory but the local arrays its PTX declares (none without such a call): no
     spills. The tensor-core kernel's SASS holds its wgmma instructions (HGMMA)."""
     tag = factory.dtype_tag(p.dtype)
+    seesaw = []
     if backend == "mma":  # workspace or one-partition (direct) output; TMA or cp.async tiles
         dispatchers = [factory.mma_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
                                                     type(p.cache), p.heads, direct, tma)
                        for direct in (False, True) for tma in (False, True)]
+        # TMA tiles: the seesaw kernel, or the lockstep kernel's TMA variant where it spills
+        seesaw = [factory.seesaw_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
+                                                  type(p.cache), p.heads, direct)
+                  for direct in (False, True)]
     else:
         block_m = heuristics.simt_block_m(int(p.counts.max()) * p.heads, tag != "f32")
         dispatchers = [factory.partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
                                                 type(p.cache), block_m, p.heads, direct)
                        for direct in (False, True)]  # workspace or one-partition output
-    kernels = [k for d in dispatchers for k in d.overloads.values()]
+    kernels = [k for d in dispatchers + seesaw for k in d.overloads.values()]
     assert kernels, "the partition kernel for this configuration was never compiled"
     if backend == "mma":  # the copy engine brings the tiles wherever a tile fits one page
         tma = p.cache.kind == "contiguous" or p.cache.page_size % 64 == 0
-        assert any(d.overloads for d in dispatchers[int(tma)::2]), (
+        used = seesaw + dispatchers[1::2] if tma else dispatchers[0::2]
+        assert any(d.overloads for d in used), (
             f"expected the {'TMA' if tma else 'cp.async'} variant for {p.cache!r}")
-    for k in kernels:
-        # cc=None: the PTX the kernel was built from (the current device's architecture, "sm_90a"
-        # on an H200), kept with the kernel; passing (9, 0) would compile it again for "sm_90".
-        ptx = k.inspect_asm(None)
-        callees = set(PTX_CALLEE.findall(ptx))
-        assert callees <= allowed_calls, (
-            f"call(s) left in the partition kernel's PTX: {sorted(callees - allowed_calls)}")
-        declared = sum(int(n) for n in PTX_LOCAL_DEPOT.findall(ptx))
-        assert declared == 0 or callees, f"the kernel's PTX declares {declared} B of local memory"
-        if callees and backend == "mma":
-            # The call's ABI saves the live accumulators to local memory around it (and ptxas
-            # serialises the wgmmas): slow, and expected of a score mod that keeps a call.
-            continue
-        assert k.local_mem_per_thread <= declared, (
-            f"the partition kernel uses {k.local_mem_per_thread} bytes of local memory per "
-            f"thread (its PTX declares {declared}): spills")
-    if backend == "mma":
-        # cp.async variant: 36 wgmma for Q.K^T and 4 for P.V; TMA variant (kernels/seesaw.py):
-        # each warpgroup's two S sites issue 4 a box (a loop over the boxes) and its two P V
-        # sites 4 each.
-        for i, d in enumerate(dispatchers):
-            expected = 2 * 2 * 4 + 2 * 2 * 4 if i % 2 else 40
-            for k in d.overloads.values():
-                assert k.inspect_asm(None).count("wgmma.mma_async") == expected
+    for d in dispatchers + seesaw:
+        for k in d.overloads.values():
+            # cc=None: the PTX the kernel was built from (the current device's architecture,
+            # "sm_90a" on an H200), kept with the kernel; (9, 0) would compile it for "sm_90".
+            ptx = k.inspect_asm(None)
+            callees = set(PTX_CALLEE.findall(ptx))
+            assert callees <= allowed_calls, (
+                f"call(s) left in the partition kernel's PTX: {sorted(callees - allowed_calls)}")
+            declared = sum(int(n) for n in PTX_LOCAL_DEPOT.findall(ptx))
+            assert declared == 0 or callees, (
+                f"the kernel's PTX declares {declared} B of local memory")
+            if callees and backend == "mma":
+                # The call's ABI saves the live accumulators to local memory around it (and
+                # ptxas serialises the wgmmas): slow, and expected of a score mod with a call.
+                continue
+            if d in seesaw and k.local_mem_per_thread > declared:
+                # A seesaw kernel that spills is not launched: the lockstep kernel's TMA
+                # variant was compiled in its place (it is compiled for nothing else).
+                assert dispatchers[2 * seesaw.index(d) + 1].overloads, (
+                    "the seesaw kernel spills and no lockstep TMA kernel replaced it")
+                continue
+            assert k.local_mem_per_thread <= declared, (
+                f"the partition kernel uses {k.local_mem_per_thread} bytes of local memory per "
+                f"thread (its PTX declares {declared}): spills")
+    # The lockstep kernel: 36 wgmma for Q.K^T and 4 for P.V; the seesaw: each warpgroup's two
+    # S sites issue 4 a box (a loop over the boxes), its two P V sites 4 each.
+    for d in dispatchers + seesaw:
+        for k in d.overloads.values():
+            if backend == "mma":
+                assert k.inspect_asm(None).count("wgmma.mma_async") == (32 if d in seesaw else 40)
 
 
 @dataclass(frozen=True)
