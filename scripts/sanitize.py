@@ -2,6 +2,7 @@
 representative set of configurations, and print a summary table.
 
 Usage (on a GPU machine):  python scripts/sanitize.py [--tools memcheck,racecheck] [--out FILE]
+                                                     [--backend mma]
 Each tool runs the whole case list in one child process (``--cases``), checked against the
 reference so that a sanitizer-clean wrong answer still fails.
 """
@@ -37,7 +38,10 @@ def run_cases():
 
     rng = np.random.default_rng(0)
     bad = 0
+    only = os.environ.get("NUMBA_MLA_SANITIZE_BACKEND")
     for backend, B, H, L, Sq, dt, cache, page, mask, P, ragged in CASES:
+        if only and backend != only:
+            continue
         lengths = testing.random_lengths(rng, B, Sq, L)
         lengths[-1] = L
         p = testing.make_problem(rng, B, Sq, H, lengths, testing.DTYPES[dt], cache, page or 16,
@@ -59,7 +63,10 @@ def main():
     ap.add_argument("--cases", action="store_true", help="(child) run the cases")
     ap.add_argument("--tools", default="memcheck,racecheck,synccheck,initcheck")
     ap.add_argument("--out", default=None, help="also write the summary here")
+    ap.add_argument("--backend", default=None, help="only this backend's cases (simt, mma)")
     args = ap.parse_args()
+    if args.backend:  # (the child reads it from the environment)
+        os.environ["NUMBA_MLA_SANITIZE_BACKEND"] = args.backend
     if args.cases:
         sys.exit(1 if run_cases() else 0)
     env = dict(os.environ, NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS="0", PYTHONUNBUFFERED="1")
@@ -83,9 +90,10 @@ def main():
             print(text[-4000:])
     lines = [f"{'tool':<10} {'errors':>7} {'wrong':>6} {'rc':>3} {'seconds':>8}"]
     lines += [f"{t:<10} {str(e):>7} {w:>6} {rc:>3} {s:8.0f}" for t, e, w, rc, s in rows]
-    lines.append(f"{len(CASES)} cases per tool: " + "; ".join(
+    cases = [c for c in CASES if args.backend in (None, c[0])]
+    lines.append(f"{len(cases)} cases per tool: " + "; ".join(
         f"{c[0]} B={c[1]} H={c[2]} L={c[3]} Sq={c[4]} {c[5]} {c[6]}/{c[7]} {c[8]} P={c[9]}"
-        for c in CASES))
+        for c in cases))
     print("\n".join(lines))
     if args.out:
         with open(args.out, "w") as f:
