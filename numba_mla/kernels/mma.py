@@ -1,4 +1,6 @@
-"""Stage 1 of split-K MLA decode on Hopper tensor cores (wgmma): the partition kernel.
+"""Stage 1 of split-K MLA decode on Hopper tensor cores (wgmma): the lockstep partition kernel,
+for cp.async tiles (page sizes that are not a multiple of 64), and for TMA tiles where the
+seesaw kernel (kernels/seesaw.py, the one TMA tiles take) would spill registers.
 
 Same contract as the FMA kernel (kernels/simt.py): grid ``(P, G, B)``, block (p, g, b) owns
 sequence b, query rows ``[g*64, (g+1)*64)`` (row r = query token i * H + head h) and key
