@@ -30,7 +30,7 @@ CASES = [(backend, *c[:4], "bf16" if backend == "mma" and c[4] == "fp32" else c[
          for backend in ("simt", "mma") for c in _SHAPES]
 
 
-def run_cases():
+def run_cases(only=None):
     import numpy as np
 
     import numba_mla as nm
@@ -38,7 +38,6 @@ def run_cases():
 
     rng = np.random.default_rng(0)
     bad = 0
-    only = os.environ.get("NUMBA_MLA_SANITIZE_BACKEND")
     for backend, B, H, L, Sq, dt, cache, page, mask, P, ragged in CASES:
         if only and backend != only:
             continue
@@ -65,16 +64,15 @@ def main():
     ap.add_argument("--out", default=None, help="also write the summary here")
     ap.add_argument("--backend", default=None, help="only this backend's cases (simt, mma)")
     args = ap.parse_args()
-    if args.backend:  # (the child reads it from the environment)
-        os.environ["NUMBA_MLA_SANITIZE_BACKEND"] = args.backend
     if args.cases:
-        sys.exit(1 if run_cases() else 0)
+        sys.exit(1 if run_cases(args.backend) else 0)
     env = dict(os.environ, NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS="0", PYTHONUNBUFFERED="1")
     rows = []
     for tool in args.tools.split(","):
         t0 = time.time()
         cmd = ["compute-sanitizer", "--tool", tool, "--target-processes", "all",
-               sys.executable, __file__, "--cases"]
+               sys.executable, __file__, "--cases"] + (
+                   ["--backend", args.backend] if args.backend else [])
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         text = r.stdout + r.stderr
         # memcheck/synccheck/initcheck: "ERROR SUMMARY: N errors";

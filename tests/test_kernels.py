@@ -542,6 +542,11 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
             # cc=None: the PTX the kernel was built from (the current device's architecture,
             # "sm_90a" on an H200), kept with the kernel; (9, 0) would compile it for "sm_90".
             ptx = k.inspect_asm(None)
+            if backend == "mma":
+                # The lockstep kernel: 36 wgmma for Q.K^T and 4 for P.V; the seesaw: each
+                # warpgroup's two S sites issue 4 a box (a loop over the boxes), its two P V
+                # sites 4 each.
+                assert ptx.count("wgmma.mma_async") == (32 if d in seesaw else 40)
             callees = set(PTX_CALLEE.findall(ptx))
             assert callees <= allowed_calls, (
                 f"call(s) left in the partition kernel's PTX: {sorted(callees - allowed_calls)}")
@@ -561,12 +566,6 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
             assert k.local_mem_per_thread <= declared, (
                 f"the partition kernel uses {k.local_mem_per_thread} bytes of local memory per "
                 f"thread (its PTX declares {declared}): spills")
-    # The lockstep kernel: 36 wgmma for Q.K^T and 4 for P.V; the seesaw: each warpgroup's two
-    # S sites issue 4 a box (a loop over the boxes), its two P V sites 4 each.
-    for d in dispatchers + seesaw:
-        for k in d.overloads.values():
-            if backend == "mma":
-                assert k.inspect_asm(None).count("wgmma.mma_async") == (32 if d in seesaw else 40)
 
 
 @dataclass(frozen=True)
