@@ -299,7 +299,7 @@ class Plan:
 
     def __init__(self, call, private_workspace=False):
         from .kernels import mma, seesaw, simt
-        from .kernels.combine import NTHREADS as COMBINE_THREADS, SLICES as COMBINE_SLICES
+        from .kernels import combine
 
         self.call = call
         self.stream = current_stream(call.q)
@@ -410,9 +410,10 @@ class Plan:
                 partition = _Launch(kern, args + results + maps, grid, threads, smem)
             self.launches.append(partition)
             if not direct:
+                groups = combine.split(T * H, P, heuristics.sm_count())
                 self.launches.append(_Launch(factory.combine_kernel(tag),
                                              results + (self.out_dev, self.lse_dev),
-                                             (T, H, COMBINE_SLICES), COMBINE_THREADS))
+                                             (T, H), (combine.NTHREADS, groups)))
 
     def launch(self, stream=None):
         """Enqueue the kernels on ``stream`` (default: the stream current at construction)."""

@@ -127,3 +127,37 @@ def test_merge_of_large_and_empty_lses():
     np.testing.assert_allclose(out[0], 0.25 * 1.0 + 0.75 * 3.0, rtol=1e-13)
     np.testing.assert_allclose(lse[0], 1000.0 + np.log(4.0), rtol=1e-15)
     assert np.all(out[1] == 0) and np.isneginf(lse[1])
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3, 4])
+@pytest.mark.parametrize("parts", [1, 5, 13])
+def test_combine_kernel_matches_merge(groups, parts, rng):
+    """The combine kernel itself (fp32 output), for every number of partition groups a block may
+    have and partition counts that are not a multiple of a step: empty partitions whose output
+    is NaN garbage, a row with no kept key, a NaN row, large and spread LSEs; every element is
+    written (out starts as NaN)."""
+    from numba import cuda
+
+    from numba_mla import factory
+
+    T, H = 2, 3
+    outs, lses = random_partials(rng, parts, (T, H))
+    lses = lses * 30.0 + 500.0  # spread (weights far from 1) and large (no overflow)
+    lses[rng.random(lses.shape) < 0.3] = -np.inf
+    outs[np.isneginf(lses)] = np.nan  # an empty partition's output is never read
+    lses[:, 0, 1] = -np.inf  # a row with no kept key
+    lses[parts // 2, 1, 2] = np.nan  # a row with a NaN score
+    outs, lses = outs.astype(np.float32), lses.astype(np.float32)  # what the kernel reads
+    want_out, want_lse = merge_partitions(np.nan_to_num(outs), lses)
+    part_out = cuda.to_device(np.ascontiguousarray(outs.transpose(1, 2, 0, 3)))
+    part_lse = cuda.to_device(np.ascontiguousarray(lses.transpose(1, 2, 0)))
+    out = cuda.to_device(np.full((T, H, 512), np.nan, np.float32))
+    lse = cuda.to_device(np.full((T, H), np.nan, np.float32))
+    factory.combine_kernel("f32")[(T, H), (128, groups)](part_out, part_lse, out, lse)
+    got_out, got_lse = out.copy_to_host(), lse.copy_to_host()
+    assert np.all(np.isnan(got_out[1, 2])) and np.isnan(got_lse[1, 2])
+    assert np.all(got_out[0, 1] == 0) and np.isneginf(got_lse[0, 1])
+    keep = ~np.isnan(want_lse)
+    assert not np.isnan(got_out[keep]).any()
+    assert_close(got_out[keep], want_out[keep], 1e-5, 1e-6, "out")
+    assert_close(got_lse[keep], want_lse[keep], 1e-6, 1e-6, "lse")

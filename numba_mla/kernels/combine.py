@@ -7,12 +7,16 @@ Partition p of row (t, h) holds its normalised output o_p (fp32) and its LSE l_p
 
 Empty partitions get weight exp(-inf) = 0; a row whose partitions are all empty gets out = 0
 and lse = -inf (never NaN). A NaN LSE (NaN in the row's scores) makes the row NaN, as in the
-reference. Grid ``(T, H, SLICES)``: block (t, h, z) merges output dims [128z, 128z + 128) of
-row (t, h), one dim a thread, so even one long row (B = 1) spreads over many multiprocessors.
+reference.
+
+Grid ``(T, H)``, block ``(128, S)``: block (t, h) merges row (t, h). Thread (x, g) holds output
+dims x, x + 128, x + 256, x + 384 (each load of a warp is 128 contiguous bytes) and merges
+partitions g, g + S, ... in one pass, the maximum kept as it goes (as the partition kernel's
+online softmax does); the S groups then meet in shared memory. Every load of a step is issued
+before any is used (UNROLL partitions x 4 dims), so a thread keeps 16 loads in flight: the
+merge is bound by memory latency, and one long row (B = 1) still spreads its partitions over
+S x 4 warps. ``split(rows, P)`` picks S (launch.py).
 Traffic: reads P x 512 fp32 per row, writes 512 values in the output dtype.
-The partition loop is latency-bound, so its loads must go out together: UNROLL partitions a
-step, each load unconditional (the index is clamped, a partition past the end has weight 0),
-and the weights are computed once per partition (a chunk of 128 at a time, in shared memory).
 """
 import math
 
@@ -21,9 +25,17 @@ from numba import cuda, float32
 from .._compat import JIT_OPTIONS
 from .common import D_V, NEG_INF
 
-NTHREADS = 128
-SLICES = D_V // NTHREADS  # blocks per row (one output dim a thread)
-UNROLL = 8  # partitions merged per step: independent loads in flight per thread
+NTHREADS = 128  # threads of one group: D_V / DIMS
+DIMS = D_V // NTHREADS  # output dims a thread
+MAX_SPLIT = 4  # partition groups of a block (its y dimension)
+UNROLL = 4  # partitions a step
+
+
+def split(rows, nparts, sms):
+    """Partition groups per block: enough warps for short rows counts, at most one group per
+    four partitions (a group merges at least a whole step)."""
+    want = -(-8 * sms // max(rows, 1))  # about 8 blocks' worth of groups per multiprocessor
+    return max(1, min(MAX_SPLIT, nparts // UNROLL, want))
 
 
 def make_combine_kernel(store):
@@ -34,67 +46,88 @@ def make_combine_kernel(store):
         # part_out [T, H, P, 512] f32, part_lse [T, H, P] f32 -> out [T, H, 512], lse [T, H] f32
         t = cuda.blockIdx.x
         h = cuda.blockIdx.y
-        tid = cuda.threadIdx.x
-        d = cuda.blockIdx.z * NTHREADS + tid
+        x = cuda.threadIdx.x
+        g = cuda.threadIdx.y
+        S = cuda.blockDim.y
         nparts = part_lse.shape[2]
-        # The row's largest LSE (and whether one is NaN): each thread scans its partitions,
-        # then every thread reads the partial results from shared memory (the LSEs are loaded
-        # side by side, not one after another; only the first ``nparts`` hold any: a block's
-        # fixed cost counts, there are T x H x 4 of them).
-        red = cuda.shared.array(NTHREADS, float32)
-        mine = float32(NEG_INF)
-        for p in range(tid, nparts, NTHREADS):
-            x = part_lse[t, h, p]
-            if x != x or x > mine:
-                mine = x
-            if mine != mine:
-                break
-        red[tid] = mine
-        # Every thread's partial result is in place.
-        cuda.syncthreads()
-        big = float32(NEG_INF)  # float32, like part_lse: the merge stays in fp32
+        acc = cuda.local.array(DIMS, float32)
+        xs = cuda.local.array((UNROLL, DIMS), float32)
+        ls = cuda.local.array(UNROLL, float32)
+        for j in range(DIMS):
+            acc[j] = 0.0
+        m = float32(NEG_INF)  # largest LSE so far
+        total = float32(0.0)  # sum of exp(l_p - m)
         nan = False
-        for i in range(min(nparts, NTHREADS)):
-            x = red[i]
-            if x != x:
-                nan = True
-            elif x > big:
-                big = x
-        first = cuda.blockIdx.z == 0 and tid == 0  # the thread that writes the row's LSE
-        if nan:  # NaN among the row's scores: the row is NaN, as in the reference
-            out[t, h, d] = store(float32(math.nan))
-            if first:
-                lse[t, h] = float32(math.nan)
-            return
-        if big == float32(NEG_INF):
-            out[t, h, d] = store(float32(0.0))
-            if first:
-                lse[t, h] = float32(NEG_INF)
-            return
-        # The weights, a chunk of NTHREADS partitions at a time, go through shared memory:
-        # one exp per partition, not one per partition and output dim; 0 past the chunk's end.
-        w_s = cuda.shared.array(NTHREADS, float32)
-        acc = float32(0.0)
-        total = float32(0.0)
-        for c0 in range(0, nparts, NTHREADS):
-            n = min(NTHREADS, nparts - c0)
-            w_s[tid] = math.exp(part_lse[t, h, c0 + tid] - big) if tid < n else float32(0.0)
-            # The chunk's weights are in place.
-            cuda.syncthreads()
-            for i in range(n):
-                total += w_s[i]
-            # UNROLL partitions a step: their loads are independent and unconditional (past
-            # the chunk, partition n - 1 is read again with weight 0). An empty partition
-            # (weight 0) adds nothing, whatever its output holds.
-            for i0 in range(0, n, UNROLL):
-                for u in range(UNROLL):
-                    w = w_s[i0 + u]
-                    x = part_out[t, h, c0 + min(i0 + u, n - 1), d]
-                    acc += w * x if w > 0.0 else float32(0.0)
-            # Everyone is done with the chunk before the next one replaces it.
-            cuda.syncthreads()
-        out[t, h, d] = store(acc / total)
+        for p0 in range(g * UNROLL, nparts, S * UNROLL):
+            # Loads first, all unconditional (past the end: the last partition again, unused).
+            for u in range(UNROLL):
+                p = min(p0 + u, nparts - 1)
+                ls[u] = part_lse[t, h, p] if p0 + u < nparts else float32(NEG_INF)
+                for j in range(DIMS):
+                    xs[u, j] = part_out[t, h, p, x + NTHREADS * j]
+            m_new = m
+            for u in range(UNROLL):
+                if ls[u] != ls[u]:
+                    nan = True
+                elif ls[u] > m_new:
+                    m_new = ls[u]
+            if m_new == float32(NEG_INF):
+                continue  # nothing kept yet: no weight to give
+            c = math.exp(m - m_new)  # 0 while m = -inf
+            total *= c
+            for j in range(DIMS):
+                acc[j] *= c
+            m = m_new
+            for u in range(UNROLL):
+                w = math.exp(ls[u] - m)
+                if w > 0.0:  # an empty or NaN partition adds nothing, whatever its output holds
+                    total += w
+                    for j in range(DIMS):
+                        acc[j] += w * xs[u, j]
+
+        # The groups meet: each leaves m, total, NaN and its sums; every thread then finishes
+        # the dims x + 128 g' of its group's slot g.
+        s_acc = cuda.shared.array((MAX_SPLIT, D_V), float32)
+        s_m = cuda.shared.array(MAX_SPLIT, float32)
+        s_total = cuda.shared.array(MAX_SPLIT, float32)
+        s_nan = cuda.shared.array(MAX_SPLIT, float32)
+        for j in range(DIMS):
+            s_acc[g, x + NTHREADS * j] = acc[j]
+        if x == 0:
+            s_m[g] = m
+            s_total[g] = total
+            s_nan[g] = float32(1.0) if nan else float32(0.0)
+        # Every group's results are in place.
+        cuda.syncthreads()
+        big = float32(NEG_INF)
+        any_nan = False
+        for k in range(S):
+            any_nan = any_nan or s_nan[k] != 0.0
+            big = max(big, s_m[k])
+        row_total = float32(0.0)
+        for k in range(S):
+            if s_m[k] != float32(NEG_INF):
+                row_total += s_total[k] * math.exp(s_m[k] - big)
+        first = x == 0 and g == 0  # the thread that writes the row's LSE
+        for j in range(g, DIMS, S):
+            d = x + NTHREADS * j
+            if any_nan:  # NaN among the row's scores: the row is NaN, as in the reference
+                y = float32(math.nan)
+            elif big == float32(NEG_INF):  # no kept key at all
+                y = float32(0.0)
+            else:
+                y = float32(0.0)
+                for k in range(S):
+                    if s_m[k] != float32(NEG_INF):
+                        y += s_acc[k, d] * math.exp(s_m[k] - big)
+                y /= row_total
+            out[t, h, d] = store(y)
         if first:
-            lse[t, h] = big + math.log(total)
+            if any_nan:
+                lse[t, h] = float32(math.nan)
+            elif big == float32(NEG_INF):
+                lse[t, h] = float32(NEG_INF)
+            else:
+                lse[t, h] = big + math.log(row_total)
 
     return combine_kernel

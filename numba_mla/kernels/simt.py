@@ -125,7 +125,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     KEYS_PER_WARP = BLOCK_N // NWARPS
     ROWS_PER_WARP = block_m // NWARPS  # softmax
     H = heads
-    assert STEPS % 2 == 0 and BLOCK_N % UNROLL == 0 and PDW in (2, 4) and SK >= 1
+    assert STEPS % 2 == 0 and BLOCK_N % UNROLL == 0 and UNROLL % 2 == 0 and PDW in (2, 4) and SK >= 1
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
@@ -144,32 +144,45 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         ptx.cp_async_commit()
 
     @cuda.jit(device=True, **INLINE)
-    def score_step(smf, smk, q_at, k_at, st, s_acc, kv):
-        """Partial scores += this lane's SR rows x SK keys over the DPS dims of step ``st``."""
+    def load_step(smf, smk, q_at, k_at, st, kw, qf, slot):
+        """Start step ``st``'s first loads into ``slot``: its SK x 2 key words (still packed)
+        and the SR queries of its first dim. Issued a step ahead, so that each step's first
+        FMAs find their operands already there (two warps a scheduler hide little latency)."""
+        for j in range(SK):
+            kw[slot, j, 0], kw[slot, j, 1] = ptx.lds64(smk, k_at + 4 * (j * KG * STRIDE + 2 * st))
+        for i2 in range(SR // 2):
+            qf[slot, 2 * i2], qf[slot, 2 * i2 + 1] = ptx.lds64(
+                smf, q_at + 4 * (st * DPS * QS + 2 * i2))
+
+    @cuda.jit(device=True, **INLINE)
+    def score_step(smf, smk, q_at, k_at, st, s_acc, kv, kw, qf, slot, st_next):
+        """Partial scores += this lane's SR rows x SK keys over the DPS dims of step ``st``,
+        whose first loads are in ``slot``; starts step ``st_next``'s in the other slot."""
         for j in range(SK):  # SK keys x DPS dims
-            w0, w1 = ptx.lds64(smk, k_at + 4 * (j * KG * STRIDE + 2 * st))
             if packed:
-                kv[j, 0], kv[j, 1] = unpack(w0)
-                kv[j, 2], kv[j, 3] = unpack(w1)
+                kv[j, 0], kv[j, 1] = unpack(kw[slot, j, 0])
+                kv[j, 2], kv[j, 3] = unpack(kw[slot, j, 1])
             else:
-                kv[j, 0], kv[j, 1] = w0, w1
+                kv[j, 0], kv[j, 1] = kw[slot, j, 0], kw[slot, j, 1]
+        load_step(smf, smk, q_at, k_at, st_next, kw, qf, 1 - slot)
         for dd in range(DPS):  # SR rows of each dim, two at a time
             for i2 in range(SR // 2):
-                q0, q1 = ptx.lds64(smf, q_at + 4 * ((st * DPS + dd) * QS + 2 * i2))
+                if dd == 0:
+                    q0, q1 = qf[slot, 2 * i2], qf[slot, 2 * i2 + 1]
+                else:
+                    q0, q1 = ptx.lds64(smf, q_at + 4 * ((st * DPS + dd) * QS + 2 * i2))
                 for j in range(SK):
                     s_acc[2 * i2, j] += q0 * kv[j, dd]
                     s_acc[2 * i2 + 1, j] += q1 * kv[j, dd]
 
     @cuda.jit(device=True, **INLINE)
-    def load_v(smk, addr, v):
-        """V: this thread's PD values of one key, at byte address ``addr``, into ``v``."""
+    def load_vp(smf, smk, v_at, p_at, n, vw, pf, slot):
+        """Key ``n``'s operands of P.V into ``slot``: this thread's PDW words of V (packed) and
+        its PR probabilities; loaded a key ahead of their FMAs (see load_step)."""
         for h in range(PDW // 2):
-            w0, w1 = ptx.lds64(smk, addr + 8 * h)
-            if packed:
-                v[4 * h], v[4 * h + 1] = unpack(w0)
-                v[4 * h + 2], v[4 * h + 3] = unpack(w1)
-            else:
-                v[2 * h], v[2 * h + 1] = w0, w1
+            vw[slot, 2 * h], vw[slot, 2 * h + 1] = ptx.lds64(smk, v_at + 4 * n * STRIDE + 8 * h)
+        for i2 in range(PR // 2):
+            pf[slot, 2 * i2], pf[slot, 2 * i2 + 1] = ptx.lds64(smf, p_at + 4 * (n * PS + 2 * i2))
 
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
@@ -232,7 +245,11 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 acc[i, c] = 0.0
         s_acc = cuda.local.array((SR, SK), float32)
         kv = cuda.local.array((SK, DPS), float32)
+        kw = cuda.local.array((2, SK, 2), WORD)  # a step's key words, two slots
+        qf = cuda.local.array((2, SR), float32)  # a step's first-dim queries, two slots
         v = cuda.local.array(PD, float32)
+        vw = cuda.local.array((2, PDW), WORD)  # a key's V words, two slots
+        pf = cuda.local.array((2, PR), float32)  # a key's probabilities, two slots
         sm_s = cuda.local.array(ROWS_PER_WARP, float32)  # softmax: scores, then probabilities
         sm_max = cuda.local.array(ROWS_PER_WARP, float32)  # row maxima
         sm_alpha = cuda.local.array(ROWS_PER_WARP, float32)  # rescale factors
@@ -259,9 +276,12 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 for j in range(SK):
                     s_acc[i, j] = 0.0
             k_at = sb + 4 * (kb + kg * STRIDE + warp * WORDS_PER_WARP)
-            for st in range(0, STEPS, 2):  # two steps written out: the loads of one overlap
-                score_step(smf, smk, q_at, k_at, st, s_acc, kv)  # the FMAs of the other
-                score_step(smf, smk, q_at, k_at, st + 1, s_acc, kv)
+            load_step(smf, smk, q_at, k_at, 0, kw, qf, 0)
+            for st in range(0, STEPS, 2):  # two steps written out: slots 0 and 1 alternate
+                score_step(smf, smk, q_at, k_at, st, s_acc, kv, kw, qf, 0, st + 1)
+                # (the last step fetches itself again: in bounds, unused)
+                score_step(smf, smk, q_at, k_at, st + 1, s_acc, kv, kw, qf, 1,
+                           min(st + 2, STEPS - 1))
             for i in range(SR):
                 for j in range(SK):
                     ptx.sts32(smf, sb + 4 * (SS + (warp * block_m + rg * SR + i) * SSTR
@@ -324,12 +344,20 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                     acc[4 * i4 + 2, c] *= a2
                     acc[4 * i4 + 3, c] *= a3
             v_at = sb + 4 * (kb + dg * PDW)
+            load_vp(smf, smk, v_at, p_at, 0, vw, pf, 0)
             for n2 in range(0, BLOCK_N, UNROLL):
                 for u in range(UNROLL):
                     n = n2 + u
-                    load_v(smk, v_at + 4 * n * STRIDE, v)
+                    slot = u % 2  # UNROLL is even: a constant
+                    for h in range(PDW):
+                        if packed:
+                            v[2 * h], v[2 * h + 1] = unpack(vw[slot, h])
+                        else:
+                            v[h] = vw[slot, h]
+                    # The next key's operands (the last key fetches itself again, unused).
+                    load_vp(smf, smk, v_at, p_at, min(n + 1, BLOCK_N - 1), vw, pf, 1 - slot)
                     for i2 in range(PR // 2):
-                        p0, p1 = ptx.lds64(smf, p_at + 4 * (n * PS + 2 * i2))
+                        p0, p1 = pf[slot, 2 * i2], pf[slot, 2 * i2 + 1]
                         for c in range(PD):
                             acc[2 * i2, c] += p0 * v[c]
                             acc[2 * i2 + 1, c] += p1 * v[c]
