@@ -37,3 +37,15 @@ def test_num_partitions():
         tiles = -(-keys // 64)
         cost = lambda n: -(-blocks * n // sms) * (-(-tiles // n) + heuristics.BLOCK_OVERHEAD_TILES)
         assert all(cost(P) <= cost(n) for n in range(1, min(tiles, 256) + 1))
+
+
+def test_combine_split():
+    """Partition groups of a combine block: several for one long row (B=1: 128 rows, 64
+    partitions), one where rows alone fill the device or a step takes all partitions."""
+    from numba_mla.kernels import combine
+
+    assert combine.split(128, 64, 132) == combine.MAX_SPLIT
+    assert combine.split(2048, 4, 132) == 1
+    assert combine.split(1024, 2, 132) == 1
+    assert combine.split(128, 2 * combine.UNROLL, 132) == 2
+    assert combine.split(1, 1, 132) == 1

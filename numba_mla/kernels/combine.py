@@ -13,7 +13,7 @@ Grid ``(T, H)``, block ``(128, S)``: block (t, h) merges row (t, h). Thread (x, 
 dims x, x + 128, x + 256, x + 384 (each load of a warp is 128 contiguous bytes) and merges
 partitions g, g + S, ... in one pass, the maximum kept as it goes (as the partition kernel's
 online softmax does); the S groups then meet in shared memory. Every load of a step is issued
-before any is used (UNROLL partitions x 4 dims), so a thread keeps 16 loads in flight: the
+before any is used (UNROLL partitions x 4 dims), so a thread keeps 32 loads in flight: the
 merge is bound by memory latency, and one long row (B = 1) still spreads its partitions over
 S x 4 warps. ``split(rows, P)`` picks S (launch.py).
 Traffic: reads P x 512 fp32 per row, writes 512 values in the output dtype.
@@ -28,12 +28,12 @@ from .common import D_V, NEG_INF
 NTHREADS = 128  # threads of one group: D_V / DIMS
 DIMS = D_V // NTHREADS  # output dims a thread
 MAX_SPLIT = 4  # partition groups of a block (its y dimension)
-UNROLL = 4  # partitions a step
+UNROLL = 8  # partitions a step
 
 
 def split(rows, nparts, sms):
-    """Partition groups per block: enough warps for short rows counts, at most one group per
-    four partitions (a group merges at least a whole step)."""
+    """Partition groups per block: enough of them that few rows still fill the device, but
+    no more than there are whole steps of UNROLL partitions."""
     want = -(-8 * sms // max(rows, 1))  # about 8 blocks' worth of groups per multiprocessor
     return max(1, min(MAX_SPLIT, nparts // UNROLL, want))
 

@@ -63,7 +63,6 @@ NTHREADS = 32 * NWARPS
 BLOCK_N = 32  # keys per tile: one per lane in the softmax
 SR = 8  # score rows per lane
 PR = 8  # output rows per thread
-UNROLL = 2  # keys of the P.V loop written out together
 
 
 def layout(block_m, packed):
@@ -125,7 +124,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     KEYS_PER_WARP = BLOCK_N // NWARPS
     ROWS_PER_WARP = block_m // NWARPS  # softmax
     H = heads
-    assert STEPS % 2 == 0 and BLOCK_N % UNROLL == 0 and UNROLL % 2 == 0 and PDW in (2, 4) and SK >= 1
+    assert STEPS % 2 == 0 and BLOCK_N % 2 == 0 and PDW in (2, 4) and SK >= 1
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
@@ -143,46 +142,71 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 ptx.cp_async4_at(smk, dst + 128 * c, src + 128 * c, k0 + n < k1)
         ptx.cp_async_commit()
 
-    @cuda.jit(device=True, **INLINE)
-    def load_step(smf, smk, q_at, k_at, st, kw, qf, slot):
-        """Start step ``st``'s first loads into ``slot``: its SK x 2 key words (still packed)
-        and the SR queries of its first dim. Issued a step ahead, so that each step's first
-        FMAs find their operands already there (two warps a scheduler hide little latency)."""
-        for j in range(SK):
-            kw[slot, j, 0], kw[slot, j, 1] = ptx.lds64(smk, k_at + 4 * (j * KG * STRIDE + 2 * st))
-        for i2 in range(SR // 2):
-            qf[slot, 2 * i2], qf[slot, 2 * i2 + 1] = ptx.lds64(
-                smf, q_at + 4 * (st * DPS * QS + 2 * i2))
+    # Byte strides of one score step (its DPS rows of Qt, its 2 words of a key) and one key.
+    Q_STEP = 4 * DPS * QS
+    K_STEP = 8
+    V_KEY = 4 * STRIDE
+    P_KEY = 4 * PS
 
     @cuda.jit(device=True, **INLINE)
-    def score_step(smf, smk, q_at, k_at, st, s_acc, kv, kw, qf, slot, st_next):
-        """Partial scores += this lane's SR rows x SK keys over the DPS dims of step ``st``,
-        whose first loads are in ``slot``; starts step ``st_next``'s in the other slot."""
+    def load_step(smf, smk, qa, ka, kw, qf, slot):
+        """Start a step's first loads into ``slot``: its SK x 2 key words (still packed) and
+        the SR queries of its first dim (``qa``, ``ka``: its addresses). Issued a step ahead,
+        so that each step's first FMAs find their operands there (two warps a scheduler hide
+        little latency)."""
+        for j in range(SK):
+            kw[slot, j, 0], kw[slot, j, 1] = ptx.lds64(smk, ka + 4 * j * KG * STRIDE)
+        for i2 in range(SR // 2):
+            qf[slot, 2 * i2], qf[slot, 2 * i2 + 1] = ptx.lds64(smf, qa + 8 * i2)
+
+    @cuda.jit(device=True, **INLINE)
+    def score_step(smf, smk, qa, ka, s_acc, kv, kw, qf, slot, more):
+        """Partial scores += this lane's SR rows x SK keys over the DPS dims of the step at
+        ``qa``, ``ka``, whose first loads are in ``slot``; if ``more`` (a constant once
+        inlined), starts the next step's in the other slot."""
         for j in range(SK):  # SK keys x DPS dims
             if packed:
                 kv[j, 0], kv[j, 1] = unpack(kw[slot, j, 0])
                 kv[j, 2], kv[j, 3] = unpack(kw[slot, j, 1])
             else:
                 kv[j, 0], kv[j, 1] = kw[slot, j, 0], kw[slot, j, 1]
-        load_step(smf, smk, q_at, k_at, st_next, kw, qf, 1 - slot)
+        if more:
+            load_step(smf, smk, qa + Q_STEP, ka + K_STEP, kw, qf, 1 - slot)
         for dd in range(DPS):  # SR rows of each dim, two at a time
             for i2 in range(SR // 2):
                 if dd == 0:
                     q0, q1 = qf[slot, 2 * i2], qf[slot, 2 * i2 + 1]
                 else:
-                    q0, q1 = ptx.lds64(smf, q_at + 4 * ((st * DPS + dd) * QS + 2 * i2))
+                    q0, q1 = ptx.lds64(smf, qa + 4 * dd * QS + 8 * i2)
                 for j in range(SK):
                     s_acc[2 * i2, j] += q0 * kv[j, dd]
                     s_acc[2 * i2 + 1, j] += q1 * kv[j, dd]
 
     @cuda.jit(device=True, **INLINE)
-    def load_vp(smf, smk, v_at, p_at, n, vw, pf, slot):
-        """Key ``n``'s operands of P.V into ``slot``: this thread's PDW words of V (packed) and
-        its PR probabilities; loaded a key ahead of their FMAs (see load_step)."""
+    def load_vp(smf, smk, va, pa, vw, pf, slot):
+        """A key's operands of P.V into ``slot``: this thread's PDW words of V (packed, at
+        ``va``) and its PR probabilities (at ``pa``); loaded a key ahead (see load_step)."""
         for h in range(PDW // 2):
-            vw[slot, 2 * h], vw[slot, 2 * h + 1] = ptx.lds64(smk, v_at + 4 * n * STRIDE + 8 * h)
+            vw[slot, 2 * h], vw[slot, 2 * h + 1] = ptx.lds64(smk, va + 8 * h)
         for i2 in range(PR // 2):
-            pf[slot, 2 * i2], pf[slot, 2 * i2 + 1] = ptx.lds64(smf, p_at + 4 * (n * PS + 2 * i2))
+            pf[slot, 2 * i2], pf[slot, 2 * i2 + 1] = ptx.lds64(smf, pa + 8 * i2)
+
+    @cuda.jit(device=True, **INLINE)
+    def pv_key(smf, smk, va, pa, acc, v, vw, pf, slot, more):
+        """O += p v for the key whose operands are in ``slot`` (``va``, ``pa``: its
+        addresses); if ``more``, starts the next key's loads in the other slot."""
+        for h in range(PDW):
+            if packed:
+                v[2 * h], v[2 * h + 1] = unpack(vw[slot, h])
+            else:
+                v[h] = vw[slot, h]
+        if more:
+            load_vp(smf, smk, va + V_KEY, pa + P_KEY, vw, pf, 1 - slot)
+        for i2 in range(PR // 2):
+            p0, p1 = pf[slot, 2 * i2], pf[slot, 2 * i2 + 1]
+            for c in range(PD):
+                acc[2 * i2, c] += p0 * v[c]
+                acc[2 * i2 + 1, c] += p1 * v[c]
 
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
@@ -276,12 +300,17 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 for j in range(SK):
                     s_acc[i, j] = 0.0
             k_at = sb + 4 * (kb + kg * STRIDE + warp * WORDS_PER_WARP)
-            load_step(smf, smk, q_at, k_at, 0, kw, qf, 0)
-            for st in range(0, STEPS, 2):  # two steps written out: slots 0 and 1 alternate
-                score_step(smf, smk, q_at, k_at, st, s_acc, kv, kw, qf, 0, st + 1)
-                # (the last step fetches itself again: in bounds, unused)
-                score_step(smf, smk, q_at, k_at, st + 1, s_acc, kv, kw, qf, 1,
-                           min(st + 2, STEPS - 1))
+            # Two steps a trip (slots 0 and 1 alternate); the last two written out after the
+            # loop, the very last starting no loads.
+            qa, ka = q_at, k_at
+            load_step(smf, smk, qa, ka, kw, qf, 0)
+            for _ in range(STEPS // 2 - 1):
+                score_step(smf, smk, qa, ka, s_acc, kv, kw, qf, 0, True)
+                score_step(smf, smk, qa + Q_STEP, ka + K_STEP, s_acc, kv, kw, qf, 1, True)
+                qa += 2 * Q_STEP
+                ka += 2 * K_STEP
+            score_step(smf, smk, qa, ka, s_acc, kv, kw, qf, 0, True)
+            score_step(smf, smk, qa + Q_STEP, ka + K_STEP, s_acc, kv, kw, qf, 1, False)
             for i in range(SR):
                 for j in range(SK):
                     ptx.sts32(smf, sb + 4 * (SS + (warp * block_m + rg * SR + i) * SSTR
@@ -343,24 +372,17 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                     acc[4 * i4 + 1, c] *= a1
                     acc[4 * i4 + 2, c] *= a2
                     acc[4 * i4 + 3, c] *= a3
-            v_at = sb + 4 * (kb + dg * PDW)
-            load_vp(smf, smk, v_at, p_at, 0, vw, pf, 0)
-            for n2 in range(0, BLOCK_N, UNROLL):
-                for u in range(UNROLL):
-                    n = n2 + u
-                    slot = u % 2  # UNROLL is even: a constant
-                    for h in range(PDW):
-                        if packed:
-                            v[2 * h], v[2 * h + 1] = unpack(vw[slot, h])
-                        else:
-                            v[h] = vw[slot, h]
-                    # The next key's operands (the last key fetches itself again, unused).
-                    load_vp(smf, smk, v_at, p_at, min(n + 1, BLOCK_N - 1), vw, pf, 1 - slot)
-                    for i2 in range(PR // 2):
-                        p0, p1 = pf[slot, 2 * i2], pf[slot, 2 * i2 + 1]
-                        for c in range(PD):
-                            acc[2 * i2, c] += p0 * v[c]
-                            acc[2 * i2 + 1, c] += p1 * v[c]
+            # Keys in pairs (slots 0 and 1 alternate), the last pair written out after the loop.
+            va = sb + 4 * (kb + dg * PDW)
+            pa = p_at
+            load_vp(smf, smk, va, pa, vw, pf, 0)
+            for _ in range(BLOCK_N // 2 - 1):
+                pv_key(smf, smk, va, pa, acc, v, vw, pf, 0, True)
+                pv_key(smf, smk, va + V_KEY, pa + P_KEY, acc, v, vw, pf, 1, True)
+                va += 2 * V_KEY
+                pa += 2 * P_KEY
+            pv_key(smf, smk, va, pa, acc, v, vw, pf, 0, True)
+            pv_key(smf, smk, va + V_KEY, pa + P_KEY, acc, v, vw, pf, 1, False)
             buf = 1 - buf
             t = t_next
 
