@@ -208,6 +208,29 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 acc[2 * i2, c] += p0 * v[c]
                 acc[2 * i2 + 1, c] += p1 * v[c]
 
+    def make_walk(load, step, trips, stride0, stride1):
+        """A loop of ``2 * trips`` calls of ``step`` (a score step or a key of P.V), each
+        finding its first operands loaded (by ``load``, or by the call before it, into the
+        other of two slots) and starting the next's: running addresses ``a0``, ``a1`` move
+        by the strides; the last two calls are written out after the loop, the very last
+        starting no loads."""
+
+        @cuda.jit(device=True, **INLINE)
+        def walk(smf, smk, a0, a1, acc, vals, slots0, slots1):
+            load(smf, smk, a0, a1, slots0, slots1, 0)
+            for _ in range(trips - 1):
+                step(smf, smk, a0, a1, acc, vals, slots0, slots1, 0, True)
+                step(smf, smk, a0 + stride0, a1 + stride1, acc, vals, slots0, slots1, 1, True)
+                a0 += 2 * stride0
+                a1 += 2 * stride1
+            step(smf, smk, a0, a1, acc, vals, slots0, slots1, 0, True)
+            step(smf, smk, a0 + stride0, a1 + stride1, acc, vals, slots0, slots1, 1, False)
+
+        return walk
+
+    score_walk = make_walk(load_step, score_step, STEPS // 2, Q_STEP, K_STEP)
+    pv_walk = make_walk(load_vp, pv_key, BLOCK_N // 2, V_KEY, P_KEY)
+
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
                          part_out, part_lse):
@@ -300,17 +323,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 for j in range(SK):
                     s_acc[i, j] = 0.0
             k_at = sb + 4 * (kb + kg * STRIDE + warp * WORDS_PER_WARP)
-            # Two steps a trip (slots 0 and 1 alternate); the last two written out after the
-            # loop, the very last starting no loads.
-            qa, ka = q_at, k_at
-            load_step(smf, smk, qa, ka, kw, qf, 0)
-            for _ in range(STEPS // 2 - 1):
-                score_step(smf, smk, qa, ka, s_acc, kv, kw, qf, 0, True)
-                score_step(smf, smk, qa + Q_STEP, ka + K_STEP, s_acc, kv, kw, qf, 1, True)
-                qa += 2 * Q_STEP
-                ka += 2 * K_STEP
-            score_step(smf, smk, qa, ka, s_acc, kv, kw, qf, 0, True)
-            score_step(smf, smk, qa + Q_STEP, ka + K_STEP, s_acc, kv, kw, qf, 1, False)
+            score_walk(smf, smk, q_at, k_at, s_acc, kv, kw, qf)
             for i in range(SR):
                 for j in range(SK):
                     ptx.sts32(smf, sb + 4 * (SS + (warp * block_m + rg * SR + i) * SSTR
@@ -372,17 +385,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                     acc[4 * i4 + 1, c] *= a1
                     acc[4 * i4 + 2, c] *= a2
                     acc[4 * i4 + 3, c] *= a3
-            # Keys in pairs (slots 0 and 1 alternate), the last pair written out after the loop.
-            va = sb + 4 * (kb + dg * PDW)
-            pa = p_at
-            load_vp(smf, smk, va, pa, vw, pf, 0)
-            for _ in range(BLOCK_N // 2 - 1):
-                pv_key(smf, smk, va, pa, acc, v, vw, pf, 0, True)
-                pv_key(smf, smk, va + V_KEY, pa + P_KEY, acc, v, vw, pf, 1, True)
-                va += 2 * V_KEY
-                pa += 2 * P_KEY
-            pv_key(smf, smk, va, pa, acc, v, vw, pf, 0, True)
-            pv_key(smf, smk, va + V_KEY, pa + P_KEY, acc, v, vw, pf, 1, False)
+            pv_walk(smf, smk, sb + 4 * (kb + dg * PDW), p_at, acc, v, vw, pf)
             buf = 1 - buf
             t = t_next
 
