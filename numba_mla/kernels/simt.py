@@ -37,6 +37,9 @@ as in a SIMT matrix product):
   (PD = BLOCK_M / 4) of the BLOCK_M x 512 output, as fp32 accumulators in registers across the
   partition's tiles. Per key: PD values of V (one 8- or 16-byte load) and 8 probabilities (two
   16-byte loads of Pt) for 8 x PD FMAs.
+- Both loops are software-pipelined (``make_walk``): a step's (a key's) first operands are
+  loaded during the step (key) before, into one of two register slots, and the loops walk
+  running addresses: with two warps a scheduler little else hides a load's latency.
 
 Softmax in base 2: exp(x) = exp2(x * LOG2E); when the score mod is the identity and the mask
 is boolean, scale * LOG2E is folded into q as it is loaded, so scores arrive in log2 units.
