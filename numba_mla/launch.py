@@ -298,8 +298,7 @@ class Plan:
     The benchmark times ``launch()`` alone."""
 
     def __init__(self, call, private_workspace=False):
-        from .kernels import mma, seesaw, simt
-        from .kernels import combine
+        from .kernels import combine, mma, seesaw, simt
 
         self.call = call
         self.stream = current_stream(call.q)
@@ -410,10 +409,11 @@ class Plan:
                 partition = _Launch(kern, args + results + maps, grid, threads, smem)
             self.launches.append(partition)
             if not direct:
-                groups = combine.split(T * H, P, heuristics.sm_count())
+                # (partition groups of a combine block; ``groups`` above are row groups)
+                merge_groups = combine.split(T * H, P, heuristics.sm_count())
                 self.launches.append(_Launch(factory.combine_kernel(tag),
                                              results + (self.out_dev, self.lse_dev),
-                                             (T, H), (combine.NTHREADS, groups)))
+                                             (T, H), (combine.NTHREADS, merge_groups)))
 
     def launch(self, stream=None):
         """Enqueue the kernels on ``stream`` (default: the stream current at construction)."""
