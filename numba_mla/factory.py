@@ -96,19 +96,20 @@ def _output_store(tag, direct):
     return converters(tag if direct else "f32")[1]
 
 
-def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False):
+def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False, wide=True):
     """The stage-1 FMA kernel (kernels/simt.py) for this configuration; ``direct``: the
-    variant that writes the final output (one partition, no combine)."""
+    variant that writes the final output (one partition, no combine); ``wide``: the one that
+    copies 16-byte pieces of the cache (which must then start 16-byte aligned)."""
 
     def build():
         from .kernels.simt import make_partition_kernel
 
         return make_partition_kernel(load=converters(tag)[0], store=_output_store(tag, direct),
                                      unpack=unpacker(tag), block_m=block_m, heads=heads,
-                                     **_device_functions(mask, score_mod, cache_cls))
+                                     wide=wide, **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(("simt", tag, block_m, heads, direct) + _mods_key(mask, score_mod, cache_cls),
-                   build)
+    return _cached(("simt", tag, block_m, heads, direct, wide)
+                   + _mods_key(mask, score_mod, cache_cls), build)
 
 
 def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, tma=False):

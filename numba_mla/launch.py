@@ -341,7 +341,8 @@ class Plan:
         if backend == "mma":
             self.block_m, block_n = mma.BLOCK_M, mma.BLOCK_N
         else:
-            self.block_m, block_n = heuristics.simt_block_m(rows, sixteen), simt.BLOCK_N
+            self.block_m = heuristics.simt_block_m(rows, sixteen)
+            block_n = simt.block_n(self.block_m, sixteen)
         groups = max(1, math.ceil(rows / self.block_m))
         P = self.num_partitions = call.num_partitions or heuristics.num_partitions(
             B, groups, heuristics.longest_key_range(call.mask, cache.lengths_host, counts),
@@ -385,7 +386,7 @@ class Plan:
                     maps = (_dummy((128,), np.uint8),) * 2
             else:
                 kern = factory.partition_kernel(call.mask, call.score_mod, tag, type(cache),
-                                                self.block_m, H, direct)
+                                                self.block_m, H, direct, _aligned16(storage))
                 threads, smem = simt.NTHREADS, simt.smem_bytes(self.block_m, sixteen)
                 maps = ()
             if direct:

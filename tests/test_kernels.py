@@ -49,7 +49,7 @@ from helpers import (
     to_torch,
 )
 from numba_mla import factory, heuristics, launch
-from numba_mla.kernels.simt import BLOCK_N
+from numba_mla.kernels import simt
 from numba_mla.mods import as_mask, as_score_mod
 
 #: Runs the kernels: in the CUDA simulator in CI, on the device when there is one.
@@ -58,9 +58,16 @@ KERNEL = pytest.mark.kernel
 KERNEL_BACKENDS = ("simt", "mma")
 
 
-def tiles(length):
-    """Key tiles of BLOCK_N keys that ``length`` keys fill."""
-    return -(-int(length) // BLOCK_N)
+def tiles(length, block_n=32):
+    """Key tiles of ``block_n`` keys that ``length`` keys fill (by default the FMA kernel's
+    smallest tile: ``tiles + 1`` partitions then exceed the tiles of every configuration)."""
+    return -(-int(length) // block_n)
+
+
+def simt_tile(rows, dtype):
+    """Keys per tile of the FMA kernel for ``rows`` query rows a sequence of ``dtype``."""
+    packed = np.dtype(dtype) != np.float32
+    return simt.block_n(heuristics.simt_block_m(rows, packed), packed)
 
 
 def lengths_with_longest(rng, B, Sq, longest, zero=True):
@@ -358,8 +365,9 @@ def test_kernel_many_rows(dtype, layout, mask_id, score_id, rng):
 def test_num_partitions_beyond_tiles(rng):
     """6 partitions over 2 key tiles (the second holding one key): 4 partitions keep nothing
     and must not disturb the combine."""
-    p = make_problem(rng, 1, 2, 2, [33], BF16, "paged", 16)
-    assert tiles(p.lengths.max()) == 2
+    n = simt_tile(4, BF16)
+    p = make_problem(rng, 1, 2, 2, [n + 1], BF16, "paged", 16)
+    assert tiles(p.lengths.max(), n) == 2
     check_kernel(p, nm.CausalMask(), nm.AlibiScoreMod(2), num_partitions=6)
 
 
@@ -479,7 +487,7 @@ WINDOWS = [  # (mask id, the mask, the first key it keeps for a query at q (SPEC
 def test_window_reads_only_the_window(mask_id, make_mask, first_kept, Sq, dtype, kind, page_size,
                                       P, ragged, rng):
     """Tile skipping: a window (or chunk) near the end of a long cache. The references come
-    from the clean cache; then every key tile (on a BLOCK_N grid from 0) wholly before the
+    from the clean cache; then every key tile (on the kernel's tile grid from 0) wholly before the
     first key any query may keep is overwritten with NaN. A kernel that reads a skipped tile
     puts NaN into the output (0 x NaN in P @ V)."""
     B, H = 2, 2
@@ -487,10 +495,11 @@ def test_window_reads_only_the_window(mask_id, make_mask, first_kept, Sq, dtype,
                      ragged=ragged, q_counts=[2, 1])
     mask = make_mask()
     golden, same = references(p, mask, nm.IdentityScoreMod())
+    block_n = simt_tile(2 * H, p.dtype)
     for b in range(B):
         L, n = int(p.lengths[b]), int(p.counts[b])
-        stop = first_kept(L - n) // BLOCK_N * BLOCK_N      # its first query keeps the most
-        assert stop >= 4 * BLOCK_N                        # most of the cache is poisoned
+        stop = first_kept(L - n) // block_n * block_n      # its first query keeps the most
+        assert stop >= 128                                # most of the cache is poisoned
         poison_before(p, b, stop)
     out = np.full(p.out_shape, np.nan, p.dtype)
     _, lse = p.run(nm, mask=mask, num_partitions=P, return_lse=True, out=out, backend="simt")

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 
 import numba_mla as nm
+from numba_mla import heuristics
+from numba_mla.kernels import mma, simt
 from helpers import (
     BF16,
     DTYPES,
@@ -34,8 +36,13 @@ from helpers import (
     run_backend,
 )
 
-#: Keys per tile of each kernel: simt's BLOCK_N, and the tensor-core kernel's.
-TILE = {"simt": 32, "mma": 64}
+def tile(backend, dtype, rows):
+    """Keys per tile of the kernel that runs: the tensor-core kernel's, or the FMA kernel's
+    for ``rows`` query rows a sequence of this dtype."""
+    if backend == "mma":
+        return mma.BLOCK_N
+    packed = DTYPES[dtype] != np.float32
+    return simt.block_n(heuristics.simt_block_m(rows, packed), packed)
 
 
 def backend_cases(dtypes, ci=None):
@@ -318,7 +325,7 @@ def test_nan_in_a_dropped_key(backend, rng):
 @pytest.mark.parametrize("dtype,backend", backend_cases(["bf16", "fp16", "fp32"], ci=0))
 def test_lengths_on_and_past_a_tile(dtype, backend, rng):
     """Lengths of exactly one tile and one key more (pages of 16: also on a page boundary)."""
-    n = TILE[backend]
+    n = tile(backend, dtype, 2)
     p = make_problem(rng, 2, 1, 2, [n, n + 1], DTYPES[dtype], "paged", 16)
     check(p, backend)
 

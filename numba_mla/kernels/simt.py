@@ -63,40 +63,45 @@ from .common import D_QK, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk
 
 NWARPS = 8
 NTHREADS = 32 * NWARPS
-BLOCK_N = 32  # keys per tile: one per lane in the softmax
 SR = 8  # score rows per lane
 PR = 8  # output rows per thread
+
+
+def block_n(block_m, packed):
+    """Keys a tile: 64 at 16 rows of 16-bit data, so that a lane's score tile is 8 rows x 4
+    keys there too (two such tiles still fit beside the queries), else 32."""
+    return 64 if packed and block_m == 16 else 32
 
 
 def layout(block_m, packed):
     """Word offsets of the shared arrays, the strides, and the total size in bytes."""
     assert block_m in (16, 32)
+    bn = block_n(block_m, packed)
     row_words = D_QK // 2 if packed else D_QK
-    kg = 32 * SR // block_m  # lanes across keys in the score tile
     kv_stride = row_words + 4
-    ss_stride = BLOCK_N + kg // 8  # the lanes' partial-score stores hit 32 distinct banks
     qt_stride = pt_stride = block_m + 2  # column stores by consecutive lanes: 2-way conflicts
     qt = 0
     pt = qt + D_QK * qt_stride
-    ss = pt + BLOCK_N * pt_stride
-    m = ss + NWARPS * block_m * ss_stride
+    ss = pt + bn * pt_stride
+    m = ss + NWARPS * block_m * bn  # Ss rows unpadded: a swizzle spreads the stores
     l = m + block_m
     alpha = l + block_m
     ks = alpha + block_m
     ks += -ks % 4  # keep Ks 16-byte aligned
-    end = ks + 2 * BLOCK_N * kv_stride
-    assert qt % 2 == pt % 2 == 0 and alpha % 4 == 0  # lds64, lds128 alignment
+    end = ks + 2 * bn * kv_stride
+    assert qt % 2 == pt % 2 == 0 and ss % 4 == 0 and alpha % 4 == 0  # lds64, lds128 alignment
     return dict(qt=qt, pt=pt, ss=ss, m=m, l=l, alpha=alpha, ks=ks, kv_stride=kv_stride,
-                ss_stride=ss_stride, qt_stride=qt_stride, pt_stride=pt_stride,
-                row_words=row_words, nbytes=4 * end)
+                qt_stride=qt_stride, pt_stride=pt_stride, row_words=row_words, block_n=bn,
+                nbytes=4 * end)
 
 
 def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_classify,
-                          mask_key_range, score_mod, fold_scale, block_m, heads):
+                          mask_key_range, score_mod, fold_scale, block_m, heads, wide=True):
     """The stage-1 kernel for one configuration. Every argument is a compile-time constant:
     device functions (inlined) or ints; see factory.py. ``unpack`` turns a packed 16-bit pair
     into two floats, or is None for fp32 storage; ``store`` converts an output value for
-    ``part_out`` (the identity for the fp32 workspace)."""
+    ``part_out`` (the identity for the fp32 workspace); ``wide``: the cache starts at a
+    16-byte aligned address, so tiles are copied in 16-byte pieces (else 4-byte ones)."""
     packed = unpack is not None
     WORD = int32 if packed else float32
     if not packed:
@@ -107,7 +112,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
 
     L = layout(block_m, packed)
     QT, PT, SS, M_, L_, A_, KS = L["qt"], L["pt"], L["ss"], L["m"], L["l"], L["alpha"], L["ks"]
-    STRIDE, SSTR, ROW_WORDS = L["kv_stride"], L["ss_stride"], L["row_words"]
+    STRIDE, ROW_WORDS, BLOCK_N = L["kv_stride"], L["row_words"], L["block_n"]
     QS, PS = L["qt_stride"], L["pt_stride"]
     BUF = BLOCK_N * STRIDE  # words per KV tile buffer
     E = 2 if packed else 1  # values per word
@@ -122,27 +127,41 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     RGP = block_m // PR
     PD = 2 * block_m // PR
     PDW = PD // E
-    # Tile copy: one 4-byte cp.async a word.
-    WORDS_PER_LANE = ROW_WORDS // 32
-    KEYS_PER_WARP = BLOCK_N // NWARPS
-    ROWS_PER_WARP = block_m // NWARPS  # softmax
+    # Partial scores: row m of warp w's slice at SS + (w * block_m + m) * BLOCK_N, key column
+    # c at c ^ swz(m), swz(m) = KG * (row group of m): a lane's stores of one (i, j) then hit
+    # 32 distinct banks (rows are unpadded, so the softmax reads 16-byte pieces).
+    assert RG <= SK and SK & (SK - 1) == 0
+    # Softmax: TPR threads a row (one row: the warp's rows of a tile's column), KPT keys each.
+    TPR = NTHREADS // block_m
+    LOG_TPR = TPR.bit_length() - 1
+    KPT = BLOCK_N // TPR
+    assert KPT in (2, 4)
+    # Tile copy: 8 threads a key row, in PIECE-byte cp.async pieces.
+    PIECE = 16 if wide else 4
+    PIECES = 4 * ROW_WORDS // PIECE // 8  # per thread and key
+    KEYS_PER_THREAD = BLOCK_N * 8 // NTHREADS
+    cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
     H = heads
     assert STEPS % 2 == 0 and BLOCK_N % 2 == 0 and PDW in (2, 4) and SK >= 1
+    assert 4 * ROW_WORDS % (8 * PIECE) == 0 and KEYS_PER_THREAD >= 1
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
     @cuda.jit(device=True)
-    def issue_tile(smk, sb, buf, storage, block_table, page_size, b, k0, k1, warp, lane):
+    def issue_tile(smk, sb, buf, storage, block_table, page_size, b, k0, k1, tid):
         """Start the asynchronous copy of keys [k0, k1) into buffer ``buf`` (zeros past k1).
-        Warp w copies keys w, w + 8, ...: each row is located once (keys past k1 read key
-        k1 - 1's place, a real one, but copy zeros), then its lanes copy 4-byte words."""
-        for j in range(KEYS_PER_WARP):
-            n = warp + NWARPS * j
+        Threads 8n..8n+7 copy key n (and n + 32, ...): each locates its row once (keys past
+        k1 read key k1 - 1's place, a real one, but copy zeros), then copies every eighth
+        piece of it, so that a warp's copy instruction reads 128 contiguous bytes a row.
+        (Few, wide copies: their address registers stay reserved until the copy unit takes
+        them, so a long queue of small ones stalls the first loads of the scores.)"""
+        for j in range(KEYS_PER_THREAD):
+            n = tid // 8 + (NTHREADS // 8) * j
             pg, sl = locate(block_table, page_size, b, min(k0 + n, k1 - 1))
-            src = ptx.global_addr(storage, pg, sl, 0) + 4 * lane
-            dst = sb + 4 * (KS + buf * BUF + n * STRIDE + lane)
-            for c in range(WORDS_PER_LANE):
-                ptx.cp_async4_at(smk, dst + 128 * c, src + 128 * c, k0 + n < k1)
+            src = ptx.global_addr(storage, pg, sl, 0) + PIECE * (tid % 8)
+            dst = sb + 4 * (KS + buf * BUF + n * STRIDE) + PIECE * (tid % 8)
+            for c in range(PIECES):
+                cp_async(smk, dst + 8 * PIECE * c, src + 8 * PIECE * c, k0 + n < k1)
         ptx.cp_async_commit()
 
     # Byte strides of one score step (its DPS rows of Qt, its 2 words of a key) and one key.
@@ -265,7 +284,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         if t < t_end:  # start copying the first tile before anything else
             k0 = kstart + t * BLOCK_N
             issue_tile(smk, sb, 0, storage, block_table, page_size, b, k0, min(k0 + BLOCK_N, kend),
-                       warp, lane)
+                       tid)
 
         # -- load the block's queries, transposed (once), and reset the softmax state --
         qscale = float32(scale * LOG2E) if fold_scale else float32(1.0)
@@ -300,9 +319,15 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         v = cuda.local.array(PD, float32)
         vw = cuda.local.array((2, PDW), WORD)  # a key's V words, two slots
         pf = cuda.local.array((2, PR), float32)  # a key's probabilities, two slots
-        sm_s = cuda.local.array(ROWS_PER_WARP, float32)  # softmax: scores, then probabilities
-        sm_max = cuda.local.array(ROWS_PER_WARP, float32)  # row maxima
-        sm_alpha = cuda.local.array(ROWS_PER_WARP, float32)  # rescale factors
+        # The softmax's row and keys, and where it reads partial scores and writes P.
+        sm_row = tid // TPR
+        kq = tid % TPR
+        sm_i = (r0 + sm_row) // H
+        sm_h = (r0 + sm_row) % H
+        sm_pos = length - nq + sm_i
+        ss_at = sb + 4 * (SS + sm_row * BLOCK_N + ((kq * KPT) ^ (KG * ((sm_row // SR) % RG))))
+        pt_at = sb + 4 * (PT + kq * KPT * PS + sm_row)
+        sm_s = cuda.local.array(KPT, float32)  # softmax: scores, then probabilities
 
         buf = 0
         while t < t_end:
@@ -319,7 +344,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             if t_next < t_end:  # prefetch the next tile while this one is used
                 k0n = kstart + t_next * BLOCK_N
                 issue_tile(smk, sb, 1 - buf, storage, block_table, page_size, b, k0n,
-                           min(k0n + BLOCK_N, kend), warp, lane)
+                           min(k0n + BLOCK_N, kend), tid)
 
             # -- partial scores: warp w sums its slice of the dims, lanes tile rows x keys --
             for i in range(SR):
@@ -328,55 +353,60 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             k_at = sb + 4 * (kb + kg * STRIDE + warp * WORDS_PER_WARP)
             score_walk(smf, smk, q_at, k_at, s_acc, kv, kw, qf)
             for i in range(SR):
-                for j in range(SK):
-                    ptx.sts32(smf, sb + 4 * (SS + (warp * block_m + rg * SR + i) * SSTR
-                                             + kg + KG * j), s_acc[i, j])
+                for j in range(SK):  # key kg + KG*j at column kg + KG*(j ^ rg): swizzled
+                    ptx.sts32(smf, sb + 4 * (SS + (warp * block_m + rg * SR + i) * BLOCK_N
+                                             + kg + KG * (j ^ rg)), s_acc[i, j])
             # Wait for all eight warps' partial scores.
             cuda.syncthreads()
 
-            # -- mask, score mod and online softmax: warp w owns rows w, w+8, ...; lane = key.
-            #    The warp's rows take each step together: their shuffles overlap. --
-            k = k0 + lane
-            for jr in range(ROWS_PER_WARP):
-                m = warp + NWARPS * jr
-                r = r0 + m
-                i = r // H
-                h = r % H
-                q_pos = length - nq + i
+            # -- mask, score mod and online softmax: thread (sm_row, kq) owns keys kq*KPT ..
+            #    kq*KPT + KPT - 1 of its row; the row's TPR threads are adjacent lanes of one
+            #    warp, so its maximum and sum take log2(TPR) shuffle steps. --
+            for c in range(KPT):
+                sm_s[c] = 0.0
+            for w in range(NWARPS):  # the eight warps' partial scores, KPT keys a load
+                a = ss_at + 4 * w * block_m * BLOCK_N
+                if KPT == 4:
+                    x0, x1, x2, x3 = ptx.lds128(smf, a)
+                    sm_s[0] += x0
+                    sm_s[1] += x1
+                    sm_s[2] += x2
+                    sm_s[3] += x3
+                else:
+                    x0, x1 = ptx.lds64(smf, a)
+                    sm_s[0] += x0
+                    sm_s[1] += x1
+            for c in range(KPT):
+                k = k0 + kq * KPT + c
                 s = float32(NEG_INF)
-                if m < nrows and k < k1:
-                    s = float32(0.0)
-                    for w in range(NWARPS):
-                        s += ptx.lds32(smf, sb + 4 * (SS + (w * block_m + m) * SSTR + lane))
+                if sm_row < nrows and k < k1:
                     # (with fold_scale, q brought scale * LOG2E already)
-                    s = log2_score(s, float32(1.0), scale, cls, b, h, i, q_pos, k, bias)
-                sm_s[jr] = s
-                sm_max[jr] = s
-            for e in range(5):  # row maxima over the tile's keys (butterfly: 16, 8, ..., 1)
-                for jr in range(ROWS_PER_WARP):
-                    sm_max[jr] = max(sm_max[jr], ptx.shfl_xor(sm_max[jr], 16 >> e, tid))
-            for jr in range(ROWS_PER_WARP):
-                m = warp + NWARPS * jr
-                m_old = ptx.lds32(smf, sb + 4 * (M_ + m))
-                m_new = max(sm_max[jr], m_old)
-                # A row with no kept key so far keeps m = -inf; exp2 then sees -inf - 0.
-                m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
-                pr = math.exp2(sm_s[jr] - m_ref)
-                ptx.sts32(smf, sb + 4 * (PT + lane * PS + m), pr)
-                sm_s[jr] = pr
-                sm_max[jr] = m_new
-                sm_alpha[jr] = math.exp2(m_old - m_ref)
-            for e in range(5):  # row sums
-                for jr in range(ROWS_PER_WARP):
-                    sm_s[jr] += ptx.shfl_xor(sm_s[jr], 16 >> e, tid)
-            # Every lane has read m_old before lane 0 replaces it.
+                    s = log2_score(sm_s[c], float32(1.0), scale, cls, b, sm_h, sm_i, sm_pos, k,
+                                   bias)
+                sm_s[c] = s
+            row_max = sm_s[0]
+            for c in range(1, KPT):
+                row_max = max(row_max, sm_s[c])
+            for e in range(LOG_TPR):  # butterfly over the row's lanes: TPR/2, ..., 1
+                row_max = max(row_max, ptx.shfl_xor(row_max, (TPR // 2) >> e, tid))
+            m_old = ptx.lds32(smf, sb + 4 * (M_ + sm_row))
+            m_new = max(row_max, m_old)
+            # A row with no kept key so far keeps m = -inf; exp2 then sees -inf - 0.
+            m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
+            row_sum = float32(0.0)
+            for c in range(KPT):
+                pr = math.exp2(sm_s[c] - m_ref)
+                ptx.sts32(smf, pt_at + 4 * c * PS, pr)
+                row_sum += pr
+            for e in range(LOG_TPR):
+                row_sum += ptx.shfl_xor(row_sum, (TPR // 2) >> e, tid)
+            # Every lane of the row has read m_old before its first lane replaces it.
             ptx.syncwarp(tid)
-            if lane == 0:
-                for jr in range(ROWS_PER_WARP):
-                    m = warp + NWARPS * jr
-                    smf[A_ + m] = sm_alpha[jr]
-                    smf[L_ + m] = smf[L_ + m] * sm_alpha[jr] + sm_s[jr]
-                    smf[M_ + m] = sm_max[jr]
+            if kq == 0:
+                alpha = math.exp2(m_old - m_ref)
+                smf[A_ + sm_row] = alpha
+                smf[L_ + sm_row] = smf[L_ + sm_row] * alpha + row_sum
+                smf[M_ + sm_row] = m_new
             # Wait for the probabilities and the rescale factors.
             cuda.syncthreads()
 
