@@ -21,7 +21,8 @@ Primitives
   ``sts32(arr, addr, v)`` stores one.
 - ``lds64(arr, addr)``, ``lds128(arr, addr)``: two or four consecutive elements of ``arr``
   (float32 or int32) in one 8- or 16-byte load (``ld.shared.v2``/``.v4``; addr aligned to
-  the load's size). Lanes at one address share a broadcast.
+  the load's size). Lanes at one address share a broadcast. ``sts128(arr, addr, v0, v1,
+  v2, v3)`` stores four floats at a 16-byte aligned ``addr`` of a float32 shared array.
 - ``cp_async4(arr, addr, src, i0, i1, i2, valid)``: start copying the 4-byte ``src[i0, i1, i2]``
   into the shared ``arr`` at ``addr`` without passing through registers (``cp.async``); zeros
   when not ``valid`` (nothing is read). ``cp_async_commit()`` closes a group of copies,
@@ -90,6 +91,10 @@ if SIMULATOR:
     def lds128(arr, addr):
         i = addr // 4
         return arr[i], arr[i + 1], arr[i + 2], arr[i + 3]
+
+    def sts128(arr, addr, v0, v1, v2, v3):
+        i = addr // 4
+        arr[i], arr[i + 1], arr[i + 2], arr[i + 3] = v0, v1, v2, v3
 
     def _cp_async(words):
         def copy(arr, addr, src, i0, i1, i2, valid):
@@ -344,6 +349,18 @@ else:
 
     lds64 = _lds_vector(2)
     lds128 = _lds_vector(4)
+
+    @intrinsic
+    def sts128(typingctx, arr, addr, v0, v1, v2, v3):
+        def cg(ctx, b, sig, args):
+            xs = [ctx.cast(b, x, t, types.float32) for x, t in zip(args[2:], sig.args[2:])]
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32] + [_f32] * 4),
+                               "st.shared.v4.f32 [$0], {$1, $2, $3, $4};",
+                               "r,f,f,f,f,~{memory}", side_effect=True)
+            b.call(asm, [_addr32(ctx, b, args[1], sig.args[1])] + xs)
+            return ctx.get_dummy_value()
+
+        return types.void(arr, addr, v0, v1, v2, v3), cg
 
     def _to_global(b, ptr):
         """The global-window address (64-bit integer) of a generic pointer."""

@@ -73,12 +73,23 @@ def block_n(block_m, packed):
     return 64 if packed and block_m == 16 else 32
 
 
+def staged(block_m, packed):
+    """Whether 16-bit tiles are converted to fp32 once, in shared memory, before use: at 32
+    rows (at 16 the 64-key fp32 tile does not fit). Each value is then unpacked once a tile,
+    not once by every thread that reads it (four of them), and the inner loops are FMAs and
+    loads alone."""
+    return packed and block_m == 32
+
+
 def layout(block_m, packed):
     """Word offsets of the shared arrays, the strides, and the total size in bytes."""
     assert block_m in (16, 32)
     bn = block_n(block_m, packed)
-    row_words = D_QK // 2 if packed else D_QK
+    stage = staged(block_m, packed)
+    row_words = D_QK // 2 if packed else D_QK  # storage words a row (copies)
     kv_stride = row_words + 4
+    tile_words = D_QK if stage or not packed else row_words  # words a row (the loops)
+    tile_stride = tile_words + 4
     qt_stride = pt_stride = block_m + 2  # column stores by consecutive lanes: 2-way conflicts
     qt = 0
     pt = qt + D_QK * qt_stride
@@ -88,10 +99,17 @@ def layout(block_m, packed):
     alpha = l + block_m
     ks = alpha + block_m
     ks += -ks % 4  # keep Ks 16-byte aligned
-    end = ks + 2 * bn * kv_stride
+    if stage:  # one copy buffer, one fp32 tile
+        kf = ks + bn * kv_stride
+        end = kf + bn * tile_stride
+    else:  # two copy buffers, read as they are
+        kf = ks
+        end = ks + 2 * bn * kv_stride
     assert qt % 2 == pt % 2 == 0 and ss % 4 == 0 and alpha % 4 == 0  # lds64, lds128 alignment
-    return dict(qt=qt, pt=pt, ss=ss, m=m, l=l, alpha=alpha, ks=ks, kv_stride=kv_stride,
-                qt_stride=qt_stride, pt_stride=pt_stride, row_words=row_words, block_n=bn,
+    assert kf % 4 == 0
+    return dict(qt=qt, pt=pt, ss=ss, m=m, l=l, alpha=alpha, ks=ks, kf=kf, kv_stride=kv_stride,
+                tile_stride=tile_stride, qt_stride=qt_stride, pt_stride=pt_stride,
+                row_words=row_words, tile_words=tile_words, block_n=bn, staged=stage,
                 nbytes=4 * end)
 
 
@@ -103,25 +121,29 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     ``part_out`` (the identity for the fp32 workspace); ``wide``: the cache starts at a
     16-byte aligned address, so tiles are copied in 16-byte pieces (else 4-byte ones)."""
     packed = unpack is not None
-    WORD = int32 if packed else float32
+    L = layout(block_m, packed)
+    STAGED = L["staged"]
+    TILE_PACKED = packed and not STAGED  # the loops read packed pairs
+    WORD = int32 if packed else float32  # the cache's words
+    TWORD = int32 if TILE_PACKED else float32  # the loops' tile words
     if not packed:
 
         @cuda.jit(device=True)
         def unpack(w):  # typed but never called: the fp32 branches read floats directly
             return w, w
 
-    L = layout(block_m, packed)
     QT, PT, SS, M_, L_, A_, KS = L["qt"], L["pt"], L["ss"], L["m"], L["l"], L["alpha"], L["ks"]
+    KF, TSTRIDE, TILE_WORDS = L["kf"], L["tile_stride"], L["tile_words"]
     STRIDE, ROW_WORDS, BLOCK_N = L["kv_stride"], L["row_words"], L["block_n"]
     QS, PS = L["qt_stride"], L["pt_stride"]
     BUF = BLOCK_N * STRIDE  # words per KV tile buffer
-    E = 2 if packed else 1  # values per word
+    E = 2 if TILE_PACKED else 1  # values per word of the tiles the loops read
     # Scores: lane = (rg, kg); rows rg*SR + i, keys kg + KG*j; steps of 2 words = DPS dims.
     RG = block_m // SR
     KG = 32 // RG
     SK = BLOCK_N // KG
     DPS = 2 * E
-    WORDS_PER_WARP = ROW_WORDS // NWARPS  # this warp's slice of a row
+    WORDS_PER_WARP = TILE_WORDS // NWARPS  # this warp's slice of a row
     STEPS = WORDS_PER_WARP // 2
     # Output: thread = (rgp, dg); rows rgp*PR + i, dims dg*PD + c (PDW words).
     RGP = block_m // PR
@@ -141,8 +163,9 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     PIECES = 4 * ROW_WORDS // PIECE // 8  # per thread and key
     KEYS_PER_THREAD = BLOCK_N * 8 // NTHREADS
     cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
+    Q_PER_LANE = D_QK // 32
     H = heads
-    assert STEPS % 2 == 0 and BLOCK_N % 2 == 0 and PDW in (2, 4) and SK >= 1
+    assert STEPS % 2 == 0 and BLOCK_N % 2 == 0 and PDW in (2, 4, 8) and SK >= 1
     assert 4 * ROW_WORDS % (8 * PIECE) == 0 and KEYS_PER_THREAD >= 1
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
@@ -164,10 +187,27 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 cp_async(smk, dst + 8 * PIECE * c, src + 8 * PIECE * c, k0 + n < k1)
         ptx.cp_async_commit()
 
+    @cuda.jit(device=True, **INLINE)
+    def convert_tile(smk, smf, sb, tid):
+        """The copied tile (packed pairs) into the fp32 tile: threads 8n..8n+7 convert key n
+        (and n + 32, ...), 16 bytes in, 32 out, at a time."""
+        for j in range(KEYS_PER_THREAD):
+            n = tid // 8 + (NTHREADS // 8) * j
+            src = sb + 4 * (KS + n * STRIDE) + 16 * (tid % 8)
+            dst = sb + 4 * (KF + n * TSTRIDE) + 32 * (tid % 8)
+            for c in range(ROW_WORDS // 32):
+                w0, w1, w2, w3 = ptx.lds128(smk, src + 128 * c)
+                x0, x1 = unpack(w0)
+                x2, x3 = unpack(w1)
+                x4, x5 = unpack(w2)
+                x6, x7 = unpack(w3)
+                ptx.sts128(smf, dst + 256 * c, x0, x1, x2, x3)
+                ptx.sts128(smf, dst + 256 * c + 16, x4, x5, x6, x7)
+
     # Byte strides of one score step (its DPS rows of Qt, its 2 words of a key) and one key.
     Q_STEP = 4 * DPS * QS
     K_STEP = 8
-    V_KEY = 4 * STRIDE
+    V_KEY = 4 * TSTRIDE
     P_KEY = 4 * PS
 
     @cuda.jit(device=True, **INLINE)
@@ -177,7 +217,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         so that each step's first FMAs find their operands there (two warps a scheduler hide
         little latency)."""
         for j in range(SK):
-            kw[slot, j, 0], kw[slot, j, 1] = ptx.lds64(smk, ka + 4 * j * KG * STRIDE)
+            kw[slot, j, 0], kw[slot, j, 1] = ptx.lds64(smk, ka + 4 * j * KG * TSTRIDE)
         for i2 in range(SR // 2):
             qf[slot, 2 * i2], qf[slot, 2 * i2 + 1] = ptx.lds64(smf, qa + 8 * i2)
 
@@ -187,7 +227,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         ``qa``, ``ka``, whose first loads are in ``slot``; if ``more`` (a constant once
         inlined), starts the next step's in the other slot."""
         for j in range(SK):  # SK keys x DPS dims
-            if packed:
+            if TILE_PACKED:
                 kv[j, 0], kv[j, 1] = unpack(kw[slot, j, 0])
                 kv[j, 2], kv[j, 3] = unpack(kw[slot, j, 1])
             else:
@@ -218,7 +258,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         """O += p v for the key whose operands are in ``slot`` (``va``, ``pa``: its
         addresses); if ``more``, starts the next key's loads in the other slot."""
         for h in range(PDW):
-            if packed:
+            if TILE_PACKED:
                 v[2 * h], v[2 * h + 1] = unpack(vw[slot, h])
             else:
                 v[h] = vw[slot, h]
@@ -240,7 +280,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         @cuda.jit(device=True, **INLINE)
         def walk(smf, smk, a0, a1, acc, vals, slots0, slots1):
             load(smf, smk, a0, a1, slots0, slots1, 0)
-            for _ in range(trips - 1):
+            for _ in range(int32(trips - 1)):  # (a 32-bit counter: Python ints are 64-bit)
                 step(smf, smk, a0, a1, acc, vals, slots0, slots1, 0, True)
                 step(smf, smk, a0 + stride0, a1 + stride1, acc, vals, slots0, slots1, 1, True)
                 a0 += 2 * stride0
@@ -265,7 +305,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         warp = tid // 32
         lane = tid % 32
         smf = cuda.shared.array(0, float32)  # one dynamic allocation, seen as floats ...
-        smk = cuda.shared.array(0, WORD)  # ... and as storage words
+        smk = cuda.shared.array(0, WORD)  # ... as the cache's words ...
+        smt = cuda.shared.array(0, TWORD)  # ... and as the words of the tiles the loops read
         sb = ptx.smem_addr(smf)  # its 32-bit address: byte offsets below are added to it
 
         row0 = q_offsets[b]  # first q row of sequence b
@@ -287,14 +328,19 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                        tid)
 
         # -- load the block's queries, transposed (once), and reset the softmax state --
+        # Warp w loads rows w, w + 8, ...: a row's loads all go out before its stores.
         qscale = float32(scale * LOG2E) if fold_scale else float32(1.0)
-        for m in range(block_m):
+        qv = cuda.local.array(Q_PER_LANE, float32)
+        for g in range(block_m // NWARPS):
+            m = g * NWARPS + warp
             r = r0 + min(m, nrows - 1)  # rows past nrows read a real row and store zeros
             t_q = row0 + r // H
             h_q = r % H
-            for d in range(tid, D_QK, NTHREADS):
-                x = load(q[t_q, h_q, d]) * qscale
-                ptx.sts32(smf, sb + 4 * (QT + d * QS + m), x if m < nrows else float32(0.0))
+            for c in range(Q_PER_LANE):
+                qv[c] = load(q[t_q, h_q, lane + 32 * c])
+            for c in range(Q_PER_LANE):
+                ptx.sts32(smf, sb + 4 * (QT + (lane + 32 * c) * QS + m),
+                          qv[c] * qscale if m < nrows else float32(0.0))
         if tid < block_m:
             smf[M_ + tid] = float32(NEG_INF)
             smf[L_ + tid] = 0.0
@@ -314,10 +360,10 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 acc[i, c] = 0.0
         s_acc = cuda.local.array((SR, SK), float32)
         kv = cuda.local.array((SK, DPS), float32)
-        kw = cuda.local.array((2, SK, 2), WORD)  # a step's key words, two slots
+        kw = cuda.local.array((2, SK, 2), TWORD)  # a step's key words, two slots
         qf = cuda.local.array((2, SR), float32)  # a step's first-dim queries, two slots
         v = cuda.local.array(PD, float32)
-        vw = cuda.local.array((2, PDW), WORD)  # a key's V words, two slots
+        vw = cuda.local.array((2, PDW), TWORD)  # a key's V words, two slots
         pf = cuda.local.array((2, PR), float32)  # a key's probabilities, two slots
         # The softmax's row and keys, and where it reads partial scores and writes P.
         sm_row = tid // TPR
@@ -334,24 +380,29 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             k0 = kstart + t * BLOCK_N
             k1 = min(k0 + BLOCK_N, kend)
             cls = mask_classify(k0, k1, q_lo, q_hi)
-            kb = KS + buf * BUF
             ptx.cp_async_wait_all()
             # Wait until this tile's copies (every thread's) have landed, and until every
             # warp is done with the previous tile, whose buffer the next copy reuses (on the
             # first tile: until the queries and the softmax state are in place).
             cuda.syncthreads()
+            if STAGED:  # fp32 tile from the copy; then the copy buffer is free again
+                convert_tile(smk, smf, sb, tid)
+                cuda.syncthreads()
+                kb = KF
+            else:
+                kb = KS + buf * BUF
             t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
             if t_next < t_end:  # prefetch the next tile while this one is used
                 k0n = kstart + t_next * BLOCK_N
-                issue_tile(smk, sb, 1 - buf, storage, block_table, page_size, b, k0n,
-                           min(k0n + BLOCK_N, kend), tid)
+                issue_tile(smk, sb, 0 if STAGED else 1 - buf, storage, block_table, page_size,
+                           b, k0n, min(k0n + BLOCK_N, kend), tid)
 
             # -- partial scores: warp w sums its slice of the dims, lanes tile rows x keys --
             for i in range(SR):
                 for j in range(SK):
                     s_acc[i, j] = 0.0
-            k_at = sb + 4 * (kb + kg * STRIDE + warp * WORDS_PER_WARP)
-            score_walk(smf, smk, q_at, k_at, s_acc, kv, kw, qf)
+            k_at = sb + 4 * (kb + kg * TSTRIDE + warp * WORDS_PER_WARP)
+            score_walk(smf, smt, q_at, k_at, s_acc, kv, kw, qf)
             for i in range(SR):
                 for j in range(SK):  # key kg + KG*j at column kg + KG*(j ^ rg): swizzled
                     ptx.sts32(smf, sb + 4 * (SS + (warp * block_m + rg * SR + i) * BLOCK_N
@@ -418,7 +469,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                     acc[4 * i4 + 1, c] *= a1
                     acc[4 * i4 + 2, c] *= a2
                     acc[4 * i4 + 3, c] *= a3
-            pv_walk(smf, smk, sb + 4 * (kb + dg * PDW), p_at, acc, v, vw, pf)
+            pv_walk(smf, smt, sb + 4 * (kb + dg * PDW), p_at, acc, v, vw, pf)
             buf = 1 - buf
             t = t_next
 
