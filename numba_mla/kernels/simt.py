@@ -164,8 +164,9 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     KEYS_PER_THREAD = BLOCK_N * 8 // NTHREADS
     cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
     Q_PER_LANE = D_QK // 32
+    CONVERT_PIECES = ROW_WORDS // 32  # 16-byte pieces a thread converts a key
     H = heads
-    assert STEPS % 2 == 0 and BLOCK_N % 2 == 0 and PDW in (2, 4, 8) and SK >= 1
+    assert STEPS % 2 == 0 and BLOCK_N % 4 == 0 and PDW in (2, 4, 8) and SK >= 1
     assert 4 * ROW_WORDS % (8 * PIECE) == 0 and KEYS_PER_THREAD >= 1
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
@@ -188,19 +189,22 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         ptx.cp_async_commit()
 
     @cuda.jit(device=True, **INLINE)
-    def convert_tile(smk, smf, sb, tid):
+    def convert_tile(smk, smf, sb, tid, cw):
         """The copied tile (packed pairs) into the fp32 tile: threads 8n..8n+7 convert key n
-        (and n + 32, ...), 16 bytes in, 32 out, at a time."""
+        (and n + 32, ...), 16 bytes in, 32 out, each piece. A key's loads all go out before
+        its stores (into ``cw``): the loads cannot pass a store, and waiting on each in turn
+        would leave two warps a scheduler idle."""
         for j in range(KEYS_PER_THREAD):
             n = tid // 8 + (NTHREADS // 8) * j
             src = sb + 4 * (KS + n * STRIDE) + 16 * (tid % 8)
             dst = sb + 4 * (KF + n * TSTRIDE) + 32 * (tid % 8)
-            for c in range(ROW_WORDS // 32):
-                w0, w1, w2, w3 = ptx.lds128(smk, src + 128 * c)
-                x0, x1 = unpack(w0)
-                x2, x3 = unpack(w1)
-                x4, x5 = unpack(w2)
-                x6, x7 = unpack(w3)
+            for c in range(CONVERT_PIECES):
+                cw[c, 0], cw[c, 1], cw[c, 2], cw[c, 3] = ptx.lds128(smk, src + 128 * c)
+            for c in range(CONVERT_PIECES):
+                x0, x1 = unpack(cw[c, 0])
+                x2, x3 = unpack(cw[c, 1])
+                x4, x5 = unpack(cw[c, 2])
+                x6, x7 = unpack(cw[c, 3])
                 ptx.sts128(smf, dst + 256 * c, x0, x1, x2, x3)
                 ptx.sts128(smf, dst + 256 * c + 16, x4, x5, x6, x7)
 
@@ -270,28 +274,52 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 acc[2 * i2, c] += p0 * v[c]
                 acc[2 * i2 + 1, c] += p1 * v[c]
 
-    def make_walk(load, step, trips, stride0, stride1):
-        """A loop of ``2 * trips`` calls of ``step`` (a score step or a key of P.V), each
-        finding its first operands loaded (by ``load``, or by the call before it, into the
-        other of two slots) and starting the next's: running addresses ``a0``, ``a1`` move
-        by the strides; the last two calls are written out after the loop, the very last
-        starting no loads."""
+    def make_steps(step, n, stride0, stride1, last):
+        """``n`` (even) calls of ``step`` written out, the first finding its operands in slot
+        0, each starting the next's loads (the very last too unless ``last``)."""
+        if n == 0:
+            @cuda.jit(device=True, **INLINE)
+            def none(smf, smk, a0, a1, acc, vals, slots0, slots1):
+                pass
+
+            return none
+        rest = make_steps(step, n - 2, stride0, stride1, last)
+        more = not (last and n == 2)
+
+        @cuda.jit(device=True, **INLINE)
+        def steps(smf, smk, a0, a1, acc, vals, slots0, slots1):
+            step(smf, smk, a0, a1, acc, vals, slots0, slots1, 0, True)
+            step(smf, smk, a0 + stride0, a1 + stride1, acc, vals, slots0, slots1, 1, more)
+            rest(smf, smk, a0 + 2 * stride0, a1 + 2 * stride1, acc, vals, slots0, slots1)
+
+        return steps
+
+    def make_walk(load, step, calls, unroll, stride0, stride1):
+        """A loop of ``calls`` calls of ``step`` (score steps or keys of P.V), ``unroll`` a
+        trip, each finding its first operands loaded (by ``load``, or by the call before it,
+        into the other of two slots) and starting the next's: running addresses ``a0``,
+        ``a1`` move by the strides; the last trip's calls are written out after the loop, the
+        very last starting no loads."""
+        assert unroll % 2 == 0 and calls % unroll == 0
+        body = make_steps(step, unroll, stride0, stride1, False)
+        tail = make_steps(step, unroll, stride0, stride1, True)
 
         @cuda.jit(device=True, **INLINE)
         def walk(smf, smk, a0, a1, acc, vals, slots0, slots1):
             load(smf, smk, a0, a1, slots0, slots1, 0)
-            for _ in range(int32(trips - 1)):  # (a 32-bit counter: Python ints are 64-bit)
-                step(smf, smk, a0, a1, acc, vals, slots0, slots1, 0, True)
-                step(smf, smk, a0 + stride0, a1 + stride1, acc, vals, slots0, slots1, 1, True)
-                a0 += 2 * stride0
-                a1 += 2 * stride1
-            step(smf, smk, a0, a1, acc, vals, slots0, slots1, 0, True)
-            step(smf, smk, a0 + stride0, a1 + stride1, acc, vals, slots0, slots1, 1, False)
+            for _ in range(int32(calls // unroll - 1)):  # (a 32-bit counter)
+                body(smf, smk, a0, a1, acc, vals, slots0, slots1)
+                a0 += unroll * stride0
+                a1 += unroll * stride1
+            tail(smf, smk, a0, a1, acc, vals, slots0, slots1)
 
         return walk
 
-    score_walk = make_walk(load_step, score_step, STEPS // 2, Q_STEP, K_STEP)
-    pv_walk = make_walk(load_vp, pv_key, BLOCK_N // 2, V_KEY, P_KEY)
+    # Steps a loop trip: more where a step is short (fp32 tiles), to spread the loop's own
+    # instructions over more FMAs.
+    score_walk = make_walk(load_step, score_step, STEPS,
+                           6 if not TILE_PACKED and STEPS % 6 == 0 else 2, Q_STEP, K_STEP)
+    pv_walk = make_walk(load_vp, pv_key, BLOCK_N, 4, V_KEY, P_KEY)
 
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
@@ -374,6 +402,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         ss_at = sb + 4 * (SS + sm_row * BLOCK_N + ((kq * KPT) ^ (KG * ((sm_row // SR) % RG))))
         pt_at = sb + 4 * (PT + kq * KPT * PS + sm_row)
         sm_s = cuda.local.array(KPT, float32)  # softmax: scores, then probabilities
+        cw = cuda.local.array((CONVERT_PIECES, 4), WORD)  # a key's words to convert
 
         buf = 0
         while t < t_end:
@@ -386,7 +415,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             # first tile: until the queries and the softmax state are in place).
             cuda.syncthreads()
             if STAGED:  # fp32 tile from the copy; then the copy buffer is free again
-                convert_tile(smk, smf, sb, tid)
+                convert_tile(smk, smf, sb, tid, cw)
                 cuda.syncthreads()
                 kb = KF
             else:
