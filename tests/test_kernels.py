@@ -726,6 +726,45 @@ def test_gpu_torch_tensors(backend, rng):
     np.testing.assert_array_equal(f64(to_numpy(torch, out_t)), f64(to_numpy(torch, out)))
 
 
+@KERNEL
+@pytest.mark.parametrize("rows", [2, 32], ids=["16rows", "32rows"])
+def test_cache_not_16_byte_aligned_copies_words(rows, rng, monkeypatch):
+    """A cache whose start is not 16-byte aligned (a view into a larger buffer: see the GPU
+    test below) is copied in 4-byte pieces: the same answers. Here the alignment check is
+    made to say no, so the simulator runs that variant too."""
+    monkeypatch.setattr(launch, "_aligned16", lambda dev: False)
+    p = make_problem(rng, 2, 1, rows, [simt_tile(rows, BF16) + 3, 9], BF16, "paged", 16)
+    check_kernel(p, nm.CausalMask(), nm.IdentityScoreMod(), num_partitions=2)
+
+
+@pytest.mark.gpu
+def test_gpu_cache_not_16_byte_aligned(rng):
+    """A torch cache that starts 4 bytes past a 16-byte boundary: the FMA kernel copies it
+    in 4-byte pieces and gives the reference's answer; 'auto' falls back to it; 'mma'
+    (16-byte copies) refuses before any launch, leaving ``out`` as it was."""
+    torch = cuda_torch()
+    p = make_problem(rng, 3, 1, 32, lengths_with_longest(rng, 3, 1, 200), BF16, "paged", 16)
+    mask, score_mod = nm.CausalMask(), nm.IdentityScoreMod()
+    golden, same = references(p, mask, score_mod)
+    pages = to_torch(torch, p.cache.storage)
+    buf = torch.empty(pages.numel() + 2, dtype=pages.dtype, device=pages.device)
+    shifted = buf[2:].view(pages.shape)
+    shifted.copy_(pages)
+    assert shifted.data_ptr() % 16 == 4
+    cache = nm.PagedKVCache(shifted, to_torch(torch, p.cache.block_table),
+                            to_torch(torch, p.lengths))
+    q = to_torch(torch, p.q)
+    for backend in ("simt", "auto"):
+        out, lse = nm.mla_decode(q, cache, p.scale, mask, score_mod, return_lse=True,
+                                 backend=backend)
+        assert_matches_reference(to_numpy(torch, out), to_numpy(torch, lse), golden, same,
+                                 "simt")
+    out = torch.full(p.out_shape, float("nan"), dtype=torch.bfloat16, device=q.device)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        nm.mla_decode(q, cache, p.scale, mask, score_mod, out=out, backend="mma")
+    assert torch.isnan(out).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 def test_gpu_numba_device_arrays(dtype, rng):
