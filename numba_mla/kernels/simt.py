@@ -6,19 +6,23 @@ Notation
   a sequence with n query tokens has R = n * H rows.
 - Grid ``(P, G, B)``: block (p, g, b) owns sequence b, rows ``[g*BLOCK_M, (g+1)*BLOCK_M)`` and
   key partition p of P. The kept-key range of the block's queries, ``[kstart, kend)``, is cut
-  into key tiles of BLOCK_N = 32 keys; partition p walks a contiguous run of those tiles,
-  skipping the ones the mask drops entirely.
+  into key tiles of BLOCK_N keys (``block_n``: 64 at 16 rows of 16-bit data, else 32);
+  partition p walks a contiguous run of those tiles, skipping the ones the mask drops entirely.
 - 8 warps (256 threads). A cache row is 576 values = ROW_WORDS 4-byte *words* (288 packed
   bf16/fp16 pairs, or 576 fp32). Shared memory (4-byte words):
       Qt [576][BLOCK_M]             queries in fp32, transposed: the BLOCK_M rows of one dim
                                     are adjacent, so one 16-byte load gives four rows
       Pt [BLOCK_N][BLOCK_M]         probabilities of the current tile, transposed likewise
-      Ss [8][BLOCK_M][SS_STRIDE]    each warp's partial scores over its eighth of the dims
+      Ss [8][BLOCK_M][BLOCK_N]      each warp's partial scores over its eighth of the dims
+                                    (key columns swizzled by row group: see below)
       m, l, alpha [BLOCK_M]         running max (log2 units), running sum, this tile's rescale
       Ks [2][BLOCK_N][KV_STRIDE]    two KV tiles (double buffer) in storage format: the next
-                                    tile is copied asynchronously (cp.async) while this one is
-                                    used. Rows are 16-byte aligned (4 words of padding), which
-                                    also puts consecutive keys 4 banks apart.
+                                    tile is copied asynchronously (cp.async, 16-byte pieces)
+                                    while this one is used. Rows are 16-byte aligned (4 words
+                                    of padding), which also puts consecutive keys 4 banks apart.
+  or, where ``staged`` (32 rows of 16-bit data), one copy buffer Ks [BLOCK_N][KV_STRIDE] and
+      Kf [BLOCK_N][580]             the tile converted to fp32 at the top of each tile, so that
+                                    the inner loops read floats (no unpacking in them).
 
 Register tiling
 ---------------
@@ -26,17 +30,19 @@ An FMA unit does one multiply-add per operand it is fed; shared memory feeds far
 operands per clock than the FMA units consume, so each thread keeps a small tile of outputs in
 registers and reuses every loaded operand across a row or column of it (an outer product,
 as in a SIMT matrix product):
-- Scores S = Q K^T: warp w sums the dims of its eighth of a row (36 packed words); its lanes
-  tile the BLOCK_M x BLOCK_N scores, each lane SR = 8 rows x SK keys (SK = 4 for 32 rows, 2 for
-  16). Per step of two words a lane loads SR x DPS queries (16-byte loads of Qt) and SK x DPS
-  keys (8-byte loads of Ks) for SR x SK x DPS FMAs (DPS = dims a step: 4 packed, 2 fp32). The
-  lane's keys are kg, kg + KG, ... (KG = lanes across keys): the KG keys a warp reads at once lie
-  in distinct banks. Partial scores go to Ss; the softmax sums the eight warps' parts.
-- Online softmax: warp w owns rows w, w+8, ...; lane = key; row max and sum by warp shuffles.
+- Scores S = Q K^T: warp w sums the dims of its eighth of a row; its lanes tile the
+  BLOCK_M x BLOCK_N scores, each lane SR = 8 rows x SK keys (SK = 4, or 2 for fp32 storage
+  at 16 rows). Per step of two words a lane loads SR x DPS queries (8/16-byte loads of Qt) and
+  SK x DPS keys (8-byte loads) for SR x SK x DPS FMAs (DPS = dims a step: 4 for packed tiles,
+  2 for fp32 ones). The lane's keys are kg, kg + KG, ... (KG = lanes across keys): the KG keys
+  a warp reads at once lie in distinct banks. Partial scores go to Ss; the softmax sums the
+  eight warps' parts.
+- Online softmax: a row belongs to TPR = 256 / BLOCK_M adjacent lanes, KPT = 4 (or 2) keys a
+  lane; row max and sum by log2(TPR) shuffle steps.
 - O += P V, V = the tile's first 512 dims: each thread owns PR = 8 rows x PD dims
   (PD = BLOCK_M / 4) of the BLOCK_M x 512 output, as fp32 accumulators in registers across the
-  partition's tiles. Per key: PD values of V (one 8- or 16-byte load) and 8 probabilities (two
-  16-byte loads of Pt) for 8 x PD FMAs.
+  partition's tiles. Per key: PD values of V and 8 probabilities (8-byte loads of Pt) for
+  8 x PD FMAs.
 - Both loops are software-pipelined (``make_walk``): a step's (a key's) first operands are
   loaded during the step (key) before, into one of two register slots, and the loops walk
   running addresses: with two warps a scheduler little else hides a load's latency.
