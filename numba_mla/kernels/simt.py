@@ -159,7 +159,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     # c at c ^ swz(m), swz(m) = KG * (row group of m): a lane's stores of one (i, j) then hit
     # 32 distinct banks (rows are unpadded, so the softmax reads 16-byte pieces).
     assert RG <= SK and SK & (SK - 1) == 0
-    # Softmax: TPR threads a row (one row: the warp's rows of a tile's column), KPT keys each.
+    # Softmax: TPR adjacent lanes a row (all in one warp), KPT keys a lane.
     TPR = NTHREADS // block_m
     LOG_TPR = TPR.bit_length() - 1
     KPT = BLOCK_N // TPR
