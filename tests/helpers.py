@@ -25,6 +25,18 @@ from numba_mla.testing import (  # noqa: F401  (re-exported for the tests)
     assert_same_nonfinite, assert_three_way, f64, make_bias, make_problem, randn,
     random_counts, random_lengths)
 
+
+
+def simt_tile(rows, dtype):
+    """Keys per tile of the FMA kernel for ``rows`` query rows a sequence of ``dtype`` (the
+    tests that place lengths or poisoned keys on tile boundaries need it)."""
+    from numba_mla import heuristics
+    from numba_mla.kernels import simt
+
+    packed = np.dtype(dtype) != np.float32
+    return simt.block_n(heuristics.simt_block_m(rows, packed), packed)
+
+
 # ---------------------------------------------------------------------------------------------
 # Masks and score mods: one table, each case with its SPEC rule
 # ---------------------------------------------------------------------------------------------

@@ -45,11 +45,11 @@ from helpers import (
     random_counts,
     random_lengths,
     references,
+    simt_tile,
     to_numpy,
     to_torch,
 )
 from numba_mla import factory, heuristics, launch
-from numba_mla.kernels import simt
 from numba_mla.mods import as_mask, as_score_mod
 
 #: Runs the kernels: in the CUDA simulator in CI, on the device when there is one.
@@ -62,12 +62,6 @@ def tiles(length, block_n=32):
     """Key tiles of ``block_n`` keys that ``length`` keys fill (by default the FMA kernel's
     smallest tile: ``tiles + 1`` partitions then exceed the tiles of every configuration)."""
     return -(-int(length) // block_n)
-
-
-def simt_tile(rows, dtype):
-    """Keys per tile of the FMA kernel for ``rows`` query rows a sequence of ``dtype``."""
-    packed = np.dtype(dtype) != np.float32
-    return simt.block_n(heuristics.simt_block_m(rows, packed), packed)
 
 
 def lengths_with_longest(rng, B, Sq, longest, zero=True):

@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 
 import numba_mla as nm
-from numba_mla import heuristics
-from numba_mla.kernels import mma, simt
+from numba_mla.kernels import mma
 from helpers import (
     BF16,
     DTYPES,
@@ -34,15 +33,8 @@ from helpers import (
     make_problem,
     references,
     run_backend,
+    simt_tile,
 )
-
-def tile(backend, dtype, rows):
-    """Keys per tile of the kernel that runs: the tensor-core kernel's, or the FMA kernel's
-    for ``rows`` query rows a sequence of this dtype."""
-    if backend == "mma":
-        return mma.BLOCK_N
-    packed = DTYPES[dtype] != np.float32
-    return simt.block_n(heuristics.simt_block_m(rows, packed), packed)
 
 
 def backend_cases(dtypes, ci=None):
@@ -325,7 +317,7 @@ def test_nan_in_a_dropped_key(backend, rng):
 @pytest.mark.parametrize("dtype,backend", backend_cases(["bf16", "fp16", "fp32"], ci=0))
 def test_lengths_on_and_past_a_tile(dtype, backend, rng):
     """Lengths of exactly one tile and one key more (pages of 16: also on a page boundary)."""
-    n = tile(backend, dtype, 2)
+    n = mma.BLOCK_N if backend == "mma" else simt_tile(2, DTYPES[dtype])
     p = make_problem(rng, 2, 1, 2, [n, n + 1], DTYPES[dtype], "paged", 16)
     check(p, backend)
 
