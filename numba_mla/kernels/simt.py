@@ -96,7 +96,10 @@ def layout(block_m, packed):
     kv_stride = row_words + 4
     tile_words = D_QK if stage or not packed else row_words  # words a row (the loops)
     tile_stride = tile_words + 4
-    qt_stride = pt_stride = block_m + 2  # column stores by consecutive lanes: 2-way conflicts
+    # 16-byte aligned rows, so that the loops read 4 rows of Qt / Pt a load; but Qt of 16
+    # rows of 16-bit data keeps 8-byte rows (64-key tiles leave no room for 4 more words).
+    pt_stride = block_m + 4
+    qt_stride = block_m + (2 if packed and block_m == 16 else 4)
     qt = 0
     pt = qt + D_QK * qt_stride
     ss = pt + bn * pt_stride
@@ -151,10 +154,16 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     DPS = 2 * E
     WORDS_PER_WARP = TILE_WORDS // NWARPS  # this warp's slice of a row
     STEPS = WORDS_PER_WARP // 2
-    # Output: thread = (rgp, dg); rows rgp*PR + i, dims dg*PD + c (PDW words).
+    # Output: thread = (rgp, dg); rows rgp*PR + i; PD dims, PDW words in NCH chunks of CW
+    # words, chunk c at word c * VW // NCH + dg * CW of a row's VW words of V: the dg of a
+    # warp read adjacent 16-byte pieces (distinct banks).
     RGP = block_m // PR
+    DGW = 32 // RGP  # dg a warp
     PD = 2 * block_m // PR
     PDW = PD // E
+    CW = min(PDW, 4)
+    NCH = PDW // CW
+    VW = 512 // E
     # Partial scores: row m of warp w's slice at SS + (w * block_m + m) * BLOCK_N, key column
     # c at c ^ swz(m), swz(m) = KG * (row group of m): a lane's stores of one (i, j) then hit
     # 32 distinct banks (rows are unpadded, so the softmax reads 16-byte pieces).
@@ -171,24 +180,47 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
     Q_PER_LANE = D_QK // 32
     CONVERT_PIECES = ROW_WORDS // 32  # 16-byte pieces a thread converts a key
+
+    SWAP = 4 if STAGED else 0
+
+    @cuda.jit(device=True, **INLINE)
+    def place(d):
+        """Where dim ``d`` sits in a row of Qt and of the tile the loops read. Staged, each
+        64-dim block has the halves of its upper four 8-dim groups swapped, so that the
+        conversion's first 16-byte stores (lanes 0-7: groups 0-7) hit distinct banks. Scores
+        sum over all dims whatever their order; P.V maps its dims back as it writes."""
+        return d ^ (((d >> 5) & 1) * SWAP)
     H = heads
     assert STEPS % 2 == 0 and BLOCK_N % 4 == 0 and PDW in (2, 4, 8) and SK >= 1
-    assert 4 * ROW_WORDS % (8 * PIECE) == 0 and KEYS_PER_THREAD >= 1
+    assert 4 * ROW_WORDS % (8 * PIECE) == 0 and KEYS_PER_THREAD in (1, 2)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
-    @cuda.jit(device=True)
-    def issue_tile(smk, sb, buf, storage, block_table, page_size, b, k0, k1, tid):
-        """Start the asynchronous copy of keys [k0, k1) into buffer ``buf`` (zeros past k1).
-        Threads 8n..8n+7 copy key n (and n + 32, ...): each locates its row once (keys past
-        k1 read key k1 - 1's place, a real one, but copy zeros), then copies every eighth
-        piece of it, so that a warp's copy instruction reads 128 contiguous bytes a row.
+    @cuda.jit(device=True, **INLINE)
+    def locate_rows(storage, block_table, page_size, b, k0, k1, tid):
+        """The global addresses of this thread's rows of keys [k0, k1): threads 8n..8n+7
+        copy key n (and n + 32); keys past k1 get key k1 - 1's place (a real one) and copy
+        zeros. Located a phase before the copy, so that the block-table loads are in flight
+        across a barrier."""
+        n = tid // 8
+        pg, sl = locate(block_table, page_size, b, min(k0 + n, k1 - 1))
+        src0 = ptx.global_addr(storage, pg, sl, 0) + PIECE * (tid % 8)
+        src1 = src0
+        if KEYS_PER_THREAD == 2:
+            pg, sl = locate(block_table, page_size, b, min(k0 + n + NTHREADS // 8, k1 - 1))
+            src1 = ptx.global_addr(storage, pg, sl, 0) + PIECE * (tid % 8)
+        return src0, src1
+
+    @cuda.jit(device=True, **INLINE)
+    def issue_tile(smk, sb, buf, src0, src1, k0, k1, tid):
+        """Start the asynchronous copy of keys [k0, k1) into buffer ``buf`` (zeros past k1)
+        from the rows at ``src0``, ``src1`` (locate_rows): each thread copies every eighth
+        piece of its row, so that a warp's copy instruction reads 128 contiguous bytes a row.
         (Few, wide copies: their address registers stay reserved until the copy unit takes
         them, so a long queue of small ones stalls the first loads of the scores.)"""
         for j in range(KEYS_PER_THREAD):
             n = tid // 8 + (NTHREADS // 8) * j
-            pg, sl = locate(block_table, page_size, b, min(k0 + n, k1 - 1))
-            src = ptx.global_addr(storage, pg, sl, 0) + PIECE * (tid % 8)
+            src = src0 if j == 0 else src1
             dst = sb + 4 * (KS + buf * BUF + n * STRIDE) + PIECE * (tid % 8)
             for c in range(PIECES):
                 cp_async(smk, dst + 8 * PIECE * c, src + 8 * PIECE * c, k0 + n < k1)
@@ -197,13 +229,17 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     @cuda.jit(device=True, **INLINE)
     def convert_tile(smk, smf, sb, tid, cw):
         """The copied tile (packed pairs) into the fp32 tile: threads 8n..8n+7 convert key n
-        (and n + 32, ...), 16 bytes in, 32 out, each piece. A key's loads all go out before
-        its stores (into ``cw``): the loads cannot pass a store, and waiting on each in turn
-        would leave two warps a scheduler idle."""
+        (and n + 32, ...), 16 bytes in (8 dims), 32 out, each piece, the halves where
+        ``place`` puts them. A key's loads all go out before its stores (into ``cw``): the
+        loads cannot pass a store, and waiting on each in turn would leave two warps a
+        scheduler idle."""
+        half = 16 * ((tid % 8) >> 2)  # where the first four dims go: place()
         for j in range(KEYS_PER_THREAD):
             n = tid // 8 + (NTHREADS // 8) * j
             src = sb + 4 * (KS + n * STRIDE) + 16 * (tid % 8)
             dst = sb + 4 * (KF + n * TSTRIDE) + 32 * (tid % 8)
+            dst0 = dst + half
+            dst1 = dst + (16 - half)
             for c in range(CONVERT_PIECES):
                 cw[c, 0], cw[c, 1], cw[c, 2], cw[c, 3] = ptx.lds128(smk, src + 128 * c)
             for c in range(CONVERT_PIECES):
@@ -211,8 +247,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 x2, x3 = unpack(cw[c, 1])
                 x4, x5 = unpack(cw[c, 2])
                 x6, x7 = unpack(cw[c, 3])
-                ptx.sts128(smf, dst + 256 * c, x0, x1, x2, x3)
-                ptx.sts128(smf, dst + 256 * c + 16, x4, x5, x6, x7)
+                ptx.sts128(smf, dst0 + 256 * c, x0, x1, x2, x3)
+                ptx.sts128(smf, dst1 + 256 * c, x4, x5, x6, x7)
 
     # Byte strides of one score step (its DPS rows of Qt, its 2 words of a key) and one key.
     Q_STEP = 4 * DPS * QS
@@ -258,8 +294,10 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     def load_vp(smf, smk, va, pa, vw, pf, slot):
         """A key's operands of P.V into ``slot``: this thread's PDW words of V (packed, at
         ``va``) and its PR probabilities (at ``pa``); loaded a key ahead (see load_step)."""
-        for h in range(PDW // 2):
-            vw[slot, 2 * h], vw[slot, 2 * h + 1] = ptx.lds64(smk, va + 8 * h)
+        for c in range(NCH):
+            for h in range(CW // 2):
+                vw[slot, c * CW + 2 * h], vw[slot, c * CW + 2 * h + 1] = ptx.lds64(
+                    smk, va + 4 * c * (VW // NCH) + 8 * h)
         for i2 in range(PR // 2):
             pf[slot, 2 * i2], pf[slot, 2 * i2 + 1] = ptx.lds64(smf, pa + 8 * i2)
 
@@ -358,8 +396,9 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         t = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)
         if t < t_end:  # start copying the first tile before anything else
             k0 = kstart + t * BLOCK_N
-            issue_tile(smk, sb, 0, storage, block_table, page_size, b, k0, min(k0 + BLOCK_N, kend),
-                       tid)
+            k1 = min(k0 + BLOCK_N, kend)
+            src0, src1 = locate_rows(storage, block_table, page_size, b, k0, k1, tid)
+            issue_tile(smk, sb, 0, src0, src1, k0, k1, tid)
 
         # -- load the block's queries, transposed (once), and reset the softmax state --
         # Warp w loads rows w, w + 8, ...: a row's loads all go out before its stores.
@@ -373,19 +412,20 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             for c in range(Q_PER_LANE):
                 qv[c] = load(q[t_q, h_q, lane + 32 * c])
             for c in range(Q_PER_LANE):
-                ptx.sts32(smf, sb + 4 * (QT + (lane + 32 * c) * QS + m),
+                ptx.sts32(smf, sb + 4 * (QT + place(lane + 32 * c) * QS + m),
                           qv[c] * qscale if m < nrows else float32(0.0))
         if tid < block_m:
             smf[M_ + tid] = float32(NEG_INF)
             smf[L_ + tid] = 0.0
 
-        # This thread's place in the score tile and in the output tile.
-        # (Lanes that share an address sit in different half-warps for the operand loaded
-        # most often, Q in the scores, P in P.V: a 64-bit load then takes one pass.)
-        rg = lane // KG
-        kg = lane % KG
-        rgp = lane // (32 // RGP)
-        dg = warp * (32 // RGP) + lane % (32 // RGP)
+        # This thread's place in the score tile and in the output tile. Shared memory returns
+        # one register a lane per pass, two when lanes n and n^1 (or n and n^2) read the same
+        # address: lanes n, n^1 share their rows of Q and n, n^2 their keys; in P.V, lanes
+        # n, n^2 share their rows of P and n, n^1 their dims of V.
+        rg = ((lane >> 1) & 1) | ((lane >> 3) & (RG - 2))  # bits 1 (and 4)
+        kg = (lane & 1) | ((lane >> 1) & (KG - 2))  # bits 0, 2, 3 (and 4)
+        rgp = (lane & 1) | ((lane >> 3) & (RGP - 2))  # bits 0 (and 4)
+        dg = warp * DGW + ((lane >> 1) & (DGW - 1))  # bits 1, 2, 3 (and 4)
         q_at = sb + 4 * (QT + warp * WORDS_PER_WARP * E * QS + rg * SR)
         p_at = sb + 4 * (PT + rgp * PR)
         acc = cuda.local.array((PR, PD), float32)  # O: my PR rows x PD dims
@@ -427,10 +467,11 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             else:
                 kb = KS + buf * BUF
             t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+            k0n = kstart + t_next * BLOCK_N
+            k1n = min(k0n + BLOCK_N, kend)
             if t_next < t_end:  # prefetch the next tile while this one is used
-                k0n = kstart + t_next * BLOCK_N
-                issue_tile(smk, sb, 0 if STAGED else 1 - buf, storage, block_table, page_size,
-                           b, k0n, min(k0n + BLOCK_N, kend), tid)
+                src0, src1 = locate_rows(storage, block_table, page_size, b, k0n, k1n, tid)
+                issue_tile(smk, sb, 0 if STAGED else 1 - buf, src0, src1, k0n, k1n, tid)
 
             # -- partial scores: warp w sums its slice of the dims, lanes tile rows x keys --
             for i in range(SR):
@@ -504,7 +545,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                     acc[4 * i4 + 1, c] *= a1
                     acc[4 * i4 + 2, c] *= a2
                     acc[4 * i4 + 3, c] *= a3
-            pv_walk(smf, smt, sb + 4 * (kb + dg * PDW), p_at, acc, v, vw, pf)
+            pv_walk(smf, smt, sb + 4 * (kb + dg * CW), p_at, acc, v, vw, pf)
             buf = 1 - buf
             t = t_next
 
@@ -520,8 +561,10 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 l = smf[L_ + m]
                 empty = l == 0.0  # no kept key (a NaN score gives l = NaN: not empty, NaN out)
                 inv = float32(0.0) if empty else float32(1.0) / l
-                for c in range(PD):
-                    part_out[t_row, h, p, dg * PD + c] = store(acc[i, c] * inv)
+                for c in range(NCH):
+                    d0 = E * place(c * (VW // NCH) + dg * CW)  # (place keeps 4-dim pieces)
+                    for u in range(CW * E):
+                        part_out[t_row, h, p, d0 + u] = store(acc[i, c * CW * E + u] * inv)
                 if dg == 0:
                     part_lse[t_row, h, p] = (float32(NEG_INF) if empty
                                              else (smf[M_ + m] + math.log2(l)) * float32(LN2))
