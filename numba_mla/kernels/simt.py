@@ -17,12 +17,15 @@ Notation
                                     (key columns swizzled by row group: see below)
       m, l, alpha [BLOCK_M]         running max (log2 units), running sum, this tile's rescale
       Ks [2][BLOCK_N][KV_STRIDE]    two KV tiles (double buffer) in storage format: the next
-                                    tile is copied asynchronously (cp.async, 16-byte pieces)
-                                    while this one is used. Rows are 16-byte aligned (4 words
-                                    of padding), which also puts consecutive keys 4 banks apart.
+                                    tile is copied asynchronously (cp.async, 16-byte pieces,
+                                    a few each P.V loop trip) while this one is used. Rows are
+                                    16-byte aligned (4 words of padding), which also puts
+                                    consecutive keys 4 banks apart.
   or, where ``staged`` (32 rows of 16-bit data), one copy buffer Ks [BLOCK_N][KV_STRIDE] and
-      Kf [BLOCK_N][580]             the tile converted to fp32 at the top of each tile, so that
-                                    the inner loops read floats (no unpacking in them).
+      Kf [BLOCK_N][580]             the tile in fp32, so that the inner loops read floats (no
+                                    unpacking in them): each warp converts the slice of the
+                                    dims its scores read, a piece each score loop trip, two
+                                    pieces ahead of its use.
 
 Register tiling
 ---------------
@@ -37,12 +40,15 @@ as in a SIMT matrix product):
   2 for fp32 ones). The lane's keys are kg, kg + KG, ... (KG = lanes across keys): the KG keys
   a warp reads at once lie in distinct banks. Partial scores go to Ss; the softmax sums the
   eight warps' parts.
+- Shared memory returns one 4-byte register a lane per pass, but two when lanes n and n^1 (or
+  n and n^2) read the same address. So lanes n, n^1 share their rows of Q and n, n^2 their
+  keys; in P.V, n, n^2 share their rows of P and n, n^1 their dims of V.
 - Online softmax: a row belongs to TPR = 256 / BLOCK_M adjacent lanes, KPT = 4 (or 2) keys a
   lane; row max and sum by log2(TPR) shuffle steps.
 - O += P V, V = the tile's first 512 dims: each thread owns PR = 8 rows x PD dims
   (PD = BLOCK_M / 4) of the BLOCK_M x 512 output, as fp32 accumulators in registers across the
-  partition's tiles. Per key: PD values of V and 8 probabilities (8-byte loads of Pt) for
-  8 x PD FMAs.
+  partition's tiles. Per key: PD values of V (16-byte pieces, the warp's adjacent) and 8
+  probabilities (16-byte loads of Pt) for 8 x PD FMAs.
 - Both loops are software-pipelined (``make_walk``): a step's (a key's) first operands are
   loaded during the step (key) before, into one of two register slots, and the loops walk
   running addresses: with two warps a scheduler little else hides a load's latency.
@@ -179,20 +185,11 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     KEYS_PER_THREAD = BLOCK_N * 8 // NTHREADS
     cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
     Q_PER_LANE = D_QK // 32
-    CONVERT_PIECES = ROW_WORDS // 32  # 16-byte pieces a thread converts a key
-
-    SWAP = 4 if STAGED else 0
-
-    @cuda.jit(device=True, **INLINE)
-    def place(d):
-        """Where dim ``d`` sits in a row of Qt and of the tile the loops read. Staged, each
-        64-dim block has the halves of its upper four 8-dim groups swapped, so that the
-        conversion's first 16-byte stores (lanes 0-7: groups 0-7) hit distinct banks. Scores
-        sum over all dims whatever their order; P.V maps its dims back as it writes."""
-        return d ^ (((d >> 5) & 1) * SWAP)
+    CONVERT_PIECES = ROW_WORDS // NWARPS // 4  # 16-byte pieces of a warp's slice of a key
     H = heads
     assert STEPS % 2 == 0 and BLOCK_N % 4 == 0 and PDW in (2, 4, 8) and SK >= 1
     assert 4 * ROW_WORDS % (8 * PIECE) == 0 and KEYS_PER_THREAD in (1, 2)
+    assert not STAGED or (BLOCK_N == 32 and ROW_WORDS % (4 * NWARPS) == 0)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
@@ -201,7 +198,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         """The global addresses of this thread's rows of keys [k0, k1): threads 8n..8n+7
         copy key n (and n + 32); keys past k1 get key k1 - 1's place (a real one) and copy
         zeros. Located a phase before the copy, so that the block-table loads are in flight
-        across a barrier."""
+        meanwhile."""
         n = tid // 8
         pg, sl = locate(block_table, page_size, b, min(k0 + n, k1 - 1))
         src0 = ptx.global_addr(storage, pg, sl, 0) + PIECE * (tid % 8)
@@ -211,44 +208,43 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             src1 = ptx.global_addr(storage, pg, sl, 0) + PIECE * (tid % 8)
         return src0, src1
 
+    NP = KEYS_PER_THREAD * PIECES  # copies a thread and tile
+
+    def make_copy(count):
+        """A device function that starts the asynchronous copy of ``count`` pieces, from
+        piece c0 on, of this thread's key j (0 or 1) of keys [k0, k1) into buffer ``buf``
+        (zeros past k1), from the rows at ``src0``, ``src1`` (locate_rows): each thread
+        copies every eighth piece of its row, so that a warp's copy instruction reads 128
+        contiguous bytes a row."""
+
+        @cuda.jit(device=True, **INLINE)
+        def copy(smk, sb, buf, src0, src1, k0, k1, tid, j, c0):
+            n = tid // 8 + (NTHREADS // 8) * j
+            src = (src1 if j == 1 else src0) + 8 * PIECE * c0
+            dst = sb + 4 * (KS + buf * BUF + n * STRIDE) + PIECE * (tid % 8) + 8 * PIECE * c0
+            for u in range(count):
+                cp_async(smk, dst + 8 * PIECE * u, src + 8 * PIECE * u, k0 + n < k1)
+
+        return copy
+
+    copy_row = make_copy(PIECES)
+
     @cuda.jit(device=True, **INLINE)
     def issue_tile(smk, sb, buf, src0, src1, k0, k1, tid):
-        """Start the asynchronous copy of keys [k0, k1) into buffer ``buf`` (zeros past k1)
-        from the rows at ``src0``, ``src1`` (locate_rows): each thread copies every eighth
-        piece of its row, so that a warp's copy instruction reads 128 contiguous bytes a row.
-        (Few, wide copies: their address registers stay reserved until the copy unit takes
-        them, so a long queue of small ones stalls the first loads of the scores.)"""
+        """The whole copy of keys [k0, k1) at once (the first tile)."""
         for j in range(KEYS_PER_THREAD):
-            n = tid // 8 + (NTHREADS // 8) * j
-            src = src0 if j == 0 else src1
-            dst = sb + 4 * (KS + buf * BUF + n * STRIDE) + PIECE * (tid % 8)
-            for c in range(PIECES):
-                cp_async(smk, dst + 8 * PIECE * c, src + 8 * PIECE * c, k0 + n < k1)
+            copy_row(smk, sb, buf, src0, src1, k0, k1, tid, j, 0)
         ptx.cp_async_commit()
 
     @cuda.jit(device=True, **INLINE)
-    def convert_tile(smk, smf, sb, tid, cw):
-        """The copied tile (packed pairs) into the fp32 tile: threads 8n..8n+7 convert key n
-        (and n + 32, ...), 16 bytes in (8 dims), 32 out, each piece, the halves where
-        ``place`` puts them. A key's loads all go out before its stores (into ``cw``): the
-        loads cannot pass a store, and waiting on each in turn would leave two warps a
-        scheduler idle."""
-        half = 16 * ((tid % 8) >> 2)  # where the first four dims go: place()
-        for j in range(KEYS_PER_THREAD):
-            n = tid // 8 + (NTHREADS // 8) * j
-            src = sb + 4 * (KS + n * STRIDE) + 16 * (tid % 8)
-            dst = sb + 4 * (KF + n * TSTRIDE) + 32 * (tid % 8)
-            dst0 = dst + half
-            dst1 = dst + (16 - half)
-            for c in range(CONVERT_PIECES):
-                cw[c, 0], cw[c, 1], cw[c, 2], cw[c, 3] = ptx.lds128(smk, src + 128 * c)
-            for c in range(CONVERT_PIECES):
-                x0, x1 = unpack(cw[c, 0])
-                x2, x3 = unpack(cw[c, 1])
-                x4, x5 = unpack(cw[c, 2])
-                x6, x7 = unpack(cw[c, 3])
-                ptx.sts128(smf, dst0 + 256 * c, x0, x1, x2, x3)
-                ptx.sts128(smf, dst1 + 256 * c, x4, x5, x6, x7)
+    def convert_piece(smf, dst, w):
+        """Four packed words ``w`` (8 dims) to fp32 at ``dst``."""
+        x0, x1 = unpack(w[0])
+        x2, x3 = unpack(w[1])
+        x4, x5 = unpack(w[2])
+        x6, x7 = unpack(w[3])
+        ptx.sts128(smf, dst, x0, x1, x2, x3)
+        ptx.sts128(smf, dst + 16, x4, x5, x6, x7)
 
     # Byte strides of one score step (its DPS rows of Qt, its 2 words of a key) and one key.
     Q_STEP = 4 * DPS * QS
@@ -338,32 +334,103 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
 
         return steps
 
-    def make_walk(load, step, calls, unroll, stride0, stride1):
+    def make_walk(load, step, calls, unroll, stride0, stride1, pre, post):
         """A loop of ``calls`` calls of ``step`` (score steps or keys of P.V), ``unroll`` a
         trip, each finding its first operands loaded (by ``load``, or by the call before it,
         into the other of two slots) and starting the next's: running addresses ``a0``,
         ``a1`` move by the strides; the last trip's calls are written out after the loop, the
-        very last starting no loads."""
+        very last starting no loads. Around each loop trip, ``pre(trip, hx)`` and
+        ``post(trip, hx, w)`` (w: what pre returned) slip in other work."""
         assert unroll % 2 == 0 and calls % unroll == 0
         body = make_steps(step, unroll, stride0, stride1, False)
         tail = make_steps(step, unroll, stride0, stride1, True)
+        trips = calls // unroll - 1
 
         @cuda.jit(device=True, **INLINE)
-        def walk(smf, smk, a0, a1, acc, vals, slots0, slots1):
+        def walk(smf, smk, a0, a1, acc, vals, slots0, slots1, hx):
             load(smf, smk, a0, a1, slots0, slots1, 0)
-            for _ in range(int32(calls // unroll - 1)):  # (a 32-bit counter)
+            for trip in range(int32(trips)):  # (a 32-bit counter)
+                w = pre(trip, hx)
                 body(smf, smk, a0, a1, acc, vals, slots0, slots1)
+                post(trip, hx, w)
                 a0 += unroll * stride0
                 a1 += unroll * stride1
             tail(smf, smk, a0, a1, acc, vals, slots0, slots1)
 
         return walk
 
-    # Steps a loop trip: more where a step is short (fp32 tiles), to spread the loop's own
-    # instructions over more FMAs.
-    score_walk = make_walk(load_step, score_step, STEPS,
-                           6 if not TILE_PACKED and STEPS % 6 == 0 else 2, Q_STEP, K_STEP)
-    pv_walk = make_walk(load_vp, pv_key, BLOCK_N, 4, V_KEY, P_KEY)
+    @cuda.jit(device=True, **INLINE)
+    def skip(trip, hx):
+        return 0
+
+    @cuda.jit(device=True, **INLINE)
+    def nothing(trip, hx, w):
+        pass
+
+    # The next tile's copy goes out during P.V, a few pieces a trip (a burst of copies all at
+    # once stalls on the copy queue), from trip 1 on (the rows are still being located on
+    # trip 0): the fewest pieces a trip that divide a row's. hx: copy's arguments, and
+    # whether there is a next tile.
+    PV_UNROLL = 4
+    PV_TRIPS = BLOCK_N // PV_UNROLL - 1
+    PER_TRIP = min(d for d in range(1, PIECES + 1) if PIECES % d == 0 and NP <= d * (PV_TRIPS - 1))
+    TRIPS_A_ROW = PIECES // PER_TRIP
+    copy_part = make_copy(PER_TRIP)
+
+    @cuda.jit(device=True, **INLINE)
+    def copy_some(trip, cp):
+        if cp[8] and trip > 0 and trip <= NP // PER_TRIP:
+            j = (trip - 1) // TRIPS_A_ROW
+            copy_part(cp[0], cp[1], cp[2], cp[3], cp[4], cp[5], cp[6], cp[7], j,
+                      (trip - 1 - j * TRIPS_A_ROW) * PER_TRIP)
+        return 0
+
+    pv_walk = make_walk(load_vp, pv_key, BLOCK_N, PV_UNROLL, V_KEY, P_KEY, copy_some, nothing)
+
+    if STAGED:
+        # The scores convert their own slice as they go: trip c (4 steps = 8 dims = one
+        # 16-byte piece of packed pairs) loads piece c + 2 of lane l's key l at its start and
+        # stores it in fp32 at its end (pieces 0 and 1 come before the loop), so the
+        # conversion's shared-memory traffic overlaps the FMAs. hx: the lane's addresses.
+        @cuda.jit(device=True, **INLINE)
+        def convert_load(trip, cv):
+            w0 = w1 = w2 = w3 = WORD(0)
+            if trip + 2 < CONVERT_PIECES:
+                w0, w1, w2, w3 = ptx.lds128(cv[0], cv[2] + 16 * (trip + 2))
+            return w0, w1, w2, w3
+
+        @cuda.jit(device=True, **INLINE)
+        def convert_store(trip, cv, w):
+            if trip + 2 < CONVERT_PIECES:
+                convert_piece(cv[1], cv[3] + 32 * (trip + 2), w)
+                ptx.syncwarp(cv[4])  # (the warp's lanes read each other's keys)
+
+        assert STEPS == 4 * CONVERT_PIECES
+        score_walk = make_walk(load_step, score_step, STEPS, 4, Q_STEP, K_STEP, convert_load,
+                               convert_store)
+
+        @cuda.jit(device=True, **INLINE)
+        def score_hooks(smk, smf, sb, warp, lane, tid):
+            """The conversion's addresses (lane l: key l of warp w's slice), after pieces 0
+            and 1 are converted."""
+            src = sb + 4 * (KS + lane * STRIDE + warp * (ROW_WORDS // NWARPS))
+            dst = sb + 4 * (KF + lane * TSTRIDE + warp * WORDS_PER_WARP)
+            w = ptx.lds128(smk, src)
+            w1 = ptx.lds128(smk, src + 16)
+            convert_piece(smf, dst, w)
+            convert_piece(smf, dst + 32, w1)
+            ptx.syncwarp(tid)
+            return smk, smf, src, dst, tid
+    else:
+        # Steps a loop trip: more where a step is short (fp32 tiles), to spread the loop's own
+        # instructions over more FMAs.
+        score_walk = make_walk(load_step, score_step, STEPS,
+                               6 if not TILE_PACKED and STEPS % 6 == 0 else 2, Q_STEP, K_STEP,
+                               skip, nothing)
+
+        @cuda.jit(device=True, **INLINE)
+        def score_hooks(smk, smf, sb, warp, lane, tid):
+            return 0
 
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
@@ -412,7 +479,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             for c in range(Q_PER_LANE):
                 qv[c] = load(q[t_q, h_q, lane + 32 * c])
             for c in range(Q_PER_LANE):
-                ptx.sts32(smf, sb + 4 * (QT + place(lane + 32 * c) * QS + m),
+                ptx.sts32(smf, sb + 4 * (QT + (lane + 32 * c) * QS + m),
                           qv[c] * qscale if m < nrows else float32(0.0))
         if tid < block_m:
             smf[M_ + tid] = float32(NEG_INF)
@@ -448,7 +515,6 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         ss_at = sb + 4 * (SS + sm_row * BLOCK_N + ((kq * KPT) ^ (KG * ((sm_row // SR) % RG))))
         pt_at = sb + 4 * (PT + kq * KPT * PS + sm_row)
         sm_s = cuda.local.array(KPT, float32)  # softmax: scores, then probabilities
-        cw = cuda.local.array((CONVERT_PIECES, 4), WORD)  # a key's words to convert
 
         buf = 0
         while t < t_end:
@@ -457,34 +523,32 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             cls = mask_classify(k0, k1, q_lo, q_hi)
             ptx.cp_async_wait_all()
             # Wait until this tile's copies (every thread's) have landed, and until every
-            # warp is done with the previous tile, whose buffer the next copy reuses (on the
-            # first tile: until the queries and the softmax state are in place).
+            # warp is done with the previous tile, whose buffers this tile's work reuses (on
+            # the first tile: until the queries and the softmax state are in place).
             cuda.syncthreads()
-            if STAGED:  # fp32 tile from the copy; then the copy buffer is free again
-                convert_tile(smk, smf, sb, tid, cw)
-                cuda.syncthreads()
-                kb = KF
-            else:
-                kb = KS + buf * BUF
-            t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
-            k0n = kstart + t_next * BLOCK_N
-            k1n = min(k0n + BLOCK_N, kend)
-            if t_next < t_end:  # prefetch the next tile while this one is used
-                src0, src1 = locate_rows(storage, block_table, page_size, b, k0n, k1n, tid)
-                issue_tile(smk, sb, 0 if STAGED else 1 - buf, src0, src1, k0n, k1n, tid)
+            kb = KF if STAGED else KS + buf * BUF
 
             # -- partial scores: warp w sums its slice of the dims, lanes tile rows x keys --
             for i in range(SR):
                 for j in range(SK):
                     s_acc[i, j] = 0.0
             k_at = sb + 4 * (kb + kg * TSTRIDE + warp * WORDS_PER_WARP)
-            score_walk(smf, smt, q_at, k_at, s_acc, kv, kw, qf)
+            score_walk(smf, smt, q_at, k_at, s_acc, kv, kw, qf,
+                       score_hooks(smk, smf, sb, warp, lane, tid))
             for i in range(SR):
                 for j in range(SK):  # key kg + KG*j at column kg + KG*(j ^ rg): swizzled
                     ptx.sts32(smf, sb + 4 * (SS + (warp * block_m + rg * SR + i) * BLOCK_N
                                              + kg + KG * (j ^ rg)), s_acc[i, j])
-            # Wait for all eight warps' partial scores.
+            # Wait for all eight warps' partial scores (and, staged, for their conversions:
+            # the copy buffer is free again, the fp32 tile whole for P.V).
             cuda.syncthreads()
+            # The next tile, copied during this one's P.V: its rows located now, the
+            # block-table loads landing during the softmax. (Buffer 1 - buf is free since the
+            # top of this tile; the staged copy buffer since the barrier above.)
+            t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+            k0n = kstart + t_next * BLOCK_N
+            k1n = min(k0n + BLOCK_N, kend)  # (k1n - 1: a real key even past the last tile)
+            src0, src1 = locate_rows(storage, block_table, page_size, b, k0n, k1n, tid)
 
             # -- mask, score mod and online softmax: thread (sm_row, kq) owns keys kq*KPT ..
             #    kq*KPT + KPT - 1 of its row; the row's TPR threads are adjacent lanes of one
@@ -545,7 +609,10 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                     acc[4 * i4 + 1, c] *= a1
                     acc[4 * i4 + 2, c] *= a2
                     acc[4 * i4 + 3, c] *= a3
-            pv_walk(smf, smt, sb + 4 * (kb + dg * CW), p_at, acc, v, vw, pf)
+            pv_walk(smf, smt, sb + 4 * (kb + dg * CW), p_at, acc, v, vw, pf,
+                    (smk, sb, 0 if STAGED else 1 - buf, src0, src1, k0n, k1n, tid,
+                     t_next < t_end))
+            ptx.cp_async_commit()
             buf = 1 - buf
             t = t_next
 
@@ -562,7 +629,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 empty = l == 0.0  # no kept key (a NaN score gives l = NaN: not empty, NaN out)
                 inv = float32(0.0) if empty else float32(1.0) / l
                 for c in range(NCH):
-                    d0 = E * place(c * (VW // NCH) + dg * CW)  # (place keeps 4-dim pieces)
+                    d0 = E * (c * (VW // NCH) + dg * CW)
                     for u in range(CW * E):
                         part_out[t_row, h, p, d0 + u] = store(acc[i, c * CW * E + u] * inv)
                 if dg == 0:
