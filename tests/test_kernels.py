@@ -731,6 +731,20 @@ def test_cache_not_16_byte_aligned_copies_words(rows, rng, monkeypatch):
     check_kernel(p, nm.CausalMask(), nm.IdentityScoreMod(), num_partitions=2)
 
 
+@KERNEL
+@pytest.mark.parametrize("wide", [True, False], ids=["16B", "4B"])
+@pytest.mark.parametrize("rows", [2, 32], ids=["16rows", "32rows"])
+def test_one_partition_of_several_tiles(rows, wide, rng, monkeypatch):
+    """One partition walks three tiles: each next tile's copy goes out a few pieces a trip of
+    the P.V loop (16- or 4-byte pieces; two keys a thread at 16 rows), and at 32 rows the
+    scores convert their slice of the tile as they go. A piece copied late or not at all
+    leaves the previous tile's keys (or NaN) in its place."""
+    monkeypatch.setattr(launch, "_aligned16", lambda dev: wide)
+    n = simt_tile(rows, BF16)
+    p = make_problem(rng, 1, 1, rows, [2 * n + 5], BF16, "paged", 16)
+    check_kernel(p, nm.NullMask(), nm.IdentityScoreMod(), num_partitions=1)
+
+
 @pytest.mark.gpu
 def test_gpu_cache_not_16_byte_aligned(rng):
     """A torch cache that starts 4 bytes past a 16-byte boundary: the FMA kernel copies it
