@@ -26,7 +26,6 @@ from numba_mla.testing import (  # noqa: F401  (re-exported for the tests)
     random_counts, random_lengths)
 
 
-
 def simt_tile(rows, dtype):
     """Keys per tile of the FMA kernel for ``rows`` query rows a sequence of ``dtype`` (the
     tests that place lengths or poisoned keys on tile boundaries need it)."""
