@@ -35,11 +35,12 @@ registers and reuses every loaded operand across a row or column of it (an outer
 as in a SIMT matrix product):
 - Scores S = Q K^T: warp w sums the dims of its eighth of a row; its lanes tile the
   BLOCK_M x BLOCK_N scores, each lane SR = 8 rows x SK keys (SK = 4, or 2 for fp32 storage
-  at 16 rows). Per step of two words a lane loads SR x DPS queries (8/16-byte loads of Qt) and
-  SK x DPS keys (8-byte loads) for SR x SK x DPS FMAs (DPS = dims a step: 4 for packed tiles,
-  2 for fp32 ones). The lane's keys are kg, kg + KG, ... (KG = lanes across keys): the KG keys
-  a warp reads at once lie in distinct banks. Partial scores go to Ss; the softmax sums the
-  eight warps' parts.
+  at 16 rows). Per step a lane loads SR x DPS queries (16-byte loads of Qt, four rows each)
+  and its SK keys' next WPS words (one load a key) for SR x SK x DPS FMAs (DPS = dims a step:
+  4 for packed tiles, 2 words; 4 for fp32 ones, 4 words). The loops are bound by instruction
+  issue, so every load is as wide as the layout allows. The lane's keys are kg, kg + KG, ...
+  (KG = lanes across keys): the KG keys a warp reads at once lie in distinct banks. Partial
+  scores go to Ss; the softmax sums the eight warps' parts.
 - Shared memory returns one 4-byte register a lane per pass, but two when lanes n and n^1 (or
   n and n^2) read the same address. So lanes n, n^1 share their rows of Q and n, n^2 their
   keys; in P.V, n, n^2 share their rows of P and n, n^1 their dims of V.
@@ -102,10 +103,11 @@ def layout(block_m, packed):
     kv_stride = row_words + 4
     tile_words = D_QK if stage or not packed else row_words  # words a row (the loops)
     tile_stride = tile_words + 4
-    # 16-byte aligned rows, so that the loops read 4 rows of Qt / Pt a load; but Qt of 16
-    # rows of 16-bit data keeps 8-byte rows (64-key tiles leave no room for 4 more words).
+    # 16-byte aligned rows, so that the loops read 4 rows of Qt / Pt a load. Qt of 16 rows
+    # of 16-bit data is unpadded (64-key tiles leave no room): the loops' lanes all read one
+    # dim at a time, so only the stores of the queries (once a block) meet bank conflicts.
     pt_stride = block_m + 4
-    qt_stride = block_m + (2 if packed and block_m == 16 else 4)
+    qt_stride = block_m + (0 if packed and block_m == 16 else 4)
     qt = 0
     pt = qt + D_QK * qt_stride
     ss = pt + bn * pt_stride
@@ -120,7 +122,7 @@ def layout(block_m, packed):
     else:  # two copy buffers, read as they are
         kf = ks
         end = ks + 2 * bn * kv_stride
-    assert qt % 2 == pt % 2 == 0 and ss % 4 == 0 and alpha % 4 == 0  # lds64, lds128 alignment
+    assert qt % 4 == pt % 4 == 0 and ss % 4 == 0 and alpha % 4 == 0  # lds64, lds128 alignment
     assert kf % 4 == 0
     return dict(qt=qt, pt=pt, ss=ss, m=m, l=l, alpha=alpha, ks=ks, kf=kf, kv_stride=kv_stride,
                 tile_stride=tile_stride, qt_stride=qt_stride, pt_stride=pt_stride,
@@ -153,13 +155,16 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     QS, PS = L["qt_stride"], L["pt_stride"]
     BUF = BLOCK_N * STRIDE  # words per KV tile buffer
     E = 2 if TILE_PACKED else 1  # values per word of the tiles the loops read
-    # Scores: lane = (rg, kg); rows rg*SR + i, keys kg + KG*j; steps of 2 words = DPS dims.
+    # Scores: lane = (rg, kg); rows rg*SR + i, keys kg + KG*j; steps of WPS words = DPS dims.
     RG = block_m // SR
     KG = 32 // RG
     SK = BLOCK_N // KG
-    DPS = 2 * E
+    # Words a step and key (one 8- or 16-byte load): 2 where the loop unpacks them (4 would
+    # take 8 more registers, and a warp's 36 words would not split in an even step count).
+    WPS = 2 if TILE_PACKED else 4
+    DPS = WPS * E
     WORDS_PER_WARP = TILE_WORDS // NWARPS  # this warp's slice of a row
-    STEPS = WORDS_PER_WARP // 2
+    STEPS = WORDS_PER_WARP // WPS
     # Output: thread = (rgp, dg); rows rgp*PR + i; PD dims, PDW words in NCH chunks of CW
     # words, chunk c at word c * VW // NCH + dg * CW of a row's VW words of V: the dg of a
     # warp read adjacent 16-byte pieces (distinct banks).
@@ -246,9 +251,9 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         ptx.sts128(smf, dst, x0, x1, x2, x3)
         ptx.sts128(smf, dst + 16, x4, x5, x6, x7)
 
-    # Byte strides of one score step (its DPS rows of Qt, its 2 words of a key) and one key.
+    # Byte strides of one score step (its DPS rows of Qt, its WPS words of a key) and one key.
     Q_STEP = 4 * DPS * QS
-    K_STEP = 8
+    K_STEP = 4 * WPS
     V_KEY = 4 * TSTRIDE
     P_KEY = 4 * PS
 
@@ -259,9 +264,14 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         so that each step's first FMAs find their operands there (two warps a scheduler hide
         little latency)."""
         for j in range(SK):
-            kw[slot, j, 0], kw[slot, j, 1] = ptx.lds64(smk, ka + 4 * j * KG * TSTRIDE)
-        for i2 in range(SR // 2):
-            qf[slot, 2 * i2], qf[slot, 2 * i2 + 1] = ptx.lds64(smf, qa + 8 * i2)
+            if WPS == 4:
+                kw[slot, j, 0], kw[slot, j, 1], kw[slot, j, 2], kw[slot, j, 3] = ptx.lds128(
+                    smk, ka + 4 * j * KG * TSTRIDE)
+            else:
+                kw[slot, j, 0], kw[slot, j, 1] = ptx.lds64(smk, ka + 4 * j * KG * TSTRIDE)
+        for i4 in range(SR // 4):
+            (qf[slot, 4 * i4], qf[slot, 4 * i4 + 1], qf[slot, 4 * i4 + 2],
+             qf[slot, 4 * i4 + 3]) = ptx.lds128(smf, qa + 16 * i4)
 
     @cuda.jit(device=True, **INLINE)
     def score_step(smf, smk, qa, ka, s_acc, kv, kw, qf, slot, more):
@@ -273,29 +283,36 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 kv[j, 0], kv[j, 1] = unpack(kw[slot, j, 0])
                 kv[j, 2], kv[j, 3] = unpack(kw[slot, j, 1])
             else:
-                kv[j, 0], kv[j, 1] = kw[slot, j, 0], kw[slot, j, 1]
+                for dd in range(DPS):
+                    kv[j, dd] = kw[slot, j, dd]
         if more:
             load_step(smf, smk, qa + Q_STEP, ka + K_STEP, kw, qf, 1 - slot)
-        for dd in range(DPS):  # SR rows of each dim, two at a time
-            for i2 in range(SR // 2):
+        for dd in range(DPS):  # SR rows of each dim, four at a time
+            for i4 in range(SR // 4):
                 if dd == 0:
-                    q0, q1 = qf[slot, 2 * i2], qf[slot, 2 * i2 + 1]
+                    q0, q1 = qf[slot, 4 * i4], qf[slot, 4 * i4 + 1]
+                    q2, q3 = qf[slot, 4 * i4 + 2], qf[slot, 4 * i4 + 3]
                 else:
-                    q0, q1 = ptx.lds64(smf, qa + 4 * dd * QS + 8 * i2)
+                    q0, q1, q2, q3 = ptx.lds128(smf, qa + 4 * dd * QS + 16 * i4)
                 for j in range(SK):
-                    s_acc[2 * i2, j] += q0 * kv[j, dd]
-                    s_acc[2 * i2 + 1, j] += q1 * kv[j, dd]
+                    s_acc[4 * i4, j] += q0 * kv[j, dd]
+                    s_acc[4 * i4 + 1, j] += q1 * kv[j, dd]
+                    s_acc[4 * i4 + 2, j] += q2 * kv[j, dd]
+                    s_acc[4 * i4 + 3, j] += q3 * kv[j, dd]
 
     @cuda.jit(device=True, **INLINE)
     def load_vp(smf, smk, va, pa, vw, pf, slot):
         """A key's operands of P.V into ``slot``: this thread's PDW words of V (packed, at
         ``va``) and its PR probabilities (at ``pa``); loaded a key ahead (see load_step)."""
         for c in range(NCH):
-            for h in range(CW // 2):
-                vw[slot, c * CW + 2 * h], vw[slot, c * CW + 2 * h + 1] = ptx.lds64(
-                    smk, va + 4 * c * (VW // NCH) + 8 * h)
-        for i2 in range(PR // 2):
-            pf[slot, 2 * i2], pf[slot, 2 * i2 + 1] = ptx.lds64(smf, pa + 8 * i2)
+            if CW == 4:
+                (vw[slot, 4 * c], vw[slot, 4 * c + 1], vw[slot, 4 * c + 2],
+                 vw[slot, 4 * c + 3]) = ptx.lds128(smk, va + 4 * c * (VW // NCH))
+            else:
+                vw[slot, 2 * c], vw[slot, 2 * c + 1] = ptx.lds64(smk, va + 4 * c * (VW // NCH))
+        for i4 in range(PR // 4):
+            (pf[slot, 4 * i4], pf[slot, 4 * i4 + 1], pf[slot, 4 * i4 + 2],
+             pf[slot, 4 * i4 + 3]) = ptx.lds128(smf, pa + 16 * i4)
 
     @cuda.jit(device=True, **INLINE)
     def pv_key(smf, smk, va, pa, acc, v, vw, pf, slot, more):
@@ -379,16 +396,17 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
 
     @cuda.jit(device=True, **INLINE)
     def copy_some(trip, cp):
-        if cp[8] and trip > 0 and trip <= NP // PER_TRIP:
-            j = (trip - 1) // TRIPS_A_ROW
+        u = trip - 1  # this trip's part of the copy: key j, pieces from c0
+        if cp[8] and u >= 0 and u < NP // PER_TRIP:
+            j = 1 if KEYS_PER_THREAD == 2 and u >= TRIPS_A_ROW else 0  # (no division)
             copy_part(cp[0], cp[1], cp[2], cp[3], cp[4], cp[5], cp[6], cp[7], j,
-                      (trip - 1 - j * TRIPS_A_ROW) * PER_TRIP)
+                      (u - j * TRIPS_A_ROW) * PER_TRIP)
         return 0
 
     pv_walk = make_walk(load_vp, pv_key, BLOCK_N, PV_UNROLL, V_KEY, P_KEY, copy_some, nothing)
 
     if STAGED:
-        # The scores convert their own slice as they go: trip c (4 steps = 8 dims = one
+        # The scores convert their own slice as they go: trip c (2 steps = 8 dims = one
         # 16-byte piece of packed pairs) loads piece c + 2 of lane l's key l at its start and
         # stores it in fp32 at its end (pieces 0 and 1 come before the loop), so the
         # conversion's shared-memory traffic overlaps the FMAs. hx: the lane's addresses.
@@ -405,8 +423,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 convert_piece(cv[1], cv[3] + 32 * (trip + 2), w)
                 ptx.syncwarp(cv[4])  # (the warp's lanes read each other's keys)
 
-        assert STEPS == 4 * CONVERT_PIECES
-        score_walk = make_walk(load_step, score_step, STEPS, 4, Q_STEP, K_STEP, convert_load,
+        assert STEPS == 2 * CONVERT_PIECES
+        score_walk = make_walk(load_step, score_step, STEPS, 2, Q_STEP, K_STEP, convert_load,
                                convert_store)
 
         @cuda.jit(device=True, **INLINE)
@@ -501,7 +519,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 acc[i, c] = 0.0
         s_acc = cuda.local.array((SR, SK), float32)
         kv = cuda.local.array((SK, DPS), float32)
-        kw = cuda.local.array((2, SK, 2), TWORD)  # a step's key words, two slots
+        kw = cuda.local.array((2, SK, WPS), TWORD)  # a step's key words, two slots
         qf = cuda.local.array((2, SR), float32)  # a step's first-dim queries, two slots
         v = cuda.local.array(PD, float32)
         vw = cuda.local.array((2, PDW), TWORD)  # a key's V words, two slots
