@@ -17,6 +17,7 @@ Primitives
 - ``smem_addr(arr)``: the 32-bit shared-memory address of a shared array (0 in the simulator).
   The loads below take ``addr = smem_addr(arr) + byte offset``: 32-bit address arithmetic
   that folds into the instruction's immediate offset, instead of Numba's 64-bit indexing.
+  The simulator's twins check that each access is aligned to its size (a GPU faults).
 - ``lds32(arr, addr)``: one 4-byte element of the shared array ``arr`` (its dtype);
   ``sts32(arr, addr, v)`` stores one.
 - ``lds64(arr, addr)``, ``lds128(arr, addr)``: two or four consecutive elements of ``arr``
@@ -78,27 +79,35 @@ if SIMULATOR:
     def smem_addr(arr):
         return 0
 
+    def _aligned(addr, nbytes, what):
+        """The element index of shared byte address ``addr``. A GPU faults on an access not
+        aligned to its size; here, with the base at 0, the offset shows it, so the simulator
+        fails where the GPU would."""
+        if addr % nbytes:
+            raise RuntimeError(f"{what}: shared address {addr} is not {nbytes}-byte aligned")
+        return addr // 4
+
     def lds32(arr, addr):
-        return arr[addr // 4]
+        return arr[_aligned(addr, 4, "lds32")]
 
     def sts32(arr, addr, v):
-        arr[addr // 4] = v
+        arr[_aligned(addr, 4, "sts32")] = v
 
     def lds64(arr, addr):
-        i = addr // 4
+        i = _aligned(addr, 8, "lds64")
         return arr[i], arr[i + 1]
 
     def lds128(arr, addr):
-        i = addr // 4
+        i = _aligned(addr, 16, "lds128")
         return arr[i], arr[i + 1], arr[i + 2], arr[i + 3]
 
     def sts128(arr, addr, v0, v1, v2, v3):
-        i = addr // 4
+        i = _aligned(addr, 16, "sts128")
         arr[i], arr[i + 1], arr[i + 2], arr[i + 3] = v0, v1, v2, v3
 
     def _cp_async(words):
         def copy(arr, addr, src, i0, i1, i2, valid):
-            i = addr // 4
+            i = _aligned(addr, 4 * words, "cp_async")
             for j in range(words):
                 arr[i + j] = src[i0, i1, i2 + j] if valid else 0
 
@@ -125,7 +134,10 @@ if SIMULATOR:
 
     def _cp_async_at(words):
         def copy(arr, addr, gaddr, valid):
-            i = addr // 4
+            i = _aligned(addr, 4 * words, "cp_async")
+            if gaddr.byte % (4 * words):
+                raise RuntimeError(f"cp_async: global offset {gaddr.byte} is not "
+                                   f"{4 * words}-byte aligned")
             for j in range(words):
                 arr[i + j] = gaddr.word(j) if valid else 0
 

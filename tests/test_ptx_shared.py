@@ -1,0 +1,58 @@
+"""The shared-memory primitives (``ptx.lds64``, ``lds128``, ``sts128``, ``lds32``): right values
+at aligned addresses, in the simulator and on a GPU; and in the simulator a clear error for an
+address not aligned to the access's size (a GPU faults there, so CI catches a layout that
+would)."""
+import numpy as np
+import pytest
+
+from numba_mla import ptx  # before numba.cuda: applies numba_mla's environment shims
+from numba import cuda, float32
+
+from numba_mla._compat import SIMULATOR
+
+
+@cuda.jit
+def shuffle_words(src, out, offset):
+    # out[t] = the word src[t] went through shared memory as a 16-, 8- and 4-byte access;
+    # ``offset`` (bytes) shifts every access.
+    sm = cuda.shared.array(260, float32)
+    t = cuda.threadIdx.x  # 16 threads, 4 words each
+    base = ptx.smem_addr(sm) + offset
+    ptx.sts128(sm, base + 16 * t, src[4 * t], src[4 * t + 1], src[4 * t + 2], src[4 * t + 3])
+    cuda.syncthreads()
+    a0, a1 = ptx.lds64(sm, base + 16 * (15 - t))
+    b0, b1, b2, b3 = ptx.lds128(sm, base + 16 * t)
+    out[4 * t] = a0
+    out[4 * t + 1] = a1
+    out[4 * t + 2] = b2 + ptx.lds32(sm, base + 16 * (15 - t) + 12) - b3
+    out[4 * t + 3] = b0 + b1
+
+
+def run(offset, rng):
+    src = rng.standard_normal(64).astype(np.float32)
+    out = cuda.to_device(np.full(64, np.nan, np.float32))
+    shuffle_words[1, 16](cuda.to_device(src), out, offset)
+    return src.reshape(16, 4), out.copy_to_host().reshape(16, 4)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("offset", [0, 16, 32])
+def test_aligned_accesses(offset, rng):
+    src, out = run(offset, rng)
+    rev = src[::-1]
+    np.testing.assert_array_equal(out[:, :2], rev[:, :2])
+    np.testing.assert_array_equal(out[:, 2], src[:, 2] + rev[:, 3] - src[:, 3])
+    np.testing.assert_array_equal(out[:, 3], src[:, 0] + src[:, 1])
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a GPU faults on a misaligned access: simulator only")
+def test_misaligned_access_raises_in_simulator(rng):
+    with pytest.raises(Exception, match=r"sts128: shared address \d+ is not 16-byte aligned"):
+        run(8, rng)  # from inside a kernel
+    words = np.arange(8, dtype=np.float32)
+    for call, size in [(lambda: ptx.lds64(words, 4), 8), (lambda: ptx.lds128(words, 8), 16),
+                       (lambda: ptx.sts128(words, 20, 0, 0, 0, 0), 16),
+                       (lambda: ptx.lds32(words, 2), 4)]:
+        with pytest.raises(RuntimeError, match=f"not {size}-byte aligned"):
+            call()
+    assert ptx.lds128(words, 16) == (4, 5, 6, 7)
