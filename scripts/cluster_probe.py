@@ -23,40 +23,42 @@ I32, I64 = ir.IntType(32), ir.IntType(64)
 VOID = ir.FunctionType(ir.VoidType(), [])
 
 
-@intrinsic
-def cluster_rank(typingctx):
-    def cg(ctx, b, sig, args):
-        f = ir.FunctionType(I32, [])
-        asm = ir.InlineAsm(f, "mov.u32 $0, %cluster_ctarank;", "=r", side_effect=True)
-        return b.call(asm, [])
-    return types.int32(), cg
+def _special_register(name, reg, wide):
+    """An intrinsic that reads the special register ``reg`` (64-bit where ``wide``)."""
+    ty, nb_ty = (I64, types.int64) if wide else (I32, types.int32)
+    text = f"mov.u{64 if wide else 32} $0, {reg};"
+
+    def typer(typingctx):
+        def cg(ctx, b, sig, args):
+            f = ir.FunctionType(ty, [])
+            return b.call(ir.InlineAsm(f, text, "=l" if wide else "=r", side_effect=True), [])
+        return nb_ty(), cg
+
+    typer.__name__ = name
+    return intrinsic(typer)
 
 
-@intrinsic
-def cluster_sync(typingctx):
-    def cg(ctx, b, sig, args):
-        text = "barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;"
-        b.call(ir.InlineAsm(VOID, text, "~{memory}", side_effect=True), [])
-        return ctx.get_dummy_value()
-    return types.void(), cg
+cluster_rank = _special_register("cluster_rank", "%cluster_ctarank", False)
+clock64 = _special_register("clock64", "%clock64", True)
 
 
-@intrinsic
-def cluster_arrive(typingctx):
-    def cg(ctx, b, sig, args):
-        text = "barrier.cluster.arrive.release.aligned;"
-        b.call(ir.InlineAsm(VOID, text, "~{memory}", side_effect=True), [])
-        return ctx.get_dummy_value()
-    return types.void(), cg
+def _barrier(name, text):
+    """An intrinsic that emits the barrier instruction(s) ``text``."""
+
+    def typer(typingctx):
+        def cg(ctx, b, sig, args):
+            b.call(ir.InlineAsm(VOID, text, "~{memory}", side_effect=True), [])
+            return ctx.get_dummy_value()
+        return types.void(), cg
+
+    typer.__name__ = name
+    return intrinsic(typer)
 
 
-@intrinsic
-def cluster_wait(typingctx):
-    def cg(ctx, b, sig, args):
-        text = "barrier.cluster.wait.acquire.aligned;"
-        b.call(ir.InlineAsm(VOID, text, "~{memory}", side_effect=True), [])
-        return ctx.get_dummy_value()
-    return types.void(), cg
+cluster_sync = _barrier(
+    "cluster_sync", "barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;")
+cluster_arrive = _barrier("cluster_arrive", "barrier.cluster.arrive.release.aligned;")
+cluster_wait = _barrier("cluster_wait", "barrier.cluster.wait.acquire.aligned;")
 
 
 @intrinsic
@@ -79,13 +81,6 @@ def ld_cluster(typingctx, addr):
     return types.int32(addr), cg
 
 
-@intrinsic
-def clock64(typingctx):
-    def cg(ctx, b, sig, args):
-        f = ir.FunctionType(I64, [])
-        asm = ir.InlineAsm(f, "mov.u64 $0, %clock64;", "=l", side_effect=True)
-        return b.call(asm, [])
-    return types.int64(), cg
 
 
 @cuda.jit
