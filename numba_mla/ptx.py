@@ -79,12 +79,12 @@ if SIMULATOR:
     def smem_addr(arr):
         return 0
 
-    def _aligned(addr, nbytes, what):
-        """The element index of shared byte address ``addr``. A GPU faults on an access not
-        aligned to its size; here, with the base at 0, the offset shows it, so the simulator
-        fails where the GPU would."""
+    def _aligned(addr, nbytes, what, space="shared address"):
+        """The 4-byte element index of byte address ``addr``. A GPU faults on an access not
+        aligned to its size; here, with the base at 0 (shared memory) or aligned (the
+        arrays), the offset shows it, so the simulator fails where the GPU would."""
         if addr % nbytes:
-            raise RuntimeError(f"{what}: shared address {addr} is not {nbytes}-byte aligned")
+            raise RuntimeError(f"{what}: {space} {addr} is not {nbytes}-byte aligned")
         return addr // 4
 
     def lds32(arr, addr):
@@ -135,9 +135,7 @@ if SIMULATOR:
     def _cp_async_at(words):
         def copy(arr, addr, gaddr, valid):
             i = _aligned(addr, 4 * words, "cp_async")
-            if gaddr.byte % (4 * words):
-                raise RuntimeError(f"cp_async: global offset {gaddr.byte} is not "
-                                   f"{4 * words}-byte aligned")
+            _aligned(gaddr.byte, 4 * words, "cp_async", "global offset")
             for j in range(words):
                 arr[i + j] = gaddr.word(j) if valid else 0
 
