@@ -6,34 +6,35 @@ it here, the one place the package touches NumPy's namespace. This lets both a f
 (NumPy < 2.5) and the GPU image (NumPy 2.5.2) run unchanged.
 """
 import os
+import sys
+import warnings
 
 import numpy as np
 
 if not hasattr(np, "row_stack"):
     np.row_stack = np.vstack
 
-#: True when Numba's CUDA simulator is in use (read by numba at import time).
-SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
-#: Compiled kernels are also cached on disk (Numba's cache, keyed by the kernel's source and
-#: its closure: the mods and tile sizes), so a new process loads them instead of compiling.
-#: NUMBA_MLA_DISK_CACHE=0 turns it off; the simulator compiles nothing.
-DISK_CACHE = not SIMULATOR and os.environ.get("NUMBA_MLA_DISK_CACHE", "1") != "0"
-#: Options for the kernels' @cuda.jit (the simulator takes none). lineinfo=True is left out:
-#: NVVM 13 rejects these kernels with it (ERROR_COMPILATION, seen on the H200).
-JIT_OPTIONS = {} if SIMULATOR else dict(cache=DISK_CACHE)
-#: Device functions that must be inlined into straight-line code (NVVM's alwaysinline) for
-#: ptxas to interleave their loads with their neighbours' arithmetic.
-INLINE = {} if SIMULATOR else dict(forceinline=True)
-
 
 def gpu_present():
-    """Whether this machine has a usable NVIDIA GPU, asked of nvidia-smi so that numba.cuda
-    is not imported (the simulator switch must come before that import)."""
+    """Whether this machine has a usable NVIDIA GPU, decided without initialising CUDA (so a
+    later fork stays safe) and before numba.cuda is imported: the driver library must load,
+    and nvidia-smi (where installed) must list a GPU."""
+    import ctypes
     import shutil
     import subprocess
 
-    if not shutil.which("nvidia-smi"):
+    names = ["nvcuda.dll"] if sys.platform == "win32" else ["libcuda.so.1", "libcuda.so",
+                                                            "libcuda.dylib"]
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
         return False
+    if not shutil.which("nvidia-smi"):
+        return True  # a driver without its tool: let Numba find out
     try:
         r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
@@ -42,8 +43,42 @@ def gpu_present():
 
 
 def use_simulator_without_gpu():
-    """Select Numba's CUDA simulator when no GPU is present and nothing chose yet. Call it
-    before numba.cuda is first imported (test configuration, command line)."""
+    """Select Numba's CUDA simulator when no GPU is present and nothing chose yet
+    (``NUMBA_ENABLE_CUDASIM`` unset). Must run before numba.cuda is first imported. Returns
+    whether the simulator is selected."""
     if "NUMBA_ENABLE_CUDASIM" not in os.environ and not gpu_present():
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+        return True
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+
+def _choose_simulator_on_import():
+    """``import numba_mla`` on a machine without a usable GPU runs the kernels in Numba's CUDA
+    simulator, with one warning; ``NUMBA_ENABLE_CUDASIM=1`` or ``=0`` forces either way (and
+    silences the warning). Once numba.cuda has been imported the choice is Numba's."""
+    if "NUMBA_ENABLE_CUDASIM" in os.environ:
+        return os.environ["NUMBA_ENABLE_CUDASIM"] == "1"
+    if "numba.cuda" in sys.modules:
+        from numba import config
+
+        return bool(config.ENABLE_CUDASIM)
+    if use_simulator_without_gpu():
+        warnings.warn("numba_mla: no usable CUDA GPU found, so kernels run in Numba's CUDA "
+                      "simulator (correct but slow: for learning and tests). Set "
+                      "NUMBA_ENABLE_CUDASIM=1 to choose it silently, or =0 to insist on a GPU.",
+                      RuntimeWarning, stacklevel=3)
+        return True
+    return False
+
+
+#: True when Numba's CUDA simulator is in use (chosen here, read by numba at import time).
+SIMULATOR = _choose_simulator_on_import()
+#: Compiled kernels are also cached on disk (kernel_cache.py). NUMBA_MLA_DISK_CACHE=0 turns it
+#: off; the simulator compiles nothing.
+DISK_CACHE = not SIMULATOR and os.environ.get("NUMBA_MLA_DISK_CACHE", "1") != "0"
+#: Options for the kernels' @cuda.jit (the simulator takes none). lineinfo=True is left out:
+#: NVVM 13 rejects these kernels with it (ERROR_COMPILATION, seen on the H200).
+JIT_OPTIONS = {}
+#: Device functions that must be inlined into straight-line code (NVVM's alwaysinline) for
+#: ptxas to interleave their loads with their neighbours' arithmetic.
+INLINE = {} if SIMULATOR else dict(forceinline=True)

@@ -65,7 +65,8 @@ def is_device(x):
         return False
     if is_torch(x):
         return bool(x.is_cuda)
-    return hasattr(x, "__cuda_array_interface__")
+    # CUDA array interface (Numba, CuPy); the simulator's device arrays have copy_to_host only
+    return hasattr(x, "__cuda_array_interface__") or hasattr(x, "copy_to_host")
 
 
 def strides_of(x):

@@ -4,9 +4,10 @@ Each row is 576 wide: 512 latent ("nope") dims, which double as V, then 64 rope 
 caches are validated on construction; lengths and block tables are also kept as small host
 copies (int32) so every later check is free of device round trips.
 
-On the device both caches are read through one function, ``locate(block_table, page_size, b,
-t) -> (page, slot)``, with the row at ``storage[page, slot, :]``: for a contiguous cache the
-"page" is the sequence and the page size is the capacity.
+On the device both caches are read through one function, ``locate(block_table, page_size,
+npages, b, t) -> (page, slot)``, with the row at ``storage[page, slot, :]``: for a contiguous
+cache the "page" is the sequence and the page size is the capacity. It clamps what it reads to
+the arrays' extents (values may change in device memory after the checks).
 """
 import numpy as np
 
@@ -40,10 +41,11 @@ def _check_storage(name, x):
 def _host_int32(name, x, ndim):
     """Validated host int32 copy of a small integer array (lengths, block table)."""
     if not is_array(x):
-        raise TypeError(f"{name}: expected an int32 array, got {type(x).__name__}")
+        raise TypeError(f"{name}: expected an integer array, got {type(x).__name__}")
     dt = dtype_of(x)
     if dt is None or dt.kind not in "iu":
-        raise TypeError(f"{name}: expected an int32 array, got dtype {dt}")
+        raise TypeError(f"{name}: expected an integer array (int32, or any integer dtype on "
+                        f"the host), got dtype {dt}")
     if is_device(x) and dt != np.int32:
         raise TypeError(f"{name}: a device array must have dtype int32, got {dt}")
     if len(shape_of(x)) != ndim:
@@ -70,10 +72,68 @@ def check_lengths(lengths, batch, capacity, name="lengths"):
     return lh
 
 
+def _check_pages(bt, lengths, page_size, num_pages):
+    """Every block-table entry a sequence reads (its first ceil(length / page_size)) names a
+    page in [0, num_pages); the others may hold anything."""
+    # Pages each sequence reads (int64: a length near 2^31 plus page_size - 1 overflows int32)
+    used = (lengths.astype(np.int64) + page_size - 1) // page_size
+    read = np.arange(bt.shape[1])[None, :] < used[:, None]
+    bad = read & ((bt < 0) | (bt >= num_pages))
+    if bad.any():
+        b, j = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"block_table: block_table[{b}, {j}] = {bt[b, j]} is outside [0, {num_pages}) "
+            f"(page {j} of sequence {b} holds tokens it uses)"
+        )
+
+
 class KVCache:
-    """Common interface. ``storage`` is 3-D ``[pages, page_size, 576]``; ``lengths_host`` int32."""
+    """Common interface. ``storage`` is 3-D ``[pages, page_size, 576]``; ``lengths_host`` int32.
+
+    The values of lengths and block table are checked once, when the cache is built (device
+    arrays are copied to the host for it, once); later calls use those host copies. Changing
+    a device array's values in place afterwards is allowed (a decode loop may bump lengths in
+    place): the kernels clamp every length to the capacity and every page index to the
+    pages, so no value makes them read outside the arrays (see README, "Bad input"). The
+    split-K heuristic then still sees the lengths of construction time; ``with_lengths``
+    makes a new cache over the same storage at host cost only."""
 
     kind = None
+
+    def _finish(self):
+        """What every call reads of the cache, computed once: the layout key of its arrays
+        (plans.py) and the device copies of host lengths / block table (made on first use)."""
+        from .plans import layout
+
+        self._device = {}
+        self._memo = {}
+        self.layout_key = (self.kind, self.page_size, layout(self.storage),
+                           layout(self.block_table) if is_device(self.block_table) else
+                           ("host", getattr(self, "block_table_host", np.empty(0)).shape),
+                           layout(self.lengths) if is_device(self.lengths) else "host")
+
+    def _device_copy(self, name, given, host):
+        if is_device(given):
+            return given
+        d = self._device.get(name)
+        if d is None:
+            d = self._device[name] = cuda.to_device(host)
+        return d
+
+    def device_lengths(self):
+        """The lengths the kernels read: the caller's device array, or a device copy of host
+        lengths made once."""
+        return self._device_copy("lengths", self.lengths, self.lengths_host)
+
+    def device_block_table(self):
+        return self._device_copy("block_table", self.block_table, self.block_table_host)
+
+    def memo(self, key, compute):
+        """A value derived from this cache's (immutable) host copies, computed once per key."""
+        v = self._memo.get(key)
+        if v is None:
+            v = self._memo[key] = compute()
+        return v
 
     @property
     def batch(self):
@@ -90,6 +150,11 @@ class KVCache:
 
     def rows(self, b, n):
         """NumPy [n, 576] copy of tokens 0..n-1 of sequence b (host path, for the reference)."""
+        raise NotImplementedError
+
+    def with_lengths(self, lengths):
+        """The same storage (and block table) with new lengths: the fast way to advance a decode
+        step (the block table is not checked again; lengths are, on the host)."""
         raise NotImplementedError
 
     @staticmethod
@@ -109,6 +174,10 @@ class ContiguousKVCache(KVCache):
         self.lengths = lengths if is_device(lengths) else self.lengths_host
         self.block_table = None
         self.page_size = shape[1]
+        self._finish()
+
+    def with_lengths(self, lengths):
+        return ContiguousKVCache(self.storage, lengths)
 
     @property
     def capacity(self):
@@ -120,8 +189,10 @@ class ContiguousKVCache(KVCache):
     @staticmethod
     def device_locate():
         @cuda.jit(device=True)
-        def locate(block_table, page_size, b, t):
-            return b, t
+        def locate(block_table, page_size, npages, b, t):
+            # t is clamped to the capacity (page_size here): a length raised past it in
+            # device memory after the checks reads a wrong row, never outside kv
+            return b, min(t, page_size - 1)
 
         return locate
 
@@ -150,17 +221,19 @@ class PagedKVCache(KVCache):
         self.num_pages = num_pages
         self.lengths_host = check_lengths(lengths, batch, max_pages * page_size)
         self.lengths = lengths if is_device(lengths) else self.lengths_host
-        # Pages each sequence reads (int64: a length near 2^31 plus page_size - 1 overflows int32)
-        used = (self.lengths_host.astype(np.int64) + page_size - 1) // page_size
-        for b in range(batch):
-            row = bt[b, : used[b]]
-            bad = np.nonzero((row < 0) | (row >= num_pages))[0]
-            if bad.size:
-                j = int(bad[0])
-                raise ValueError(
-                    f"block_table: block_table[{b}, {j}] = {row[j]} is outside [0, {num_pages}) "
-                    f"(page {j} of sequence {b} holds tokens it uses)"
-                )
+        _check_pages(bt, self.lengths_host, page_size, num_pages)
+        self._finish()
+
+    def with_lengths(self, lengths):
+        new = object.__new__(PagedKVCache)
+        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_memo", "_device")})
+        new.lengths_host = check_lengths(lengths, self.batch, self.capacity)
+        new.lengths = lengths if is_device(lengths) else new.lengths_host
+        _check_pages(self.block_table_host, new.lengths_host, self.page_size, self.num_pages)
+        new._finish()
+        if "block_table" in self._device:  # the device copy of a host block table is shared
+            new._device["block_table"] = self._device["block_table"]
+        return new
 
     @property
     def capacity(self):
@@ -174,9 +247,12 @@ class PagedKVCache(KVCache):
     @staticmethod
     def device_locate():
         @cuda.jit(device=True)
-        def locate(block_table, page_size, b, t):
+        def locate(block_table, page_size, npages, b, t):
             page, slot = ptx.divmod_u32(t, page_size)
-            return block_table[b, page], slot
+            # Clamped, so that values changed in device memory after the checks (a length past
+            # the capacity, a page outside [0, npages)) read a wrong row, never outside arrays
+            page = min(page, block_table.shape[1] - 1)
+            return min(max(block_table[b, page], 0), npages - 1), slot
 
         return locate
 

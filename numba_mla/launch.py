@@ -12,8 +12,8 @@ import threading
 
 import numpy as np
 
-from . import _compat  # noqa: F401
-from . import factory, heuristics, ptx
+from . import _compat, _numba
+from . import factory, heuristics, ptx, selector
 from .arrays import BF16, is_device, is_torch
 from .caches import D_QK, D_V
 from numba import cuda
@@ -41,7 +41,8 @@ def _as_device(x, sixteen_bit, shape=None, pairs=False):
         if view:
             x = x.view(torch.int32 if pairs else torch.int16)
         return cuda.as_cuda_array(x.detach())
-    d = x if cuda.is_cuda_array(x) and hasattr(x, "copy_to_host") else cuda.as_cuda_array(x)
+    # Numba device arrays (the simulator's too) are used as they are; CuPy and others by CAI
+    d = x if hasattr(x, "copy_to_host") else cuda.as_cuda_array(x)
     return d.view(view) if view else d
 
 
@@ -59,6 +60,15 @@ def _dummy(shape, dtype):
     if key not in cache:
         cache[key] = cuda.to_device(np.zeros(shape, dtype))
     return cache[key]
+
+
+def _empty_lse_like_caller(q, shape):
+    """A float32 LSE array of the caller's kind (torch for torch q)."""
+    if is_torch(q):
+        import torch
+
+        return torch.empty(shape, dtype=torch.float32, device=q.device)
+    return cuda.device_array(shape, dtype=np.float32)
 
 
 def _empty_like_caller(q, shape, dtype):
@@ -114,10 +124,8 @@ def _stream_query(q):
         return lambda: 0
     import torch
 
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is None:  # a torch without it
-        return functools.partial(current_stream, q)
-    return functools.partial(raw, q.device.index)
+    query = _numba.torch_raw_stream_query(q.device.index)
+    return functools.partial(current_stream, q) if query is None else query
 
 
 _core_streams = {}
@@ -127,9 +135,7 @@ def _core_stream(handle):
     """A cuda.core stream object for a raw stream handle (cached: made once per handle)."""
     st = _core_streams.get(handle)
     if st is None:
-        from numba.cuda.cudadrv.driver import ExperimentalStream
-
-        st = _core_streams[handle] = ExperimentalStream.from_handle(handle)
+        st = _core_streams[handle] = _numba.stream_from_handle(handle)
     return st
 
 
@@ -168,13 +174,21 @@ def _pack(kernel, args):
     """The parameter array for launching a compiled kernel with ``args``: Numba's own conversion
     (``_prepare_args``, what ``kernel.launch`` redoes on every call: a device array becomes
     meminfo, parent, nitems, itemsize, data, shape..., strides...; a float32 a C float), run
-    once."""
-    values, writebacks = [], []
+    once. Also returns where each argument's values start (``set_arg`` patches an array's data
+    address there)."""
+    values, writebacks, starts = [], [], []
     for ty, val in zip(kernel.argument_types, args):
-        kernel._prepare_args(ty, val, 0, writebacks, values)
+        starts.append(len(values))
+        _numba.prepare_arg(kernel, ty, val, writebacks, values)
     if writebacks:  # a host array was copied to the device: later launches would reuse the copy
         raise TypeError("_Launch: the arguments must be device arrays and scalars")
-    return _param_array(values)
+    params, cvals = _param_array(values)
+    return params, cvals, starts
+
+
+#: Where an array argument's data address sits among its values (meminfo, parent, nitems,
+#: itemsize, data, shape..., strides...: Numba's layout of an array argument).
+_DATA_FIELD = 4
 
 
 def _dim3(d):
@@ -197,19 +211,17 @@ class _Launch:
             return
         from cuda.bindings import driver as binding
         from numba.core.typing import typeof
-        from numba.cuda.cudadrv.driver import driver
 
         sig = tuple(typeof.typeof(a, typeof.Purpose.argument) for a in args)
         self.kernel = dispatcher.compile(sig)
-        fn = self.kernel._codelibrary.get_cufunc()  # loads the module into the context, once
+        fn = _numba.cufunc(self.kernel)  # loads the module into the context, once
         if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
-            attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            driver.cuKernelSetAttribute(attr, smem, fn.handle, fn.device.id)
+            _numba.allow_dynamic_smem(fn, smem)
             self.kernel._numba_mla_smem = smem
-        if self.kernel.debug or self.kernel.cooperative:
+        if _numba.needs_numba_launch(self.kernel):
             return  # Numba's launch does their extra work (error readback, cooperative launch)
         # Kept together: the parameter array points into _cvals, and both into self.args' memory.
-        self._params, self._cvals = _pack(self.kernel, args)
+        self._params, self._cvals, self._starts = _pack(self.kernel, args)
         self._params_ptr = ctypes.addressof(self._params)
         # A CUkernel handle (Numba loads modules as libraries): the driver launches it in the
         # thread's current context.
@@ -235,6 +247,18 @@ class _Launch:
         else:
             self.kernel.launch(self.args, self.grid, self.block, _core_stream(stream), self.smem)
 
+    def set_arg(self, index, array):
+        """Later launches take ``array`` as argument ``index``: an array of the same type
+        (dtype, dimensions, layout) and shape as the one it replaces, on the same device. On a
+        GPU only its data address changes in the packed parameters (the driver copies them at
+        each launch, so this is safe between launches)."""
+        if self._params is not None:
+            self._cvals[self._starts[index] + _DATA_FIELD].value = data_ptr(array)
+        else:
+            args = list(self.args)
+            args[index] = array
+            self.args = tuple(args)
+
     def _failed(self, err, stream):
         """cuLaunchKernel failed (nothing was enqueued). A thread that has not used CUDA yet has
         no current context (Numba's launch makes one current): make Numba's current and retry
@@ -258,29 +282,10 @@ class _Launch:
 
 
 # ---------------------------------------------------------------------------------------------
-# Backends
+# Backends (decided in selector.py; the names stay importable here)
 # ---------------------------------------------------------------------------------------------
-def mma_supported():
-    """wgmma exists on sm_90 (Hopper) only; the simulator runs the kernel's Python twin."""
-    if _compat.SIMULATOR:
-        return True
-    return cuda.get_current_device().compute_capability == (9, 0)
-
-
-def resolve_backend(backend, tag):
-    """The kernel that runs: ``"auto"`` is the tensor-core kernel for 16-bit data where wgmma
-    exists, the FMA kernel otherwise."""
-    if backend == "auto":
-        return "mma" if tag != "f32" and mma_supported() else "simt"
-    if backend == "mma":
-        if tag == "f32":
-            raise ValueError("backend: 'mma' (tensor cores) needs bfloat16 or float16 data, got "
-                             "float32; use 'simt' or 'auto'")
-        if not mma_supported():
-            cc = cuda.get_current_device().compute_capability
-            raise ValueError(f"backend: 'mma' needs an sm_90 GPU (wgmma), got compute capability "
-                             f"{cc[0]}.{cc[1]}; use 'simt' or 'auto'")
-    return backend
+mma_supported = selector.mma_supported
+resolve_backend = selector.resolve_backend
 
 
 def _aligned16(dev):
@@ -289,73 +294,87 @@ def _aligned16(dev):
     return dev.__cuda_array_interface__["data"][0] % 16 == 0
 
 
+def data_ptr(x):
+    """The device address of an array's first element (torch, CuPy, Numba)."""
+    if is_torch(x):
+        return x.data_ptr()
+    return x.__cuda_array_interface__["data"][0]
+
+
 # ---------------------------------------------------------------------------------------------
 # The plan: everything but the launches, done once
 # ---------------------------------------------------------------------------------------------
+#: The kernel arguments that are arrays a later call may replace (``Plan.rebind``), in the
+#: partition kernels' order; the scale follows them.
+INPUT_ROLES = ("q", "offsets", "storage", "block_table", "lengths", "bias")
+
+
 class Plan:
     """A checked call turned into device arrays and ready launches: ``launch()`` enqueues the
     partition and combine kernels, ``result()`` returns out (and lse) as the caller expects.
-    The benchmark times ``launch()`` alone."""
+    Which kernel runs is selector.py's decision; a plan keeps device views, workspace and the
+    launches. The benchmark times ``launch()`` alone.
+
+    A plan runs again on other arrays of the same layouts: ``rebind(role, array)`` swaps one
+    kernel argument in place (plans.py does it for the plain ``mla_decode`` call)."""
 
     def __init__(self, call, private_workspace=False):
-        from .kernels import combine, mma, seesaw, simt
+        from .kernels import combine
 
         self.call = call
         self.stream = current_stream(call.q)
         tag = factory.dtype_tag(call.dtype)
         sixteen = self.sixteen = tag != "f32"
-        backend = self.backend = resolve_backend(call.backend, tag)
-        # The tensor-core kernel reads q as 16-bit pairs, 16 bytes at a time.
-        q_pairs = backend == "mma"
         cache = call.cache
         B, H = call.batch, call.heads
 
         if call.ragged:
-            offs_host = call.q_offsets_host
-            q_dev = _as_device(call.q, sixteen, pairs=q_pairs)
-            offs_src = call.q_offsets
+            offs_host, offs_src = call.q_offsets_host, call.q_offsets
         else:
-            offs_host = (np.arange(B + 1) * call.sq).astype(np.int32)
-            q_dev = _as_device(call.q, sixteen, (B * call.sq, H, D_QK), pairs=q_pairs)
-            offs_src = offs_host
+            offs_host = offs_src = (np.arange(B + 1) * call.sq).astype(np.int32)
         T = int(offs_host[-1])
         counts = np.diff(offs_host)
-        offs_dev = _int32_device(offs_src, offs_host)
-
-        storage = _as_device(cache.storage, sixteen, pairs=True)  # rows contiguous (caches.py)
-        if backend == "mma" and not (_aligned16(q_dev) and _aligned16(storage)):
-            if call.backend == "mma":
-                raise ValueError("backend: 'mma' copies 16-byte pieces: q and the cache must start "
-                                 "at 16-byte aligned addresses; use 'simt' or 'auto'")
-            backend = self.backend = "simt"
-            q_dev = _as_device(call.q, sixteen, None if call.ragged else (B * call.sq, H, D_QK))
-        lengths = _int32_device(cache.lengths, cache.lengths_host)
-        if cache.block_table is None:
-            block_table = _dummy((1, 1), np.int32)
-        else:
-            block_table = _int32_device(cache.block_table, cache.block_table_host)
-        bias = call.mask.bias_array()
-        bias = _dummy((1, 1, 1), np.float32) if bias is None else _as_device(bias, False)
-
+        self.q_shape3 = None if call.ragged else (B * call.sq, H, D_QK)
+        inputs = dict(
+            offsets=_int32_device(offs_src, offs_host),
+            storage=_as_device(cache.storage, sixteen, pairs=True),  # rows contiguous
+            lengths=cache.device_lengths(),
+            block_table=(_dummy((1, 1), np.int32) if cache.block_table is None
+                         else cache.device_block_table()),
+            bias=_dummy((1, 1, 1), np.float32) if call.mask.bias_array() is None
+            else _as_device(call.mask.bias_array(), False))
+        # q as 16-bit pairs (the tensor-core kernels' view), or as 16-bit values (the others')
+        q_pairs = _as_device(call.q, sixteen, self.q_shape3, pairs=sixteen)
+        storage = inputs["storage"]
+        facts = selector.ArrayFacts(
+            aligned16=_aligned16(q_pairs) and _aligned16(storage),
+            cache_aligned16=_aligned16(storage),
+            packed_rows=q_pairs.is_c_contiguous() and storage.is_c_contiguous())
         rows = int(counts.max(initial=0)) * H
-        if backend == "mma":
-            self.block_m, block_n = mma.BLOCK_M, mma.BLOCK_N
-        else:
-            self.block_m = heuristics.simt_block_m(rows, sixteen)
-            block_n = simt.block_n(self.block_m, sixteen)
-        groups = max(1, math.ceil(rows / self.block_m))
-        P = self.num_partitions = call.num_partitions or heuristics.num_partitions(
-            B, groups, heuristics.longest_key_range(call.mask, cache.lengths_host, counts),
-            block_n)
+        longest = heuristics.longest_key_range(call.mask, cache.lengths_host, counts)
+
+        def spills(spec):  # compile a candidate for these arguments: does it use local memory?
+            args = self._inputs(dict(inputs, q=q_pairs)) + self._maps(spec, q_pairs, storage, T)
+            ws = (cuda.device_array((1, 1, 1, D_V), np.float32),
+                  cuda.device_array((1, 1, 1), np.float32))
+            return _Launch(spec.dispatcher, args[:7] + ws + args[7:],
+                           (spec.num_partitions, spec.groups, B), spec.threads,
+                           spec.smem).spills()
+
+        spec = self.spec = selector.select_kernel(call, tag, rows, longest, facts, spills)
+        self.backend = "mma" if spec.backend == "seesaw" else spec.backend  # the family asked
+        self.block_m = spec.block_m
+        P = self.num_partitions = spec.num_partitions
         if P > _MAX_GRID_X:
             raise ValueError(f"num_partitions: at most {_MAX_GRID_X} (a grid's x dimension; "
                              f"the workspace alone would not fit in memory), got {P}")
+        inputs["q"] = q_pairs if spec.q_pairs or not sixteen else _as_device(
+            call.q, sixteen, self.q_shape3)
 
-        out_user = call.out
         out_shape3 = (T, H, D_V)
-        if out_user is not None and is_device(out_user):
-            self.out_dev = _as_device(out_user, sixteen, out_shape3)
-            self.result_array = out_user
+        if call.out is not None and is_device(call.out):
+            self.out_dev = _as_device(call.out, sixteen, out_shape3)
+            self.result_array = call.out
         elif is_device(call.q):
             self.result_array = _empty_like_caller(call.q, call.out_shape, call.dtype)
             self.out_dev = _as_device(self.result_array, sixteen, out_shape3)
@@ -363,58 +382,100 @@ class Plan:
             self.result_array = None  # host caller: copied back in result()
             self.out_dev = cuda.device_array(out_shape3, np.int16 if sixteen else np.float32)
         self.lse_dev = cuda.device_array((T, H), np.float32)
+        self.lse_array = None  # the caller's kind of lse array (result())
 
+        # Where each array a later call may replace sits: role -> (launch, argument index)
+        self.slots = {}
         self.launches = []
-        if T > 0 and B > 0:
-            args = (q_dev, offs_dev, storage, block_table, lengths, bias, np.float32(call.scale))
-            grid = (P, groups, B)
-            # One partition: the kernel writes out and lse itself (no combine).
-            direct = P == 1
-            if backend == "mma":
-                # Tiles by the copy engine (TMA) where a 64-key tile never straddles pages and
-                # rows are packed (the tensor maps see q and the cache as [rows, 576]).
-                tma = ((cache.kind == "contiguous" or cache.page_size % mma.BLOCK_N == 0)
-                       and q_dev.is_c_contiguous() and storage.is_c_contiguous())
-                kern = factory.mma_partition_kernel(call.mask, call.score_mod, tag, type(cache),
-                                                    H, direct, tma)
-                threads, smem = mma.NTHREADS, mma.SMEM_BYTES
-                if tma:
-                    maps = (ptx.tensor_map(q_dev, T * H, mma.BLOCK_M, mma.BOX, True),
-                            ptx.tensor_map(storage, storage.shape[0] * storage.shape[1],
-                                           mma.BLOCK_N, mma.BOX, True))
-                else:
-                    maps = (_dummy((128,), np.uint8),) * 2
-            else:
-                kern = factory.partition_kernel(call.mask, call.score_mod, tag, type(cache),
-                                                self.block_m, H, direct, _aligned16(storage))
-                threads, smem = simt.NTHREADS, simt.smem_bytes(self.block_m, sixteen)
-                maps = ()
-            if direct:
-                results = (self.out_dev.reshape((T, H, 1, D_V)), self.lse_dev.reshape((T, H, 1)))
-            else:
-                n_out, n_lse = T * H * P * D_V, T * H * P
-                ws = _workspace(n_out + n_lse, self.stream, private_workspace)
-                results = (ws[:n_out].reshape((T, H, P, D_V)),
-                           ws[n_out:n_out + n_lse].reshape((T, H, P)))
-            partition = None
-            if backend == "mma" and tma:
-                # The seesaw kernel where it compiles without spills: beside its 160
-                # accumulators a mask with much arithmetic can push it past 255 registers
-                # (then the kernel above, whose score fragment is half as large).
-                partition = _Launch(factory.seesaw_partition_kernel(
-                    call.mask, call.score_mod, tag, type(cache), H, direct),
-                    args + results + maps, grid, threads, seesaw.SMEM_BYTES)
-                if partition.spills():
-                    partition = None
-            if partition is None:
-                partition = _Launch(kern, args + results + maps, grid, threads, smem)
-            self.launches.append(partition)
-            if not direct:
-                # (partition groups of a combine block; ``groups`` above are row groups)
-                merge_groups = combine.split(T * H, P, heuristics.sm_count())
-                self.launches.append(_Launch(factory.combine_kernel(tag),
-                                             results + (self.out_dev, self.lse_dev),
-                                             (T, H), (combine.NTHREADS, merge_groups)))
+        self._maps_of = {}  # address -> tensor map, for rebinding TMA kernels
+        self._bound = {}  # role -> id of the array (simulator) or its address (GPU) last bound
+        self._keep = {}  # role -> the array last bound (the simulator's ids stay valid)
+        self._rows = T * H  # query rows: q seen as [T * H, 576]
+        if T == 0 or B == 0:
+            return
+        args = self._inputs(inputs)
+        if spec.direct:  # one partition: the kernel writes out and lse itself (no combine)
+            results = (self.out_dev.reshape((T, H, 1, D_V)), self.lse_dev.reshape((T, H, 1)))
+        else:
+            n_out, n_lse = T * H * P * D_V, T * H * P
+            ws = _workspace(n_out + n_lse, self.stream, private_workspace)
+            results = (ws[:n_out].reshape((T, H, P, D_V)),
+                       ws[n_out:n_out + n_lse].reshape((T, H, P)))
+        maps = self._maps(spec, inputs["q"], storage, T)
+        partition = _Launch(spec.dispatcher, args + results + maps, (P, spec.groups, B),
+                            spec.threads, spec.smem)
+        self.launches.append(partition)
+        self.slots.update({role: (partition, i) for i, role in enumerate(INPUT_ROLES)})
+        if spec.tma:
+            self.slots["q_map"] = (partition, len(args) + 2)
+            self.slots["storage_map"] = (partition, len(args) + 3)
+        if spec.direct:
+            self.slots["out"], self.slots["lse"] = (partition, len(args)), (partition, len(args) + 1)
+        else:
+            # (partition groups of a combine block; ``spec.groups`` are row groups)
+            merge_groups = combine.split(T * H, P, heuristics.sm_count())
+            merge = _Launch(factory.combine_kernel(tag), results + (self.out_dev, self.lse_dev),
+                            (T, H), (combine.NTHREADS, merge_groups))
+            self.launches.append(merge)
+            self.slots["out"], self.slots["lse"] = (merge, 2), (merge, 3)
+
+    def _inputs(self, inputs):
+        return tuple(inputs[role] for role in INPUT_ROLES) + (np.float32(self.call.scale),)
+
+    def _maps(self, spec, q_dev, storage, T):
+        """The tensor maps of a TMA kernel (q, then the cache), or none."""
+        if not spec.tma:
+            return ()
+        return (self._tensor_map("q_map", q_dev, T * self.call.heads),
+                self._tensor_map("storage_map", storage, storage.shape[0] * storage.shape[1]))
+
+    def _tensor_map(self, role, dev, rows):
+        from .kernels import mma
+
+        box_rows = mma.BLOCK_M if role == "q_map" else mma.BLOCK_N
+        return ptx.tensor_map(dev, rows, box_rows, mma.BOX, True)
+
+    def rebind(self, role, array):
+        """Run later launches on ``array`` in place of the current argument of ``role`` (one of
+        INPUT_ROLES, "out", "lse"): a device array of the layout this plan was made for."""
+        slot = self.slots.get(role)
+        if slot is None:
+            return
+        # What is bound: the array itself in the simulator (compared by identity), else its
+        # address (a new tensor at the same address needs no new parameters)
+        ident = id(array) if _compat.SIMULATOR else data_ptr(array)
+        if self._bound.get(role) == ident:
+            return
+        self._bound[role] = ident
+        self._keep[role] = array
+        launch, index = slot
+        launch.set_arg(index, self._view(role, array) if _compat.SIMULATOR else array)
+        map_role = role + "_map"
+        if map_role in self.slots:  # TMA kernels: the tensor map holds the address too
+            tmap = self._maps_of.get(ident)
+            if tmap is None:
+                if len(self._maps_of) >= 16:
+                    self._maps_of.clear()
+                rows = (self._rows if role == "q"
+                        else int(array.shape[0]) * int(array.shape[1]))
+                tmap = self._maps_of[ident] = self._tensor_map(map_role, array, rows)
+            mlaunch, mindex = self.slots[map_role]
+            mlaunch.set_arg(mindex, tmap)
+
+    def _view(self, role, array):
+        """The simulator's kernel argument for ``role`` (on a GPU only the address matters)."""
+        sixteen, T, H = self.sixteen, self._rows // max(self.call.heads, 1), self.call.heads
+        if role == "q":
+            return _as_device(array, sixteen, self.q_shape3, pairs=sixteen and self.spec.q_pairs)
+        if role == "storage":
+            return _as_device(array, sixteen, pairs=True)
+        if role == "out":
+            v = _as_device(array, sixteen, (T, H, D_V))
+            return v.reshape((T, H, 1, D_V)) if self.spec.direct else v
+        if role == "lse":
+            v = _as_device(array, False, (T, H))
+            return v.reshape((T, H, 1)) if self.spec.direct else v
+        return _as_device(array, False)
 
     def launch(self, stream=None):
         """Enqueue the kernels on ``stream`` (default: the stream current at construction)."""

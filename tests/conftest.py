@@ -7,6 +7,7 @@ is first imported; ``NUMBA_ENABLE_CUDASIM`` set in the environment takes precede
 """
 import os
 import sys
+import warnings
 import zlib
 
 import numpy as np
@@ -23,7 +24,9 @@ def _select_simulator_without_gpu():
     path = os.path.join(os.path.dirname(pkg.origin), "_compat.py")
     spec = importlib.util.spec_from_file_location("_numba_mla_compat_probe", path)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    with warnings.catch_warnings():  # its import-time notice is for users, not test runs
+        warnings.simplefilter("ignore")
+        spec.loader.exec_module(mod)
     mod.use_simulator_without_gpu()
 
 

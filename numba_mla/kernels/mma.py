@@ -124,8 +124,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         together, before the copies (asm statements the loads cannot move across)."""
         pgs = cuda.local.array(8, int32)
         sls = cuda.local.array(8, int32)
+        npages = storage.shape[0]
         for g in range(8):  # rows past k1 read key k1 - 1's place (a real one) but copy zeros
-            pgs[g], sls[g] = locate(block_table, page_size, b, min(k0 + 8 * g + tid % 8, k1 - 1))
+            pgs[g], sls[g] = locate(block_table, page_size, npages, b,
+                                    min(k0 + 8 * g + tid % 8, k1 - 1))
         for g in range(8):
             copy_row(smk, dst + (8 * g + tid % 8) * 16,
                      ptx.global_addr(storage, pgs[g], sls[g], 0), k0 + 8 * g + tid % 8 < k1, tid)
@@ -144,10 +146,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             tma_box(smk, dst + BOX_BYTES * box, tmap, src, BOX * box, row, bar)
 
     @cuda.jit(device=True)
-    def tile_row(block_table, page_size, b, k0):
+    def tile_row(block_table, page_size, npages, b, k0):
         """The row of ``storage`` (seen as [pages * page_size, 576]) holding key k0: a 64-key
         tile aligned to 64 keys lies in one page, so its rows follow."""
-        pg, sl = locate(block_table, page_size, b, k0)
+        pg, sl = locate(block_table, page_size, npages, b, k0)
         return pg * page_size + sl
 
     @cuda.jit(device=True)
@@ -180,6 +182,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         nq = q_offsets[b + 1] - row0
         length = lengths[b]
         page_size = storage.shape[1]
+        npages = storage.shape[0]
         r0 = cuda.blockIdx.y * BLOCK_M
         nrows = min(BLOCK_M, nq * H - r0)
         if nrows <= 0:
@@ -206,7 +209,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 # the queries: rows row0*H + r0 ... of q seen as [T*H, 576]
                 tma_rows(smk, sb + Q_OFF, tmap_q, q, row0 * H + r0, bars, tid)
                 tma_rows(smk, sb + KV_OFF, tmap_kv, storage,
-                         tile_row(block_table, page_size, b, k0), bars, tid)
+                         tile_row(block_table, page_size, npages, b, k0), bars, tid)
             else:
                 for g in range(8):
                     n = 8 * g + tid % 8
@@ -249,7 +252,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
                 k0n = kstart + t_next * BLOCK_N
                 if tma and t_next < t_end:  # looked up now: the load's latency hides under S
-                    row_next = tile_row(block_table, page_size, b, k0n)
+                    row_next = tile_row(block_table, page_size, npages, b, k0n)
                 if tma:
                     while not ptx.mbar_try_wait(smk, bars + 8 * buf, (phases >> buf) & 1):
                         pass

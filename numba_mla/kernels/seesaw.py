@@ -85,10 +85,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         return sb + BAR_OFF + 8 * (1 + NBOX * buf + box)
 
     @cuda.jit(device=True)
-    def tile_row(block_table, page_size, b, k0):
+    def tile_row(block_table, page_size, npages, b, k0):
         """The row of ``storage`` (seen as [pages * page_size, 576]) holding key k0: a 64-key
         tile aligned to 64 keys lies in one page, so its rows follow."""
-        pg, sl = locate(block_table, page_size, b, k0)
+        pg, sl = locate(block_table, page_size, npages, b, k0)
         return pg * page_size + sl
 
     @cuda.jit(device=True)
@@ -242,6 +242,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         nq = q_offsets[b + 1] - row0
         length = lengths[b]
         page_size = storage.shape[1]
+        npages = storage.shape[0]
         r0 = cuda.blockIdx.y * BLOCK_M
         nrows = min(BLOCK_M, nq * H - r0)
         if nrows <= 0:
@@ -266,11 +267,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             for box in range(NBOX):
                 tma_box(smk, sb + Q_OFF + BOX_BYTES * box, tmap_q, q, BOX * box,
                         row0 * H + r0, qbar)
-            load_boxes(smk, sb, 0, tmap_kv, storage,
-                       tile_row(block_table, page_size, b, kstart + t0 * BLOCK_N), 0, NBOX)
+            row = tile_row(block_table, page_size, npages, b, kstart + t0 * BLOCK_N)
+            load_boxes(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
             if t1 < t_end:
-                load_boxes(smk, sb, 1, tmap_kv, storage,
-                           tile_row(block_table, page_size, b, kstart + t1 * BLOCK_N), 0, NBOX)
+                row = tile_row(block_table, page_size, npages, b, kstart + t1 * BLOCK_N)
+                load_boxes(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
 
         # This thread's two rows of every fragment: m = 16*warp + lane//4 (+ 8).
         mx = cuda.local.array(2, float32)  # a tile's row maxima, then the new running max
@@ -300,9 +301,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         else t_end
                     # The next pair's rows, looked up now: the page-table loads' latency hides
                     # under this pair's work, not in front of the refills.
-                    row2 = tile_row(block_table, page_size, b, kstart + min(t2, t_end - 1)
+                    row2 = tile_row(block_table, page_size, npages, b, kstart + min(t2, t_end - 1)
                                     * BLOCK_N)
-                    row3 = tile_row(block_table, page_size, b, kstart + min(t3, t_end - 1)
+                    row3 = tile_row(block_table, page_size, npages, b, kstart + min(t3, t_end - 1)
                                     * BLOCK_N)
                     k0 = kstart + t0 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend)
@@ -362,9 +363,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         else t_end
                     # The next pair's rows, looked up now: the page-table loads' latency hides
                     # under this pair's work, not in front of the refills.
-                    row2 = tile_row(block_table, page_size, b, kstart + min(t2, t_end - 1)
+                    row2 = tile_row(block_table, page_size, npages, b, kstart + min(t2, t_end - 1)
                                     * BLOCK_N)
-                    row3 = tile_row(block_table, page_size, b, kstart + min(t3, t_end - 1)
+                    row3 = tile_row(block_table, page_size, npages, b, kstart + min(t3, t_end - 1)
                                     * BLOCK_N)
                     k0 = kstart + t1 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend) if t1 < t_end else k0  # no tile: all -inf

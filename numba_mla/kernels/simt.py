@@ -205,11 +205,13 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         zeros. Located a phase before the copy, so that the block-table loads are in flight
         meanwhile."""
         n = tid // 8
-        pg, sl = locate(block_table, page_size, b, min(k0 + n, k1 - 1))
+        npages = storage.shape[0]
+        pg, sl = locate(block_table, page_size, npages, b, min(k0 + n, k1 - 1))
         src0 = ptx.global_addr(storage, pg, sl, 0) + PIECE * (tid % 8)
         src1 = src0
         if KEYS_PER_THREAD == 2:
-            pg, sl = locate(block_table, page_size, b, min(k0 + n + NTHREADS // 8, k1 - 1))
+            pg, sl = locate(block_table, page_size, npages, b,
+                            min(k0 + n + NTHREADS // 8, k1 - 1))
             src1 = ptx.global_addr(storage, pg, sl, 0) + PIECE * (tid % 8)
         return src0, src1
 

@@ -1,0 +1,122 @@
+"""The plain call is the fast call: plans reused across calls of the same layouts.
+
+A ``launch.Plan`` holds everything of a call that does not depend on the data: the checked
+configuration, the chosen and compiled kernels, their packed parameters, grid and workspace.
+``mla_decode`` (and its ragged and MAX-shaped siblings) on device arrays looks its plan up here
+by a key of what the plan depends on:
+
+- the entry point, the calling thread and stream, the options (backend, num_partitions,
+  return_lse, scale), the mask's and score mod's cache keys;
+- the *layouts* (array kind, shape, strides, dtype, device) of q, out and the cache's arrays,
+  not their addresses: a decode loop's new q or new output each step hits the same plan;
+- the split heuristic's input (the most keys a sequence may keep), so a cache whose lengths
+  changed much gets the partition count it should.
+
+On a hit the plan's array arguments are re-pointed at this call's arrays (launch.Plan.rebind:
+on a GPU a few integers in the packed parameters), a new output is allocated (unless ``out``
+was given), and the kernels are enqueued: no device-to-host copy, no synchronisation. Checks
+that depend on values (lengths against query counts, a bias against the lengths) still run on
+every call, on the host copies the cache object made when it was built.
+
+The cache holds at most ``MAX_PLANS`` plans (least recently used dropped first) and is shared
+by all threads (the thread is part of the key: a plan's workspace and parameters are used by
+one thread at a time). NumPy inputs do not come here: they are copied to the device and back
+on every call anyway.
+"""
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from .arrays import is_torch
+
+#: Plans kept (each holds its compiled kernels' parameters and, split-K, a workspace view).
+MAX_PLANS = 64
+
+_lock = threading.Lock()
+_plans = OrderedDict()
+_stream_queries = {}
+
+
+def layout(x):
+    """A hashable description of a device array's layout, None for None, False for anything
+    the fast path does not take (host arrays)."""
+    if x is None:
+        return None
+    if is_torch(x):
+        if not x.is_cuda:
+            return False
+        return ("torch", tuple(x.shape), x.stride(), x.dtype, x.device.index)
+    if isinstance(x, np.ndarray) or not hasattr(x, "strides"):
+        return False
+    # Numba device arrays (the simulator's too) and CuPy arrays
+    if not (hasattr(x, "__cuda_array_interface__") or hasattr(x, "copy_to_host")):
+        return False
+    return (type(x).__name__, tuple(x.shape), tuple(x.strides), str(x.dtype))
+
+
+def stream_of(q):
+    """The raw handle of the stream a call on ``q`` is ordered on (launch.current_stream),
+    through a query made once per device."""
+    from . import _compat
+
+    if _compat.SIMULATOR or not is_torch(q):
+        return 0
+    dev = q.device.index
+    query = _stream_queries.get(dev)
+    if query is None:
+        from . import launch
+
+        query = _stream_queries[dev] = launch._stream_query(q)
+    return query()
+
+
+def lookup(key):
+    with _lock:
+        plan = _plans.get(key)
+        if plan is not None:
+            _plans.move_to_end(key)
+        return plan
+
+
+def store(key, plan):
+    with _lock:
+        _plans[key] = plan
+        _plans.move_to_end(key)
+        while len(_plans) > MAX_PLANS:
+            _plans.popitem(last=False)
+
+
+def clear():
+    """Drop every kept plan (their kernels stay compiled)."""
+    with _lock:
+        _plans.clear()
+
+
+def size():
+    with _lock:
+        return len(_plans)
+
+
+def run(plan, q, cache, bias, out, offsets, stream):
+    """Run a kept plan on this call's arrays; returns out (and lse) as ``mla_decode`` does."""
+    from . import launch
+
+    call = plan.call
+    plan.rebind("q", q)
+    plan.rebind("storage", cache.storage)
+    plan.rebind("lengths", cache.device_lengths())
+    if cache.block_table is not None:
+        plan.rebind("block_table", cache.device_block_table())
+    if bias is not None:
+        plan.rebind("bias", bias)
+    if offsets is not None:
+        plan.rebind("offsets", offsets)
+    result = out if out is not None else launch._empty_like_caller(q, call.out_shape, call.dtype)
+    plan.rebind("out", result)
+    lse = None
+    if call.return_lse:
+        lse = launch._empty_lse_like_caller(q, call.out_shape[:-1])
+        plan.rebind("lse", lse)
+    plan.launch(stream)
+    return (result, lse) if call.return_lse else result
