@@ -81,3 +81,44 @@ def torch_raw_stream_query(device_index):
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return None if raw is None else functools.partial(raw, device_index)
+
+
+# ---------------------------------------------------------------------------------------------
+# The disk cache of compiled kernels (kernel_cache.py)
+# ---------------------------------------------------------------------------------------------
+def attach_disk_cache(dispatcher, cache_dir, digest):
+    """Give a kernel dispatcher Numba's disk cache, with its index and key made from ``digest``
+    (a stable hash of the kernel's configuration and sources) instead of Numba's pickle of the
+    closure (which holds objects whose identity differs in every process, so it never hit).
+    One index file per configuration, in ``cache_dir``; Numba writes files atomically."""
+    from numba.cuda.core.caching import _CacheLocator
+    from numba.cuda.dispatcher import CUDACache, CUDACacheImpl
+
+    class Locator(_CacheLocator):
+        def __init__(self, py_func, py_file):
+            pass
+
+        def get_cache_path(self):
+            return cache_dir
+
+        def get_source_stamp(self):
+            return digest
+
+        def get_disambiguator(self):
+            return digest[:20]
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            return cls(py_func, py_file)
+
+    class Impl(CUDACacheImpl):
+        _locator_classes = [Locator]
+
+    class StableCache(CUDACache):
+        _impl_class = Impl
+
+        def _index_key(self, sig, codegen):
+            return (sig, codegen.magic_tuple(), digest)
+
+    dispatcher._cache = StableCache(dispatcher.py_func)
+    return dispatcher

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 
 from . import _compat  # noqa: F401
-from . import ptx
+from . import kernel_cache, ptx
 from .arrays import BF16
 from numba import cuda
 
@@ -54,10 +54,12 @@ def converters(tag):
 
 
 def _cached(key, build):
+    """One kernel per configuration in this process; on disk across processes
+    (kernel_cache.py)."""
     with _lock:
         k = _kernels.get(key)
         if k is None:
-            k = _kernels[key] = build()
+            k = _kernels[key] = kernel_cache.attach(build(), key)
         return k
 
 

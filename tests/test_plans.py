@@ -1,0 +1,192 @@
+"""The plain call is the fast call (plans.py): a plain ``mla_decode`` on device arrays reuses
+the plan of an earlier call of the same layouts, and must behave exactly as a fresh call.
+
+- results bit-identical to a call on host arrays (which never reuses a plan) and to a prepared
+  step; a new output array every call;
+- another shape, dtype, mask, cache kind or lengths never reuses a stale plan;
+- q, cache contents and lengths changed in place between calls are honoured;
+- lengths and block-table entries changed in device memory after the cache was checked never
+  make a kernel read outside its arrays (the simulator raises on an out-of-bounds index; on
+  the GPU compute-sanitizer's memcheck runs the same cases: scripts/sanitize.py);
+- the plan cache's bound holds; threads calling at once (GPU);
+- without a GPU, ``import numba_mla`` selects the simulator by itself; the disk cache's key is
+  the same in every process.
+"""
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import numba_mla as nm
+from helpers import BF16, make_problem, references
+from numba_mla import _compat, factory, kernel_cache, plans
+
+KERNEL = pytest.mark.kernel
+
+
+def on_device(p):
+    """Problem p's q and cache as device arrays (Numba's; the simulator's without a GPU)."""
+    from numba import cuda
+
+    c = p.cache
+    if c.kind == "contiguous":
+        cache = nm.ContiguousKVCache(cuda.to_device(c.storage), cuda.to_device(c.lengths_host))
+    else:
+        cache = nm.PagedKVCache(cuda.to_device(c.storage), cuda.to_device(c.block_table_host),
+                                cuda.to_device(c.lengths_host))
+    return cuda.to_device(p.q), cache
+
+
+def host(x):
+    return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
+
+
+@KERNEL
+@pytest.mark.parametrize("backend", ["simt", "mma"])
+def test_plain_call_reuses_its_plan(backend, rng):
+    """Two plain calls: one plan kept, two output arrays, both results bit-identical to the
+    host-array call and to a prepared step."""
+    plans.clear()
+    p = make_problem(rng, 2, 1, 1, [19, 7], BF16, "paged", 8)
+    q, cache = on_device(p)
+    first = nm.mla_decode(q, cache, p.scale, backend=backend)
+    second = nm.mla_decode(q, cache, p.scale, backend=backend)
+    assert plans.size() == 1
+    assert first is not second
+    expected = p.run(nm, backend=backend)
+    for got in (first, second):
+        np.testing.assert_array_equal(host(got), expected)
+    step = nm.prepare(q, cache, p.scale, backend=backend)  # prepare() in the simulator too
+    np.testing.assert_array_equal(host(step()), expected)
+
+
+@KERNEL
+def test_no_stale_plan(rng):
+    """Calls that differ in one thing each (heads, dtype, mask, cache kind, lengths) after a
+    first one: each result equals a fresh host-array call's."""
+    plans.clear()
+    base = dict(B=1, Sq=1, H=2, lengths=[13], dtype=BF16, kind="paged")
+    variants = [{}, dict(H=3), dict(dtype=np.float16), dict(kind="contiguous"),
+                dict(lengths=[5]), {}]
+    masks = [None, None, None, None, None, nm.SlidingWindowCausalMask(4)]
+    for change, mask in zip(variants, masks):
+        v = dict(base, **change)
+        p = make_problem(rng, v["B"], v["Sq"], v["H"], v["lengths"], v["dtype"], v["kind"], 4)
+        q, cache = on_device(p)
+        got = nm.mla_decode(q, cache, p.scale, mask=mask, backend="simt")
+        np.testing.assert_array_equal(host(got), p.run(nm, mask=mask, backend="simt"),
+                                      err_msg=f"after {change or 'the first call'}")
+    assert plans.size() == len(variants)
+
+
+@KERNEL
+def test_in_place_changes_are_honoured(rng):
+    """q, the cache's rows and its lengths rewritten in device memory between two calls: the
+    second call sees them (lengths in place are the decode loop's fast idiom)."""
+    plans.clear()
+    p = make_problem(rng, 2, 1, 2, [11, 6], BF16, "paged", 4, capacity=16)
+    q, cache = on_device(p)
+    nm.mla_decode(q, cache, p.scale, backend="simt")
+    p2 = make_problem(rng, 2, 1, 2, [12, 8], BF16, "paged", 4, capacity=16)  # same pages
+    # the second problem's data written into the first one's arrays
+    q.copy_to_device(p2.q)
+    cache.storage.copy_to_device(np.ascontiguousarray(p2.cache.storage))
+    cache.block_table.copy_to_device(p2.cache.block_table_host)
+    cache.lengths.copy_to_device(p2.cache.lengths_host)
+    got = nm.mla_decode(q, cache, p.scale, backend="simt")
+    assert plans.size() == 1
+    np.testing.assert_array_equal(host(got), p2.run(nm, backend="simt"))
+
+
+@KERNEL
+@pytest.mark.parametrize("backend", ["simt", "mma"])
+def test_values_changed_on_the_device_stay_in_bounds(backend, rng):
+    """After the cache was checked, sequence 0's length is raised past the capacity and its
+    block-table entries point outside the pages (huge, negative): the call reads no memory
+    outside the arrays (the simulator would raise IndexError) and sequence 1 is unharmed."""
+    p = make_problem(rng, 2, 1, 2, [9, 12], BF16, "paged", 4, capacity=16)
+    q, cache = on_device(p)
+    bt = p.cache.block_table_host.copy()
+    bt[0, :] = [2**30, -5, 7**9, -(2**31)]
+    cache.block_table.copy_to_device(bt)
+    cache.lengths.copy_to_device(np.array([10**6, 12], np.int32))
+    got = host(nm.mla_decode(q, cache, p.scale, backend=backend))
+    golden, _ = references(p)
+    expected = p.run(nm, backend=backend)
+    np.testing.assert_array_equal(got[1], expected[1])
+    assert np.isfinite(golden[0][1]).all()
+
+
+@KERNEL
+def test_plan_cache_is_bounded(rng, monkeypatch):
+    monkeypatch.setattr(plans, "MAX_PLANS", 2)
+    plans.clear()
+    for H in (1, 2, 3):
+        p = make_problem(rng, 1, 1, H, [3], np.float32, "contiguous")
+        q, cache = on_device(p)
+        nm.mla_decode(q, cache, p.scale, backend="simt")
+        assert plans.size() <= 2
+    assert plans.size() == 2
+
+
+@pytest.mark.gpu
+def test_gpu_threads_share_the_plan_cache(rng):
+    """Six threads, three configurations, four calls each, at once: every result right."""
+    problems = [make_problem(rng, 2, 1, H, [300, 77], BF16, "paged", 64) for H in (16, 16, 8)]
+    expected = [p.run(nm) for p in problems]
+    start = threading.Barrier(6)
+
+    def work(j):
+        p = problems[j % 3]
+        q, cache = on_device(p)
+        start.wait()
+        for _ in range(4):
+            np.testing.assert_array_equal(host(nm.mla_decode(q, cache, p.scale)),
+                                          expected[j % 3])
+        return j
+
+    with ThreadPoolExecutor(6) as ex:
+        assert sorted(ex.map(work, range(6))) == list(range(6))
+
+
+def test_import_selects_the_simulator_without_a_gpu():
+    """No NUMBA_ENABLE_CUDASIM and no GPU: importing numba_mla picks the simulator, with one
+    RuntimeWarning saying so (the README's examples then run on a laptop as written)."""
+    if _compat.gpu_present():
+        pytest.skip("a GPU is present")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "import numba_mla, numba\n"
+            "print(numba_mla._compat.SIMULATOR, numba.config.ENABLE_CUDASIM)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "1"]
+    assert r.stderr.count("RuntimeWarning: numba_mla: no usable CUDA GPU") == 1
+
+
+def test_disk_cache_key_is_the_same_in_every_process():
+    """The disk cache's key of a configuration (mods, dtype, cache kind, tiles) is the same in
+    two processes (Numba's own key pickled the kernel's closure and never hit); kernels of a
+    user's function are not cached on disk."""
+    key = ("simt", "bf16", 16, 128, False, True) + factory._mods_key(
+        nm.SlidingWindowCausalMask(128) & nm.CausalMask(), nm.AlibiScoreMod(128),
+        nm.PagedKVCache)
+    code = ("import numba_mla as nm; from numba_mla import factory, kernel_cache\n"
+            "key = ('simt', 'bf16', 16, 128, False, True) + factory._mods_key("
+            "nm.SlidingWindowCausalMask(128) & nm.CausalMask(), nm.AlibiScoreMod(128), "
+            "nm.PagedKVCache)\n"
+            "print(kernel_cache.digest(key))\n")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    digests = {subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=300, check=True).stdout.strip()
+               for _ in range(2)}
+    assert digests == {kernel_cache.digest(key)}
+    assert kernel_cache._stable(key)
+    user = factory._mods_key(nm.FunctionMask(lambda b, h, q, k: k < 3), nm.IdentityScoreMod(),
+                             nm.PagedKVCache)
+    assert not kernel_cache._stable(user)
