@@ -6,6 +6,7 @@
 See SPEC.md for the contract; ``numba_mla.reference`` is the readable NumPy definition.
 """
 from . import _compat  # noqa: F401  (must run before numba.cuda is imported)
+from . import _numba  # noqa: F401  (the numba-cuda version check, before anything uses it)
 from . import reference
 from .api import flare_mla_decoding, mla_decode, mla_decode_ragged, prepare
 from .caches import D_LATENT, D_QK, D_ROPE, D_V, ContiguousKVCache, KVCache, PagedKVCache

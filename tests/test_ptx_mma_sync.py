@@ -1,6 +1,6 @@
-"""The warp-level tensor-core primitives of numba_mla/ptx.py (``mma.sync`` m16n8k16 and
+"""The warp-level tensor-core primitives of numba_mla/ptx/mma_sync.py (``mma.sync`` m16n8k16 and
 ``ldmatrix``), from one-warp kernels, against NumPy and against the PTX ISA's fragment layouts
-written out here independently of ptx.py.
+written out here independently of numba_mla.ptx.
 
 - ``kernel``: tiny; the plain-Python twins in the CUDA simulator (CI), the real instructions on
   a GPU when there is one.
@@ -125,7 +125,7 @@ def jitted(fn, *args):
 
 
 # ---------------------------------------------------------------------------------------------
-# The PTX ISA's layouts, lane l = 4g + t (for the host side; independent of ptx.py)
+# The PTX ISA's layouts, lane l = 4g + t (for the host side; independent of numba_mla.ptx)
 # ---------------------------------------------------------------------------------------------
 def words(x):
     """16-bit values [..., 2] -> int32 words (element 0 in the low half)."""

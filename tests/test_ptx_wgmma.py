@@ -1,6 +1,6 @@
 """``ptx.wgmma_rs``: Hopper's warpgroup product with A from registers (``wgmma.mma_async`` with
 a register A operand), from a two-warpgroup kernel, against NumPy and against the layouts
-written out here independently of ptx.py (A: mma.sync's A fragment over each warp's 16 rows;
+written out here independently of numba_mla.ptx (A: mma.sync's A fragment over each warp's 16 rows;
 D: the wgmma accumulator fragment).
 
 - ``kernel``: a few cases; the plain-Python twin in the CUDA simulator (CI), the real

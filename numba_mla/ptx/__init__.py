@@ -1,0 +1,61 @@
+"""GPU-only primitives and their plain-Python twins for the CUDA simulator.
+
+On a GPU each primitive is a Numba ``@intrinsic`` that emits LLVM IR or inline PTX and is
+inlined at its call site (a few are small device functions). In the simulator
+(``NUMBA_ENABLE_CUDASIM=1``) ``@intrinsic`` and the warp functions do not exist, so the same
+names are bound to Python functions with the same results; the kernels call these names and
+run unchanged in both places. Each module keeps a primitive's twin next to it, chosen when the
+module is imported (``_twin.py``).
+
+Modules, by topic (each opens with the list of its primitives):
+
+- ``conversions``: bfloat16 / float16 bits to and from float32, single and packed pairs.
+- ``shared``: shared memory through 32-bit addresses (``lds*``, ``sts*``) and asynchronous
+  copies from global memory (``cp.async``, commit, wait).
+- ``warp``: shuffles, ``warp_uniform``, ``syncwarp`` (and the simulator's warp exchange).
+- ``barriers``: named barriers (``bar.sync``/``bar.arrive``) and mbarriers.
+- ``accumulators``: the tensor-core accumulator fragment and whole-accumulator operations.
+- ``wgmma``: Hopper warpgroup products, their descriptors, fences and waits.
+- ``tma``: tensor maps and bulk tensor copies.
+- ``mma_sync``: warp products (``mma.sync`` m16n8k16) and ``ldmatrix``, for a future kernel.
+- ``arith``: 32-bit ``divmod`` and ``rcp`` without subroutine calls.
+
+Every primitive is importable from ``numba_mla.ptx`` itself (``ptx.lds128(...)``).
+"""
+from .accumulators import acc_col, acc_row, acc_scale, acc_store, acc_zero
+from .arith import divmod_u32, rcp
+from .barriers import (bar_arrive, bar_sync, mbar_expect_tx, mbar_fence_init, mbar_init,
+                       mbar_try_wait)
+from .conversions import (bf16_to_f32, bf16x2_to_f32, f16_to_f32, f16x2_to_f32, f32_to_bf16,
+                          f32_to_f16, pack_bf16x2, pack_f16x2)
+from .mma_sync import ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16
+from .shared import (cp_async4_at, cp_async16_at, cp_async_commit, cp_async_wait_all,
+                     global_addr, lds32, lds64, lds128, smem_addr, sts32, sts128)
+from .tma import tensor_map, tma_load
+from .warp import shfl_xor, syncwarp, warp_uniform
+from .wgmma import (desc_advance, fence_proxy_async, wgmma, wgmma_commit, wgmma_desc,
+                    wgmma_fence, wgmma_rs, wgmma_wait, wgmma_wait2)
+
+__all__ = [
+    # conversions
+    "bf16_to_f32", "f16_to_f32", "f32_to_bf16", "f32_to_f16", "bf16x2_to_f32", "f16x2_to_f32",
+    "pack_bf16x2", "pack_f16x2",
+    # shared memory and asynchronous copies
+    "smem_addr", "lds32", "sts32", "lds64", "lds128", "sts128",
+    "global_addr", "cp_async4_at", "cp_async16_at", "cp_async_commit", "cp_async_wait_all",
+    # warp
+    "shfl_xor", "warp_uniform", "syncwarp",
+    # barriers
+    "bar_sync", "bar_arrive", "mbar_init", "mbar_fence_init", "mbar_expect_tx", "mbar_try_wait",
+    # accumulators
+    "acc_row", "acc_col", "acc_zero", "acc_scale", "acc_store",
+    # wgmma
+    "wgmma_desc", "desc_advance", "wgmma", "wgmma_rs", "wgmma_fence", "wgmma_commit",
+    "wgmma_wait", "wgmma_wait2", "fence_proxy_async",
+    # tma
+    "tensor_map", "tma_load",
+    # mma.sync
+    "mma_m16n8k16", "ldmatrix_x2", "ldmatrix_x2_trans", "ldmatrix_x4", "ldmatrix_x4_trans",
+    # arithmetic
+    "divmod_u32", "rcp",
+]

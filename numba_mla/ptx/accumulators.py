@@ -1,0 +1,119 @@
+"""Tensor-core accumulators held in registers: the fragment layout, and whole-accumulator
+operations written out element by element.
+
+A warpgroup's ``wgmma`` (wgmma.py) accumulates D[64 x N] in fp32 registers spread over its 128
+threads: element i of thread t's N/2 floats (w = t // 32, lane = t % 32) is D[row, col] with
+    row = 16*w + lane//4 + 8*((i//2) % 2),   col = 8*(i//4) + 2*(lane % 4) + i % 2
+A warp's ``mma.sync`` m16n8k16 tiles (mma_sync.py) held at i = 0, 4, 8, ... have warp 0's part
+of the same layout, so the operations below serve both.
+
+The kernels hold accumulators in ``cuda.local.array``s whose every index is a compile-time
+constant, so they live in registers; a loop over 128 elements is not always unrolled (the array
+would then live in local memory), hence the written-out forms.
+
+- ``acc_row(i, wtid)``, ``acc_col(i, wtid)``: the row and column of element i of thread
+  ``wtid`` (its index in the warpgroup).
+- ``acc_zero(n)`` -> ``zero(acc)``: acc[:n] = 0.
+- ``acc_scale(n)`` -> ``scale(acc, a0, a1)``: rows of the fragment's upper and lower 8 times
+  a0 and a1.
+- ``acc_store(n)`` -> ``store(acc, arr, addr, row_bytes)``: element i to ``addr +
+  8*((i//2)%2)*row_bytes + 4*(8*(i//4) + i%2)``, i.e. the fragment into a float32 row-major
+  shared array whose thread-dependent origin is the shared address ``addr``.
+"""
+from llvmlite import ir
+from numba import cuda
+from numba.cuda import types
+from numba.cuda.extending import intrinsic
+
+from ._codegen import acc_pointers, addr32, f32, i32
+from ._twin import with_twin
+
+
+def _acc_row(i, wtid):
+    return 16 * (wtid // 32) + (wtid % 32) // 4 + 8 * ((i // 2) % 2)
+
+
+def _acc_col(i, wtid):
+    return 8 * (i // 4) + 2 * (wtid % 4) + i % 2
+
+
+# Plain arithmetic: the same device functions run in the simulator (the wgmma twin calls the
+# Python functions on index arrays).
+acc_row = cuda.jit(device=True)(_acc_row)
+acc_col = cuda.jit(device=True)(_acc_col)
+
+
+def _acc_zero_twin(n):
+    def zero(acc):
+        acc[:n] = 0
+
+    return zero
+
+
+@with_twin(_acc_zero_twin)
+def acc_zero(n):
+    @intrinsic
+    def zero(typingctx, acc):
+        def cg(ctx, b, sig, args):
+            for p in acc_pointers(ctx, b, sig.args[0], args[0], n):
+                b.store(ir.Constant(f32, 0.0), p)
+            return ctx.get_dummy_value()
+
+        return types.void(acc), cg
+
+    return zero
+
+
+def _acc_scale_twin(n):
+    def scale(acc, a0, a1):
+        for i in range(n):
+            acc[i] *= a0 if (i // 2) % 2 == 0 else a1
+
+    return scale
+
+
+@with_twin(_acc_scale_twin)
+def acc_scale(n):
+    @intrinsic
+    def scale(typingctx, acc, a0, a1):
+        def cg(ctx, b, sig, args):
+            a = [ctx.cast(b, v, t, types.float32) for v, t in zip(args[1:], sig.args[1:])]
+            for i, p in enumerate(acc_pointers(ctx, b, sig.args[0], args[0], n)):
+                b.store(b.fmul(b.load(p), a[(i // 2) % 2]), p)
+            return ctx.get_dummy_value()
+
+        return types.void(acc, a0, a1), cg
+
+    return scale
+
+
+def _acc_offset(i, row_bytes):
+    return 8 * ((i // 2) % 2) * row_bytes + 4 * (8 * (i // 4) + i % 2)
+
+
+def _acc_store_twin(n):
+    def store(acc, arr, addr, row_bytes):
+        for i in range(n):
+            arr[(addr + _acc_offset(i, row_bytes)) // 4] = acc[i]
+
+    return store
+
+
+@with_twin(_acc_store_twin)
+def acc_store(n):
+    @intrinsic
+    def store(typingctx, acc, arr, addr, row_bytes):
+        def cg(ctx, b, sig, args):
+            base = addr32(ctx, b, args[2], sig.args[2])
+            rb = addr32(ctx, b, args[3], sig.args[3])
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, f32]),
+                               "st.shared.f32 [$0], $1;", "r,f,~{memory}", side_effect=True)
+            for i, p in enumerate(acc_pointers(ctx, b, sig.args[0], args[0], n)):
+                row = b.mul(rb, ir.Constant(i32, 8 * ((i // 2) % 2)))
+                off = b.add(row, ir.Constant(i32, 4 * (8 * (i // 4) + i % 2)))
+                b.call(asm, [b.add(base, off), b.load(p)])
+            return ctx.get_dummy_value()
+
+        return types.void(acc, arr, addr, row_bytes), cg
+
+    return store

@@ -1,0 +1,167 @@
+"""Barriers beyond the block's ``syncthreads``: named barriers, and mbarriers (shared-memory
+barriers that count bytes, on which TMA copies complete; see tma.py).
+
+Named barriers
+- ``bar_sync(barrier_id, nthreads)``: named barrier ``barrier_id`` (1..15; 0 is the block's)
+  for the ``nthreads`` threads (whole warps) that use it, e.g. one warpgroup.
+  ``bar_arrive(barrier_id, nthreads)`` counts the calling warp's arrival without waiting: a
+  producer signals "written" (its shared-memory writes before it are seen by the threads
+  that ``bar_sync`` on the same barrier), and moves on; the waiters' ``bar_sync`` counts too.
+
+mbarriers (8 bytes of shared memory at the byte offset ``bar`` of the shared array ``arr``)
+- ``mbar_init(arr, bar, count)``, then ``mbar_fence_init()`` and a block barrier;
+- ``mbar_expect_tx(arr, bar, nbytes)``: arrive, announcing nbytes of copies that will
+  complete on this barrier; the phase completes when both the arrivals and the bytes are in;
+- ``mbar_try_wait(arr, bar, parity)``: True once the phase of that parity completed.
+In the simulator an mbarrier keeps [phases completed, bytes still expected] in its own 8 bytes
+and a copy counts its bytes off when issued (``complete_tx``): a waiter spins until the issuing
+lane has copied, as on the GPU.
+"""
+import threading
+
+from llvmlite import ir
+from numba.cuda import types
+from numba.cuda.extending import intrinsic
+
+from .._compat import SIMULATOR
+from ._codegen import addr32, i32, void_asm
+from ._twin import intrinsic_with_twin, no_op
+
+# -- named barriers ----------------------------------------------------------------------------
+
+
+class _Named:
+    """(Simulator) A named barrier: ``nthreads`` arrivals complete a phase; ``sync`` arrives
+    and waits for its phase to complete, ``arrive`` only counts."""
+
+    def __init__(self, nthreads):
+        self.n, self.count, self.phase = nthreads, 0, 0
+        self.cv = threading.Condition()
+
+    def _arrive(self):
+        self.count += 1
+        if self.count == self.n:
+            self.count, self.phase = 0, self.phase + 1
+            self.cv.notify_all()
+
+    def arrive(self):
+        with self.cv:
+            self._arrive()
+
+    def sync(self):
+        with self.cv:
+            phase = self.phase
+            self._arrive()
+            self.cv.wait_for(lambda: self.phase != phase)
+
+
+_named = {}
+_named_lock = threading.Lock()
+
+
+def _named_barrier(barrier_id, nthreads):
+    with _named_lock:  # (the simulator runs one block at a time)
+        key = barrier_id, nthreads
+        if key not in _named:
+            _named[key] = _Named(nthreads)
+        return _named[key]
+
+
+def _barrier_twin(method):
+    def barrier(barrier_id, nthreads):
+        getattr(_named_barrier(barrier_id, nthreads), method)()
+
+    return barrier
+
+
+def _barrier(text):
+    @intrinsic
+    def barrier(typingctx, barrier_id, nthreads):
+        def cg(ctx, b, sig, args):
+            ids = [addr32(ctx, b, v, t) for v, t in zip(args, sig.args)]
+            b.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32]),
+                                text, "r,r,~{memory}", side_effect=True), ids)
+            return ctx.get_dummy_value()
+
+        return types.void(barrier_id, nthreads), cg
+
+    return barrier
+
+
+bar_sync = _barrier_twin("sync") if SIMULATOR else _barrier("bar.sync $0, $1;")
+bar_arrive = _barrier_twin("arrive") if SIMULATOR else _barrier("bar.arrive $0, $1;")
+
+# -- mbarriers ---------------------------------------------------------------------------------
+
+# (Simulator) A condition keeps the lanes' updates of an mbarrier whole and wakes the waiters
+# when a phase completes.
+_mbar_cond = threading.Condition()
+
+
+def complete_tx(arr, bar, nbytes):
+    """(Simulator) ``nbytes`` of copies done (negative: announced) on the mbarrier at ``bar``;
+    the phase completes when none is still expected."""
+    with _mbar_cond:
+        arr[bar // 4 + 1] -= nbytes
+        if arr[bar // 4 + 1] == 0:
+            arr[bar // 4] += 1
+            _mbar_cond.notify_all()
+
+
+def _mbar_init_twin(arr, bar, count):
+    assert count == 1, "the twin models one arrival per phase"
+    arr[bar // 4] = 0
+    arr[bar // 4 + 1] = 0
+
+
+def _mbar_expect_tx_twin(arr, bar, nbytes):
+    complete_tx(arr, bar, -nbytes)
+
+
+def _mbar_op(text):
+    """An mbarrier instruction on (shared address ``bar``, 32-bit ``value``)."""
+
+    @intrinsic
+    def op(typingctx, arr, bar, value):
+        sig = types.void(arr, bar, value)
+
+        def cg(ctx, b, s, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32]), text,
+                               "r,r,~{memory}", side_effect=True)
+            b.call(asm, [addr32(ctx, b, args[1], s.args[1]),
+                         addr32(ctx, b, args[2], s.args[2])])
+            return ctx.get_dummy_value()
+
+        return sig, cg
+
+    return op
+
+
+mbar_init = (_mbar_init_twin if SIMULATOR
+             else _mbar_op("mbarrier.init.shared::cta.b64 [$0], $1;"))
+mbar_expect_tx = (_mbar_expect_tx_twin if SIMULATOR
+                  else _mbar_op("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;"))
+mbar_fence_init = no_op if SIMULATOR else void_asm("fence.mbarrier_init.release.cluster;")
+
+
+def _mbar_try_wait_twin(arr, bar, parity):
+    # Like the instruction, waits a while for the phase and then says whether it completed
+    # (sleeping, so the copying lanes get the interpreter).
+    with _mbar_cond:
+        return _mbar_cond.wait_for(lambda: arr[bar // 4] % 2 != parity, timeout=1.0)
+
+
+@intrinsic_with_twin(_mbar_try_wait_twin)
+def mbar_try_wait(typingctx, arr, bar, parity):
+    sig = types.boolean(arr, bar, parity)
+
+    def cg(ctx, b, s, args):
+        asm = ir.InlineAsm(
+            ir.FunctionType(i32, [i32, i32]),
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; "
+            "selp.b32 $0, 1, 0, p; }", "=r,r,r,~{memory}", side_effect=True)
+        r = b.call(asm, [addr32(ctx, b, args[1], s.args[1]),
+                         addr32(ctx, b, args[2], s.args[2])])
+        return b.icmp_unsigned("!=", r, ir.Constant(i32, 0))
+
+    return sig, cg

@@ -1,0 +1,135 @@
+"""16-bit floats (bfloat16, float16) to and from float32.
+
+16-bit storage reaches the kernels as int16 views (single elements) or int32 views (packed
+pairs, "x2") of the same memory: every array library can make one (torch has no bf16 in
+``__cuda_array_interface__``), and the kernels convert with these.
+
+- ``bf16_to_f32(x)``, ``f16_to_f32(x)``: int16 bits -> float32.
+- ``f32_to_bf16(x)``, ``f32_to_f16(x)``: float32 -> int16 bits, round to nearest even.
+- ``bf16x2_to_f32(w)``, ``f16x2_to_f32(w)``: int32 word (element 2i low, 2i+1 high) -> 2 floats.
+- ``pack_bf16x2(lo, hi)``, ``pack_f16x2(lo, hi)``: two floats -> one int32 word of 16-bit pairs
+  (round to nearest even), ``lo`` in the low half.
+"""
+import ml_dtypes
+import numpy as np
+from llvmlite import ir
+from numba.cuda import types
+from numba.cuda.extending import intrinsic
+
+from .._compat import SIMULATOR
+from ._codegen import f32, i16, i32, pair
+from ._twin import intrinsic_with_twin
+
+
+def _to_i16(b, v):
+    return b.trunc(v, i16) if v.type != i16 else v
+
+
+def _bf16_to_f32_twin(x):
+    return float(np.int16(x).view(ml_dtypes.bfloat16))
+
+
+@intrinsic_with_twin(_bf16_to_f32_twin)
+def bf16_to_f32(typingctx, x):
+    # bfloat16 is the top half of a float32: zero-extend, shift up 16, reinterpret.
+    def cg(ctx, b, sig, args):
+        return b.bitcast(b.shl(b.zext(_to_i16(b, args[0]), i32), ir.Constant(i32, 16)), f32)
+
+    return types.float32(x), cg
+
+
+def _f16_to_f32_twin(x):
+    return float(np.int16(x).view(np.float16))
+
+
+@intrinsic_with_twin(_f16_to_f32_twin)
+def f16_to_f32(typingctx, x):
+    def cg(ctx, b, sig, args):
+        return b.fpext(b.bitcast(_to_i16(b, args[0]), ir.HalfType()), f32)
+
+    return types.float32(x), cg
+
+
+def _f32_to_bf16_twin(x):
+    return np.float32(x).astype(ml_dtypes.bfloat16).view(np.int16)
+
+
+@intrinsic_with_twin(_f32_to_bf16_twin)
+def f32_to_bf16(typingctx, x):
+    def cg(ctx, b, sig, args):
+        v = ctx.cast(b, args[0], sig.args[0], types.float32)
+        asm = ir.InlineAsm(ir.FunctionType(i16, [f32]), "cvt.rn.bf16.f32 $0, $1;", "=h,f")
+        return b.call(asm, [v])
+
+    return types.int16(x), cg
+
+
+def _f32_to_f16_twin(x):
+    return np.float32(x).astype(np.float16).view(np.int16)
+
+
+@intrinsic_with_twin(_f32_to_f16_twin)
+def f32_to_f16(typingctx, x):
+    def cg(ctx, b, sig, args):
+        v = ctx.cast(b, args[0], sig.args[0], types.float32)
+        return b.bitcast(b.fptrunc(v, ir.HalfType()), i16)
+
+    return types.int16(x), cg
+
+
+def _bf16x2_to_f32_twin(w):
+    lo, hi = np.array([w], np.int32).view(ml_dtypes.bfloat16)
+    return float(lo), float(hi)
+
+
+@intrinsic_with_twin(_bf16x2_to_f32_twin)
+def bf16x2_to_f32(typingctx, w):
+    def cg(ctx, b, sig, args):
+        v = ctx.cast(b, args[0], sig.args[0], types.int32)
+        lo = b.bitcast(b.shl(v, ir.Constant(i32, 16)), f32)
+        hi = b.bitcast(b.and_(v, ir.Constant(i32, -65536)), f32)
+        return pair(ctx, b, sig, lo, hi)
+
+    return types.UniTuple(types.float32, 2)(w), cg
+
+
+def _f16x2_to_f32_twin(w):
+    lo, hi = np.array([w], np.int32).view(np.float16)
+    return float(lo), float(hi)
+
+
+@intrinsic_with_twin(_f16x2_to_f32_twin)
+def f16x2_to_f32(typingctx, w):
+    def cg(ctx, b, sig, args):
+        v = ctx.cast(b, args[0], sig.args[0], types.int32)
+        half = ir.HalfType()
+        lo = b.fpext(b.bitcast(b.trunc(v, i16), half), f32)
+        hi = b.fpext(b.bitcast(b.trunc(b.lshr(v, ir.Constant(i32, 16)), i16), half), f32)
+        return pair(ctx, b, sig, lo, hi)
+
+    return types.UniTuple(types.float32, 2)(w), cg
+
+
+def _pack_twin(dtype):
+    def pack(lo, hi):
+        return np.array([lo, hi], np.float32).astype(dtype).view(np.int32)[0]
+
+    return pack
+
+
+def _pack(text):
+    @intrinsic
+    def pack(typingctx, lo, hi):
+        def cg(ctx, b, sig, args):
+            lo_, hi_ = (ctx.cast(b, a, t, types.float32) for a, t in zip(args, sig.args))
+            asm = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]), text, "=r,f,f")
+            return b.call(asm, [hi_, lo_])  # cvt packs its first source in the high half
+
+        return types.int32(lo, hi), cg
+
+    return pack
+
+
+pack_bf16x2 = (_pack_twin(ml_dtypes.bfloat16) if SIMULATOR
+               else _pack("cvt.rn.bf16x2.f32 $0, $1, $2;"))
+pack_f16x2 = _pack_twin(np.float16) if SIMULATOR else _pack("cvt.rn.f16x2.f32 $0, $1, $2;")

@@ -1,0 +1,224 @@
+"""Shared memory through 32-bit addresses, and asynchronous copies from global memory into it.
+
+- ``smem_addr(arr)``: the 32-bit shared-memory address of a shared array (0 in the simulator).
+  The accesses below take ``addr = smem_addr(arr) + byte offset``: 32-bit address arithmetic
+  that folds into the instruction's immediate offset, instead of Numba's 64-bit indexing.
+  The simulator's twins check that each access is aligned to its size (a GPU faults).
+- ``lds32(arr, addr)``: one 4-byte element of the shared array ``arr`` (its dtype);
+  ``sts32(arr, addr, v)`` stores one.
+- ``lds64(arr, addr)``, ``lds128(arr, addr)``: two or four consecutive elements of ``arr``
+  (float32 or int32) in one 8- or 16-byte load (``ld.shared.v2``/``.v4``; addr aligned to
+  the load's size). Lanes at one address share a broadcast. ``sts128(arr, addr, v0, v1,
+  v2, v3)`` stores four floats at a 16-byte aligned ``addr`` of a float32 shared array.
+- ``global_addr(src, i0, i1, i2)``: the global address of ``src[i0, i1, i2]`` (an int64 on
+  the GPU). ``cp_async16_at(arr, addr, gaddr, valid)`` starts copying the 16 bytes at
+  ``gaddr`` (an address plus a byte offset: a row's address computed once serves all its
+  chunks, and the offsets fold into the instruction; the row's last axis must be contiguous)
+  into the shared ``arr`` at ``addr`` without passing through registers (``cp.async``, L2
+  only); zeros when not ``valid`` (nothing is read). ``cp_async4_at`` the same for 4 bytes
+  (through L1).
+- ``cp_async_commit()`` closes a group of copies, ``cp_async_wait_all()`` waits for this
+  thread's groups; a barrier then publishes them (and ``fence_proxy_async``, in wgmma.py,
+  to tensor-core reads).
+
+In the simulator a copy happens when it is issued.
+"""
+import numpy as np
+from llvmlite import ir
+from numba.cuda import types
+from numba.cuda.extending import intrinsic
+
+from .._compat import SIMULATOR
+from .._numba import array_data, item_pointer
+from ._codegen import addr32, f32, global_window, i32, i64, shared_window, void_asm
+from ._twin import intrinsic_with_twin, no_op, with_twin
+
+
+def _aligned(addr, nbytes, what, space="shared address"):
+    """(Simulator) The 4-byte element index of byte address ``addr``. A GPU faults on an
+    access not aligned to its size; here, with the base at 0 (shared memory) or aligned (the
+    arrays), the offset shows it, so the simulator fails where the GPU would."""
+    if addr % nbytes:
+        raise RuntimeError(f"{what}: {space} {addr} is not {nbytes}-byte aligned")
+    return addr // 4
+
+
+# -- addresses and loads/stores ----------------------------------------------------------------
+
+def _smem_addr_twin(arr):
+    return 0
+
+
+@intrinsic_with_twin(_smem_addr_twin)
+def smem_addr(typingctx, arr):
+    def cg(ctx, b, sig, args):
+        return shared_window(b, array_data(ctx, b, sig.args[0], args[0]))
+
+    return types.uint32(arr), cg
+
+
+# Loads are side_effect asm: they stay on their side of the barriers that order the
+# stores they read.
+
+def _lds32_twin(arr, addr):
+    return arr[_aligned(addr, 4, "lds32")]
+
+
+@intrinsic_with_twin(_lds32_twin)
+def lds32(typingctx, arr, addr):
+    def cg(ctx, b, sig, args):
+        asm = ir.InlineAsm(ir.FunctionType(i32, [i32]), "ld.shared.b32 $0, [$1];", "=r,r",
+                           side_effect=True)
+        r = b.call(asm, [addr32(ctx, b, args[1], sig.args[1])])
+        return b.bitcast(r, f32) if sig.return_type == types.float32 else r
+
+    return arr.dtype(arr, addr), cg
+
+
+def _sts32_twin(arr, addr, v):
+    arr[_aligned(addr, 4, "sts32")] = v
+
+
+@intrinsic_with_twin(_sts32_twin)
+def sts32(typingctx, arr, addr, v):
+    def cg(ctx, b, sig, args):
+        x = ctx.cast(b, args[2], sig.args[2], sig.args[0].dtype)
+        if x.type != i32:
+            x = b.bitcast(x, i32)
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32]),
+                           "st.shared.b32 [$0], $1;", "r,r,~{memory}", side_effect=True)
+        b.call(asm, [addr32(ctx, b, args[1], sig.args[1]), x])
+        return ctx.get_dummy_value()
+
+    return types.void(arr, addr, v), cg
+
+
+def _lds_vector_twin(n):
+    def load(arr, addr):
+        i = _aligned(addr, 4 * n, f"lds{32 * n}")
+        return tuple(arr[i + k] for k in range(n))
+
+    return load
+
+
+@with_twin(_lds_vector_twin)
+def _lds_vector(n):
+    """``ld.shared.v<n>``: n consecutive 4-byte elements of the shared array (its dtype,
+    float32 or int32) in one load."""
+    regs = ",".join(f"${k}" for k in range(n))
+
+    def typer(typingctx, arr, addr):
+        sig = types.UniTuple(arr.dtype, n)(arr, addr)
+        f = arr.dtype == types.float32
+        ty, c = (f32, "f") if f else (i32, "r")
+        text = f"ld.shared.v{n}.{'f32' if f else 'b32'} {{{regs}}}, [${n}];"
+
+        def cg(ctx, b, s, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([ty] * n), [i32]),
+                               text, ",".join([f"={c}"] * n + ["r"]), side_effect=True)
+            r = b.call(asm, [addr32(ctx, b, args[1], s.args[1])])
+            return ctx.make_tuple(b, s.return_type, [b.extract_value(r, k) for k in range(n)])
+
+        return sig, cg
+
+    typer.__name__ = f"lds{32 * n}"
+    return intrinsic(typer)
+
+
+lds64 = _lds_vector(2)
+lds128 = _lds_vector(4)
+
+
+def _sts128_twin(arr, addr, v0, v1, v2, v3):
+    i = _aligned(addr, 16, "sts128")
+    arr[i], arr[i + 1], arr[i + 2], arr[i + 3] = v0, v1, v2, v3
+
+
+@intrinsic_with_twin(_sts128_twin)
+def sts128(typingctx, arr, addr, v0, v1, v2, v3):
+    def cg(ctx, b, sig, args):
+        xs = [ctx.cast(b, x, t, types.float32) for x, t in zip(args[2:], sig.args[2:])]
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32] + [f32] * 4),
+                           "st.shared.v4.f32 [$0], {$1, $2, $3, $4};",
+                           "r,f,f,f,f,~{memory}", side_effect=True)
+        b.call(asm, [addr32(ctx, b, args[1], sig.args[1])] + xs)
+        return ctx.get_dummy_value()
+
+    return types.void(arr, addr, v0, v1, v2, v3), cg
+
+
+# -- asynchronous copies (cp.async) ------------------------------------------------------------
+
+class _GlobalAddr:
+    """The simulator's global address: an array and a byte offset into its C-order data."""
+
+    def __init__(self, src, byte):
+        self.src, self.byte = src, byte
+
+    def __add__(self, nbytes):
+        return _GlobalAddr(self.src, self.byte + int(nbytes))
+
+    def word(self, j):
+        i = self.byte // self.src.dtype.itemsize + j
+        return self.src[np.unravel_index(i, self.src.shape)]
+
+
+def _global_addr_twin(src, i0, i1, i2):
+    return _GlobalAddr(src, int(np.ravel_multi_index((i0, i1, i2), src.shape))
+                       * src.dtype.itemsize)
+
+
+@intrinsic_with_twin(_global_addr_twin)
+def global_addr(typingctx, src, i0, i1, i2):
+    sig = types.int64(src, i0, i1, i2)
+
+    def cg(ctx, b, s, args):
+        return global_window(b, item_pointer(ctx, b, s.args[0], args[0], args[1:4], s.args[1:4]))
+
+    return sig, cg
+
+
+def _cp_async_at_twin(nbytes, cache_op):
+    words = nbytes // 4
+
+    def copy(arr, addr, gaddr, valid):
+        i = _aligned(addr, nbytes, "cp_async")
+        _aligned(gaddr.byte, nbytes, "cp_async", "global offset")
+        for j in range(words):
+            arr[i + j] = gaddr.word(j) if valid else 0
+
+    return copy
+
+
+@with_twin(_cp_async_at_twin)
+def _cp_async_at(nbytes, cache_op):
+    """The ``cp.async`` of ``nbytes`` from the global address ``gaddr`` to the shared ``addr``
+    (``cache_op``: "ca" through L1, "cg" L2 only); a source size of 0 (``valid`` false)
+    zero-fills and reads nothing."""
+    text = f"cp.async.{cache_op}.shared.global [$0], [$1], {nbytes}, $2;"
+
+    @intrinsic
+    def copy(typingctx, arr, addr, gaddr, valid):
+        sig = types.void(arr, addr, gaddr, valid)
+
+        def cg(ctx, b, s, args):
+            addr = addr32(ctx, b, args[1], s.args[1])
+            gaddr = ctx.cast(b, args[2], s.args[2], types.int64)
+            ok = ctx.cast(b, args[3], s.args[3], types.boolean)
+            size = b.select(ok, ir.Constant(i32, nbytes), ir.Constant(i32, 0))
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i64, i32]), text,
+                               "r,l,r,~{memory}", side_effect=True)
+            b.call(asm, [addr, gaddr, size])
+            return ctx.get_dummy_value()
+
+        return sig, cg
+
+    return copy
+
+
+cp_async4_at = _cp_async_at(4, "ca")
+cp_async16_at = _cp_async_at(16, "cg")
+
+
+cp_async_commit = no_op if SIMULATOR else void_asm("cp.async.commit_group;")
+cp_async_wait_all = no_op if SIMULATOR else void_asm("cp.async.wait_group 0;")

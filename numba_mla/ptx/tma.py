@@ -1,0 +1,99 @@
+"""Bulk tensor copies (TMA) completing on shared-memory barriers (mbarriers, barriers.py).
+
+The copy engine moves a whole box of a 2-D tensor into shared memory from one instruction;
+the threads that issue it spend no registers or load slots on it (16-byte cp.async from every
+thread kept the load queue full and stalled the kernel on operand registers). Completion is
+counted in bytes on an mbarrier: one thread announces the bytes (``mbar_expect_tx``) and
+arrives, each copy signals its bytes, and the barrier's phase flips when both are done.
+
+- ``tensor_map(dev, rows, box_rows, box_cols=8, swizzle=False)`` (host): the 128-byte
+  tensor map (a uint8 device array) of a 16-bit array seen as ``[rows, 576]`` (``dev``: its
+  int32-word view, rows of 288 words), cut into boxes of ``box_rows`` rows x ``box_cols``
+  values. A box lands as its rows one after another; with ``swizzle`` (box_cols 64: rows of
+  128 bytes) in the 128-byte swizzled order wgmma's swizzled descriptors read.
+- ``tma_load(box_rows, box_cols=8, swizzle=False)`` -> ``load(arr, addr, tmap, src, col,
+  row, bar)``: start copying the box at value column ``col``, row ``row`` to the shared
+  ``addr`` (rows past the tensor's end read as zeros), completing on the mbarrier at
+  ``bar``. The box shape is the map's; here it serves the twin, as ``src`` (the array) does.
+
+In the simulator a copy happens when issued and counts its bytes off the mbarrier.
+"""
+import ctypes
+
+import numpy as np
+from llvmlite import ir
+from numba import cuda
+from numba.cuda import types
+from numba.cuda.extending import intrinsic
+
+from .._numba import item_pointer
+from ._codegen import addr32, i32, i64
+from ._twin import with_twin
+from .barriers import complete_tx
+from .wgmma import swizzle128
+
+
+def _tensor_map_twin(dev, rows, box_rows, box_cols=8, swizzle=False):
+    return cuda.to_device(np.zeros(128, np.uint8))  # unused: tma_load's twin reads src
+
+
+@with_twin(_tensor_map_twin)
+def tensor_map(dev, rows, box_rows, box_cols=8, swizzle=False):
+    from cuda.bindings import driver as cu
+
+    ptr = dev.__cuda_array_interface__["data"][0]
+    u32, u64 = cu.cuuint32_t, cu.cuuint64_t
+    err, tmap = cu.cuTensorMapEncodeTiled(
+        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16, u32(2), ptr,
+        [u64(576), u64(rows)], [u64(1152)], [u32(box_cols), u32(box_rows)],
+        [u32(1), u32(1)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        (cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle
+         else cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE),
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r} (rows {rows})")
+    raw = ctypes.string_at(tmap.getPtr(), 128)  # the opaque 128 bytes
+    return cuda.to_device(np.frombuffer(raw, np.uint8).copy())
+
+
+def _tma_load_twin(box_rows, box_cols=8, swizzle=False):
+    words = box_cols // 2
+    rows = np.arange(box_rows)[:, None]
+    offsets = 2 * box_cols * rows + 4 * np.arange(words)[None, :]  # bytes from addr
+
+    def load(arr, addr, tmap, src, col, row, bar):
+        flat = np.asarray(getattr(src, "_ary", src)).reshape(-1, src.shape[2])  # [rows, 288]
+        box = np.zeros((box_rows, words), np.int32)  # rows past the end read as zeros
+        n = max(0, min(box_rows, flat.shape[0] - row))
+        box[:n] = flat[row:row + n, col // 2:col // 2 + words]
+        byte = addr + offsets
+        np.asarray(arr)[(swizzle128(byte) if swizzle else byte) // 4] = box
+        complete_tx(arr, bar, 2 * box_cols * box_rows)
+
+    return load
+
+
+@with_twin(_tma_load_twin)
+def tma_load(box_rows, box_cols=8, swizzle=False):
+    @intrinsic
+    def load(typingctx, arr, addr, tmap, src, col, row, bar):
+        sig = types.void(arr, addr, tmap, src, col, row, bar)
+
+        def cg(ctx, b, s, args):
+            mp = item_pointer(ctx, b, s.args[2], args[2], [ir.Constant(i64, 0)], [types.int64])
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.VoidType(), [i32, i64, i32, i32, i32]),
+                "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx"
+                "::bytes [$0], [$1, {$2, $3}], [$4];", "r,l,r,r,r,~{memory}",
+                side_effect=True)
+            b.call(asm, [addr32(ctx, b, args[1], s.args[1]), b.ptrtoint(mp, i64),
+                         addr32(ctx, b, args[4], s.args[4]),
+                         addr32(ctx, b, args[5], s.args[5]),
+                         addr32(ctx, b, args[6], s.args[6])])
+            return ctx.get_dummy_value()
+
+        return sig, cg
+
+    return load

@@ -1,0 +1,248 @@
+"""Hopper warpgroup tensor cores: ``wgmma.mma_async``, its descriptors, fences and waits.
+
+A warpgroup (4 warps, 128 threads) issues ``wgmma.mma_async`` together: D[64 x N] (fp32, in
+registers, laid out as accumulators.py says) (+)= A[64 x 16] . B[16 x N], A and B 16-bit in
+shared memory, read through *descriptors*. Without swizzle the operand is cut into core
+matrices of 8 rows x 16 bytes, each 128 contiguous bytes, placed at
+    K-major (A, and B = K^T):  byte(r, k) = (r//8)*SBO + (k//8)*LBO + (r%8)*16 + (k%8)*2
+    MN-major (B = V, "trans-b"): byte(k, n) = (n//8)*SBO + (k//8)*LBO + (k%8)*16 + (n%8)*2
+(r: row of A or column n of B; LBO steps along K, SBO along M or N).
+
+- ``wgmma_desc(lbo, sbo, swizzle=False)`` -> ``desc(addr)``: the 64-bit descriptor of an
+  operand at the 32-bit shared address ``addr`` (LBO, SBO compile-time). ``swizzle``: the
+  128-byte swizzled layout TMA writes (rows of 64 values, 128 bytes; 16-byte chunk j of
+  row r at j ^ (r % 8)): K-major, atoms of 8 rows SBO apart (LBO unused; a K step of 16
+  moves the start 32 bytes); MN-major, N in 64-value atoms LBO apart, K in 8-row groups SBO
+  apart. ``desc_advance(desc, nbytes)``: the descriptor of the operand ``nbytes`` further
+  on (one 64-bit add: the address field, addr >> 4 in the low 14 bits, never carries within
+  shared memory's 228 KB), so a loop of products builds its descriptors once.
+- ``wgmma(n, tag, trans_b)`` -> ``mma(acc, arr, desc_a, desc_b, accumulate, wtid)``: issue one
+  m64n{n}k16 product (tag "bf16" or "f16") into ``acc[:n//2]``; ``accumulate`` 0 overwrites.
+  ``arr`` (the shared array) and ``wtid`` (thread index in the warpgroup) serve the twin.
+- ``wgmma_rs(n, tag, trans_b)`` -> ``mma(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid)``:
+  the same product with A from registers: the thread's four int32 words of A [64 x 16]
+  (16-bit pairs) in mma.sync's A layout over its warp's 16 rows (r = 16*(warp % 4) +
+  lane//4, t = lane % 4): a0 = A[r, 2t:2t+2], a1 = A[r+8, 2t:2t+2], a2 = A[r, 2t+8:2t+10],
+  a3 = A[r+8, 2t+8:2t+10]. That is an accumulator's layout: words packed from a score
+  fragment (keys 16j..16j+15: elements 8j..8j+7, in pairs) are A for P V, no shared memory
+  in between. ``tid`` is the thread's index in its block (the twin exchanges within a warp).
+- ``wgmma_fence()`` before the first wgmma of a batch (orders register writes to the
+  accumulators), ``wgmma_commit()`` closes the batch; ``wgmma_wait(nacc)`` -> ``wait(acc)``
+  waits for every committed batch, with ``acc[:nacc]`` tied through so no read of it moves
+  above the wait; ``wgmma_wait2(n1, n2)`` -> ``wait(acc1, acc2)`` ties two accumulators
+  (a wait that also covers an earlier batch into another accumulator).
+- ``fence_proxy_async()``: shared-memory writes by ordinary stores and cp.async become
+  visible to wgmma (the async proxy); then a barrier.
+
+The twins decode the descriptors' bits to find the operands in the shared array and compute the
+thread's part of the product in float64; the fences, commits and waits have nothing to do.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import uint64
+from numba.cuda import types
+from numba.cuda.extending import intrinsic
+
+from .._compat import SIMULATOR
+from ._codegen import acc_pointers, i32, i64, tied_asm, void_asm
+from ._twin import device_with_twin, no_op, with_twin
+from .accumulators import _acc_col, _acc_row
+from .mma_sync import DTYPES, a_fragment, halves
+from .warp import warp_gather
+
+# -- descriptors -------------------------------------------------------------------------------
+
+
+def swizzle128(byte):
+    """The 128-byte swizzle (TMA's and wgmma's): 16-byte chunk j of a 128-byte row r sits at
+    chunk j ^ (r % 8); address bits 4-6 take bits 7-9 (buffers 1024-byte aligned)."""
+    return byte ^ (((byte >> 7) & 7) << 4)
+
+
+def _wgmma_desc_twin(lbo, sbo, swizzle=False):
+    def desc(addr):
+        return (((int(addr) >> 4) & 0x3FFF) | (((lbo >> 4) & 0x3FFF) << 16)
+                | (((sbo >> 4) & 0x3FFF) << 32) | (int(swizzle) << 62))
+
+    return desc
+
+
+@with_twin(_wgmma_desc_twin)
+def wgmma_desc(lbo, sbo, swizzle=False):
+    # Built inside an intrinsic: mixing uint64 and int64 in Numba code promotes to float64.
+    # The address is masked to its 14 bits (ptxas folds the CTA id into the bits above 24).
+    hi = ((lbo >> 4) & 0x3FFF) << 16 | ((sbo >> 4) & 0x3FFF) << 32 | int(swizzle) << 62
+
+    @intrinsic
+    def desc(typingctx, addr):
+        def cg(ctx, b, sig, args):
+            a = b.zext(ctx.cast(b, args[0], sig.args[0], types.uint32), i64)
+            a = b.and_(b.lshr(a, ir.Constant(i64, 4)), ir.Constant(i64, 0x3FFF))
+            return b.or_(a, ir.Constant(i64, hi))
+
+        return types.uint64(addr), cg
+
+    return desc
+
+
+def _desc_advance_twin(desc, nbytes):
+    return desc + (int(nbytes) >> 4)
+
+
+@device_with_twin(_desc_advance_twin)
+def desc_advance(desc, nbytes):
+    return desc + uint64(nbytes >> 4)
+
+
+def _operand(arr, desc, rows, kmajor, dtype):
+    """(Simulator) The 16-bit operand a descriptor describes, as float64 [rows, 16] (A: rows =
+    M; B: rows = N, so the product is A @ B_op.T), decoded from the descriptor's bits."""
+    addr = (desc & 0x3FFF) << 4
+    lbo = ((desc >> 16) & 0x3FFF) << 4
+    sbo = ((desc >> 32) & 0x3FFF) << 4
+    r = np.arange(rows)[:, None]
+    k = np.arange(16)[None, :]
+    if (desc >> 62) & 3 == 1:  # 128-byte swizzle: rows of 64 values, 8-row atoms
+        if kmajor:  # atoms SBO apart along M/N (K steps move the start by 32 bytes)
+            byte = addr + (r // 8) * sbo + (r % 8) * 128 + k * 2
+        else:  # N in 64-value atoms LBO apart, K in 8-row groups SBO apart
+            byte = addr + (r // 64) * lbo + (k // 8) * sbo + (k % 8) * 128 + (r % 64) * 2
+        byte = swizzle128(byte)
+    elif kmajor:
+        byte = addr + (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16 + (k % 8) * 2
+    else:
+        byte = addr + (r // 8) * sbo + (k // 8) * lbo + (k % 8) * 16 + (r % 8) * 2
+    return np.asarray(arr).view(np.uint16)[byte // 2].view(dtype).astype(np.float64)
+
+
+# -- products ----------------------------------------------------------------------------------
+
+def _wgmma_twin(n, tag, trans_b):
+    dtype = DTYPES[tag]
+    idx = np.arange(n // 2)
+
+    def mma(acc, arr, desc_a, desc_b, accumulate, wtid):
+        a = _operand(arr, desc_a, 64, True, dtype)
+        bt = _operand(arr, desc_b, n, not trans_b, dtype)
+        d = (a[_acc_row(idx, wtid)] * bt[_acc_col(idx, wtid)]).sum(axis=1)
+        if accumulate:
+            d += acc[:n // 2]
+        acc[:n // 2] = d
+
+    return mma
+
+
+@with_twin(_wgmma_twin)
+def wgmma(n, tag, trans_b):
+    nacc = n // 2
+    regs = ",".join(f"${i}" for i in range(nacc))
+    text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; "
+            "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, $%d, $%d, p, 1, 1, 0, %d; }"
+            % (nacc + 2, n, tag, tag, regs, nacc, nacc + 1, int(trans_b)))
+
+    @intrinsic
+    def mma(typingctx, acc, arr, desc_a, desc_b, accumulate, wtid):
+        sig = types.void(acc, arr, desc_a, desc_b, accumulate, wtid)
+
+        def cg(ctx, b, s, args):
+            ptrs = acc_pointers(ctx, b, s.args[0], args[0], nacc)
+            ins = [ctx.cast(b, args[2], s.args[2], types.uint64),
+                   ctx.cast(b, args[3], s.args[3], types.uint64),
+                   ctx.cast(b, args[4], s.args[4], types.uint32)]
+            tied_asm(b, ptrs, text, [i64, i64, i32], ["l", "l", "r"], ins)
+            return ctx.get_dummy_value()
+
+        return sig, cg
+
+    return mma
+
+
+def _wgmma_rs_twin(n, tag, trans_b):
+    dtype = DTYPES[tag]
+    idx = np.arange(n // 2)
+
+    def mma(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid):
+        # The warp's 16 rows of A from its lanes' words (one warp exchange), then the
+        # thread's fragment as for the shared-memory form.
+        a = a_fragment(halves(warp_gather((a0, a1, a2, a3), tid), dtype))
+        wtid = tid % 128
+        bt = _operand(arr, desc_b, n, not trans_b, dtype)
+        d = (a[_acc_row(idx, wtid) % 16] * bt[_acc_col(idx, wtid)]).sum(axis=1)
+        if accumulate:
+            d += acc[:n // 2]
+        acc[:n // 2] = d
+
+    return mma
+
+
+@with_twin(_wgmma_rs_twin)
+def wgmma_rs(n, tag, trans_b):
+    nacc = n // 2
+    regs = ",".join(f"${i}" for i in range(nacc))
+    text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; "
+            "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, {$%d,$%d,$%d,$%d}, $%d, "
+            "p, 1, 1, %d; }"
+            % (nacc + 5, n, tag, tag, regs, nacc, nacc + 1, nacc + 2, nacc + 3, nacc + 4,
+               int(trans_b)))
+
+    @intrinsic
+    def mma(typingctx, acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid):
+        sig = types.void(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid)
+
+        def cg(ctx, b, s, args):
+            ptrs = acc_pointers(ctx, b, s.args[0], args[0], nacc)
+            ins = [ctx.cast(b, args[k], s.args[k], types.int32) for k in range(1, 5)]
+            ins += [ctx.cast(b, args[6], s.args[6], types.uint64),
+                    ctx.cast(b, args[7], s.args[7], types.uint32)]
+            tied_asm(b, ptrs, text, [i32] * 4 + [i64, i32], ["r"] * 4 + ["l", "r"], ins)
+            return ctx.get_dummy_value()
+
+        return sig, cg
+
+    return mma
+
+
+# -- fences, commits, waits --------------------------------------------------------------------
+
+wgmma_fence = no_op if SIMULATOR else void_asm("wgmma.fence.sync.aligned;")
+wgmma_commit = no_op if SIMULATOR else void_asm("wgmma.commit_group.sync.aligned;")
+fence_proxy_async = no_op if SIMULATOR else void_asm("fence.proxy.async.shared::cta;")
+
+
+def _wait_all(counts):
+    """Codegen of ``wgmma.wait_group 0`` with the first ``counts[i]`` values of accumulator
+    argument i tied through."""
+
+    def cg(ctx, b, sig, args):
+        ptrs = [ptr for ty, acc, n in zip(sig.args, args, counts)
+                for ptr in acc_pointers(ctx, b, ty, acc, n)]
+        tied_asm(b, ptrs, "wgmma.wait_group.sync.aligned 0;", [], [], [])
+        return ctx.get_dummy_value()
+
+    return cg
+
+
+def _wgmma_wait_twin(nacc):
+    return no_op
+
+
+@with_twin(_wgmma_wait_twin)
+def wgmma_wait(nacc):
+    @intrinsic
+    def wait(typingctx, acc):
+        return types.void(acc), _wait_all((nacc,))
+
+    return wait
+
+
+def _wgmma_wait2_twin(n1, n2):
+    return no_op
+
+
+@with_twin(_wgmma_wait2_twin)
+def wgmma_wait2(n1, n2):
+    @intrinsic
+    def wait(typingctx, acc1, acc2):
+        return types.void(acc1, acc2), _wait_all((n1, n2))
+
+    return wait
