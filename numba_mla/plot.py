@@ -6,8 +6,11 @@
    byte of the fewest bytes), under the measured copy-bandwidth line and dense bf16 ceiling.
 3. ``splitk.png``: GPU time against the split-K factor (num_partitions) for the long single
    sequence, p10-p90 as error bars; the library's own choice starred.
-4. ``host_overhead.png``: what one whole Python call costs beyond the GPU time, per provider
-   and shape (``overhead_us``, or ``host_us - us`` for files that lack it).
+4. ``latency_vs_spread.png``: GPU time against the spread of the lengths (the ``varlen``
+   sweep: lengths uniform in [L(1-s), L(1+s)]), a panel per shape, a line per provider.
+5. ``host_overhead.png``: what one whole Python call costs beyond the GPU time, per provider
+   and shape (``overhead_us``, or ``host_us - us`` for files from before it existed). A value
+   below zero is the spread of two medians, drawn as such (left of the zero line).
 
 Each figure is titled with the device, date and commit of the run. A figure whose rows are
 absent from the file is skipped with a message.
@@ -16,7 +19,7 @@ import glob
 import json
 import os
 
-FIGURES = ("latency_vs_length", "roofline", "splitk", "host_overhead")
+FIGURES = ("latency_vs_length", "roofline", "splitk", "latency_vs_spread", "host_overhead")
 MARKERS = "osD^v<>phX*"
 
 
@@ -48,7 +51,7 @@ def _stamp(meta):
 
 
 def _intensity(r):
-    """FLOP per byte: the row's own counts, else PERFORMANCE.md's formula (null mask)."""
+    """FLOP per byte: the row's own counts, else docs/performance.md's formula (null mask)."""
     if r.get("intensity"):
         return r["intensity"]
     B, H, L, sq = r["batch"], r["heads"], r["seqlen"], r.get("sq", 1)
@@ -64,7 +67,8 @@ def _styles(keys):
 
 
 def latency_vs_length(meta, rows, path, plt):
-    sel = [r for r in rows if r.get("num_partitions_requested") is None]
+    sel = [r for r in rows if r.get("num_partitions_requested") is None
+           and r.get("sweep") != "varlen"]
     lengths_rows = [r for r in sel if r.get("sweep") == "lengths"]
     sel = lengths_rows or sel
     if not sel:
@@ -141,10 +145,63 @@ def roofline(meta, rows, path, plt):
     ax.set_xlabel("arithmetic intensity (FLOP per byte of the fewest bytes)")
     ax.set_ylabel("achieved TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
-    ax.xaxis.set_minor_formatter(plt.NullFormatter())  # decade labels only: no overlaps
+    _log_ticks(ax.xaxis, lo, hi)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: no point hidden
     note = "" if copy else " (no ceilings in this file)"
     ax.set_title(f"Roofline{note}\n{_stamp(meta)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _log_ticks(axis, lo, hi):
+    """Ticks at 1, 2 and 5 times the powers of ten inside [lo, hi] on a log axis, labelled as
+    plain numbers (matplotlib's default labels only the decades, and a range narrower than a
+    decade or two then shows one label or none)."""
+    import math
+
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+    ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+             for m in (1, 2, 5) if lo <= m * 10.0**e <= hi]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
+    axis.set_minor_locator(NullLocator())
+    axis.set_minor_formatter(NullFormatter())
+
+
+def latency_vs_spread(meta, rows, path, plt):
+    sel = [r for r in rows if r.get("sweep") == "varlen" and r.get("spread") is not None
+           and r.get("num_partitions_requested") is None]
+    if not sel:
+        return "no rows of the varlen sweep (numba-mla bench --sweep varlen)"
+    shapes = []
+    for r in sel:
+        if _shape(r) not in shapes:
+            shapes.append(_shape(r))
+    color = _styles({_who(r) for r in sel})
+    ncols = min(3, len(shapes))
+    nrows = -(-len(shapes) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.9 * nrows), squeeze=False)
+    for ax, shape in zip(axes.flat, shapes):
+        groups = {}
+        for r in sel:
+            if _shape(r) == shape:
+                groups.setdefault(_who(r), []).append(r)
+        for who in sorted(groups):
+            rs = sorted(groups[who], key=lambda r: r["spread"])
+            ax.plot([r["spread"] for r in rs], [r["us"] for r in rs], marker="o",
+                    color=color[who], label=who)
+        ax.set_xlabel("length spread s (lengths uniform in [L(1-s), L(1+s)])")
+        ax.set_ylabel("GPU time per call (us, median)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"B x H x L = {shape}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(shapes):]:
+        ax.set_visible(False)
+    fig.suptitle(f"MLA decode latency vs spread of the lengths (mean L fixed)\n{_stamp(meta)}",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -189,7 +246,12 @@ def splitk(meta, rows, path, plt):
 
 
 def _overhead(r):
-    if r.get("overhead_us") is not None:
+    """(us, how it was derived) of a row's host cost beyond the GPU time, or (None, None).
+    ``host_us - us`` only for files from before ``overhead_us`` existed: a row that has the
+    key but no value (the simulator) has no overhead to show."""
+    if "overhead_us" in r:
+        if r["overhead_us"] is None:
+            return None, None
         return r["overhead_us"], "host_sync_us - us_warm"
     if r.get("host_us") is not None:
         return r["host_us"] - r["us"], "host_us - us"
@@ -200,7 +262,7 @@ def host_overhead(meta, rows, path, plt):
     sel = [r for r in rows if _overhead(r)[0] is not None
            and r.get("num_partitions_requested") is None]
     if not sel:
-        return "no rows with host_us"
+        return "no rows with a host overhead (overhead_us, or host_us in older files)"
     # One call's host cost does not depend on the shape, and on a long kernel the run-to-run
     # spread of two medians swamps it: the default sweep's rows, where a run has them.
     default = [r for r in sel if r.get("sweep") == "default"]
@@ -210,18 +272,22 @@ def host_overhead(meta, rows, path, plt):
     vals = [_overhead(r)[0] for r in sel]
     how = sorted({_overhead(r)[1] for r in sel})
     fig, ax = plt.subplots(figsize=(8, 1.6 + 0.28 * len(sel)))
-    y = range(len(sel))
-    ax.barh(list(y), [max(v, 0.5) for v in vals], color=[color[_who(r)] for r in sel])
+    y = list(range(len(sel)))
+    # Drawn at their own sign: a negative difference is noise and must look like it.
+    ax.barh(y, vals, color=[color[_who(r)] for r in sel])
+    ax.axvline(0, color="k", lw=0.8)
     for i, (r, v) in enumerate(zip(sel, vals)):
-        ax.text(max(v, 0.5), i, f" {v:.0f} us (GPU {r.get('us_warm') or r['us']:.0f} us)",
-                va="center", fontsize=7)
-    ax.set_yticks(list(y))
+        gpu = r.get("us_warm") or r["us"]
+        ax.text(max(v, 0), i, f" {v:.0f} us (GPU {gpu:.0f} us)", va="center", fontsize=7)
+    ax.set_yticks(y)
     ax.set_yticklabels([f"{_who(r)}  {_shape(r)}" for r in sel], fontsize=7)
     ax.invert_yaxis()
-    pos = [v for v in vals if v > 0.5]
-    if pos and max(pos) / min(pos) > 50:  # a wide range: log scale
+    if min(vals) > 0 and max(vals) / min(vals) > 50:  # all positive over a wide range: log
         ax.set_xscale("log")
-    ax.set_xlabel(f"host overhead per call, us ({' / '.join(how)})")
+    else:
+        ax.set_xlim(min(0.0, min(vals)) * 1.1, max(max(vals), 1.0) * 1.6)  # room for labels
+    note = "; below 0: within the spread of the two medians" if min(vals) < 0 else ""
+    ax.set_xlabel(f"host overhead per call, us ({' / '.join(how)}{note})")
     ax.grid(True, axis="x", which="both", alpha=0.3)
     ax.set_title(f"Python call cost beyond the GPU time\n{_stamp(meta)}", fontsize=10)
     fig.tight_layout()
@@ -262,8 +328,42 @@ def headline_markdown(meta, rows):
     return "\n".join(lines) + "\n"
 
 
+def varlen_markdown(meta, rows):
+    """A Markdown table of the varlen sweep: per shape and spread, each provider's median us
+    and, beside numba_mla's rows, their time over FlashMLA's when the run has FlashMLA."""
+    sel = [r for r in rows if r.get("sweep") == "varlen" and r.get("spread") is not None]
+    if not sel:
+        return None
+    who = sorted({_who(r) for r in sel}, key=lambda w: (not w.startswith("numba_mla"), w))
+    keys = []
+    for r in sel:
+        key = (_shape(r), r["spread"])
+        if key not in keys:
+            keys.append(key)
+    cell = {(_who(r), _shape(r), r["spread"]): r for r in sel}
+    lines = [f"{_stamp(meta)}; median GPU microseconds, lengths uniform in [L(1-s), L(1+s)] "
+             "(range in brackets); x FlashMLA's time where it ran", "",
+             "| B x H x L | s | lengths | " + " | ".join(who) + " |",
+             "| --- | --- | --- |" + " --- |" * len(who)]
+    for shape, spread in keys:
+        rs = [cell.get((w, shape, spread)) for w in who]
+        any_row = next(r for r in rs if r is not None)
+        flash = cell.get(("flash_mla", shape, spread))
+        cells = []
+        for w, r in zip(who, rs):
+            if r is None:
+                cells.append("-")
+                continue
+            ratio = (f" ({r['us'] / flash['us']:.2f}x)"
+                     if flash is not None and w.startswith("numba_mla") else "")
+            cells.append(f"{r['us']:.1f}{ratio}")
+        span = f"{any_row.get('length_min', '?')}..{any_row.get('length_max', '?')}"
+        lines.append(f"| {shape} | {spread:g} | {span} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 PLOTTERS = {"latency_vs_length": latency_vs_length, "roofline": roofline, "splitk": splitk,
-            "host_overhead": host_overhead}
+            "latency_vs_spread": latency_vs_spread, "host_overhead": host_overhead}
 
 
 def main(json_path=None, out_dir="plots", log=print):
@@ -280,18 +380,24 @@ def main(json_path=None, out_dir="plots", log=print):
     meta, rows = load(json_path)
     os.makedirs(out_dir, exist_ok=True)
     written = []
+    # The varlen sweep's rows have a figure and a table of their own; the other figures and
+    # the headline table leave them out (plotting a varlen run into plots/ then replaces
+    # nothing else there).
+    base = [r for r in rows if r.get("sweep") != "varlen"]
     for name in FIGURES:
         path = os.path.join(out_dir, f"{name}.png")
-        why = PLOTTERS[name](meta, rows, path, plt)
+        why = PLOTTERS[name](meta, rows if name == "latency_vs_spread" else base, path, plt)
         if why:
             log(f"numba-mla plot: skipped {name}: {why}")
         else:
             written.append(path)
             log(f"numba-mla plot: wrote {path}")
-    table = headline_markdown(meta, rows)
-    if table:
-        path = os.path.join(out_dir, "headline.md")
-        with open(path, "w") as f:
-            f.write(table)
-        log(f"numba-mla plot: wrote {path} (the README's table of headline figures)")
+    for name, table, what in (
+            ("headline.md", headline_markdown(meta, base), "the README's table of headline figures"),
+            ("varlen.md", varlen_markdown(meta, rows), "the varlen sweep's table")):
+        if table:
+            path = os.path.join(out_dir, name)
+            with open(path, "w") as f:
+                f.write(table)
+            log(f"numba-mla plot: wrote {path} ({what})")
     return written
