@@ -146,6 +146,7 @@ def roofline(meta, rows, path, plt):
     ax.set_ylabel("achieved TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
     _log_ticks(ax.xaxis, lo, hi)
+    _log_ticks(ax.yaxis, *ax.get_ylim())
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: no point hidden
     note = "" if copy else " (no ceilings in this file)"
     ax.set_title(f"Roofline{note}\n{_stamp(meta)}", fontsize=10)
@@ -155,15 +156,21 @@ def roofline(meta, rows, path, plt):
 
 
 def _log_ticks(axis, lo, hi):
-    """Ticks at 1, 2 and 5 times the powers of ten inside [lo, hi] on a log axis, labelled as
-    plain numbers (matplotlib's default labels only the decades, and a range narrower than a
-    decade or two then shows one label or none)."""
+    """Ticks at 1, 2 and 5 times the powers of ten inside [lo, hi] on a log axis (finer under
+    a decade), labelled as plain numbers: matplotlib's default labels only the decades, and a
+    range narrower than a decade or two then shows one label or none."""
     import math
 
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-    ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
-             for m in (1, 2, 5) if lo <= m * 10.0**e <= hi]
+    def within(steps):
+        return [m * 10.0**e
+                for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+                for m in steps if lo <= m * 10.0**e <= hi]
+
+    ticks = within((1, 2, 5))
+    if len(ticks) < 3:  # under a decade: finer steps
+        ticks = within((1, 1.5, 2, 3, 4, 6, 8))
     axis.set_major_locator(FixedLocator(ticks))
     axis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
     axis.set_minor_locator(NullLocator())
@@ -182,7 +189,7 @@ def latency_vs_spread(meta, rows, path, plt):
     color = _styles({_who(r) for r in sel})
     ncols = min(3, len(shapes))
     nrows = -(-len(shapes) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.9 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 3.9 * nrows), squeeze=False)
     for ax, shape in zip(axes.flat, shapes):
         groups = {}
         for r in sel:
@@ -194,10 +201,13 @@ def latency_vs_spread(meta, rows, path, plt):
                     color=color[who], label=who)
         ax.set_xlabel("length spread s (lengths uniform in [L(1-s), L(1+s)])")
         ax.set_ylabel("GPU time per call (us, median)")
-        ax.set_ylim(bottom=0)
+        ax.set_xticks(sorted({r["spread"] for r in sel}))
+        # log: the FMA kernel's times would flatten the others' on a linear axis
+        ax.set_yscale("log")
+        _log_ticks(ax.yaxis, *ax.get_ylim())
         ax.set_title(f"B x H x L = {shape}", fontsize=9)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     for ax in list(axes.flat)[len(shapes):]:
         ax.set_visible(False)
     fig.suptitle(f"MLA decode latency vs spread of the lengths (mean L fixed)\n{_stamp(meta)}",
@@ -278,7 +288,8 @@ def host_overhead(meta, rows, path, plt):
     ax.axvline(0, color="k", lw=0.8)
     for i, (r, v) in enumerate(zip(sel, vals)):
         gpu = r.get("us_warm") or r["us"]
-        ax.text(max(v, 0), i, f" {v:.0f} us (GPU {gpu:.0f} us)", va="center", fontsize=7)
+        shown = f"{v:.0f} us" if v >= 0.5 else ("0 us" if v > -0.5 else f"{v:.0f} us, noise")
+        ax.text(max(v, 0), i, f" {shown} (GPU {gpu:.0f} us)", va="center", fontsize=7)
     ax.set_yticks(y)
     ax.set_yticklabels([f"{_who(r)}  {_shape(r)}" for r in sel], fontsize=7)
     ax.invert_yaxis()
@@ -286,8 +297,8 @@ def host_overhead(meta, rows, path, plt):
         ax.set_xscale("log")
     else:
         ax.set_xlim(min(0.0, min(vals)) * 1.1, max(max(vals), 1.0) * 1.6)  # room for labels
-    note = "; below 0: within the spread of the two medians" if min(vals) < 0 else ""
-    ax.set_xlabel(f"host overhead per call, us ({' / '.join(how)}{note})")
+    note = "\nbelow 0: within the spread of the two medians, not a cost" if min(vals) < 0 else ""
+    ax.set_xlabel(f"host overhead per call, us ({' / '.join(how)}){note}")
     ax.grid(True, axis="x", which="both", alpha=0.3)
     ax.set_title(f"Python call cost beyond the GPU time\n{_stamp(meta)}", fontsize=10)
     fig.tight_layout()
@@ -341,8 +352,9 @@ def varlen_markdown(meta, rows):
         if key not in keys:
             keys.append(key)
     cell = {(_who(r), _shape(r), r["spread"]): r for r in sel}
-    lines = [f"{_stamp(meta)}; median GPU microseconds, lengths uniform in [L(1-s), L(1+s)] "
-             "(range in brackets); x FlashMLA's time where it ran", "",
+    lines = [f"{_stamp(meta)}; median GPU microseconds; lengths uniform in [L(1-s), L(1+s)] "
+             "(the drawn range in its column); in brackets, numba_mla's time over FlashMLA's "
+             "where the run has FlashMLA", "",
              "| B x H x L | s | lengths | " + " | ".join(who) + " |",
              "| --- | --- | --- |" + " --- |" * len(who)]
     for shape, spread in keys:
@@ -354,7 +366,7 @@ def varlen_markdown(meta, rows):
             if r is None:
                 cells.append("-")
                 continue
-            ratio = (f" ({r['us'] / flash['us']:.2f}x)"
+            ratio = (f" [{r['us'] / flash['us']:.2f}x]"
                      if flash is not None and w.startswith("numba_mla") else "")
             cells.append(f"{r['us']:.1f}{ratio}")
         span = f"{any_row.get('length_min', '?')}..{any_row.get('length_max', '?')}"
@@ -386,6 +398,9 @@ def main(json_path=None, out_dir="plots", log=print):
     base = [r for r in rows if r.get("sweep") != "varlen"]
     for name in FIGURES:
         path = os.path.join(out_dir, f"{name}.png")
+        if name != "latency_vs_spread" and not base:
+            log(f"numba-mla plot: skipped {name}: the file has only rows of the varlen sweep")
+            continue
         why = PLOTTERS[name](meta, rows if name == "latency_vs_spread" else base, path, plt)
         if why:
             log(f"numba-mla plot: skipped {name}: {why}")
