@@ -408,7 +408,8 @@ def main(json_path=None, out_dir="plots", log=print):
             written.append(path)
             log(f"numba-mla plot: wrote {path}")
     for name, table, what in (
-            ("headline.md", headline_markdown(meta, base), "the README's table of headline figures"),
+            ("headline.md", headline_markdown(meta, base),
+             "the README's table of headline figures"),
             ("varlen.md", varlen_markdown(meta, rows), "the varlen sweep's table")):
         if table:
             path = os.path.join(out_dir, name)

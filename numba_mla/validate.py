@@ -143,7 +143,8 @@ def _fmt(row):
             f"{row['lse_err']:9.2e} {row['lse_ref_err']:9.2e}  {status}")
 
 
-HEADER = (f"{'shape':<26} {'kernel':<9} {'dtype':<5} {'cache':<10} {'mask':<15} {'score_mod':<9} {'P':>5} "
+HEADER = (f"{'shape':<26} {'kernel':<9} {'dtype':<5} {'cache':<10} {'mask':<15} "
+          f"{'score_mod':<9} {'P':>5} "
           f"{'out err':>9} {'out rel':>9} {'np32 err':>9} {'lse err':>9} {'np32 err':>9}  result")
 
 
