@@ -112,10 +112,12 @@ def _add_plot(sub):
                     "(GPU time vs split-K factor on one long sequence), latency_vs_spread.png "
                     "(GPU time vs the spread of the lengths, from the varlen sweep), "
                     "host_overhead.png (Python call cost beyond the GPU time); headline.md and "
-                    "varlen.md (tables). Each is stamped with the run's device, date and commit; "
+                    "varlen.md (tables); from scripts/host_overhead.py's JSON, host_paths.png. "
+                    "Each is stamped with the run's device, date and commit; "
                     "a figure whose rows are absent is skipped with a message.")
     p.add_argument("--json", default=None,
-                   help="bench JSON (default: the newest plots/bench_*.json)")
+                   help="bench JSON, or scripts/host_overhead.py's (default: the newest "
+                        "plots/bench_*.json)")
     p.add_argument("--out-dir", default="plots", help="where the PNGs go (default: plots)")
 
 

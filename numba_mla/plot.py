@@ -12,6 +12,10 @@
    and shape (``overhead_us``, or ``host_us - us`` for files from before it existed). A value
    below zero is the spread of two medians, drawn as such (left of the zero line).
 
+Given ``scripts/host_overhead.py``'s JSON instead, it draws ``host_paths.png``: per path
+(plain ``mla_decode``, a new cache each call, a prepared step, FlashMLA, torch), one call +
+synchronize and enqueue only.
+
 Each figure is titled with the device, date and commit of the run. A figure whose rows are
 absent from the file is skipped with a message.
 """
@@ -24,9 +28,14 @@ MARKERS = "osD^v<>phX*"
 
 
 def load(path):
+    """(meta, rows) of a bench JSON (rows with a time), or of ``scripts/host_overhead.py``'s
+    JSON (rows with a ``path``)."""
     with open(path) as f:
         doc = json.load(f)
-    return doc.get("meta", {}), [r for r in doc.get("rows", []) if r.get("us")]
+    rows = doc.get("rows", [])
+    if rows and all("path" in r for r in rows):
+        return doc.get("meta", {}), rows
+    return doc.get("meta", {}), [r for r in rows if r.get("us")]
 
 
 def default_json(directory="plots"):
@@ -306,6 +315,42 @@ def host_overhead(meta, rows, path, plt):
     plt.close(fig)
 
 
+def host_paths(meta, rows, path, plt):
+    """``scripts/host_overhead.py``'s rows: per path, one call + synchronize and enqueue only
+    (log scale: from a few microseconds to milliseconds)."""
+    sel = [r for r in rows if r.get("call_sync_us") and r.get("enqueue_us")]
+    if not sel:
+        return "no rows with call_sync_us and enqueue_us"
+    fig, ax = plt.subplots(figsize=(8, 1.4 + 0.55 * len(sel)))
+    y = list(range(len(sel)))
+    h = 0.38
+    ax.barh([i - h / 2 for i in y], [r["call_sync_us"] for r in sel], h,
+            label="call + synchronize")
+    ax.barh([i + h / 2 for i in y], [r["enqueue_us"] for r in sel], h, label="enqueue only")
+    for i, r in enumerate(sel):
+        ax.text(r["call_sync_us"], i - h / 2, f" {r['call_sync_us']:.1f}", va="center",
+                fontsize=7)
+        ax.text(r["enqueue_us"], i + h / 2, f" {r['enqueue_us']:.1f}", va="center", fontsize=7)
+    ax.set_yticks(y)
+    ax.set_yticklabels([r["path"] for r in sel], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    lo = min(min(r["enqueue_us"], r["call_sync_us"]) for r in sel)
+    hi = max(r["call_sync_us"] for r in sel)
+    ax.set_xlim(lo / 2, hi * 4)  # room for the labels
+    _log_ticks(ax.xaxis, lo / 2, hi * 4)
+    shape = meta.get("shape", {})
+    what = (f"{shape.get('batch', '?')}x{shape.get('heads', '?')}x{shape.get('seqlen', '?')}, "
+            f"median of {meta.get('calls', '?')} calls")
+    ax.set_xlabel(f"host wall time per call, us ({what})")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"What one Python call costs, path by path\n{_stamp(meta)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def headline_markdown(meta, rows):
     """A Markdown table of the default sweep's shapes (or every shape with the library's own
     split-K choice), one column per provider: median us, then TFLOP/s (H >= 64) or GB/s."""
@@ -391,6 +436,12 @@ def main(json_path=None, out_dir="plots", log=print):
                                 "`numba-mla bench` first or pass --json")
     meta, rows = load(json_path)
     os.makedirs(out_dir, exist_ok=True)
+    if rows and all("path" in r for r in rows):  # scripts/host_overhead.py's file
+        path = os.path.join(out_dir, "host_paths.png")
+        why = host_paths(meta, rows, path, plt)
+        log(f"numba-mla plot: skipped host_paths: {why}" if why
+            else f"numba-mla plot: wrote {path}")
+        return [] if why else [path]
     written = []
     # The varlen sweep's rows have a figure and a table of their own; the other figures and
     # the headline table leave them out (plotting a varlen run into plots/ then replaces

@@ -1,5 +1,6 @@
 """``numba-mla bench``, ``numba-mla plot``, the command line's manners and
-``scripts/host_overhead.py``: the code paths, on tiny configurations.
+``scripts/host_overhead.py`` (and the figure ``plot`` draws from its file): the code paths, on
+tiny configurations.
 
 On the CUDA simulator the timings mean nothing; what is checked is that the sweeps run end
 to end through the command line (numba_mla's "simt" provider, error against the float64
@@ -434,6 +435,10 @@ def test_host_overhead_script(tmp_path, capsys):
         assert r["call_sync_us"] > 0 and r["enqueue_us"] > 0
     assert {s["path"] for s in meta["skipped"]} == {"prepare", "flash_mla", "torch"}
     assert "mla_decode_new_lengths" in capsys.readouterr().out
+    # numba-mla plot draws its figure from this file (and nothing else)
+    assert cli.main(["plot", "--json", str(out), "--out-dir", str(tmp_path / "f")]) == 0
+    assert os.listdir(tmp_path / "f") == ["host_paths.png"]
+    assert os.path.getsize(tmp_path / "f" / "host_paths.png") > 1000
 
 
 @pytest.mark.gpu
