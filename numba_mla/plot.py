@@ -6,8 +6,15 @@
    byte of the fewest bytes), under the measured copy-bandwidth line and dense bf16 ceiling.
 3. ``splitk.png``: GPU time against the split-K factor (num_partitions) for the long single
    sequence, p10-p90 as error bars; the library's own choice starred.
-4. ``host_overhead.png``: what one whole Python call costs beyond the GPU time, per provider
-   and shape (``overhead_us``, or ``host_us - us`` for files that lack it).
+4. ``latency_vs_spread.png``: GPU time against the spread of the lengths (the ``varlen``
+   sweep: lengths uniform in [L(1-s), L(1+s)]), a panel per shape, a line per provider.
+5. ``host_overhead.png``: what one whole Python call costs beyond the GPU time, per provider
+   and shape (``overhead_us``, or ``host_us - us`` for files from before it existed). A value
+   below zero is the spread of two medians, drawn as such (left of the zero line).
+
+Given ``scripts/host_overhead.py``'s JSON instead, it draws ``host_paths.png``: per path
+(plain ``mla_decode``, a new cache each call, a prepared step, FlashMLA, torch), one call +
+synchronize and enqueue only.
 
 Each figure is titled with the device, date and commit of the run. A figure whose rows are
 absent from the file is skipped with a message.
@@ -16,14 +23,19 @@ import glob
 import json
 import os
 
-FIGURES = ("latency_vs_length", "roofline", "splitk", "host_overhead")
+FIGURES = ("latency_vs_length", "roofline", "splitk", "latency_vs_spread", "host_overhead")
 MARKERS = "osD^v<>phX*"
 
 
 def load(path):
+    """(meta, rows) of a bench JSON (rows with a time), or of ``scripts/host_overhead.py``'s
+    JSON (rows with a ``path``)."""
     with open(path) as f:
         doc = json.load(f)
-    return doc.get("meta", {}), [r for r in doc.get("rows", []) if r.get("us")]
+    rows = doc.get("rows", [])
+    if rows and all("path" in r for r in rows):
+        return doc.get("meta", {}), rows
+    return doc.get("meta", {}), [r for r in rows if r.get("us")]
 
 
 def default_json(directory="plots"):
@@ -48,7 +60,7 @@ def _stamp(meta):
 
 
 def _intensity(r):
-    """FLOP per byte: the row's own counts, else PERFORMANCE.md's formula (null mask)."""
+    """FLOP per byte: the row's own counts, else docs/performance.md's formula (null mask)."""
     if r.get("intensity"):
         return r["intensity"]
     B, H, L, sq = r["batch"], r["heads"], r["seqlen"], r.get("sq", 1)
@@ -64,7 +76,8 @@ def _styles(keys):
 
 
 def latency_vs_length(meta, rows, path, plt):
-    sel = [r for r in rows if r.get("num_partitions_requested") is None]
+    sel = [r for r in rows if r.get("num_partitions_requested") is None
+           and r.get("sweep") != "varlen"]
     lengths_rows = [r for r in sel if r.get("sweep") == "lengths"]
     sel = lengths_rows or sel
     if not sel:
@@ -141,10 +154,73 @@ def roofline(meta, rows, path, plt):
     ax.set_xlabel("arithmetic intensity (FLOP per byte of the fewest bytes)")
     ax.set_ylabel("achieved TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
-    ax.xaxis.set_minor_formatter(plt.NullFormatter())  # decade labels only: no overlaps
+    _log_ticks(ax.xaxis, lo, hi)
+    _log_ticks(ax.yaxis, *ax.get_ylim())
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: no point hidden
     note = "" if copy else " (no ceilings in this file)"
     ax.set_title(f"Roofline{note}\n{_stamp(meta)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _log_ticks(axis, lo, hi):
+    """Ticks at 1, 2 and 5 times the powers of ten inside [lo, hi] on a log axis (finer under
+    a decade), labelled as plain numbers: matplotlib's default labels only the decades, and a
+    range narrower than a decade or two then shows one label or none."""
+    import math
+
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+    def within(steps):
+        return [m * 10.0**e
+                for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+                for m in steps if lo <= m * 10.0**e <= hi]
+
+    ticks = within((1, 2, 5))
+    if len(ticks) < 3:  # under a decade: finer steps
+        ticks = within((1, 1.5, 2, 3, 4, 6, 8))
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
+    axis.set_minor_locator(NullLocator())
+    axis.set_minor_formatter(NullFormatter())
+
+
+def latency_vs_spread(meta, rows, path, plt):
+    sel = [r for r in rows if r.get("sweep") == "varlen" and r.get("spread") is not None
+           and r.get("num_partitions_requested") is None]
+    if not sel:
+        return "no rows of the varlen sweep (numba-mla bench --sweep varlen)"
+    shapes = []
+    for r in sel:
+        if _shape(r) not in shapes:
+            shapes.append(_shape(r))
+    color = _styles({_who(r) for r in sel})
+    ncols = min(3, len(shapes))
+    nrows = -(-len(shapes) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 3.9 * nrows), squeeze=False)
+    for ax, shape in zip(axes.flat, shapes):
+        groups = {}
+        for r in sel:
+            if _shape(r) == shape:
+                groups.setdefault(_who(r), []).append(r)
+        for who in sorted(groups):
+            rs = sorted(groups[who], key=lambda r: r["spread"])
+            ax.plot([r["spread"] for r in rs], [r["us"] for r in rs], marker="o",
+                    color=color[who], label=who)
+        ax.set_xlabel("length spread s (lengths uniform in [L(1-s), L(1+s)])")
+        ax.set_ylabel("GPU time per call (us, median)")
+        ax.set_xticks(sorted({r["spread"] for r in sel}))
+        # log: the FMA kernel's times would flatten the others' on a linear axis
+        ax.set_yscale("log")
+        _log_ticks(ax.yaxis, *ax.get_ylim())
+        ax.set_title(f"B x H x L = {shape}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    for ax in list(axes.flat)[len(shapes):]:
+        ax.set_visible(False)
+    fig.suptitle(f"MLA decode latency vs spread of the lengths (mean L fixed)\n{_stamp(meta)}",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -189,7 +265,12 @@ def splitk(meta, rows, path, plt):
 
 
 def _overhead(r):
-    if r.get("overhead_us") is not None:
+    """(us, how it was derived) of a row's host cost beyond the GPU time, or (None, None).
+    ``host_us - us`` only for files from before ``overhead_us`` existed: a row that has the
+    key but no value (the simulator) has no overhead to show."""
+    if "overhead_us" in r:
+        if r["overhead_us"] is None:
+            return None, None
         return r["overhead_us"], "host_sync_us - us_warm"
     if r.get("host_us") is not None:
         return r["host_us"] - r["us"], "host_us - us"
@@ -200,7 +281,7 @@ def host_overhead(meta, rows, path, plt):
     sel = [r for r in rows if _overhead(r)[0] is not None
            and r.get("num_partitions_requested") is None]
     if not sel:
-        return "no rows with host_us"
+        return "no rows with a host overhead (overhead_us, or host_us in older files)"
     # One call's host cost does not depend on the shape, and on a long kernel the run-to-run
     # spread of two medians swamps it: the default sweep's rows, where a run has them.
     default = [r for r in sel if r.get("sweep") == "default"]
@@ -210,20 +291,61 @@ def host_overhead(meta, rows, path, plt):
     vals = [_overhead(r)[0] for r in sel]
     how = sorted({_overhead(r)[1] for r in sel})
     fig, ax = plt.subplots(figsize=(8, 1.6 + 0.28 * len(sel)))
-    y = range(len(sel))
-    ax.barh(list(y), [max(v, 0.5) for v in vals], color=[color[_who(r)] for r in sel])
+    y = list(range(len(sel)))
+    # Drawn at their own sign: a negative difference is noise and must look like it.
+    ax.barh(y, vals, color=[color[_who(r)] for r in sel])
+    ax.axvline(0, color="k", lw=0.8)
     for i, (r, v) in enumerate(zip(sel, vals)):
-        ax.text(max(v, 0.5), i, f" {v:.0f} us (GPU {r.get('us_warm') or r['us']:.0f} us)",
-                va="center", fontsize=7)
-    ax.set_yticks(list(y))
+        gpu = r.get("us_warm") or r["us"]
+        shown = f"{v:.0f} us" if v >= 0.5 else ("0 us" if v > -0.5 else f"{v:.0f} us, noise")
+        ax.text(max(v, 0), i, f" {shown} (GPU {gpu:.0f} us)", va="center", fontsize=7)
+    ax.set_yticks(y)
     ax.set_yticklabels([f"{_who(r)}  {_shape(r)}" for r in sel], fontsize=7)
     ax.invert_yaxis()
-    pos = [v for v in vals if v > 0.5]
-    if pos and max(pos) / min(pos) > 50:  # a wide range: log scale
+    if min(vals) > 0 and max(vals) / min(vals) > 50:  # all positive over a wide range: log
         ax.set_xscale("log")
-    ax.set_xlabel(f"host overhead per call, us ({' / '.join(how)})")
+    else:
+        ax.set_xlim(min(0.0, min(vals)) * 1.1, max(max(vals), 1.0) * 1.6)  # room for labels
+    note = "\nbelow 0: within the spread of the two medians, not a cost" if min(vals) < 0 else ""
+    ax.set_xlabel(f"host overhead per call, us ({' / '.join(how)}){note}")
     ax.grid(True, axis="x", which="both", alpha=0.3)
     ax.set_title(f"Python call cost beyond the GPU time\n{_stamp(meta)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def host_paths(meta, rows, path, plt):
+    """``scripts/host_overhead.py``'s rows: per path, one call + synchronize and enqueue only
+    (log scale: from a few microseconds to milliseconds)."""
+    sel = [r for r in rows if r.get("call_sync_us") and r.get("enqueue_us")]
+    if not sel:
+        return "no rows with call_sync_us and enqueue_us"
+    fig, ax = plt.subplots(figsize=(8, 1.4 + 0.55 * len(sel)))
+    y = list(range(len(sel)))
+    h = 0.38
+    ax.barh([i - h / 2 for i in y], [r["call_sync_us"] for r in sel], h,
+            label="call + synchronize")
+    ax.barh([i + h / 2 for i in y], [r["enqueue_us"] for r in sel], h, label="enqueue only")
+    for i, r in enumerate(sel):
+        ax.text(r["call_sync_us"], i - h / 2, f" {r['call_sync_us']:.1f}", va="center",
+                fontsize=7)
+        ax.text(r["enqueue_us"], i + h / 2, f" {r['enqueue_us']:.1f}", va="center", fontsize=7)
+    ax.set_yticks(y)
+    ax.set_yticklabels([r["path"] for r in sel], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    lo = min(min(r["enqueue_us"], r["call_sync_us"]) for r in sel)
+    hi = max(r["call_sync_us"] for r in sel)
+    ax.set_xlim(lo / 2, hi * 4)  # room for the labels
+    _log_ticks(ax.xaxis, lo / 2, hi * 4)
+    shape = meta.get("shape", {})
+    what = (f"{shape.get('batch', '?')}x{shape.get('heads', '?')}x{shape.get('seqlen', '?')}, "
+            f"median of {meta.get('calls', '?')} calls")
+    ax.set_xlabel(f"host wall time per call, us ({what})")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"What one Python call costs, path by path\n{_stamp(meta)}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -262,8 +384,43 @@ def headline_markdown(meta, rows):
     return "\n".join(lines) + "\n"
 
 
+def varlen_markdown(meta, rows):
+    """A Markdown table of the varlen sweep: per shape and spread, each provider's median us
+    and, beside numba_mla's rows, their time over FlashMLA's when the run has FlashMLA."""
+    sel = [r for r in rows if r.get("sweep") == "varlen" and r.get("spread") is not None]
+    if not sel:
+        return None
+    who = sorted({_who(r) for r in sel}, key=lambda w: (not w.startswith("numba_mla"), w))
+    keys = []
+    for r in sel:
+        key = (_shape(r), r["spread"])
+        if key not in keys:
+            keys.append(key)
+    cell = {(_who(r), _shape(r), r["spread"]): r for r in sel}
+    lines = [f"{_stamp(meta)}; median GPU microseconds; lengths uniform in [L(1-s), L(1+s)] "
+             "(the drawn range in its column); in brackets, numba_mla's time over FlashMLA's "
+             "where the run has FlashMLA", "",
+             "| B x H x L | s | lengths | " + " | ".join(who) + " |",
+             "| --- | --- | --- |" + " --- |" * len(who)]
+    for shape, spread in keys:
+        rs = [cell.get((w, shape, spread)) for w in who]
+        any_row = next(r for r in rs if r is not None)
+        flash = cell.get(("flash_mla", shape, spread))
+        cells = []
+        for w, r in zip(who, rs):
+            if r is None:
+                cells.append("-")
+                continue
+            ratio = (f" [{r['us'] / flash['us']:.2f}x]"
+                     if flash is not None and w.startswith("numba_mla") else "")
+            cells.append(f"{r['us']:.1f}{ratio}")
+        span = f"{any_row.get('length_min', '?')}..{any_row.get('length_max', '?')}"
+        lines.append(f"| {shape} | {spread:g} | {span} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 PLOTTERS = {"latency_vs_length": latency_vs_length, "roofline": roofline, "splitk": splitk,
-            "host_overhead": host_overhead}
+            "latency_vs_spread": latency_vs_spread, "host_overhead": host_overhead}
 
 
 def main(json_path=None, out_dir="plots", log=print):
@@ -279,19 +436,35 @@ def main(json_path=None, out_dir="plots", log=print):
                                 "`numba-mla bench` first or pass --json")
     meta, rows = load(json_path)
     os.makedirs(out_dir, exist_ok=True)
+    if rows and all("path" in r for r in rows):  # scripts/host_overhead.py's file
+        path = os.path.join(out_dir, "host_paths.png")
+        why = host_paths(meta, rows, path, plt)
+        log(f"numba-mla plot: skipped host_paths: {why}" if why
+            else f"numba-mla plot: wrote {path}")
+        return [] if why else [path]
     written = []
+    # The varlen sweep's rows have a figure and a table of their own; the other figures and
+    # the headline table leave them out (plotting a varlen run into plots/ then replaces
+    # nothing else there).
+    base = [r for r in rows if r.get("sweep") != "varlen"]
     for name in FIGURES:
         path = os.path.join(out_dir, f"{name}.png")
-        why = PLOTTERS[name](meta, rows, path, plt)
+        if name != "latency_vs_spread" and not base:
+            log(f"numba-mla plot: skipped {name}: the file has only rows of the varlen sweep")
+            continue
+        why = PLOTTERS[name](meta, rows if name == "latency_vs_spread" else base, path, plt)
         if why:
             log(f"numba-mla plot: skipped {name}: {why}")
         else:
             written.append(path)
             log(f"numba-mla plot: wrote {path}")
-    table = headline_markdown(meta, rows)
-    if table:
-        path = os.path.join(out_dir, "headline.md")
-        with open(path, "w") as f:
-            f.write(table)
-        log(f"numba-mla plot: wrote {path} (the README's table of headline figures)")
+    for name, table, what in (
+            ("headline.md", headline_markdown(meta, base),
+             "the README's table of headline figures"),
+            ("varlen.md", varlen_markdown(meta, rows), "the varlen sweep's table")):
+        if table:
+            path = os.path.join(out_dir, name)
+            with open(path, "w") as f:
+                f.write(table)
+            log(f"numba-mla plot: wrote {path} ({what})")
     return written

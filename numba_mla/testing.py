@@ -1,7 +1,7 @@
 """Random MLA decode problems and accuracy checks, shared by the tests, ``numba-mla validate``
 and the benchmark.
 
-Problems are adversarial by construction (STYLE.md): fresh random data (never zeros), NaN in
+Problems are adversarial by construction: fresh random data (never zeros), NaN in
 every cache slot at or past a sequence's length and in every page no sequence uses, a shuffled
 block table whose unused entries hold a huge out-of-range page index, and NaN in the parts of a
 materialized bias that no valid (query, key) pair reads. Any out-of-bounds read then shows up
@@ -123,6 +123,40 @@ def random_counts(rng, lengths, max_rows=8):
     return np.array(counts, np.int64)
 
 
+@dataclass
+class PagedLayout:
+    """Where a paged cache's sequences live: ``block_table`` [B, max_pages] int32 (entries past
+    a sequence's pages hold ``UNUSED_PAGE``), ``used[b]`` pages of sequence b, ``spare`` the
+    page ids no sequence reads, out of ``num_pages``."""
+
+    block_table: np.ndarray
+    used: np.ndarray
+    spare: np.ndarray
+    num_pages: int
+
+    def tails(self, lengths, page_size):
+        """(page, first unused slot) of each sequence's partly filled last page."""
+        return [(int(self.block_table[b, self.used[b] - 1]), int(L) % page_size)
+                for b, L in enumerate(lengths) if self.used[b] and int(L) % page_size]
+
+
+def paged_layout(rng, lengths, page_size, max_pages, spare_pages=1):
+    """The one paged-cache layout of the tests, ``validate`` and the benchmark: each sequence
+    gets ceil(length / page_size) pages in a shuffled order (so no kernel can get away with
+    assuming page b*k+j), ``spare_pages`` more that no sequence uses (filled with NaN by the
+    callers), and ``UNUSED_PAGE`` (far out of range) in every block-table entry past a
+    sequence's pages (a read through one faults or shows up as NaN)."""
+    lengths = np.asarray(lengths, np.int64)
+    used = -(-lengths // page_size)
+    if used.size and used.max() > max_pages:
+        raise ValueError(f"max_pages: {max_pages} cannot hold {int(used.max())} pages")
+    n_used = int(used.sum())
+    order = rng.permutation(n_used + spare_pages)            # shuffled physical page ids
+    block_table = np.full((len(lengths), max_pages), UNUSED_PAGE, np.int32)
+    block_table[np.arange(max_pages)[None, :] < used[:, None]] = order[:n_used]
+    return PagedLayout(block_table, used, order[n_used:], n_used + spare_pages)
+
+
 def randn(rng, shape, dtype):
     """Standard-normal data in ``dtype`` (fresh, never all zeros)."""
     return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
@@ -158,19 +192,14 @@ def make_problem(rng, B, Sq, H, lengths, dtype=np.float32, cache_kind="contiguou
         cache = nm.ContiguousKVCache(kv, lengths)
     elif cache_kind == "paged":
         assert page_size >= 1
-        max_pages = max(1, -(-capacity // page_size))
-        used = [-(-int(L) // page_size) for L in lengths]
-        num_pages = sum(used) + spare_pages
-        order = iter(rng.permutation(num_pages))        # shuffled physical page ids
-        pages = np.full((num_pages, page_size, D_QK), filler, dtype)
-        block_table = np.full((B, max_pages), UNUSED_PAGE, np.int32)
+        layout = paged_layout(rng, lengths, page_size, max(1, -(-capacity // page_size)),
+                              spare_pages)
+        pages = np.full((layout.num_pages, page_size, D_QK), filler, dtype)
         for b, L in enumerate(lengths):
-            for j in range(used[b]):
-                page = int(next(order))
-                block_table[b, j] = page
+            for j in range(int(layout.used[b])):
                 t0, t1 = j * page_size, min(int(L), (j + 1) * page_size)
-                pages[page, :t1 - t0] = keys[b][t0:t1]
-        cache = nm.PagedKVCache(pages, block_table, lengths)
+                pages[layout.block_table[b, j], :t1 - t0] = keys[b][t0:t1]
+        cache = nm.PagedKVCache(pages, layout.block_table, lengths)
     else:
         raise ValueError(f"cache_kind: expected 'contiguous' or 'paged', got {cache_kind!r}")
 
@@ -256,7 +285,7 @@ def fp32_floor(golden, backend="simt"):
 
 
 def assert_three_way(actual, same_precision, golden, factor=2.0, floor=1e-6, what="out"):
-    """STYLE.md's three-way check: ``actual``'s max error against the float64 ``golden`` may
+    """The three-way check: ``actual``'s max error against the float64 ``golden`` may
     be at most ``factor`` times that of a same-precision reference (``reference.mla_decode``
     with ``compute_dtype=np.float32``, rounded to the output's dtype), plus ``floor``.
     Non-finite positions must match exactly."""

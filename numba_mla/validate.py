@@ -1,7 +1,7 @@
 """``numba-mla validate``: a sweep of configurations, each kernel result checked against the
 float64 reference.
 
-A case passes when (three-way check, STYLE.md) the kernel's largest error against float64 is
+A case passes when (the three-way check) the kernel's largest error against float64 is
 at most twice that of a same-precision NumPy run (fp32 arithmetic, output rounded to the
 storage dtype) plus a few fp32 ulps of the largest value (``testing.FLOOR_ULPS``: summation
 order, and the tensor cores' truncating accumulation), for both out and lse; when NaN/inf
@@ -78,6 +78,16 @@ def cases(full):
     return out
 
 
+#: Why ``validate --full`` does not run on the simulator (the command line prints it).
+FULL_ON_SIMULATOR = (
+    "numba-mla validate: --full is refused on the CUDA simulator. Its cases are GPU-sized "
+    "(up to B=1, H=128, L=8191 and B=64, H=16): the simulator runs every thread of every "
+    "block in Python, one block at a time (a block barrier alone costs about 30 ms), so one "
+    "such case takes hours and the sweep days. Run `numba-mla validate` (--quick, the "
+    "simulator-sized sweep: every mask, score mod, dtype and cache kind, about a minute) "
+    "here, and --full on a GPU.")
+
+
 def kernel_of(case):
     """The kernel a case runs: ``backend="auto"`` resolved for the case's dtype."""
     from . import factory, launch
@@ -124,7 +134,7 @@ def _fmt(row):
     c = row["case"]
     shape = f"{c.B}x{c.H}x{c.L} Sq={c.Sq}{' ragged' if c.ragged else ''}"
     status = "PASS" if row["pass"] else ("ERROR" if row["error"] else "FAIL")
-    head = (f"{shape:<26} {row.get('kernel', '?'):<6} {c.dtype:<5} {c.cache[:5]}/{c.page:<4} "
+    head = (f"{shape:<26} {row.get('kernel', '?'):<9} {c.dtype:<5} {c.cache[:5]}/{c.page:<4} "
             f"{c.mask:<15} {c.score_mod:<9} {str(c.P):>5}")
     if row["error"]:
         return f"{head}  {status}: {row['error']}"
@@ -133,7 +143,8 @@ def _fmt(row):
             f"{row['lse_err']:9.2e} {row['lse_ref_err']:9.2e}  {status}")
 
 
-HEADER = (f"{'shape':<26} {'kernel':<6} {'dtype':<5} {'cache':<10} {'mask':<15} {'score_mod':<9} {'P':>5} "
+HEADER = (f"{'shape':<26} {'kernel':<9} {'dtype':<5} {'cache':<10} {'mask':<15} "
+          f"{'score_mod':<9} {'P':>5} "
           f"{'out err':>9} {'out rel':>9} {'np32 err':>9} {'lse err':>9} {'np32 err':>9}  result")
 
 

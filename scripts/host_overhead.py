@@ -1,95 +1,159 @@
-"""The Python cost of one prepared decode call (``numba_mla.prepare``) on torch tensors, beside
-the GPU time, for a paged and a contiguous cache:
-- enqueue: perf_counter around the call alone (no synchronize; the queue kept short);
-- beyond GPU: the wall time of one call + ``torch.cuda.synchronize()`` (perf_counter only, no
-  event recorded inside the window), less the kernels' GPU time, which is measured apart:
-  CUDA events around ``N`` calls enqueued back to back (the GPU never waits for the host
-  there, since each call enqueues faster than its kernels run), divided by ``N``.
-A prepared call is one raw cuLaunchKernel per kernel over parameters packed once; for
-comparison the same kernels are also enqueued through Numba's ``kernel.launch`` (which packs
-every argument again on every call).
-The CUDA context spins while synchronizing (CU_CTX_SCHED_SPIN, set before the context
-exists): with the default, a thread that waited long on a kernel yields the processor and
-its wake-up (the operating system's, 5-15 us) would count as the call's.
-Usage: python scripts/host_overhead.py"""
-import time
+"""What one Python call costs on the host, path by path, on a tiny decode (1 x 16 x 64 by
+default: the GPU work is a few microseconds, so the host's share is what shows).
 
-from cuda.bindings import driver
+Paths, all on the same inputs (torch bf16 tensors on a GPU; Numba device arrays without torch):
+- ``mla_decode``: the plain call, the same cache object every call;
+- ``mla_decode_new_lengths``: a new ``PagedKVCache`` over the same pages and block table every
+  call, its lengths changed (what a decode loop that rebuilds its cache object pays);
+- ``prepare``: ``numba_mla.prepare`` once, then ``step()`` each call;
+- ``flash_mla`` (when importable; metadata made once) and ``torch`` (softmax(q K^T) V with two
+  ``bmm`` on a contiguous cache), when torch sees a GPU.
 
-driver.cuInit(0)
-driver.cuDevicePrimaryCtxSetFlags(driver.cuDeviceGet(0)[1], driver.CUctx_flags.CU_CTX_SCHED_SPIN)
+Each path: ``warmup`` untimed calls, then ``calls`` calls timed as "call + synchronize"
+(``call_sync_us``) and ``calls`` timed as "enqueue only" (``enqueue_us``: the call alone, the
+synchronize after the clock stops); medians (``numba_mla.bench.host_costs``). ``gpu_us`` is
+the GPU time of one call (``numba_mla.bench.time_gpu``, no L2 flush: the inputs are tiny).
+On a GPU the context spins while it synchronizes (CU_CTX_SCHED_SPIN, set before the context
+exists): otherwise a thread that waited yields the processor and the operating system's
+wake-up (5-15 us) would count as the call's.
 
-import ml_dtypes  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+Writes JSON (meta: device, date, commit, versions, shape, counts; one row per path) and prints
+a table. On the CUDA simulator it runs the same code (use tiny counts); the times mean nothing.
 
-import numba_mla as nm  # noqa: E402
-from numba_mla import launch  # noqa: E402
+Usage: python scripts/host_overhead.py [--out plots/host_overhead_h200.json] [--calls 200]
+                                       [--warmup 20] [--shape 1x16x64] [--page-size 64]
+"""
+import argparse
+import os
+import sys
 
-SHAPES = [(64, 16, 4096, "mma"), (64, 128, 4096, "mma"), (1, 128, 65536, "mma"),
-          (4, 16, 1024, "mma"), (64, 16, 4096, "simt"), (4, 16, 1024, "simt")]
-N = 50
-med = lambda x: float(np.median(x))  # noqa: E731
+PATHS = ("mla_decode", "mla_decode_new_lengths", "prepare", "flash_mla", "torch")
 
 
-def measure(call):
-    """Median enqueue time, GPU time per call and one call + synchronize wall time, in us."""
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    gpu = []
-    for _ in range(5):
-        s.record()
-        for _ in range(N):
-            call()
-        e.record()
-        torch.cuda.synchronize()
-        gpu.append(s.elapsed_time(e) * 1e3 / N)
-    enqueue, wall = [], []
-    for _ in range(N):
-        t0 = time.perf_counter()
-        call()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        enqueue.append((t1 - t0) * 1e6)
-    for _ in range(N):
-        t0 = time.perf_counter()
-        call()
-        torch.cuda.synchronize()
-        wall.append((time.perf_counter() - t0) * 1e6)
-    return med(enqueue), med(gpu), med(wall)
+def _spin_while_synchronizing():
+    """CU_CTX_SCHED_SPIN on device 0's primary context; must run before the context exists."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return False
+    driver.cuInit(0)
+    dev = driver.cuDeviceGet(0)[1]
+    driver.cuDevicePrimaryCtxSetFlags(dev, driver.CUctx_flags.CU_CTX_SCHED_SPIN)
+    return True
 
 
-def problem(B, H, L, kind, rng):
-    as_t = lambda a: torch.as_tensor(a.view(np.int16)).cuda().view(torch.bfloat16)  # noqa: E731
-    q = as_t(rng.standard_normal((B, 1, H, 576), np.float32).astype(ml_dtypes.bfloat16))
-    lengths = torch.full((B,), L, dtype=torch.int32).cuda()
-    if kind == "contiguous":
-        kv = as_t(rng.standard_normal((B, L, 576), np.float32).astype(ml_dtypes.bfloat16))
-        return q, nm.ContiguousKVCache(kv, lengths)
-    page = 64
-    npages = B * (-(-L // page))
-    pages = as_t(rng.standard_normal((npages, page, 576), np.float32).astype(ml_dtypes.bfloat16))
-    bt = torch.as_tensor(rng.permutation(npages).astype(np.int32).reshape(B, -1)).cuda()
-    return q, nm.PagedKVCache(pages, bt, lengths)
+def _on_device(p, dev):
+    """(q, pages, block_table, lengths) on the device: torch's tensors as they are; on a GPU
+    without torch, NumPy arrays copied into Numba device arrays (``prepare`` takes device
+    arrays only); on the simulator, the NumPy arrays (its device arrays are no CUDA memory)."""
+    arrays = (p.q, p.pages, p.block_table, p.lengths)
+    if dev.torch is not None or dev.simulator:
+        return arrays
+    return tuple(dev.cuda.to_device(a) for a in arrays)
 
 
-rng = np.random.default_rng(0)
-for kind in ("paged", "contiguous"):
-    for B, H, L, backend in SHAPES:
-        q, cache = problem(B, H, L, kind, rng)
-        step = nm.prepare(q, cache, 0.1352, backend=backend)
-        thin = all(x._params is not None for x in step.plan.launches)
+def calls_by_path(p, dev):
+    """{path: zero-argument call} for every path that can run here, and {path: why not}."""
+    import numpy as np
 
-        def numba_launch():
-            stream = launch._core_stream(launch.current_stream(q))
-            for x in step.plan.launches:
-                x.kernel.launch(x.args, x.grid, x.block, stream, x.smem)
+    import numba_mla as nm
+    from numba_mla import bench
 
-        enqueue, gpu, wall = measure(step)
-        old = measure(numba_launch)[0]
-        print(f"{backend} {kind} {B}x{H}x{L} P={step.plan.num_partitions} "
-              f"launches={len(step.plan.launches)}{'' if thin else ' (NOT the thin path)'}: "
-              f"enqueue {enqueue:.1f} us (Numba's kernel.launch: {old:.1f}), GPU {gpu:.1f} us, "
-              f"call+sync {wall:.1f} us: beyond GPU {wall - gpu:.1f} us", flush=True)
+    q, pages, block_table, lengths = _on_device(p, dev)
+    cache = nm.PagedKVCache(pages, block_table, lengths)
+    # Two length vectors, alternated: each call's cache has lengths the previous one had not.
+    shorter = np.maximum(p.lengths_host - 1, 1).astype(np.int32)
+    if dev.torch is not None:
+        other = dev.torch.as_tensor(shorter, device="cuda")
+    else:
+        other = shorter if dev.simulator else dev.cuda.to_device(shorter)
+    both, turn = (lengths, other), [0]
+
+    def new_lengths():
+        turn[0] ^= 1
+        return nm.mla_decode(q, nm.PagedKVCache(pages, block_table, both[turn[0]]), p.scale)
+
+    calls = {"mla_decode": lambda: nm.mla_decode(q, cache, p.scale),
+             "mla_decode_new_lengths": new_lengths}
+    missing = {}
+    try:
+        calls["prepare"] = nm.prepare(q, cache, p.scale)
+    except TypeError as e:  # host arrays (the simulator)
+        missing["prepare"] = str(e)
+    peers = {"flash_mla": (bench.providers.flash_mla, bench.providers._needs("flash_mla")),
+             "torch": (bench.providers.torch_bmm, bench.providers._needs_torch)}
+    for name, (prepare, unavailable) in peers.items():
+        why = unavailable(dev)
+        if why is None:
+            try:
+                calls[name] = prepare(p).host_call
+            except bench.Skip as e:
+                why = str(e)
+        if why is not None:
+            missing[name] = why
+    return calls, missing
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None,
+                    help="JSON output (default: plots/host_overhead_<device>.json)")
+    ap.add_argument("--calls", type=int, default=200, help="timed calls per path and measure")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed calls first")
+    ap.add_argument("--shape", default="1x16x64", help="B x H x L (default 1x16x64)")
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--commit", default=None, help="commit to record (default: git's)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    from numba_mla import _compat
+
+    spin = not _compat.SIMULATOR and _spin_while_synchronizing()
+    import numpy as np
+
+    from numba_mla import bench
+
+    B, H, L = (int(x) for x in args.shape.lower().split("x"))
+    dev = bench.Device()
+    cfg = bench.Config(B, H, L, page_size=args.page_size, sweep="host_overhead")
+    settings = bench.Settings.simulator() if dev.simulator else bench.Settings.gpu()
+    p = bench.make_problem(cfg, dev, np.random.default_rng(args.seed), settings, args.seed)
+    calls, missing = calls_by_path(p, dev)
+
+    rows = []
+    for path in PATHS:
+        if path not in calls:
+            continue
+        call = calls[path]
+        call_sync_us, enqueue_us = bench.host_costs(dev, call, args.calls, args.warmup)
+        gpu_us = bench.time_gpu(dev, call, max(1, args.calls // 10), 0, 0)[0]
+        rows.append(dict(path=path, call_sync_us=call_sync_us, enqueue_us=enqueue_us,
+                         gpu_us=gpu_us))
+    meta = bench.stamp(dev, args.commit)
+    meta.update(
+        shape=dict(batch=B, heads=H, seqlen=L, sq=1, page_size=args.page_size,
+                   dtype="bfloat16"),
+        calls=args.calls, warmup=args.warmup, context_spins=bool(spin),
+        inputs=("torch tensors" if dev.torch is not None else
+                "NumPy arrays (simulator)" if dev.simulator else "Numba device arrays"),
+        timing=("call_sync_us: median wall time of one call + synchronize; enqueue_us: median "
+                "wall time of the call alone (synchronized after the clock stops); gpu_us: "
+                "events around one call, median, no L2 flush"),
+        skipped=[dict(path=k, reason=v) for k, v in missing.items()])
+    out = args.out or os.path.join("plots", f"host_overhead_{bench.device_slug(dev.name)}.json")
+    bench.write_json(dict(meta=meta, rows=rows), out)
+    lines = bench.report.text_table(
+        ["path", "call + sync us", "enqueue us", "GPU us"],
+        [[r["path"], f"{r['call_sync_us']:.1f}", f"{r['enqueue_us']:.1f}", f"{r['gpu_us']:.1f}"]
+         for r in rows], left=("path",))
+    print(f"host cost per call on {dev.name}, {B}x{H}x{L}, {args.calls} calls after "
+          f"{args.warmup} warm-ups")
+    print("\n".join(lines))
+    for k, v in missing.items():
+        print(f"skipped {k}: {v}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

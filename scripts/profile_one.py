@@ -1,27 +1,35 @@
-"""Run one decode configuration a few times (for Nsight Compute).
-Usage: python scripts/profile_one.py B H L [dtype] [backend]"""
+"""Run one decode configuration a few times, for Nsight Compute (``scripts/ncu_source.sh``
+profiles the second partition-kernel launch).
+
+The inputs are the benchmark's (``numba_mla.bench.make_problem``: bf16 by default, page size
+64, a shuffled block table, every sequence of length L).
+
+Usage: python scripts/profile_one.py B H L [dtype: bf16|fp16|fp32] [backend: auto|simt|mma]
+"""
 import os
 import sys
 
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
-import numpy as np
-import torch
 
-import numba_mla as nm
-from numba_mla.testing import DTYPES
+import numpy as np  # noqa: E402
 
-B, H, L = (int(a) for a in sys.argv[1:4])
-dtype = DTYPES[sys.argv[4] if len(sys.argv) > 4 else "bf16"]
-backend = sys.argv[5] if len(sys.argv) > 5 else "auto"
-rng = np.random.default_rng(0)
-page = 64
-npages = B * (-(-L // page))
-pages = rng.standard_normal((npages, page, 576), np.float32).astype(dtype)
-bt = rng.permutation(npages).astype(np.int32).reshape(B, -1)
-q = rng.standard_normal((B, 1, H, 576), np.float32).astype(dtype)
-as_t = lambda a: torch.as_tensor(a.view(np.int16)).cuda().view(torch.bfloat16) if a.dtype.itemsize == 2 and dtype.name == "bfloat16" else torch.as_tensor(a).cuda()
-cache = nm.PagedKVCache(as_t(pages), torch.as_tensor(bt).cuda(), torch.full((B,), L, dtype=torch.int32).cuda())
-tq = as_t(q)
-for _ in range(3):
-    nm.mla_decode(tq, cache, 0.1352, backend=backend)
-torch.cuda.synchronize()
+import numba_mla as nm  # noqa: E402
+from numba_mla import bench  # noqa: E402
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def main(argv):
+    B, H, L = (int(a) for a in argv[:3])
+    dtype = DTYPES[argv[3] if len(argv) > 3 else "bf16"]
+    backend = argv[4] if len(argv) > 4 else "auto"
+    dev = bench.Device()
+    cfg = bench.Config(B, H, L, dtype=dtype, sweep="profile")
+    p = bench.make_problem(cfg, dev, np.random.default_rng(0), bench.Settings.gpu())
+    for _ in range(3):
+        nm.mla_decode(p.q, p.cache, p.scale, backend=backend)
+    dev.sync()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,15 +1,22 @@
-"""``numba-mla bench`` and ``numba-mla plot``: the code paths, on a tiny configuration.
+"""``numba-mla bench``, ``numba-mla plot``, the command line's manners and
+``scripts/host_overhead.py`` (and the figure ``plot`` draws from its file): the code paths, on
+tiny configurations.
 
-On the CUDA simulator the timings mean nothing; what is checked is that the sweep runs end
+On the CUDA simulator the timings mean nothing; what is checked is that the sweeps run end
 to end through the command line (numba_mla's "simt" provider, error against the float64
-reference), that the JSON and CSV have the documented schema, and that ``plot`` renders every
-figure from a JSON file: the one a run here just wrote, and ``tests/data/bench_sample.json``,
-the rows of a real H200 run (``plots/simt_h200.json``) in this schema. The GPU sweep itself
-is ``@pytest.mark.gpu``.
+reference), that the JSON and CSV have the documented schema, that ``plot`` renders every
+figure from a JSON file (the one a run here just wrote, and ``tests/data/bench_sample.json``,
+the rows of a real H200 run, ``plots/simt_h200.json``, in this schema), that the varlen
+sweep's lengths are seeded and inside their stated range, that tables and figures show no
+negative overhead as a cost, and that the command line prints its simulator banner only for
+the commands that run kernels. The GPU sweep itself is ``@pytest.mark.gpu``.
 """
 import csv
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -26,11 +33,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "tests", "data", "bench_sample.json")
 H200_RUN = os.path.join(ROOT, "plots", "simt_h200.json")
 META_KEYS = ("device", "date", "commit", "versions", "copy_gbps", "matmul_tflops", "skipped",
-             "errors")
+             "errors", "counting")
 
 
-def _pngs(directory):
-    return {name: os.path.join(directory, f"{name}.png") for name in plot.FIGURES}
+def _pngs(directory, leave_out=()):
+    return {name: os.path.join(directory, f"{name}.png") for name in plot.FIGURES
+            if name not in leave_out}
 
 
 @pytest.mark.kernel
@@ -51,6 +59,7 @@ def test_bench_cli_end_to_end(tmp_path, capsys):
     for key in META_KEYS:
         assert key in meta, key
     assert meta["commit"] == "test123" and meta["simulator"] is True
+    assert "docs/performance.md" in meta["counting"]
     assert {"numba", "numba_cuda", "numpy", "torch"} <= set(meta["versions"])
     assert meta["copy_gbps"] > 0 and meta["errors"] == []
     assert len(rows) == 2
@@ -61,10 +70,13 @@ def test_bench_cli_end_to_end(tmp_path, capsys):
         assert 0 <= r["rel_err"] < 2e-2
         assert r["us"] > 0 and r["gbps"] > 0 and r["tflops"] > 0
         assert r["host_us"] > 0 and r["ref_subset"] == "all"
+        # the simulator measures no GPU time without the flush: no overhead, not a negative one
+        assert r["us_warm"] is None and r["overhead_us"] is None
     first, second = rows
     assert (first["batch"], first["heads"], first["seqlen"], first["page_size"]) == (1, 2, 16, 8)
     assert (second["sq"], second["mask"]) == (2, "causal")
-    # PERFORMANCE.md's counts: cache rows once, q in, out back; 2 * 1088 FLOPs per pair per head
+    # docs/performance.md's counts: cache rows once, q in, out back; 2 * 1088 FLOPs per pair
+    # per head
     assert first["bytes"] == 2 * (16 * 576 + 2 * (576 + 512))
     assert first["flops"] == 2 * 2 * 16 * (576 + 512)
     assert second["flops"] == 2 * 1 * (9 + 10) * (576 + 512)  # causal: 9 then 10 keys
@@ -75,16 +87,20 @@ def test_bench_cli_end_to_end(tmp_path, capsys):
     assert list(table[0])[:len(bench.ROW_KEYS)] == list(bench.ROW_KEYS)
     assert float(table[1]["rel_err"]) == pytest.approx(second["rel_err"])
 
-    pngs = _pngs(tmp_path / "figs")
-    assert cli.main(["plot", "--json", str(out), "--out-dir", str(tmp_path / "figs")]) == 0
-    for name, path in pngs.items():
+    figs = tmp_path / "figs"
+    assert cli.main(["plot", "--json", str(out), "--out-dir", str(figs)]) == 0
+    for name, path in _pngs(figs, leave_out=("host_overhead", "latency_vs_spread")).items():
         assert os.path.getsize(path) > 0, name
+    assert not os.path.exists(figs / "host_overhead.png")   # nothing measured, nothing drawn
 
 
 def test_plot_renders_every_figure_from_the_h200_run(tmp_path, capsys):
+    """Every figure but the varlen sweep's, which the run has no rows for (said so)."""
     assert cli.main(["plot", "--json", SAMPLE, "--out-dir", str(tmp_path)]) == 0
-    assert "skipped" not in capsys.readouterr().out
-    for name, path in _pngs(tmp_path).items():
+    said = [line for line in capsys.readouterr().out.splitlines() if "skipped" in line]
+    assert said == ["numba-mla plot: skipped latency_vs_spread: no rows of the varlen sweep "
+                    "(numba-mla bench --sweep varlen)"]
+    for name, path in _pngs(tmp_path, leave_out=("latency_vs_spread",)).items():
         assert os.path.isfile(path) and os.path.getsize(path) > 1000, name
     table = (tmp_path / "headline.md").read_text()
     assert "| 64 x 16 x 4096 | 772 (394 GB/s)" in table and "torch_bmm" in table
@@ -106,7 +122,7 @@ def test_sample_is_the_h200_run_in_this_schema():
                     "gbps", "tflops", "rel_err", "device"):
             assert got[key] == was[key], key
         assert got["host_us"] == was.get("call_us")
-    assert bench._clean(bench.from_bench_simt(source)) == sample
+    assert bench.clean(bench.from_bench_simt(source)) == sample
 
 
 def test_plot_skips_figures_without_rows(tmp_path):
@@ -121,11 +137,11 @@ def test_plot_skips_figures_without_rows(tmp_path):
     written = plot.main(str(path), str(tmp_path / "figs"), log=said.append)
     assert sorted(os.path.basename(p) for p in written) == ["latency_vs_length.png",
                                                            "roofline.png"]
-    assert any("skipped splitk" in s for s in said)
-    assert any("skipped host_overhead" in s for s in said)
+    for name in ("splitk", "host_overhead", "latency_vs_spread"):
+        assert any(f"skipped {name}" in s for s in said), name
 
 
-def test_count_matches_performance_md():
+def test_count_matches_the_performance_note():
     B, H, L = 64, 16, 4096
     nbytes, flops = bench.count(np.full(B, L), 1, H, nm.NullMask())
     assert nbytes == B * L * 576 * 2 + B * H * 576 * 2 + B * H * 512 * 2
@@ -137,23 +153,150 @@ def test_count_matches_performance_md():
 
 @SIMULATOR_ONLY
 def test_problem_paged_varlen(rng):
-    """Varying lengths, a shuffled block table with unused entries out of range, NaN past
+    """Spread lengths, a shuffled block table with unused entries out of range, NaN past
     each length: the cache the library gets, the token index torch gets, and the reference."""
-    cfg = bench.Config(3, 2, 20, page_size=4, varlen=True, mask="causal", sq=2)
+    cfg = bench.Config(3, 2, 20, page_size=4, spread=0.5, mask="causal", sq=2)
     p = bench.make_problem(cfg, bench.Device(), rng, bench.Settings.simulator(ref_seqs=2))
     lengths = p.lengths_host
-    assert lengths.max() == 20 and lengths.min() >= 2 and p.ref_subset.startswith("sequences 0..1")
+    assert cfg.length_range == (10, 30)
+    assert 10 <= lengths.min() and lengths.max() <= 30
+    assert p.ref_subset.startswith("sequences 0..1")
     used = -(-lengths // 4)
-    assert (p.block_table_host[np.arange(5)[None, :] >= used[:, None]] == bench.UNUSED_PAGE).all()
+    width = p.block_table_host.shape[1]
+    assert width == used.max()
+    unused = np.arange(width)[None, :] >= used[:, None]
+    assert (p.block_table_host[unused] == bench.UNUSED_PAGE).all()
     idx = p.token_index()
     flat = p.pages.reshape(-1, 576)
     for b, n in enumerate(lengths):
         assert np.isfinite(flat[idx[b]].astype(np.float32)).all()   # torch reads finite data
         assert np.array_equal(flat[idx[b, :n]], p.cache.rows(b, n))
+        if n % 4:   # the slots of the last page past the length hold NaN
+            tail = p.pages[p.block_table_host[b, used[b] - 1], n % 4:]
+            assert np.isnan(tail.astype(np.float32)).all()
     bias = p.keep_bias()
-    assert bias.shape == (3, 2, 1, 20)
+    assert bias.shape == (3, 2, 1, lengths.max())
     assert (bias[:, 1, 0, :] == 0).sum() == lengths.sum()   # last query: every valid key
     assert p.reference().shape == (2, 2, 2, 512)
+
+
+def test_varlen_lengths_are_seeded_and_in_range():
+    """The varlen sweep: the six shapes at spreads 0, 0.25, 0.5; each length uniform in
+    [L(1-s), L(1+s)], the same for the same seed, others for another seed."""
+    configs = bench.varlen_sweep()
+    assert {(c.batch, c.heads, c.seqlen) for c in configs} == set(bench.PERF_SHAPES)
+    assert sorted({c.spread for c in configs}) == [0.0, 0.25, 0.5]
+    cfg = bench.Config(64, 128, 4096, spread=0.5, sweep="varlen")
+    assert cfg.length_range == (2048, 6144)
+    a, b = bench.draw_lengths(cfg, seed=0), bench.draw_lengths(cfg, seed=0)
+    assert np.array_equal(a, b) and a.dtype == np.int32
+    assert 2048 <= a.min() and a.max() <= 6144 and a.max() - a.min() > 2048  # spread, not flat
+    assert not np.array_equal(a, bench.draw_lengths(cfg, seed=1))
+    assert (bench.draw_lengths(bench.Config(4, 1, 100), seed=3) == 100).all()
+    with pytest.raises(ValueError, match="spread"):
+        bench.Config(1, 1, 8, spread=1.0)
+
+
+@pytest.mark.kernel
+@SIMULATOR_ONLY
+def test_varlen_sweep_cli(tmp_path, capsys):
+    """``bench --sweep varlen`` on a tiny shape: one row a spread, the spread and the lengths'
+    range in each row, then its figure and table from ``plot`` (and nothing else)."""
+    out = tmp_path / "v.json"
+    rc = cli.main(["bench", "--sweep", "varlen", "--shapes", "2x1x12", "--page-size", "4",
+                   "--providers", "numba_mla:simt", "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["spread"] for r in rows] == [0.0, 0.25, 0.5]
+    for r in rows:
+        assert r["sweep"] == "varlen" and r["varlen"] == (r["spread"] > 0)
+        lo, hi = bench.Config(2, 1, 12, spread=r["spread"]).length_range
+        assert lo <= r["length_min"] <= r["length_max"] <= hi
+        assert 0 <= r["rel_err"] < 2e-2
+    assert rows[0]["length_min"] == rows[0]["length_max"] == 12
+    assert "2x1x12 +-0.5L" in printed
+    figs = tmp_path / "f"
+    assert cli.main(["plot", "--json", str(out), "--out-dir", str(figs)]) == 0
+    assert os.path.getsize(figs / "latency_vs_spread.png") > 0
+    assert "| 2x1x12 | 0.5 |" in (figs / "varlen.md").read_text()
+    # plotting a varlen run into plots/ replaces no other figure, nor the headline table
+    assert sorted(os.listdir(figs)) == ["latency_vs_spread.png", "varlen.md"]
+
+
+def test_bench_shapes_option_is_checked(capsys):
+    assert cli.main(["bench", "--shapes", "2x1", "--no-progress"]) == 2
+    assert "--shapes: expected BxHxL" in capsys.readouterr().err
+    assert cli.main(["bench", "--sweep", "splitk", "--shapes", "1x1x8", "--no-progress"]) == 2
+    assert "not 'splitk'" in capsys.readouterr().err
+
+
+def test_table_keeps_alignment_and_shows_no_negative_overhead():
+    """Simulator-sized times (seconds) and a host overhead below zero (two medians' spread):
+    every right-aligned column ends under its header, no minus sign in the overhead column."""
+    base = dict(provider="numba_mla", backend="simt", batch=1, heads=2, seqlen=16, sq=1,
+                dtype="bfloat16", mask="null", num_partitions=1, us=983402.5,
+                us_p10=983402.5, us_p90=1283402.5, gbps=0.01, tflops=1e-5, frac_copy=None,
+                frac_dense=None, host_us=2898051.1, overhead_us=-983402.0, rel_err=3e-3)
+    rows = [base, dict(base, provider="torch_bmm", backend=None, us=12.5, us_p10=12.0,
+                       us_p90=13.0, host_us=40.0, overhead_us=21.0),
+            dict(base, overhead_us=None)]
+    lines = bench.format_table(rows).splitlines()
+    head = lines[0]
+    ends = [head.index(h) + len(h) for h in (" us", "host us", "ovh us", "rel_err")]
+    for line in lines[2:]:
+        for end in ends:
+            assert line[end - 1] != " " and (end == len(line) or line[end] == " "), line
+    ovh = [line[head.index("host us") + len("host us"):ends[2]].split() for line in lines[2:]]
+    assert ovh == [["~0"], ["21"], ["-"]]
+    assert "-983402" not in "\n".join(lines)
+
+
+def _drawn(fn, *args):
+    """Render ``fn(meta, rows, path, plt)`` and return (its first axes' bar widths, x label,
+    x scale, tick labels)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seen = {}
+    real = plt.Figure.savefig
+
+    def keep(fig, path, **kw):
+        ax = fig.axes[0]
+        seen.update(widths=[p.get_width() for p in ax.patches], xlabel=ax.get_xlabel(),
+                    xscale=ax.get_xscale(),
+                    xticks=[t.get_text() for t in ax.get_xticklabels()])
+        return real(fig, path, **kw)
+
+    plt.Figure.savefig = keep
+    try:
+        assert fn(*args, plt) is None
+    finally:
+        plt.Figure.savefig = real
+    return seen
+
+
+def test_host_overhead_plot_draws_negative_values_as_negative(tmp_path):
+    """A negative overhead is a bar left of zero, and the axis says what it is."""
+    with open(SAMPLE) as f:
+        doc = json.load(f)
+    rows = [dict(r, overhead_us=v, us_warm=r["us"], sweep="default")
+            for r, v in zip(doc["rows"][:3], (-3.0, 5.0, 12.0))]
+    seen = _drawn(plot.host_overhead, doc["meta"], rows, str(tmp_path / "h.png"))
+    assert sorted(seen["widths"]) == [-3.0, 5.0, 12.0]
+    assert seen["xscale"] == "linear" and "below 0" in seen["xlabel"]
+
+
+def test_roofline_x_axis_has_plain_tick_labels(tmp_path):
+    """The H200 run's intensities (30 to about 1000 FLOP/byte): labels at 1, 2, 5 x 10^k."""
+    with open(SAMPLE) as f:
+        doc = json.load(f)
+    seen = _drawn(plot.roofline, doc["meta"], doc["rows"], str(tmp_path / "r.png"))
+    labels = [t for t in seen["xticks"] if t]
+    assert len(labels) >= 4 and "20" in labels and "100" in labels
+    assert all(float(t) > 0 for t in labels)
 
 
 def test_failures_and_provider_selection():
@@ -187,7 +330,7 @@ def test_backend_without_kernel_is_skipped(monkeypatch, rng):
 
     monkeypatch.setattr(launch, "Plan", refuse)
     with pytest.raises(bench.Skip, match="not built yet"):
-        bench.NumbaMLA("mma").prepare(p)
+        bench.providers.numba_mla(p, "mma")
 
     class OtherPlan:
         backend, launches, num_partitions = "simt", [], 1
@@ -197,7 +340,105 @@ def test_backend_without_kernel_is_skipped(monkeypatch, rng):
 
     monkeypatch.setattr(launch, "Plan", OtherPlan)
     with pytest.raises(bench.Skip, match="built backend 'simt'"):
-        bench.NumbaMLA("mma").prepare(p)
+        bench.providers.numba_mla(p, "mma")
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line's manners: what it prints before it runs, what it refuses
+# ---------------------------------------------------------------------------------------------
+def _cli(*args):
+    """``python -m numba_mla.cli ARGS`` in a fresh process, started as a user without a GPU
+    starts it: nothing has chosen the simulator yet."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    return subprocess.run([sys.executable, "-m", "numba_mla.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+BANNER = "running on the CUDA simulator"
+NO_GPU = pytest.mark.skipif(not _compat.SIMULATOR, reason="the banner is the no-GPU path")
+
+
+@NO_GPU
+@pytest.mark.parametrize("args", [["--help"], ["bench", "--help"], ["validate", "--help"]],
+                         ids=["top", "bench", "validate"])
+def test_help_prints_no_simulator_banner(args):
+    r = _cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert BANNER not in r.stdout + r.stderr and "usage: numba-mla" in r.stdout
+
+
+@NO_GPU
+def test_bench_help_cites_the_performance_note():
+    r = _cli("bench", "--help")
+    assert "docs/performance.md" in r.stdout and "varlen" in r.stdout
+    assert "PERFORMANCE.md" not in r.stdout
+
+
+@NO_GPU
+def test_plot_prints_no_simulator_banner(tmp_path):
+    r = _cli("plot", "--json", SAMPLE, "--out-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert BANNER not in r.stdout + r.stderr and "wrote" in r.stdout
+
+
+@NO_GPU
+def test_validate_full_is_refused_on_the_simulator():
+    """The banner (validate runs kernels), then the refusal with its reason; exit status 2."""
+    r = _cli("validate", "--full")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert BANNER in r.stdout
+    assert "--full is refused on the CUDA simulator" in r.stderr and "hours" in r.stderr
+
+
+def test_validate_table_is_aligned_on_the_reference_backend():
+    from numba_mla import validate
+
+    case = validate.Case(2, 2, 1, 21, "bf16", "paged", 1, "null", "identity", None,
+                         backend="reference")
+    row = dict(case=case, error=None, kernel="reference", out_err=1e-3, out_rel=1e-3,
+               out_ref_err=1e-3, lse_err=1e-4, lse_ref_err=1e-4, **{"pass": True})
+    line, head = validate._fmt(row), validate.HEADER
+    for col in ("dtype", "cache", "mask"):   # left-aligned: each starts under its header
+        assert line[head.index(col) - 1] == " " and line[head.index(col)] != " ", col
+    for col in ("P", "out err", "lse err"):   # right-aligned: each ends under its header
+        end = head.index(f" {col} ") + len(col)
+        assert line[end] != " " and line[end + 1] == " ", col
+    assert line[head.index("dtype"):].startswith("bf16")
+    assert line[head.index("result"):] == "PASS"
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/host_overhead.py
+# ---------------------------------------------------------------------------------------------
+def _script(name):
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(ROOT, "scripts", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.kernel
+@SIMULATOR_ONLY
+def test_host_overhead_script(tmp_path, capsys):
+    """One call per path on a tiny shape: a row per path that runs here with both measures,
+    the others listed with their reason; meta with device, date, commit."""
+    out = tmp_path / "h.json"
+    mod = _script("host_overhead")
+    assert mod.main(["--calls", "1", "--warmup", "0", "--shape", "1x1x8", "--page-size", "4",
+                     "--out", str(out), "--commit", "abc1234"]) == 0
+    doc = json.loads(out.read_text())
+    meta, rows = doc["meta"], doc["rows"]
+    assert (meta["device"], meta["commit"]) == ("CUDA simulator", "abc1234") and meta["date"]
+    assert [r["path"] for r in rows] == ["mla_decode", "mla_decode_new_lengths"]
+    for r in rows:
+        assert r["call_sync_us"] > 0 and r["enqueue_us"] > 0
+    assert {s["path"] for s in meta["skipped"]} == {"prepare", "flash_mla", "torch"}
+    assert "mla_decode_new_lengths" in capsys.readouterr().out
+    # numba-mla plot draws its figure from this file (and nothing else)
+    assert cli.main(["plot", "--json", str(out), "--out-dir", str(tmp_path / "f")]) == 0
+    assert os.listdir(tmp_path / "f") == ["host_paths.png"]
+    assert os.path.getsize(tmp_path / "f" / "host_paths.png") > 1000
 
 
 @pytest.mark.gpu
