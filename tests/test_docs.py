@@ -133,7 +133,7 @@ def test_references_resolve(path):
             rel = os.path.relpath(full, ROOT)
             if anchor not in anchors(rel):
                 missing.append(f"{ref}: no heading with anchor #{anchor} in {rel}")
-    assert not missing, f"{path}: " + "; ".join(missing)
+    assert not missing, f"{path}: " + "; ".join(dict.fromkeys(missing))
 
 
 def _run_file(path, gpu):
