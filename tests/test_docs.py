@@ -22,6 +22,8 @@ Which references resolve
   (``numba_mla/``, ``tests/``, ``scripts/``, ``docs/``, ``plots/``, ``.ci/``), or that name a
   top-level ``*.md`` / ``*.toml`` / ``*.cfg`` file: they exist, relative to the root. Words
   with placeholders (``<device>``, ``*``) are not paths and are skipped.
+- Beyond the docs, no source, script, test or Markdown file names a ``*.md`` file that is not in
+  the repository (URLs aside): notes kept outside it must not be cited from inside it.
 """
 import os
 import re
@@ -136,6 +138,40 @@ def test_references_resolve(path):
     assert not missing, f"{path}: " + "; ".join(dict.fromkeys(missing))
 
 
+SOURCE_EXTS = (".py", ".md", ".sh", ".cfg", ".toml")
+
+
+def cited_markdown(text):
+    """The ``*.md`` names a text cites, URLs left out."""
+    text = re.sub(r"https?://\S+", "", text)
+    return set(re.findall(r"(?<![\w/.-])([\w./-]*\w\.md)\b", text))
+
+
+def test_no_file_cites_missing_markdown():
+    """No file of the repository cites a Markdown file that is not in it (by path from the
+    root or from the citing file, or by bare name anywhere in the tree)."""
+    present, sources = set(), []
+    for dirpath, dirnames, names in os.walk(ROOT):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".git") and d != "__pycache__"
+                       and not d.endswith(".egg-info")]
+        for n in names:
+            rel = os.path.relpath(os.path.join(dirpath, n), ROOT)
+            if n.endswith(".md"):
+                present.add(n)
+            if n.endswith(SOURCE_EXTS) and rel != os.path.join("tests", "test_docs.py"):
+                sources.append(rel)
+    missing = []
+    for rel in sources:
+        with open(os.path.join(ROOT, rel), encoding="utf-8", errors="replace") as f:
+            for name in cited_markdown(f.read()):
+                here = os.path.join(ROOT, os.path.dirname(rel), name)
+                if os.path.exists(os.path.join(ROOT, name)) or os.path.exists(here) or \
+                        ("/" not in name and name in present):
+                    continue
+                missing.append(f"{rel} cites {name}")
+    assert not missing, "; ".join(sorted(missing))
+
+
 def _run_file(path, gpu):
     """Run the file's blocks in order in one namespace, from the root; ``gpu``: the GPU-only
     blocks too (else they are skipped)."""
@@ -189,5 +225,7 @@ def test_the_checks_see_something():
                         "not [a site](https://example.com) nor `plots/bench_<device>.json`.\n"
                         "```python\n# [in code](ignored.md)\n```\n")
     assert references(text) == [("docs/x.md#a-b", "link"), ("numba_mla/foo.py", "code")]
+    assert cited_markdown("see PERFORMANCE.md, docs/x.md and https://a.b/c/d.md") == \
+        {"PERFORMANCE.md", "docs/x.md"}
     assert slug("Your first kernel") == "your-first-kernel"
     assert slug("`mla_decode`: the API") == "mla_decode-the-api"
