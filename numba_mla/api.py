@@ -27,16 +27,16 @@ def _plan_key(call, entry):
     if call.ragged:
         counts = np.diff(call.q_offsets_host)
         rows = (int(counts.max(initial=0)), plans.layout(call.q_offsets) or "host")
-        longest = heuristics.longest_key_range(call.mask, cache.lengths_host, counts)
+        lengths = heuristics.schedule_signature(call.mask, cache.lengths_host, counts)
     else:
         rows = call.sq
-        longest = cache.memo(("longest", call.mask.cache_key(), call.sq),
-                             lambda: heuristics.longest_key_range(
+        lengths = cache.memo(("schedule", call.mask.cache_key(), call.sq),
+                             lambda: heuristics.schedule_signature(
                                  call.mask, cache.lengths_host, np.full(call.batch, call.sq)))
     return (entry, threading.get_ident(), plans.stream_of(call.q), call.backend,
             call.num_partitions, call.return_lse, call.scale, call.mask.cache_key(),
             call.score_mod.cache_key(), q_layout, out_layout, bias_layout, cache.layout_key,
-            rows, longest)
+            rows, lengths)
 
 
 def _run(call, ref_fn, ref_args, entry):

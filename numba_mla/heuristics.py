@@ -1,6 +1,9 @@
 """Tile sizes and the split-K factor, chosen from the shape and the device."""
 import math
 
+import numpy as np
+
+from . import mods
 from ._compat import SIMULATOR
 
 #: Streaming multiprocessors assumed when none can be queried (the simulator).
@@ -22,19 +25,47 @@ def sm_count():
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def longest_key_range(mask, lengths, counts):
-    """The most keys any sequence's queries may keep: its length, cut to the mask's key range
-    (a sliding window of 256 over 65536 keys counts 256), which is what split-K divides."""
-    longest = 0
-    for length, n in zip(lengths.tolist(), counts.tolist()):
+def key_counts(mask, lengths, counts):
+    """Per sequence, the keys its queries may keep: its length cut to the mask's key range (a
+    sliding window of 256 over 65536 keys counts 256; a sequence without keys or queries, 0).
+    That range is what split-K divides; tiles outside it are never walked, so they count as no
+    work. (Tiles a mask drops inside the range are counted: only the kernel sees them.)"""
+    lengths = np.asarray(lengths, np.int64)
+    counts = np.asarray(counts, np.int64)
+    if type(mask).key_range is mods.Mask.key_range and mask.range_rule() is mods._unbounded_range:
+        return np.where(counts > 0, lengths, 0)  # every key of every sequence (no loop)
+    keys = np.zeros(lengths.shape[0], np.int64)
+    for b, (length, n) in enumerate(zip(lengths.tolist(), counts.tolist())):
         if length and n:
             k0, k1 = mask.key_range(length - n, length - 1)
-            longest = max(longest, min(k1, length) - max(k0, 0))
-    return longest
+            keys[b] = max(0, min(k1, length) - max(k0, 0))
+    return keys
+
+
+def longest_key_range(mask, lengths, counts):
+    """The most keys any sequence's queries may keep (``key_counts``)."""
+    return int(key_counts(mask, lengths, counts).max(initial=0))
+
+
+#: The smallest key tile of any partition kernel (the FMA kernel's 32; the others' 64 is a
+#: multiple): the balanced schedule of every kernel is a function of the key counts in these
+#: units, so a kept plan that matches them has the schedule this call's lengths would get.
+SCHEDULE_QUANTUM = 32
+
+
+def schedule_signature(mask, lengths, counts):
+    """What the split-K schedule depends on in a call's lengths, as a hashable value (plans.py's
+    key): each sequence's key count (``key_counts``), in units of ``SCHEDULE_QUANTUM`` keys."""
+    keys = key_counts(mask, lengths, counts)
+    return (-(-keys // SCHEDULE_QUANTUM)).astype(np.int32).tobytes()
 
 
 #: A block's fixed cost (queries in, output out), in key tiles.
 BLOCK_OVERHEAD_TILES = 2
+#: The cost of a block whose partition is empty (it reads its sequence's length and offsets,
+#: writes LSE -inf and leaves), in key tiles: an estimate (a dependent pair of global loads
+#: against about 2 us of HBM time a 64-key tile takes a multiprocessor), not a measurement.
+EMPTY_BLOCK_TILES = 0.5
 
 
 def num_partitions(batch, row_groups, max_keys, block_n, sms=None, max_parts=256):
@@ -54,3 +85,50 @@ def num_partitions(batch, row_groups, max_keys, block_n, sms=None, max_parts=256
         if best_cost is None or cost < best_cost:
             best, best_cost = P, cost
     return best
+
+
+def partition_range(ntiles, p, nparts, chunk):
+    """The host form of kernels/common.partition_tiles (the tiles ``[t0, t1)`` partition ``p``
+    of ``nparts`` walks), for the cost model and the tests."""
+    per_part = max(chunk, -(-ntiles // nparts))
+    t0 = min(p * per_part, ntiles)
+    return t0, min(t0 + per_part, ntiles)
+
+
+def balanced_split(keys, block_n, row_groups, sms=None, max_parts=256):
+    """The balanced split-K schedule for sequences of ``keys`` keys (``key_counts``): returns
+    ``(chunk, P)``, every partition walking ``chunk`` tiles of ``block_n`` keys
+    (kernels/common.partition_tiles), a sequence of ``n`` tiles using the first
+    ``ceil(n / chunk)`` of the ``P = ceil(longest / chunk)`` partitions, the rest finding
+    theirs empty. One partition (P = 1) is the direct kernel, no combine.
+
+    Why one chunk for all: the blocks of a launch (P x row groups x B) then carry about the
+    same work whatever their sequence's length, and the hardware hands each multiprocessor a
+    new block as soon as it is free; a split factor from the longest sequence alone gives the
+    short ones short partitions, so their multiprocessors idle behind the long ones.
+
+    The chunk minimises a cost model, the fewest partitions on ties (a cheaper combine, none
+    at all for P = 1): with ``W`` the total work (kept tiles, plus ``BLOCK_OVERHEAD_TILES`` a
+    block with work and ``EMPTY_BLOCK_TILES`` an empty one) and ``L = chunk +
+    BLOCK_OVERHEAD_TILES`` the longest block, the time is ``ceil(W / (sms L))`` waves of
+    ``L``: for equal lengths exactly ``num_partitions``' model (the blocks come in waves of
+    ``sms``), for unequal ones the work packed into waves of the longest block. Candidates
+    are the distinct ``ceil(longest / P)`` for P = 1 ... ``max_parts`` (about
+    2 sqrt(tiles) of them), each costed in one vectorised pass over the batch."""
+    sms = sm_count() if sms is None else sms
+    tiles = -(-np.asarray(keys, np.int64) // block_n)
+    tiles = tiles[tiles > 0]
+    longest = int(tiles.max(initial=0))
+    if longest <= 1:
+        return 0, 1
+    groups = max(1, row_groups)
+    total = int(tiles.sum())
+    chunks = np.unique(-(-longest // np.arange(1, min(longest, max_parts) + 1)))[::-1]
+    parts = -(-longest // chunks)  # ascending: the fewest partitions first
+    used = (-(-tiles[None, :] // chunks[:, None])).sum(axis=1)  # blocks with work, a group
+    empty = tiles.size * parts - used
+    work = groups * (total + BLOCK_OVERHEAD_TILES * used + EMPTY_BLOCK_TILES * empty)
+    longest_block = chunks + BLOCK_OVERHEAD_TILES
+    cost = np.ceil(work / (sms * longest_block)) * longest_block
+    best = int(np.argmin(cost))  # the first of equal minima: the fewest partitions
+    return int(chunks[best]), int(parts[best])

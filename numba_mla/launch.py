@@ -351,17 +351,17 @@ class Plan:
             cache_aligned16=_aligned16(storage),
             packed_rows=q_pairs.is_c_contiguous() and storage.is_c_contiguous())
         rows = int(counts.max(initial=0)) * H
-        longest = heuristics.longest_key_range(call.mask, cache.lengths_host, counts)
+        keys = heuristics.key_counts(call.mask, cache.lengths_host, counts)
 
         def spills(spec):  # compile a candidate for these arguments: does it use local memory?
-            args = self._inputs(dict(inputs, q=q_pairs)) + self._maps(spec, q_pairs, storage, T)
             ws = (cuda.device_array((1, 1, 1, D_V), np.float32),
                   cuda.device_array((1, 1, 1), np.float32))
-            return _Launch(spec.dispatcher, args[:7] + ws + args[7:],
-                           (spec.num_partitions, spec.groups, B), spec.threads,
-                           spec.smem).spills()
+            args = (self._inputs(dict(inputs, q=q_pairs), spec) + ws
+                    + self._maps(spec, q_pairs, storage, T))
+            return _Launch(spec.dispatcher, args, (spec.num_partitions, spec.groups, B),
+                           spec.threads, spec.smem).spills()
 
-        spec = self.spec = selector.select_kernel(call, tag, rows, longest, facts, spills)
+        spec = self.spec = selector.select_kernel(call, tag, rows, keys, facts, spills)
         self.backend = "mma" if spec.backend == "seesaw" else spec.backend  # the family asked
         self.block_m = spec.block_m
         P = self.num_partitions = spec.num_partitions
@@ -393,7 +393,7 @@ class Plan:
         self._rows = T * H  # query rows: q seen as [T * H, 576]
         if T == 0 or B == 0:
             return
-        args = self._inputs(inputs)
+        args = self._inputs(inputs, spec)
         if spec.direct:  # one partition: the kernel writes out and lse itself (no combine)
             results = (self.out_dev.reshape((T, H, 1, D_V)), self.lse_dev.reshape((T, H, 1)))
         else:
@@ -419,8 +419,11 @@ class Plan:
             self.launches.append(merge)
             self.slots["out"], self.slots["lse"] = (merge, 2), (merge, 3)
 
-    def _inputs(self, inputs):
-        return tuple(inputs[role] for role in INPUT_ROLES) + (np.float32(self.call.scale),)
+    def _inputs(self, inputs, spec):
+        """The partition kernel's arguments before its results: the arrays, the scale and the
+        schedule's chunk (part of the plan's key through the lengths: never rebound)."""
+        return tuple(inputs[role] for role in INPUT_ROLES) + (np.float32(self.call.scale),
+                                                              np.int32(spec.chunk))
 
     def _maps(self, spec, q_dev, storage, T):
         """The tensor maps of a TMA kernel (q, then the cache); placeholders for the

@@ -9,8 +9,9 @@ by a key of what the plan depends on:
   return_lse, scale), the mask's and score mod's cache keys;
 - the *layouts* (array kind, shape, strides, dtype, device) of q, out and the cache's arrays,
   not their addresses: a decode loop's new q or new output each step hits the same plan;
-- the split heuristic's input (the most keys a sequence may keep), so a cache whose lengths
-  changed much gets the partition count it should.
+- the split-K schedule's input (heuristics.schedule_signature: each sequence's key count, in
+  units of 32 keys), so a call gets the schedule its lengths call for, and the same inputs
+  always run the same schedule (bit-identical results, whatever plans were kept before).
 
 On a hit the plan's array arguments are re-pointed at this call's arrays (launch.Plan.rebind:
 on a GPU a few integers in the packed parameters), a new output is allocated (unless ``out``

@@ -7,8 +7,10 @@ here, from the call and a few facts about its arrays:
    simulator), the FMA kernel (``"simt"``) otherwise.
 2. The tensor-core kernels copy 16-byte pieces: q and the cache must start 16-byte aligned.
    ``"auto"`` falls back to ``"simt"``; an explicit ``"mma"`` is refused.
-3. The split-K factor P: the caller's, or the heuristic's (heuristics.py) for the kernel's
-   tile; one partition means the partition kernel writes ``out`` itself (``direct``).
+3. The split-K schedule: the caller's factor P, split evenly over each sequence's tiles, or
+   the balanced schedule (heuristics.balanced_split: ``chunk`` tiles a partition, the same for
+   every sequence) for the kernel's tile; one partition means the partition kernel writes
+   ``out`` itself (``direct``).
 4. Tensor-core tiles come by the copy engine (TMA) where a 64-key tile never straddles pages
    and rows are packed; there the seesaw kernel runs, unless it would spill registers (a mask
    with much arithmetic beside its 160 accumulators), then the lockstep kernel's TMA variant.
@@ -35,6 +37,7 @@ class KernelSpec:
     block_n: int  # keys a tile
     groups: int  # row groups a sequence: the grid's y
     num_partitions: int  # split-K factor P: the grid's x
+    chunk: int  # tiles a partition (kernels/common.partition_tiles); 0: an even split
     direct: bool  # one partition: writes out and lse itself, no combine
     q_pairs: bool  # q read as int32 words of two 16-bit values
     tma: bool  # two tensor maps (q, cache) follow the arguments
@@ -76,10 +79,11 @@ class ArrayFacts:
     packed_rows: bool  # q and the cache are C-contiguous (TMA sees them as [rows, 576])
 
 
-def select_kernel(call, tag, rows, longest, facts: ArrayFacts,
+def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                   spills: Callable[[KernelSpec], bool]) -> KernelSpec:
     """The kernel for a checked call. ``rows``: query rows of the longest sequence (Sq x H);
-    ``longest``: the most keys a sequence's queries may keep (the heuristic divides it);
+    ``keys``: per sequence, the keys its queries may keep (heuristics.key_counts: what the
+    split-K schedule divides);
     ``spills(spec)`` compiles a candidate for the call's argument types and says whether it
     uses local memory (never in the simulator)."""
     backend = resolve_backend(call.backend, tag)
@@ -105,10 +109,13 @@ def select_kernel(call, tag, rows, longest, facts: ArrayFacts,
         block_m = heuristics.simt_block_m(rows, sixteen)
         block_n = simt.block_n(block_m, sixteen)
     groups = max(1, math.ceil(rows / block_m))
-    P = call.num_partitions or heuristics.num_partitions(call.batch, groups, longest, block_n)
+    if call.num_partitions:
+        chunk, P = 0, call.num_partitions
+    else:
+        chunk, P = heuristics.balanced_split(keys, block_n, groups)
     direct = P == 1
     common = dict(block_m=block_m, block_n=block_n, groups=groups, num_partitions=P,
-                  direct=direct)
+                  chunk=chunk, direct=direct)
 
     if backend == "simt":
         disp = factory.partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,

@@ -51,7 +51,8 @@ def simt_signature(tag, direct):
     return (types.Array(types.int16 if w16 else types.float32, 3, "C"),
             types.Array(types.int32, 1, "C"), types.Array(word, 3, "C"),
             types.Array(types.int32, 2, "C"), types.Array(types.int32, 1, "C"),
-            types.Array(types.float32, 3, "C"), types.float32, types.Array(out, 4, "C"),
+            types.Array(types.float32, 3, "C"), types.float32, types.int32,
+            types.Array(out, 4, "C"),
             types.Array(types.float32, 3, "C"))
 
 
@@ -59,7 +60,7 @@ def signature(direct):
     w = types.int32
     return (types.Array(w, 3, "C"), types.Array(types.int32, 1, "C"), types.Array(w, 3, "C"),
             types.Array(types.int32, 2, "C"), types.Array(types.int32, 1, "C"),
-            types.Array(types.float32, 3, "C"), types.float32,
+            types.Array(types.float32, 3, "C"), types.float32, types.int32,
             types.Array(types.int16 if direct else types.float32, 4, "C"),
             types.Array(types.float32, 3, "C"), types.Array(types.uint8, 1, "C"),
             types.Array(types.uint8, 1, "C"))

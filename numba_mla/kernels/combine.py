@@ -15,8 +15,12 @@ partitions g, g + S, ... in one pass, the maximum kept as it goes (as the partit
 online softmax does); the S groups then meet in shared memory. Every load of a step is issued
 before any is used (UNROLL partitions x 4 dims), so a thread keeps 32 loads in flight: the
 merge is bound by memory latency, and one long row (B = 1) still spreads its partitions over
-S x 4 warps. ``split(rows, P)`` picks S (launch.py).
-Traffic: reads P x 512 fp32 per row, writes 512 values in the output dtype.
+S x 4 warps. A step's LSEs are loaded one step ahead, so that only the outputs of partitions
+that kept a key are read: under the balanced schedule (heuristics.balanced_split) a short
+sequence leaves most of its P partitions empty, and those cost one LSE each, not 2 KB.
+``split(rows, P)`` picks S (launch.py).
+Traffic: reads P LSEs and (partitions that kept a key) x 512 fp32 per row, writes 512 values
+in the output dtype.
 """
 import math
 
@@ -58,13 +62,21 @@ def make_combine_kernel(store):
         m = float32(NEG_INF)  # largest LSE so far
         total = float32(0.0)  # sum of exp(l_p - m)
         nan = False
+        nxt = cuda.local.array(UNROLL, float32)  # the next step's LSEs, loaded a step ahead
+        for u in range(UNROLL):
+            p = g * UNROLL + u
+            nxt[u] = part_lse[t, h, min(p, nparts - 1)] if p < nparts else float32(NEG_INF)
         for p0 in range(g * UNROLL, nparts, S * UNROLL):
-            # Loads first, all unconditional (past the end: the last partition again, unused).
+            # Loads first: the outputs of the partitions that kept a key (an empty one, LSE
+            # -inf, never wrote its output), then the next step's LSEs, all in flight at once.
             for u in range(UNROLL):
-                p = min(p0 + u, nparts - 1)
-                ls[u] = part_lse[t, h, p] if p0 + u < nparts else float32(NEG_INF)
-                for j in range(DIMS):
-                    xs[u, j] = part_out[t, h, p, x + NTHREADS * j]
+                ls[u] = nxt[u]
+                if ls[u] != float32(NEG_INF):  # (past the end: -inf)
+                    for j in range(DIMS):
+                        xs[u, j] = part_out[t, h, p0 + u, x + NTHREADS * j]
+            for u in range(UNROLL):
+                p = p0 + S * UNROLL + u
+                nxt[u] = part_lse[t, h, min(p, nparts - 1)] if p < nparts else float32(NEG_INF)
             m_new = m
             for u in range(UNROLL):
                 if ls[u] != ls[u]:

@@ -1,8 +1,11 @@
 """What both partition kernels share: the constants of the operation and the walk over a
-block's key tiles (which keys its queries may keep, and which tiles the mask drops)."""
+block's key tiles (which keys its queries may keep, which tiles the mask drops, and which of
+them a split-K partition takes)."""
 import math
 
 from numba import cuda, float32
+
+from .. import ptx
 
 from ..caches import D_QK, D_V  # noqa: F401  (576-wide rows; V = the first 512 dims)
 from ..mods import EMPTY, PARTIAL
@@ -76,3 +79,34 @@ def make_tile_walk(mask_classify, mask_key_range, block_n, heads, align=1):
         return t
 
     return key_tiles, next_tile
+
+
+@cuda.jit(device=True)
+def partition_tiles(ntiles, p, nparts, chunk):
+    """The tiles ``[t0, t1)`` of a row block's ``ntiles`` that split-K partition ``p`` of
+    ``nparts`` walks: consecutive runs of ``per_part`` tiles from the first, with ``per_part``
+    the larger of
+
+    - ``chunk``, the same for every sequence of a launch (heuristics.balanced_split): a short
+      sequence then fills its first few partitions and finds the rest empty, so the work of a
+      block is about the same whatever its sequence's length;
+    - ``ceil(ntiles / nparts)``, the even split: what ``chunk = 0`` gives (an explicit
+      num_partitions), and what still covers every tile when a sequence holds more than
+      ``nparts * chunk`` (lengths changed on the device after the chunk was chosen).
+
+    The runs of the partitions are disjoint and together cover ``[0, ntiles)``: each tile is
+    walked exactly once."""
+    even = ptx.divmod_u32(ntiles + nparts - 1, nparts)[0]
+    per_part = max(chunk, even)
+    t0 = min(p * per_part, ntiles)
+    return t0, min(t0 + per_part, ntiles)
+
+
+@cuda.jit(device=True)
+def mark_empty(part_lse, row0, r0, nrows, p, heads, tid, nthreads):
+    """Partition ``p`` keeps no key of the block's rows ``[r0, r0 + nrows)`` (of the sequence
+    whose first q row is ``row0``): LSE -inf for each, and nothing else. The combine gives
+    such a partition weight 0 and never reads its output, so the block can leave at once."""
+    for m in range(tid, nrows, nthreads):
+        r = r0 + m
+        part_lse[row0 + r // heads, r % heads, p] = float32(NEG_INF)

@@ -43,7 +43,8 @@ from numba import cuda, float32, int32, uint64
 
 from .. import ptx
 from .._compat import JIT_OPTIONS
-from .common import D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk
+from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
+                     partition_tiles)
 
 BLOCK_M = 64  # query rows per block: wgmma's M
 BLOCK_N = 64  # keys per tile
@@ -163,7 +164,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             ptx.sts32(smk, dst + BOX_BYTES * box + 128 * n + 4 * (i % 32), 0)
 
     @cuda.jit(**JIT_OPTIONS)
-    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
+    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse, tmap_q, tmap_kv):
         # q [T, H, 288] and storage [pages, page_size, 288]: int32 words of 16-bit pairs;
         # tmap_q, tmap_kv: their tensor maps (TMA; unused otherwise).
@@ -189,9 +190,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             return
 
         q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
-        per_part = ptx.divmod_u32(ntiles + nparts - 1, nparts)[0]
-        t_end = min((p + 1) * per_part, ntiles)
-        t = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)
+        t, t_end = partition_tiles(ntiles, p, nparts, chunk)
+        t = next_tile(t, t_end, kstart, kend, q_lo, q_hi)
+        if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
+            mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+            return  # uniform in the block, before any barrier
         bars = sb + BAR_OFF  # the mbarriers of KV buffers 0 and 1 (8 bytes each)
         if tma:
             if tid == 0:

@@ -41,7 +41,8 @@ from numba import cuda, float32, int32, uint64
 
 from .. import ptx
 from .._compat import JIT_OPTIONS
-from .common import D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk
+from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
+                     partition_tiles)
 from .mma import BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, ROWS_BYTES
 
 NS = BLOCK_N // 2  # score accumulators per thread: m64n64 (32)
@@ -225,7 +226,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                       + 4 * (i % 32), 0)
 
     @cuda.jit(**JIT_OPTIONS)
-    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
+    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse, tmap_q, tmap_kv):
         p = cuda.blockIdx.x
         nparts = cuda.gridDim.x
@@ -249,9 +250,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             return
 
         q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
-        per_part = ptx.divmod_u32(ntiles + nparts - 1, nparts)[0]
-        t_end = min((p + 1) * per_part, ntiles)
-        t0 = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)
+        t0, t_end = partition_tiles(ntiles, p, nparts, chunk)
+        t0 = next_tile(t0, t_end, kstart, kend, q_lo, q_hi)
+        if t0 >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
+            mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+            return  # uniform in the block, before any barrier
         t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
         qbar = sb + BAR_OFF
         if tid < BLOCK_M:

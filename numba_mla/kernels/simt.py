@@ -72,7 +72,8 @@ from numba import cuda, float32, int32
 
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS
-from .common import D_QK, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk
+from .common import (D_QK, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
+                     partition_tiles)
 
 NWARPS = 8
 NTHREADS = 32 * NWARPS
@@ -453,9 +454,10 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             return 0
 
     @cuda.jit(**JIT_OPTIONS)
-    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
+    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse):
         # q [T, H, 576] (storage dtype), q_offsets [B+1], storage [pages, page_size, words],
+        # chunk: tiles a partition (common.partition_tiles),
         # part_out [T, H, P, 512] f32, part_lse [T, H, P] f32.
         p = cuda.blockIdx.x
         nparts = cuda.gridDim.x
@@ -478,9 +480,11 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             return  # every thread of the block leaves: no barrier is skipped
 
         q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
-        per_part = (ntiles + nparts - 1) // nparts
-        t_end = min((p + 1) * per_part, ntiles)
-        t = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)
+        t, t_end = partition_tiles(ntiles, p, nparts, chunk)
+        t = next_tile(t, t_end, kstart, kend, q_lo, q_hi)
+        if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
+            mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+            return  # uniform in the block: no barrier is skipped
         if t < t_end:  # start copying the first tile before anything else
             k0 = kstart + t * BLOCK_N
             k1 = min(k0 + BLOCK_N, kend)
