@@ -9,14 +9,16 @@ groups meeting at the end (kernels/combine.py). Tile sizes come from the kernel 
 runs, so a change of tile size cannot quietly turn it into a case that no longer reaches
 its path:
 
-- ``runs_of_tiles``: two partitions of two and three tiles, the last tile partial. Guards the
-  online softmax across tiles within a partition (the running sum rescaled when a later tile
-  raises the maximum) and the combine's last partition.
+- ``runs_of_tiles``: two partitions of three and two tiles, the last tile partial (paged,
+  pages not aligned with tiles). Guards the online softmax across the tiles of a partition
+  (a running sum not rescaled when a later tile raises the maximum fails it, FMA kernel) and
+  the combine's last partition (a combine that skips it fails it, every backend).
 - ``ragged_three_parts``: three partitions of two, two and one tile over ragged q (a
   sequence with no query rows, a short one): the last partition holds only a partial tile.
-  Guards the same, on the other cache layout and dtype.
+  Guards the same, on a contiguous cache and 16-bit data.
 - ``sixteen_parts``: 16 partitions of one tile each, nine holding keys: two combine groups,
-  both with keys. Guards the combine's cross-group merge (weights exp(m_group - max)).
+  both with keys. Guards the combine's cross-group merge: group weights exp(m_group - max)
+  taken as exp2 fail it, every backend.
 
 Every backend runs every case (``BACKENDS``: add a backend there); each result is checked
 three ways against the float64 reference (out and lse), with out pre-filled with NaN (every
