@@ -298,7 +298,7 @@ class Plan:
     The benchmark times ``launch()`` alone."""
 
     def __init__(self, call, private_workspace=False):
-        from .kernels import combine, mma, seesaw, simt
+        from .kernels import combine, mma, seesaw, simple, simt
 
         self.call = call
         self.stream = current_stream(call.q)
@@ -340,6 +340,8 @@ class Plan:
         rows = int(counts.max(initial=0)) * H
         if backend == "mma":
             self.block_m, block_n = mma.BLOCK_M, mma.BLOCK_N
+        elif backend == "simple":
+            self.block_m, block_n = simple.BLOCK_M, simple.BLOCK_N
         else:
             self.block_m = heuristics.simt_block_m(rows, sixteen)
             block_n = simt.block_n(self.block_m, sixteen)
@@ -384,6 +386,11 @@ class Plan:
                                            mma.BLOCK_N, mma.BOX, True))
                 else:
                     maps = (_dummy((128,), np.uint8),) * 2
+            elif backend == "simple":
+                kern = factory.simple_partition_kernel(call.mask, call.score_mod, tag,
+                                                       type(cache), self.block_m, H, direct)
+                threads, smem = simple.NTHREADS, simple.smem_bytes(self.block_m)
+                maps = ()
             else:
                 kern = factory.partition_kernel(call.mask, call.score_mod, tag, type(cache),
                                                 self.block_m, H, direct, _aligned16(storage))
