@@ -42,22 +42,22 @@ natural-log LSE ``part_lse[t, h, p]`` (-inf and 0 when it kept no key); the comb
 merges the partitions. With one partition the kernel writes ``out`` and ``lse`` itself
 (``part_out = out [T, H, 1, 512]`` in the storage dtype, ``store`` converting).
 
-Traffic: a block reads its partition's keys once (576 values a key into Ks, serving both
-Q K^T and P V) and its queries once; the G row groups of a sequence read the same keys (from
-L2 after the first). Each score FMA reads two shared values, so scores run at the speed of
-shared memory: kernels/simt.py is this kernel with the work tiled in registers.
+Traffic: a block reads its partition's keys once (into Ks, serving both Q K^T and P V) and its
+queries once; the G row groups of a sequence read the same keys (from L2 after the first).
+Each score FMA reads two values from shared memory, which bounds the speed; kernels/simt.py
+keeps tiles of scores and outputs in registers instead, reusing every value it loads.
 """
 import math
 
 from numba import cuda, float32
 
-from .._compat import INLINE, JIT_OPTIONS
+from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk
 
 NTHREADS = 128  # 4 warps
 BLOCK_M = 8  # query rows a block (the launcher's choice; Qs and Ks must fit in 48 KB)
 BLOCK_N = 8  # keys a tile
-# Shared row stride in words: one word of padding puts (row or key) n, dim d in bank
+# Shared row stride in words: one word of padding puts row (or key) n, dim d in bank
 # (n + d) % 32, so the 8 rows or 8 keys that a warp reads at one dim lie in distinct banks.
 ROW = D_QK + 1
 PAIRS = D_QK // 2  # a cache row as pairs of values (16-bit rows: one int32 word a pair)
@@ -65,6 +65,9 @@ KEY_THREADS = NTHREADS // BLOCK_N  # threads that copy one key (16)
 PAIRS_PER_THREAD = PAIRS // KEY_THREADS  # (18)
 DIMS_PER_THREAD = D_V // NTHREADS  # output dims a thread owns, in every row (4)
 STATIC_LIMIT = 48 * 1024  # bytes of static shared memory a block may declare
+# At least 3 blocks (12 warps) resident a multiprocessor: ptxas then keeps to 168 registers a
+# thread (unbounded, it takes up to 254, and 2 blocks fit).
+JIT = JIT_OPTIONS if SIMULATOR else dict(JIT_OPTIONS, launch_bounds=(NTHREADS, 3))
 
 
 def smem_bytes(block_m):
@@ -89,12 +92,10 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
     if unpack is None:  # fp32 storage: a pair is two adjacent values
-
         @cuda.jit(device=True, **INLINE)
         def read_pair(storage, page, slot, c):
             return storage[page, slot, 2 * c], storage[page, slot, 2 * c + 1]
     else:  # 16-bit storage, seen as int32 words: a pair is one word
-
         @cuda.jit(device=True, **INLINE)
         def read_pair(storage, page, slot, c):
             return unpack(storage[page, slot, c])
@@ -105,8 +106,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         0 * NaN is NaN). KEY_THREADS threads a key, each every KEY_THREADS-th pair of its row,
         so that a warp reads runs of adjacent words; a thread's loads all go out before its
         first store, so that their latencies overlap."""
-        n = tid // KEY_THREADS
-        c0 = tid % KEY_THREADS
+        n, c0 = tid // KEY_THREADS, tid % KEY_THREADS
         pair = cuda.local.array((PAIRS_PER_THREAD, 2), float32)
         for j in range(PAIRS_PER_THREAD):
             pair[j, 0] = pair[j, 1] = float32(0.0)
@@ -119,14 +119,12 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             Ks[n, 2 * c] = pair[j, 0]
             Ks[n, 2 * c + 1] = pair[j, 1]
 
-    @cuda.jit(**JIT_OPTIONS)
+    @cuda.jit(**JIT)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
                          part_out, part_lse):
         # q [T, H, 576] (storage dtype), q_offsets [B+1], storage [pages, page_size, words],
         # part_out [T, H, P, 512], part_lse [T, H, P] f32.
-        p = cuda.blockIdx.x
-        nparts = cuda.gridDim.x
-        b = cuda.blockIdx.z
+        p, nparts, b = cuda.blockIdx.x, cuda.gridDim.x, cuda.blockIdx.z
         tid = cuda.threadIdx.x
         Qs = cuda.shared.array((block_m, ROW), float32)
         Ks = cuda.shared.array((BLOCK_N, ROW), float32)
@@ -147,10 +145,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         # -- the block's queries into Qs (zeros for rows past nrows), the softmax state --
         for c in range(tid, block_m * D_QK, NTHREADS):
             i, d = c // D_QK, c % D_QK
-            x = float32(0.0)
-            if i < nrows:
-                x = load(q[row0 + (r0 + i) // H, (r0 + i) % H, d])
-            Qs[i, d] = x
+            Qs[i, d] = load(q[row0 + (r0 + i) // H, (r0 + i) % H, d]) if i < nrows else 0
         if tid < block_m:
             Ms[tid] = float32(NEG_INF)
             Ls[tid] = float32(0.0)
@@ -159,8 +154,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             for j in range(DIMS_PER_THREAD):
                 acc[i, j] = float32(0.0)
 
-        # This thread's score (row s_i, key s_n, dims part s_part) and, for tid < block_m,
-        # its softmax row (token, head and query position of row tid).
+        # This thread's score: row s_i, key s_n, dims part s_part. For tid < block_m, its
+        # softmax row tid: query token my_i (at position my_pos), head my_h.
         s_part, s_i, s_n = tid // (block_m * BLOCK_N), tid // BLOCK_N % block_m, tid % BLOCK_N
         my_i, my_h = (r0 + tid) // H, (r0 + tid) % H
         my_pos = length - nq + my_i
@@ -183,10 +178,14 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             # Wait for the whole tile (on the first tile, for Qs and Ms, Ls too).
             cuda.syncthreads()
 
-            # -- phase 2: partial scores, thread (s_part, s_i, s_n): q . k over PART dims --
+            # -- phase 2: partial scores: q_(s_i) . k_(s_n) over this thread's PART dims --
+            d0 = s_part * PART
+            q_part, k_part = Qs[s_i, d0:d0 + PART], Ks[s_n, d0:d0 + PART]
             s = float32(0.0)
-            for d in range(s_part * PART, (s_part + 1) * PART):
-                s += Qs[s_i, d] * Ks[s_n, d]
+            d = 0
+            while d < PART:  # (a range loop here would cost integer work every step)
+                s += q_part[d] * k_part[d]
+                d += 1
             Sp[s_part, s_i, s_n] = s
             # Wait for every partial score.
             cuda.syncthreads()
@@ -212,29 +211,25 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
                 row_sum = float32(0.0)
                 for n in range(BLOCK_N):
-                    pr = math.exp2(Ps[i, n] - m_ref)
-                    Ps[i, n] = pr
-                    row_sum += pr
-                alpha = math.exp2(m_old - m_ref)
-                As[i] = alpha
-                Ls[i] = Ls[i] * alpha + row_sum
+                    Ps[i, n] = math.exp2(Ps[i, n] - m_ref)
+                    row_sum += Ps[i, n]
+                As[i] = math.exp2(m_old - m_ref)
+                Ls[i] = Ls[i] * As[i] + row_sum
                 Ms[i] = m_new
             # Wait for the probabilities and the rescale factors.
             cuda.syncthreads()
 
             # -- phase 4: O = alpha O + P V, V = the tile's first 512 dims --
-            for i in range(block_m):
-                alpha = As[i]
-                for j in range(DIMS_PER_THREAD):
-                    acc[i, j] *= alpha
             v = cuda.local.array(DIMS_PER_THREAD, float32)
+            for i in range(block_m):
+                for j in range(DIMS_PER_THREAD):
+                    acc[i, j] *= As[i]
             for n in range(BLOCK_N):
                 for j in range(DIMS_PER_THREAD):
                     v[j] = Ks[n, tid + NTHREADS * j]  # adjacent threads, adjacent dims
                 for i in range(block_m):
-                    pr = Ps[i, n]  # one address for the whole block: a broadcast
                     for j in range(DIMS_PER_THREAD):
-                        acc[i, j] += pr * v[j]
+                        acc[i, j] += Ps[i, n] * v[j]  # (Ps[i, n]: one address, a broadcast)
             t = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
 
         # -- the partition's normalised output and LSE, from registers --
