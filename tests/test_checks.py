@@ -18,7 +18,7 @@ import pytest
 import numba_mla as nm
 from helpers import UNUSED_PAGE, make_problem, randn
 
-BACKENDS = ("auto", "simt", "mma", "reference")
+BACKENDS = ("auto", "simt", "mma", "simple", "reference")
 SENTINEL = 7.0
 
 

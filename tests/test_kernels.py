@@ -237,6 +237,12 @@ MMA_SIM_CASES = [SimCase(j, **c) for j, c in enumerate(
     each_value_once({**SIM_FACTORS, "dtype": ["bf16", "fp16"]}))]
 
 
+#: The simple kernel in the simulator: every value of every factor at least once, all three
+#: dtypes. Its 8-key tiles make "1" and "3" partitions runs of several tiles (up to 9), the
+#: last one partial.
+SIMPLE_SIM_CASES = [SimCase(j, **c) for j, c in enumerate(each_value_once(SIM_FACTORS))]
+
+
 def test_pairwise_selection_covers_every_pair():
     cases = [{n: getattr(c, n) for n in SIM_FACTORS} for c in SIM_CASES]
     assert not missing_pairs(SIM_FACTORS, cases)
@@ -278,6 +284,14 @@ def test_mma_kernel_each_factor(case, rng):
     p = case.problem(rng)
     mask = MASKS[case.mask].make(p, rng)
     check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, "mma")
+
+
+@KERNEL
+@pytest.mark.parametrize("case", SIMPLE_SIM_CASES, ids=str)
+def test_simple_kernel_each_factor(case, rng):
+    p = case.problem(rng)
+    mask = MASKS[case.mask].make(p, rng)
+    check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, "simple")
 
 
 @KERNEL
