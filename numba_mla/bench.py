@@ -46,7 +46,7 @@ from .arrays import BF16, to_host
 
 #: numba_mla kernel backends to time; one whose ``launch.Plan`` raises NotImplementedError (or
 #: that has no kernel of its own yet) is skipped with the reason.
-KERNEL_BACKENDS = ("simt", "mma")
+KERNEL_BACKENDS = ("simt", "mma", "simple")
 
 SCALE = 0.1352  # DeepSeek V3: mscale^2 / sqrt(192)
 D_QK, D_V = 576, 512
