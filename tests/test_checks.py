@@ -21,7 +21,7 @@ from helpers import BF16, UNUSED_PAGE, assert_three_way, fp32_floor, make_proble
 from numba_mla.factory import dtype_tag
 from numba_mla.launch import resolve_backend
 
-BACKENDS = ("auto", "simt", "mma", "reference")
+BACKENDS = ("auto", "simt", "mma", "simple", "reference")
 SENTINEL = 7.0
 
 
