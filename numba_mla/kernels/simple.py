@@ -111,7 +111,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         for j in range(PAIRS_PER_THREAD):
             pair[j, 0] = pair[j, 1] = float32(0.0)
         if k0 + n < k1:
-            page, slot = locate(block_table, storage.shape[1], b, k0 + n)
+            page, slot = locate(block_table, storage.shape[1], storage.shape[0], b, k0 + n)
             for j in range(PAIRS_PER_THREAD):
                 pair[j, 0], pair[j, 1] = read_pair(storage, page, slot, c0 + KEY_THREADS * j)
         for j in range(PAIRS_PER_THREAD):
