@@ -47,10 +47,11 @@ def longest_key_range(mask, lengths, counts):
     return int(key_counts(mask, lengths, counts).max(initial=0))
 
 
-#: The smallest key tile of any partition kernel (the FMA kernel's 32; the others' 64 is a
-#: multiple): the balanced schedule of every kernel is a function of the key counts in these
-#: units, so a kept plan that matches them has the schedule this call's lengths would get.
-SCHEDULE_QUANTUM = 32
+#: A divisor of every partition kernel's key tile (the simple kernel's 8; the FMA kernel's 32
+#: or 64, the tensor-core kernels' 64): the balanced schedule of every kernel is a function of
+#: the key counts in these units, so a kept plan that matches them has the schedule this
+#: call's lengths would get.
+SCHEDULE_QUANTUM = 8
 
 
 def schedule_signature(mask, lengths, counts):

@@ -10,7 +10,7 @@ by a key of what the plan depends on:
 - the *layouts* (array kind, shape, strides, dtype, device) of q, out and the cache's arrays,
   not their addresses: a decode loop's new q or new output each step hits the same plan;
 - the split-K schedule's input (heuristics.schedule_signature: each sequence's key count, in
-  units of 32 keys), so a call gets the schedule its lengths call for, and the same inputs
+  units of 8 keys), so a call gets the schedule its lengths call for, and the same inputs
   always run the same schedule (bit-identical results, whatever plans were kept before).
 
 On a hit the plan's array arguments are re-pointed at this call's arrays (launch.Plan.rebind:

@@ -52,7 +52,8 @@ import math
 from numba import cuda, float32
 
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
-from .common import D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk
+from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
+                     partition_tiles)
 
 NTHREADS = 128  # 4 warps
 BLOCK_M = 8  # query rows a block (the launcher's choice; Qs and Ks must fit in 48 KB)
@@ -120,9 +121,10 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             Ks[n, 2 * c + 1] = pair[j, 1]
 
     @cuda.jit(**JIT)
-    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale,
+    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse):
         # q [T, H, 576] (storage dtype), q_offsets [B+1], storage [pages, page_size, words],
+        # chunk: tiles a partition (common.partition_tiles),
         # part_out [T, H, P, 512], part_lse [T, H, P] f32.
         p, nparts, b = cuda.blockIdx.x, cuda.gridDim.x, cuda.blockIdx.z
         tid = cuda.threadIdx.x
@@ -141,6 +143,14 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         nrows = min(block_m, nq * H - r0)  # rows this block owns (the same in every thread)
         if nrows <= 0:
             return  # every thread of the block leaves: no barrier is skipped
+
+        # This partition's tiles: [t, t_end) of the block's ntiles.
+        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
+        t, t_end = partition_tiles(ntiles, p, nparts, chunk)
+        t = next_tile(t, t_end, kstart, kend, q_lo, q_hi)
+        if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
+            mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+            return  # the same in every thread, as above
 
         # -- the block's queries into Qs (zeros for rows past nrows), the softmax state --
         for c in range(tid, block_m * D_QK, NTHREADS):
@@ -161,11 +171,6 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         my_pos = length - nq + my_i
         fold = float32(scale * LOG2E)  # (used where the scale folds into LOG2E: common.py)
 
-        # This partition's tiles: [t, t_end) of the block's ntiles.
-        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
-        per_part = (ntiles + nparts - 1) // nparts
-        t_end = min((p + 1) * per_part, ntiles)
-        t = next_tile(p * per_part, t_end, kstart, kend, q_lo, q_hi)
         while t < t_end:
             k0 = kstart + t * BLOCK_N
             k1 = min(k0 + BLOCK_N, kend)

@@ -1,0 +1,233 @@
+"""The balanced split-K schedule (heuristics.balanced_split, kernels/common.partition_tiles).
+
+Every partition of a launch walks the same number of key tiles (a chunk), so a sequence of n
+tiles uses the first ceil(n / chunk) partitions and the rest find theirs empty (they write
+LSE -inf and leave; the combine reads only partitions that kept a key).
+
+- host properties (pure Python): the device function and its host form agree; every tile of
+  every sequence is walked exactly once; sequences longer than a chunk are cut, empty ones use
+  no partition; equal lengths get the split ``num_partitions`` gives; B = 1 with L = 65536;
+  one sequence longer than all the others together; masks whose key range skips tiles; the
+  plan key's signature;
+- kernels in the simulator (``simt``, ``mma``, ``simple``): spread lengths with an empty
+  sequence under a device size that makes the chunk differ from the even split, against the
+  float64 reference three ways, and the partitions with keys exactly those the schedule gives
+  tiles; bit-identical results whatever plans were kept before;
+- GPU (``-m gpu``): the varlen bench shapes' schedule against the reference.
+"""
+import numpy as np
+import pytest
+
+import numba_mla as nm
+from helpers import BF16, assert_three_way, fp32_floor, make_problem, references
+from numba_mla import heuristics, plans
+from numba_mla.kernels import common, mma, simple, simt
+
+H200_SMS = 132
+
+
+def walked(tiles, P, chunk):
+    """Per sequence, the list of (partition, t0, t1) runs with tiles."""
+    runs = []
+    for n in tiles:
+        mine = [(p,) + heuristics.partition_range(int(n), p, P, chunk) for p in range(P)]
+        runs.append([r for r in mine if r[2] > r[1]])
+    return runs
+
+
+def assert_exact_cover(tiles, P, chunk):
+    """Every tile of every sequence in exactly one partition, runs in partition order."""
+    for n, runs in zip(tiles, walked(tiles, P, chunk)):
+        covered = [t for _, t0, t1 in runs for t in range(t0, t1)]
+        assert covered == list(range(int(n))), (n, P, chunk, runs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host properties
+# ---------------------------------------------------------------------------------------------
+def test_device_function_matches_host_form():
+    """common.partition_tiles (run as Python by the simulator) gives the host form's runs,
+    and those cover every tile once: chunks, the even split (chunk 0), and chunks too small
+    for the grid (lengths grown on the device after the chunk was chosen)."""
+    for ntiles in (0, 1, 2, 5, 17, 64):
+        for P in (1, 2, 3, 7, 16):
+            for chunk in (0, 1, 2, 3, 5, 40):
+                for p in range(P):
+                    assert (tuple(common.partition_tiles(ntiles, p, P, chunk))
+                            == heuristics.partition_range(ntiles, p, P, chunk))
+                assert_exact_cover([ntiles], P, chunk)
+
+
+@pytest.mark.parametrize("keys,groups,sms", [
+    ([3000, 40, 0, 1300, 64, 65], 1, 16),          # spread, an empty sequence, a tile edge
+    ([0, 0, 0], 2, 132),                           # nothing at all
+    ([65536], 2, H200_SMS),                        # B = 1, L = 65536
+    ([60000] + [500] * 40, 2, H200_SMS),           # one longer than the rest together
+    (list(range(2048, 6145, 64)), 2, H200_SMS),    # 64 x [L/2, 3L/2], L = 4096
+    ([1] * 300, 1, H200_SMS),                      # one tile each
+], ids=["spread", "all-empty", "B1-65536", "one-long", "uniform-spread", "one-tile"])
+def test_schedule_covers_every_key_once(keys, groups, sms):
+    """The chosen (chunk, P): every tile of every sequence walked once; a sequence uses
+    ceil(tiles / chunk) partitions (cut where it has more tiles than a chunk, none when it
+    has no key); no more than max_parts partitions; one partition only when no sequence has
+    more than one chunk's worth."""
+    block_n = 64
+    chunk, P = heuristics.balanced_split(keys, block_n, groups, sms)
+    tiles = -(-np.asarray(keys) // block_n)
+    assert 1 <= P <= 256
+    assert_exact_cover(tiles, P, chunk)
+    if P > 1:
+        assert chunk >= 1 and P == -(-int(tiles.max()) // chunk)
+        for n, runs in zip(tiles, walked(tiles, P, chunk)):
+            assert [p for p, _, _ in runs] == list(range(-(-int(n) // chunk)))
+            assert all(t1 - t0 <= chunk for _, t0, t1 in runs)
+
+
+def test_schedule_examples():
+    """Equal lengths: the split num_partitions chooses (its cost model, same inputs). B = 1,
+    L = 65536 on 132 multiprocessors: 64 partitions of 16 tiles (128 blocks, one wave).
+    One sequence longer than all the others together: it is cut in many partitions and the
+    short ones take one each. Spread lengths: more partitions than the longest alone asks for,
+    each short sequence fewer than P."""
+    for B, G, L in [(64, 1, 4096), (64, 2, 4096), (128, 2, 1024), (16, 2, 32768), (1, 2, 65536),
+                    (3, 1, 5000), (200, 1, 1000)]:
+        chunk, P = heuristics.balanced_split([L] * B, 64, G, H200_SMS)
+        assert P == heuristics.num_partitions(B, G, L, 64, H200_SMS), (B, G, L)
+    assert heuristics.balanced_split([65536], 64, 2, H200_SMS) == (16, 64)
+
+    keys = [60000] + [500] * 40
+    chunk, P = heuristics.balanced_split(keys, 64, 2, H200_SMS)
+    assert P >= 8 and chunk >= 8  # the long one cut; each short one (8 tiles) in one chunk
+    tiles = -(-np.asarray(keys) // 64)
+    runs = walked(tiles, P, chunk)
+    assert len(runs[0]) == P and all(len(r) == 1 for r in runs[1:])
+
+    keys = list(range(2048, 6145, 64))  # 65 sequences in [L/2, 3L/2]
+    chunk, P = heuristics.balanced_split(keys, 64, 2, H200_SMS)
+    assert P > heuristics.num_partitions(len(keys), 2, max(keys), 64, H200_SMS)
+    assert len(walked([2048 // 64], P, chunk)[0]) < P
+
+
+def test_masks_count_kept_keys():
+    """Key counts come from each sequence's key range under the mask (the tiles the kernels
+    walk): a window of 256 counts 256 keys a sequence, so the window over long sequences is
+    scheduled as short ones; a causal mask with several queries counts up to the last one's
+    position; the vectorised count of an unbounded mask equals the per-sequence loop's."""
+    lengths, counts = np.array([65536, 100, 0, 7000]), np.array([1, 1, 0, 4])
+    window = heuristics.key_counts(nm.SlidingWindowCausalMask(256), lengths, counts)
+    assert window.tolist() == [256, 100, 0, 259]
+    assert heuristics.key_counts(nm.CausalMask(), lengths, counts).tolist() == [65536, 100, 0,
+                                                                                7000]
+    null = heuristics.key_counts(nm.NullMask(), lengths, counts)
+    anded = heuristics.key_counts(nm.NullMask() & nm.NullMask(), lengths, counts)  # a loop
+    assert null.tolist() == anded.tolist() == [65536, 100, 0, 7000]
+    chunk, P = heuristics.balanced_split(window, 64, 2, H200_SMS)
+    assert P == heuristics.balanced_split([256, 100, 0, 259], 64, 2, H200_SMS)[1]
+    assert P < heuristics.balanced_split([65536, 100, 0, 7000], 64, 2, H200_SMS)[1]
+
+
+def test_schedule_signature():
+    """The plan key's part: equal for key counts in the same 8-key units (which every kernel's
+    tile is a multiple of, so the schedule is the same), different otherwise."""
+    for tile in (mma.BLOCK_N, simple.BLOCK_N, simt.block_n(16, True), simt.block_n(32, True),
+                 simt.block_n(16, False)):
+        assert tile % heuristics.SCHEDULE_QUANTUM == 0
+    sig = lambda lengths: heuristics.schedule_signature(nm.NullMask(), np.array(lengths),
+                                                        np.ones(len(lengths)))
+    assert sig([17, 100]) == sig([24, 97])
+    assert sig([17, 100]) != sig([25, 100])
+    assert sig([17, 100]) != sig([100, 17])
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels (simulator)
+# ---------------------------------------------------------------------------------------------
+CASES = [  # backend, dtype, lengths, simulated multiprocessors, (chunk, P) expected
+    ("simt", np.float32, [260, 20, 0, 90], 4, (5, 2)),   # 32-key tiles: 9 | 1 | 0 | 3
+    ("mma", BF16, [300, 40, 0, 130], 4, (3, 2)),         # 64-key tiles: 5 | 1 | 0 | 3
+    ("simple", np.float32, [60, 13, 0, 30], 4, (4, 2)),  # 8-key tiles: 8 | 2 | 0 | 4
+    # 13 | 2 | 0 | 5 tiles in 13 partitions: two combine steps, the second empty for two rows
+    ("simple", np.float32, [100, 9, 0, 40], 24, (1, 13)),
+]
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("backend,dtype,lengths,sms,want", CASES,
+                         ids=["simt-chunk5", "mma-chunk3", "simple-chunk4", "simple-chunk1"])
+def test_balanced_schedule_kernels(backend, dtype, lengths, sms, want, rng, monkeypatch):
+    """Spread lengths (one sequence empty) under a device whose size makes the chunk differ
+    from the even split of the longest sequence (a sequence of 3 tiles walks [0, 3) and leaves
+    its second partition empty, not [0, 2) and [2, 3)): out and lse against the reference
+    three ways, out pre-filled with NaN (every row written), NaN in every unused cache slot."""
+    from numba_mla import checks, launch
+
+    monkeypatch.setattr(heuristics, "FALLBACK_SM_COUNT", sms)
+    p = make_problem(rng, len(lengths), 1, 2, lengths, dtype, "paged", 16)
+    out = np.full(p.out_shape, np.nan, p.dtype)
+    call = checks.check_decode(p.q, p.cache, p.scale, None, None, None, True, out, backend)
+    plan = launch.Plan(call)
+    chunk, P = want
+    assert (plan.spec.chunk, plan.num_partitions) == want
+    plan.launch()
+    got, lse = plan.result()
+    assert got is out
+    golden, same = references(p)
+    assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0], backend), what="out")
+    assert_three_way(lse, same[1], golden[1], floor=fp32_floor(golden[1], backend), what="lse")
+    # The partitions that kept a key are the ones the schedule gives tiles, no other.
+    part_lse = plan.launches[1].args[1].copy_to_host()  # the combine's [T, H, P] input
+    for b, length in enumerate(lengths):
+        tiles = -(-length // plan.spec.block_n)
+        for p_ in range(P):
+            t0, t1 = heuristics.partition_range(tiles, p_, P, chunk)
+            assert np.isfinite(part_lse[b, :, p_]).all() == (t1 > t0), (b, p_)
+            assert np.isneginf(part_lse[b, :, p_]).all() == (t1 == t0), (b, p_)
+
+
+@pytest.mark.kernel
+def test_same_inputs_same_bits(rng, monkeypatch):
+    """Determinism: the same call twice gives bit-identical results, and a call gives the same
+    bits whether or not a plan was kept for other lengths of the same longest sequence (whose
+    schedule differs: a plan key of the longest alone would have run this call on it)."""
+    from numba import cuda
+
+    monkeypatch.setattr(heuristics, "FALLBACK_SM_COUNT", 4)
+    first_lengths, lengths = [64, 60, 9], [64, 20, 9]
+    assert (heuristics.balanced_split(first_lengths, simple.BLOCK_N, 1)
+            != heuristics.balanced_split(lengths, simple.BLOCK_N, 1))
+    plans.clear()
+    p = make_problem(rng, 3, 1, 1, first_lengths, np.float32, "contiguous")
+    q = cuda.to_device(p.q)
+    storage = cuda.to_device(p.cache.storage)
+
+    def call(lengths):
+        cache = nm.ContiguousKVCache(storage, cuda.to_device(np.array(lengths, np.int32)))
+        return nm.mla_decode(q, cache, p.scale, backend="simple").copy_to_host()
+
+    call(first_lengths)
+    after = call(lengths)
+    again = call(lengths)
+    assert plans.size() == 2
+    np.testing.assert_array_equal(after, again)
+    plans.clear()
+    np.testing.assert_array_equal(after, call(lengths))
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,L", [(64, 16, 4096), (64, 128, 4096), (16, 128, 32768)])
+@pytest.mark.parametrize("backend", ["simt", "mma"])
+def test_varlen_shapes_on_gpu(B, H, L, backend, rng):
+    """The varlen bench's shapes, lengths uniform in [L/2, 3L/2] with an empty sequence, under
+    the device's own schedule: against the reference three ways, and bit-identical twice."""
+    lengths = rng.integers(L // 2, 3 * L // 2 + 1, B)
+    lengths[B // 2] = 0
+    p = make_problem(rng, B, 1, H, lengths, BF16, "paged", 64)
+    golden, same = references(p)
+    out, lse = p.run(nm, return_lse=True, backend=backend)
+    assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0], backend), what="out")
+    assert_three_way(lse, same[1], golden[1], floor=fp32_floor(golden[1], backend), what="lse")
+    again, _ = p.run(nm, return_lse=True, backend=backend)
+    np.testing.assert_array_equal(again, out)
