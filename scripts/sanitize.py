@@ -15,7 +15,8 @@ import time
 
 #: (backend, B, H, L, Sq, dtype, cache, page, mask, P, ragged): for each backend every mask,
 #: both caches, page sizes 1 and 64, odd lengths, Sq 1 and 2, one and many partitions, skipped
-#: tiles, empty rows; the FMA kernel's two row-block sizes and fp32 storage.
+#: tiles, empty rows, spread lengths under the balanced schedule; the FMA kernel's two row-block
+#: sizes and fp32 storage.
 _SHAPES = [
     (2, 16, 97, 1, "bf16", "paged", 64, "null", None, False),
     (2, 16, 65, 2, "fp16", "paged", 1, "causal", 7, False),
@@ -25,6 +26,9 @@ _SHAPES = [
     (2, 5, 201, 2, "fp16", "contiguous", 0, "chunked", 1, False),
     (3, 2, 133, 1, "bf16", "paged", 1, "user_fn", 50, True),
     (2, 48, 257, 2, "fp16", "paged", 64, "causal|chunked", None, False),
+    # the balanced split-K schedule: spread lengths, partitions left empty by short sequences
+    (8, 16, 1000, 1, "bf16", "paged", 64, "null", None, False),
+    (6, 16, 2000, 2, "bf16", "contiguous", 0, "window", None, True),
 ]
 CASES = [(backend, *c[:4], "bf16" if backend == "mma" and c[4] == "fp32" else c[4], *c[5:])
          for backend in ("simt", "mma") for c in _SHAPES]

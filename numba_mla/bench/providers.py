@@ -65,7 +65,8 @@ def numba_mla(p, backend):
     built = getattr(plan, "backend", None)
     if built is not None and built != backend:
         raise Skip(f"launch.Plan built backend {built!r} for backend={backend!r}")
-    info = dict(num_partitions=plan.num_partitions, block_m=getattr(plan, "block_m", None))
+    info = dict(num_partitions=plan.num_partitions, block_m=getattr(plan, "block_m", None),
+                chunk=getattr(getattr(plan, "spec", None), "chunk", None))  # tiles a partition
     if plan.launches:
         first = plan.launches[0]
         info["smem_bytes"] = int(first.smem)
