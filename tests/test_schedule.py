@@ -12,7 +12,8 @@ LSE -inf and leave; the combine reads only partitions that kept a key).
 - kernels in the simulator (``simt``, ``mma``, ``simple``): spread lengths with an empty
   sequence under a device size that makes the chunk differ from the even split, against the
   float64 reference three ways, and the partitions with keys exactly those the schedule gives
-  tiles; bit-identical results whatever plans were kept before;
+  tiles; bit-identical results whatever plans were kept before; lengths raised in device
+  memory after the chunk was chosen still have every key walked;
 - GPU (``-m gpu``): the varlen bench shapes' schedule against the reference.
 """
 import numpy as np
@@ -211,6 +212,30 @@ def test_same_inputs_same_bits(rng, monkeypatch):
     np.testing.assert_array_equal(after, again)
     plans.clear()
     np.testing.assert_array_equal(after, call(lengths))
+
+
+@pytest.mark.kernel
+def test_lengths_grown_on_the_device_are_covered(rng, monkeypatch):
+    """The chunk is chosen from the lengths the cache was checked with; a decode loop may raise
+    them in device memory afterwards. A sequence that then holds more than P x chunk tiles is
+    split evenly over the P partitions instead (partition_tiles), so no key is left out."""
+    from numba import cuda
+
+    monkeypatch.setattr(heuristics, "FALLBACK_SM_COUNT", 4)
+    checked, real = [64, 20, 9], [64, 90, 9]  # 8 | 3 | 2 tiles of 8 keys, then 8 | 12 | 2
+    chunk, P = heuristics.balanced_split(checked, simple.BLOCK_N, 1)
+    assert (chunk, P) == (4, 2) and -(-90 // simple.BLOCK_N) > chunk * P
+    p = make_problem(rng, 3, 1, 1, real, np.float32, "contiguous")
+    lengths = cuda.to_device(np.array(checked, np.int32))
+    cache = nm.ContiguousKVCache(cuda.to_device(p.cache.storage), lengths)
+    lengths.copy_to_device(np.array(real, np.int32))
+    out, lse = nm.mla_decode(cuda.to_device(p.q), cache, p.scale, backend="simple",
+                             return_lse=True)
+    golden, same = references(p)
+    assert_three_way(out.copy_to_host(), same[0], golden[0], floor=fp32_floor(golden[0], "simple"),
+                     what="out")
+    assert_three_way(lse.copy_to_host(), same[1], golden[1],
+                     floor=fp32_floor(golden[1], "simple"), what="lse")
 
 
 # ---------------------------------------------------------------------------------------------
