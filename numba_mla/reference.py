@@ -15,6 +15,10 @@ its n query rows), head h:
 
 A row that keeps no key returns out = 0 and lse = -inf (never NaN).
 
+An FP8 cache (fp8.py, docs/fp8.md) means its dequantized rows: ``cache.rows`` returns each
+value as the float64 product of its e4m3 code and its scale, exactly, and everything above
+applies to those rows (a NaN code is a NaN in K and V).
+
 The entry points take exactly the library's arguments (and check them the same way), so any
 call can be replayed here; ``compute_dtype=np.float32`` gives the same-precision run that the
 tests use for three-way accuracy checks.
