@@ -25,6 +25,8 @@ def _torch_dtype_to_numpy(tdtype):
         torch.uint8: np.dtype(np.uint8),
         torch.bool: np.dtype(np.bool_),
     }
+    if hasattr(torch, "float8_e4m3fn"):  # FP8 caches
+        table[torch.float8_e4m3fn] = np.dtype(ml_dtypes.float8_e4m3fn)
     return table.get(tdtype)
 
 
@@ -97,6 +99,8 @@ def to_host(x):
         t = x.detach()
         if t.dtype == torch.bfloat16:
             return t.view(torch.int16).cpu().numpy().view(BF16)
+        if t.dtype == getattr(torch, "float8_e4m3fn", None):
+            return t.view(torch.uint8).cpu().numpy().view(ml_dtypes.float8_e4m3fn)
         return t.cpu().numpy()
     if hasattr(x, "copy_to_host"):
         return x.copy_to_host()

@@ -54,6 +54,10 @@ class Call:
 
 def _check_q_dtype(q, cache):
     dt = dtype_of(q)
+    if cache.fp8_layout:  # FP8 storage: q (and out) bfloat16 or float16
+        if dt not in IO_DTYPES[:2]:
+            raise TypeError(f"q: an FP8 cache needs q in bfloat16 or float16, got {dt}")
+        return dt
     if dt not in IO_DTYPES:
         raise TypeError(f"q: expected dtype bfloat16, float16 or float32, got {dt}")
     if dt != cache.dtype:
@@ -76,6 +80,10 @@ def _check_common(cache, scale, mask, score_mod, num_partitions, return_lse, bac
     if not math.isfinite(scale_f) or abs(scale_f) > _F32_MAX:
         raise ValueError(f"scale: expected a finite float (|scale| <= {_F32_MAX:.4g}, float32), "
                          f"got {scale}")
+    if cache.kv_scale is not None and abs(scale_f * cache.kv_scale) > _F32_MAX:
+        # (the kernels fold the cache's per-tensor scale into the softmax scale)
+        raise ValueError(f"scale: scale x the cache's kv_scale ({cache.kv_scale:g}) must be a "
+                         f"finite float32 value, got {scale}")
     if num_partitions is not None:
         if isinstance(num_partitions, bool) or not isinstance(num_partitions, (int, np.integer)):
             raise TypeError(f"num_partitions: expected None or an int, got {type(num_partitions).__name__}")
