@@ -98,19 +98,23 @@ def _output_store(tag, direct):
     return converters(tag if direct else "f32")[1]
 
 
-def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False, wide=True):
+def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False, wide=True,
+                     fp8=None):
     """The stage-1 FMA kernel (kernels/simt.py) for this configuration; ``direct``: the
     variant that writes the final output (one partition, no combine); ``wide``: the one that
-    copies 16-byte pieces of the cache (which must then start 16-byte aligned)."""
+    copies 16-byte pieces of the cache (which must then start 16-byte aligned); ``fp8``: the
+    cache's FP8 layout ("e4m3", "v32"; ``tag`` is then q's dtype), or None."""
 
     def build():
         from .kernels.simt import make_partition_kernel
 
         return make_partition_kernel(load=converters(tag)[0], store=_output_store(tag, direct),
-                                     unpack=unpacker(tag), block_m=block_m, heads=heads,
-                                     wide=wide, **_device_functions(mask, score_mod, cache_cls))
+                                     unpack=None if fp8 else unpacker(tag), block_m=block_m,
+                                     heads=heads, wide=wide, fp8=fp8,
+                                     **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("simt", tag, block_m, heads, direct, wide)
+                   + ((("fp8", fp8),) if fp8 else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

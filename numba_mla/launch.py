@@ -337,7 +337,8 @@ class Plan:
         self.q_shape3 = None if call.ragged else (B * call.sq, H, D_QK)
         inputs = dict(
             offsets=_int32_device(offs_src, offs_host),
-            storage=_as_device(cache.storage, sixteen, pairs=True),  # rows contiguous
+            # rows contiguous; FP8 rows as int32 words of four codes
+            storage=_as_device(cache.storage, sixteen or bool(cache.fp8_layout), pairs=True),
             lengths=cache.device_lengths(),
             block_table=(_dummy((1, 1), np.int32) if cache.block_table is None
                          else cache.device_block_table()),
@@ -420,7 +421,12 @@ class Plan:
             self.slots["out"], self.slots["lse"] = (merge, 2), (merge, 3)
 
     def _inputs(self, inputs):
-        return tuple(inputs[role] for role in INPUT_ROLES) + (np.float32(self.call.scale),)
+        cache = self.call.cache
+        if cache.fp8_layout:  # the FP8 kernels take scale + 1j * kv_scale (kernels/simt.py)
+            scale = np.complex64(complex(self.call.scale, cache.kv_scale or 1.0))
+        else:
+            scale = np.float32(self.call.scale)
+        return tuple(inputs[role] for role in INPUT_ROLES) + (scale,)
 
     def _maps(self, spec, q_dev, storage, T):
         """The tensor maps of a TMA kernel (q, then the cache); placeholders for the
@@ -469,7 +475,7 @@ class Plan:
         if role == "q":
             return _as_device(array, sixteen, self.q_shape3, pairs=sixteen and self.spec.q_pairs)
         if role == "storage":
-            return _as_device(array, sixteen, pairs=True)
+            return _as_device(array, sixteen or bool(self.call.cache.fp8_layout), pairs=True)
         if role == "out":
             v = _as_device(array, sixteen, (T, H, D_V))
             return v.reshape((T, H, 1, D_V)) if self.spec.direct else v

@@ -82,7 +82,14 @@ def select_kernel(call, tag, rows, longest, facts: ArrayFacts,
     ``longest``: the most keys a sequence's queries may keep (the heuristic divides it);
     ``spills(spec)`` compiles a candidate for the call's argument types and says whether it
     uses local memory (never in the simulator)."""
-    backend = resolve_backend(call.backend, tag)
+    fp8 = call.cache.fp8_layout
+    if fp8:  # FP8 caches: the FMA kernel reads them (the others do not yet)
+        if call.backend not in ("auto", "simt"):
+            raise ValueError(f"backend: {call.backend!r} does not read FP8 caches yet; use "
+                             f"'simt' or 'auto'")
+        backend = "simt"
+    else:
+        backend = resolve_backend(call.backend, tag)
     if backend == "mma" and not facts.aligned16:
         if call.backend == "mma":
             raise ValueError("backend: 'mma' copies 16-byte pieces: q and the cache must start "
@@ -103,7 +110,7 @@ def select_kernel(call, tag, rows, longest, facts: ArrayFacts,
         from .kernels import simt
 
         block_m = heuristics.simt_block_m(rows, sixteen)
-        block_n = simt.block_n(block_m, sixteen)
+        block_n = simt.block_n(block_m, sixteen, fp8)
     groups = max(1, math.ceil(rows / block_m))
     P = call.num_partitions or heuristics.num_partitions(call.batch, groups, longest, block_n)
     direct = P == 1
@@ -112,8 +119,8 @@ def select_kernel(call, tag, rows, longest, facts: ArrayFacts,
 
     if backend == "simt":
         disp = factory.partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
-                                        facts.cache_aligned16)
-        return KernelSpec("simt", disp, simt.NTHREADS, simt.smem_bytes(block_m, sixteen),
+                                        facts.cache_aligned16, fp8)
+        return KernelSpec("simt", disp, simt.NTHREADS, simt.smem_bytes(block_m, sixteen, fp8),
                           q_pairs=False, tma=False, **common)
     if backend == "simple":
         disp = factory.simple_partition_kernel(mask, mod, tag, cache_cls, H, direct)
