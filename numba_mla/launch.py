@@ -339,9 +339,9 @@ class Plan:
             offsets=_int32_device(offs_src, offs_host),
             # rows contiguous; FP8 rows as int32 words of four codes
             storage=_as_device(cache.storage, sixteen or bool(cache.fp8_layout), pairs=True),
-            lengths=cache.device_lengths(),
+            lengths=_as_device(cache.device_lengths(), False),
             block_table=(_dummy((1, 1), np.int32) if cache.block_table is None
-                         else cache.device_block_table()),
+                         else _as_device(cache.device_block_table(), False)),
             bias=_dummy((1, 1, 1), np.float32) if call.mask.bias_array() is None
             else _as_device(call.mask.bias_array(), False))
         # q as 16-bit pairs (the tensor-core kernels' view), or as 16-bit values (the others')
