@@ -118,18 +118,21 @@ def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=Fal
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 
-def simple_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False):
-    """The readable stage-1 kernel (kernels/simple.py) for this configuration; ``direct`` as
-    above."""
+def simple_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False,
+                            fp8=None):
+    """The readable stage-1 kernel (kernels/simple.py) for this configuration; ``direct`` and
+    ``fp8`` as above."""
 
     def build():
         from .kernels.simple import make_partition_kernel
 
         return make_partition_kernel(load=converters(tag)[0], store=_output_store(tag, direct),
-                                     unpack=unpacker(tag), block_m=block_m, heads=heads,
+                                     unpack=None if fp8 else unpacker(tag), block_m=block_m,
+                                     heads=heads, fp8=fp8,
                                      **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("simple", tag, block_m, heads, direct)
+                   + ((("fp8", fp8),) if fp8 else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -83,11 +83,11 @@ def select_kernel(call, tag, rows, longest, facts: ArrayFacts,
     ``spills(spec)`` compiles a candidate for the call's argument types and says whether it
     uses local memory (never in the simulator)."""
     fp8 = call.cache.fp8_layout
-    if fp8:  # FP8 caches: the FMA kernel reads them (the others do not yet)
-        if call.backend not in ("auto", "simt"):
-            raise ValueError(f"backend: {call.backend!r} does not read FP8 caches yet; use "
-                             f"'simt' or 'auto'")
-        backend = "simt"
+    if fp8:  # FP8 caches: the FMA kernels read them (the tensor-core ones do not yet)
+        if call.backend == "mma":
+            raise ValueError("backend: 'mma' does not read FP8 caches yet; use 'simt', "
+                             "'simple' or 'auto'")
+        backend = "simt" if call.backend == "auto" else call.backend
     else:
         backend = resolve_backend(call.backend, tag)
     if backend == "mma" and not facts.aligned16:
@@ -123,7 +123,8 @@ def select_kernel(call, tag, rows, longest, facts: ArrayFacts,
         return KernelSpec("simt", disp, simt.NTHREADS, simt.smem_bytes(block_m, sixteen, fp8),
                           q_pairs=False, tma=False, **common)
     if backend == "simple":
-        disp = factory.simple_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct)
+        disp = factory.simple_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
+                                               fp8)
         return KernelSpec("simple", disp, simple.NTHREADS, simple.smem_bytes(block_m),
                           q_pairs=False, tma=False, **common)
     tma = ((call.cache.kind == "contiguous" or call.cache.page_size % mma.BLOCK_N == 0)

@@ -189,11 +189,11 @@ def fp8_problem(rng, layout, B, Sq, H, lengths, dtype, cache, ragged=False):
     return dataclasses.replace(p, cache=c)
 
 
-def check(p, mask, score_mod, num_partitions):
+def check(p, mask, score_mod, num_partitions, backend="simt"):
     golden, same = references(p, mask, score_mod)
     out = np.full(p.out_shape, np.nan, p.dtype)
     got, lse = p.run(nm, mask=mask, score_mod=score_mod, num_partitions=num_partitions,
-                     return_lse=True, out=out, backend="simt")
+                     return_lse=True, out=out, backend=backend)
     assert got is out
     assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0]), what="out")
     assert_three_way(lse, same[1], golden[1], floor=fp32_floor(golden[1]), what="lse")
@@ -235,6 +235,16 @@ def test_fp8_kernel(case, rng):
     mask_id, mod_id, cache, layout, dtype, Sq, H, lengths, P, ragged = case
     p = fp8_problem(rng, layout, len(lengths), Sq, H, lengths, dtype, cache, ragged)
     check(p, MASKS[mask_id].make(p, rng), SCORE_MODS[mod_id].make(p), P)
+
+
+@KERNEL
+@pytest.mark.parametrize("layout,cache,mask_id,mod_id", [
+    ("e4m3", "paged5", "causal", "alibi"), ("v32", "contiguous", "bias_B_H_Sq_S", "softcap")])
+def test_fp8_simple_kernel(layout, cache, mask_id, mod_id, rng):
+    """The readable kernel (backend "simple") dequantizes as it copies a tile; split-K over
+    2 tiles of 8 keys beside an empty sequence."""
+    p = fp8_problem(rng, layout, 2, 1, 3, [0, 13], np.float16, cache)
+    check(p, MASKS[mask_id].make(p, rng), SCORE_MODS[mod_id].make(p), 2, "simple")
 
 
 @KERNEL

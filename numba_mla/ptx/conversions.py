@@ -9,6 +9,7 @@ pairs, "x2") of the same memory: every array library can make one (torch has no 
 - ``bf16x2_to_f32(w)``, ``f16x2_to_f32(w)``: int32 word (element 2i low, 2i+1 high) -> 2 floats.
 - ``pack_bf16x2(lo, hi)``, ``pack_f16x2(lo, hi)``: two floats -> one int32 word of 16-bit pairs
   (round to nearest even), ``lo`` in the low half.
+- ``i32_as_f32(w)``: the float32 whose bits are the int32 ``w`` (a scale stored in a word).
 - ``e4m3x4_to_f32(w)``: int32 word of four float8_e4m3fn codes (byte k is element k) -> four
   floats, exactly (a NaN code gives NaN). ``pack_e4m3x4(x0, x1, x2, x3)``: four floats -> one
   word of codes, round to nearest even, saturating at +-448 (NaN stays NaN). PTX
@@ -137,6 +138,18 @@ def _pack(text):
 pack_bf16x2 = (_pack_twin(ml_dtypes.bfloat16) if SIMULATOR
                else _pack("cvt.rn.bf16x2.f32 $0, $1, $2;"))
 pack_f16x2 = _pack_twin(np.float16) if SIMULATOR else _pack("cvt.rn.f16x2.f32 $0, $1, $2;")
+
+
+def _i32_as_f32_twin(w):
+    return float(np.array([w], np.int32).view(np.float32)[0])
+
+
+@intrinsic_with_twin(_i32_as_f32_twin)
+def i32_as_f32(typingctx, w):
+    def cg(ctx, b, sig, args):
+        return b.bitcast(ctx.cast(b, args[0], sig.args[0], types.int32), f32)
+
+    return types.float32(w), cg
 
 
 def _e4m3x4_to_f32_twin(w):
