@@ -80,10 +80,6 @@ def _check_common(cache, scale, mask, score_mod, num_partitions, return_lse, bac
     if not math.isfinite(scale_f) or abs(scale_f) > _F32_MAX:
         raise ValueError(f"scale: expected a finite float (|scale| <= {_F32_MAX:.4g}, float32), "
                          f"got {scale}")
-    if cache.kv_scale is not None and abs(scale_f * cache.kv_scale) > _F32_MAX:
-        # (the kernels fold the cache's per-tensor scale into the softmax scale)
-        raise ValueError(f"scale: scale x the cache's kv_scale ({cache.kv_scale:g}) must be a "
-                         f"finite float32 value, got {scale}")
     if num_partitions is not None:
         if isinstance(num_partitions, bool) or not isinstance(num_partitions, (int, np.integer)):
             raise TypeError(f"num_partitions: expected None or an int, got {type(num_partitions).__name__}")

@@ -88,6 +88,13 @@ def select_kernel(call, tag, rows, longest, facts: ArrayFacts,
             raise ValueError("backend: 'mma' does not read FP8 caches yet; use 'simt', "
                              "'simple' or 'auto'")
         backend = "simt" if call.backend == "auto" else call.backend
+        if not _compat.SIMULATOR:  # the kernels convert by cvt.rn.f16x2.e4m3x2 (PTX sm_89)
+            from numba import cuda
+
+            cc = cuda.get_current_device().compute_capability
+            if cc < (8, 9):
+                raise ValueError(f"cache: FP8 caches need a GPU of compute capability 8.9 or "
+                                 f"later (e4m3 conversions), got {cc[0]}.{cc[1]}")
     else:
         backend = resolve_backend(call.backend, tag)
     if backend == "mma" and not facts.aligned16:
