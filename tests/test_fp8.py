@@ -309,3 +309,22 @@ def test_fp8_kernel_every_mask_and_mod_gpu(layout, cache, rng):
             lengths = [rng.integers(Sq, 700), 0, rng.integers(Sq, 1500)]
             p = fp8_problem(rng, layout, 3, Sq, H, lengths, (BF16, np.float16)[k % 2], cache)
             check(p, mc.make(p, rng), sc.make(p), (None, 1, 7)[(j + k) % 3])
+
+
+@KERNEL
+def test_fp8_device_arrays_and_plans_follow_kv_scale(rng):
+    """Device storage (uint8 bytes): plain calls reuse a plan per layout, and a cache over the
+    same bytes with another kv_scale is another plan (the scale is a kernel argument), so
+    each result is its own cache's."""
+    from numba import cuda
+
+    p = fp8_problem(rng, "e4m3", 1, 1, 2, [10], BF16, "contiguous")
+    storage = cuda.to_device(np.asarray(p.cache.storage).view(np.uint8))
+    q = cuda.to_device(p.q)
+    for kv_scale in (p.cache.kv_scale, 3 * p.cache.kv_scale):
+        cache = nm.ContiguousKVCache(storage, p.lengths, kv_scale=kv_scale)
+        golden = nm.reference.mla_decode(p.q, cache, p.scale)
+        same = nm.reference.mla_decode(p.q, cache, p.scale, compute_dtype=np.float32)
+        out = nm.mla_decode(q, cache, p.scale, backend="simt", num_partitions=1)
+        assert_three_way(out.copy_to_host(), same.astype(BF16), golden,
+                         floor=fp32_floor(golden))
