@@ -11,15 +11,9 @@ t) -> (page, slot)``, with the row at ``storage[page, slot, :]``: for a contiguo
 import numpy as np
 
 from . import _compat  # noqa: F401
-from . import ptx
 from .arrays import (IO_DTYPES, dtype_of, is_array, is_device, last_axis_contiguous, shape_of,
                      to_host)
-from numba import cuda
-
-D_LATENT = 512  # the compressed KV ("nope") part; also V
-D_ROPE = 64  # the decoupled rotary part
-D_QK = D_LATENT + D_ROPE  # 576: the width of q and of a cache row
-D_V = D_LATENT  # 512: V = K[..., :512]
+from .constants import D_LATENT, D_QK, D_ROPE, D_V  # noqa: F401  (re-exported)
 
 
 def _check_storage(name, x):
@@ -119,6 +113,8 @@ class ContiguousKVCache(KVCache):
 
     @staticmethod
     def device_locate():
+        from numba import cuda  # here, not at the top: the reference builds caches without Numba
+
         @cuda.jit(device=True)
         def locate(block_table, page_size, b, t):
             return b, t
@@ -173,9 +169,13 @@ class PagedKVCache(KVCache):
 
     @staticmethod
     def device_locate():
+        from numba import cuda  # here, not at the top: the reference builds caches without Numba
+
+        from .ptx import divmod_u32
+
         @cuda.jit(device=True)
         def locate(block_table, page_size, b, t):
-            page, slot = ptx.divmod_u32(t, page_size)
+            page, slot = divmod_u32(t, page_size)
             return block_table[b, page], slot
 
         return locate
