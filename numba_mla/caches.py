@@ -8,6 +8,8 @@ On the device both caches are read through one function, ``locate(block_table, p
 t) -> (page, slot)``, with the row at ``storage[page, slot, :]``: for a contiguous cache the
 "page" is the sequence and the page size is the capacity.
 """
+from typing import Any, Optional
+
 import numpy as np
 
 from . import _compat  # noqa: F401
@@ -67,7 +69,12 @@ def check_lengths(lengths, batch, capacity, name="lengths"):
 class KVCache:
     """Common interface. ``storage`` is 3-D ``[pages, page_size, 576]``; ``lengths_host`` int32."""
 
-    kind = None
+    kind: Optional[str] = None
+    storage: Any
+    lengths: Any
+    lengths_host: np.ndarray
+    block_table: Any
+    page_size: int
 
     @property
     def batch(self):
@@ -82,7 +89,7 @@ class KVCache:
         """Tokens each sequence can hold."""
         raise NotImplementedError
 
-    def rows(self, b, n):
+    def rows(self, b: int, n: int) -> np.ndarray:
         """NumPy [n, 576] copy of tokens 0..n-1 of sequence b (host path, for the reference)."""
         raise NotImplementedError
 
@@ -96,7 +103,7 @@ class ContiguousKVCache(KVCache):
 
     kind = "contiguous"
 
-    def __init__(self, kv, lengths):
+    def __init__(self, kv: Any, lengths: Any):
         shape, _ = _check_storage("kv", kv)
         self.storage = self.kv = kv
         self.lengths_host = check_lengths(lengths, shape[0], shape[1])
@@ -132,7 +139,7 @@ class PagedKVCache(KVCache):
 
     kind = "paged"
 
-    def __init__(self, pages, block_table, lengths):
+    def __init__(self, pages: Any, block_table: Any, lengths: Any):
         if is_array(pages) and len(shape_of(pages)) == 3 and shape_of(pages)[1] <= 0:
             raise ValueError(f"page_size: expected a positive page size (pages.shape[1]), got {shape_of(pages)[1]}")
         shape, _ = _check_storage("pages", pages)

@@ -25,7 +25,7 @@ index within its sequence and ``bias`` is the materialized mask's array (a dummy
 """
 import inspect
 import math
-from typing import Any, Callable, Hashable, Optional, Union
+from typing import Any, Callable, Hashable, Union
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -405,8 +405,9 @@ class ChunkedCausalMask(AndMask):
     of all queries form one interval, [chunk start of q_lo, q_hi]."""
 
     def __init__(self, chunk: int):
-        super().__init__(ChunkedMask(chunk), CausalMask())
-        self.chunk = self.a.chunk
+        chunked = ChunkedMask(chunk)
+        super().__init__(chunked, CausalMask())
+        self.chunk = chunked.chunk
 
     def cache_key(self):
         return (type(self).__name__, self.chunk)
