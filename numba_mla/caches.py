@@ -13,18 +13,15 @@ FP8 storage (fp8.py): the same caches over rows of float8_e4m3fn codes, ``kv_sca
 per-tensor scale (layout ``"e4m3"``, 576 bytes a token) or ``fp8_layout="v32"`` (FlashMLA's
 656-byte rows, their scales inside). ``rows()`` then returns the exact dequantized values.
 """
+from typing import Any, Optional
+
 import numpy as np
 
 from . import _compat  # noqa: F401
-from . import fp8, ptx
+from . import fp8
 from .arrays import (IO_DTYPES, dtype_of, is_array, is_device, last_axis_contiguous, shape_of,
                      to_host)
-from numba import cuda
-
-D_LATENT = 512  # the compressed KV ("nope") part; also V
-D_ROPE = 64  # the decoupled rotary part
-D_QK = D_LATENT + D_ROPE  # 576: the width of q and of a cache row
-D_V = D_LATENT  # 512: V = K[..., :512]
+from .constants import D_LATENT, D_QK, D_ROPE, D_V  # noqa: F401  (re-exported)
 
 
 def _check_storage(name, x, kv_scale=None, fp8_layout=None):
@@ -111,9 +108,14 @@ class KVCache:
     split-K heuristic then still sees the lengths of construction time; ``with_lengths``
     makes a new cache over the same storage at host cost only."""
 
-    kind = None
-    fp8_layout = None  # FP8 storage: "e4m3" (per-tensor scale) or "v32"; None: 16/32-bit
-    kv_scale = None  # the "e4m3" layout's per-tensor scale
+    kind: Optional[str] = None
+    storage: Any
+    lengths: Any
+    lengths_host: np.ndarray
+    block_table: Any
+    page_size: int
+    fp8_layout: Optional[str] = None  # FP8 storage: "e4m3" (per-tensor scale) or "v32"
+    kv_scale: Optional[float] = None  # the "e4m3" layout's per-tensor scale
 
     def _finish(self):
         """What every call reads of the cache, computed once: the layout key of its arrays
@@ -134,6 +136,8 @@ class KVCache:
             return given
         d = self._device.get(name)
         if d is None:
+            from numba import cuda
+
             d = self._device[name] = cuda.to_device(host)
         return d
 
@@ -174,10 +178,10 @@ class KVCache:
         """Tokens each sequence can hold."""
         raise NotImplementedError
 
-    def _stored_rows(self, b, n):
+    def _stored_rows(self, b: int, n: int) -> np.ndarray:
         raise NotImplementedError
 
-    def rows(self, b, n):
+    def rows(self, b: int, n: int) -> np.ndarray:
         """NumPy [n, 576] copy of tokens 0..n-1 of sequence b (host path, for the reference):
         for FP8 storage their exact values in float64 (fp8.dequantize)."""
         r = self._stored_rows(b, n)
@@ -204,7 +208,8 @@ class ContiguousKVCache(KVCache):
 
     kind = "contiguous"
 
-    def __init__(self, kv, lengths, *, kv_scale=None, fp8_layout=None):
+    def __init__(self, kv: Any, lengths: Any, *, kv_scale: Optional[float] = None,
+                 fp8_layout: Optional[str] = None):
         shape, self.fp8_layout, self.kv_scale = _check_storage("kv", kv, kv_scale, fp8_layout)
         self.storage = self.kv = kv
         self.lengths_host = check_lengths(lengths, shape[0], shape[1])
@@ -226,6 +231,8 @@ class ContiguousKVCache(KVCache):
 
     @staticmethod
     def device_locate():
+        from numba import cuda  # here, not at the top: the reference builds caches without Numba
+
         @cuda.jit(device=True)
         def locate(block_table, page_size, npages, b, t):
             # t is clamped to the capacity (page_size here): a length raised past it in
@@ -246,7 +253,8 @@ class PagedKVCache(KVCache):
 
     kind = "paged"
 
-    def __init__(self, pages, block_table, lengths, *, kv_scale=None, fp8_layout=None):
+    def __init__(self, pages: Any, block_table: Any, lengths: Any, *,
+                 kv_scale: Optional[float] = None, fp8_layout: Optional[str] = None):
         if is_array(pages) and len(shape_of(pages)) == 3 and shape_of(pages)[1] <= 0:
             raise ValueError(f"page_size: expected a positive page size (pages.shape[1]), got {shape_of(pages)[1]}")
         shape, self.fp8_layout, self.kv_scale = _check_storage("pages", pages, kv_scale,
@@ -286,9 +294,13 @@ class PagedKVCache(KVCache):
 
     @staticmethod
     def device_locate():
+        from numba import cuda  # here, not at the top: the reference builds caches without Numba
+
+        from .ptx import divmod_u32
+
         @cuda.jit(device=True)
         def locate(block_table, page_size, npages, b, t):
-            page, slot = ptx.divmod_u32(t, page_size)
+            page, slot = divmod_u32(t, page_size)
             # Clamped, so that values changed in device memory after the checks (a length past
             # the capacity, a page outside [0, npages)) read a wrong row, never outside arrays
             page = min(page, block_table.shape[1] - 1)

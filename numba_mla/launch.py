@@ -21,6 +21,7 @@ from numba import cuda
 _SMEM_STATIC_LIMIT = 48 * 1024
 _MAX_GRID_X = 2**31 - 1
 _tls = threading.local()
+_load_lock = threading.RLock()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,11 +214,14 @@ class _Launch:
         from numba.core.typing import typeof
 
         sig = tuple(typeof.typeof(a, typeof.Purpose.argument) for a in args)
-        self.kernel = dispatcher.compile(sig)
-        fn = _numba.cufunc(self.kernel)  # loads the module into the context, once
-        if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
-            _numba.allow_dynamic_smem(fn, smem)
-            self.kernel._numba_mla_smem = smem
+        # One thread at a time compiles, loads the module into the context (Numba's module
+        # table asserts when two threads load one kernel at once) and raises the limit.
+        with _load_lock:
+            self.kernel = dispatcher.compile(sig)
+            fn = _numba.cufunc(self.kernel)
+            if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
+                _numba.allow_dynamic_smem(fn, smem)
+                self.kernel._numba_mla_smem = smem
         if _numba.needs_numba_launch(self.kernel):
             return  # Numba's launch does their extra work (error readback, cooperative launch)
         # Kept together: the parameter array points into _cvals, and both into self.args' memory.
