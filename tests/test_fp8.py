@@ -328,3 +328,23 @@ def test_fp8_device_arrays_and_plans_follow_kv_scale(rng):
         out = nm.mla_decode(q, cache, p.scale, backend="simt", num_partitions=1)
         assert_three_way(out.copy_to_host(), same.astype(BF16), golden,
                          floor=fp32_floor(golden))
+
+
+@KERNEL
+def test_fp8_kernel_4_byte_copies(rng, monkeypatch):
+    """A cache that does not start 16-byte aligned is copied in 4-byte pieces: a "v32" row is
+    164 of them, not a multiple of the 8 threads that copy a row (the last ones copy fewer)."""
+    from numba_mla import factory, launch
+
+    monkeypatch.setattr(launch, "_aligned16", lambda dev: False)
+    built = []
+    make = factory.partition_kernel
+
+    def recording(*args):
+        built.append(args[7])  # wide
+        return make(*args)
+
+    monkeypatch.setattr(factory, "partition_kernel", recording)
+    p = fp8_problem(rng, "v32", 2, 1, 2, [0, 27], BF16, "paged16")
+    check(p, nm.CausalMask(), nm.IdentityScoreMod(), 1)
+    assert built == [False]
