@@ -177,7 +177,7 @@ def quantization_error(kv, codes, fp8_layout="e4m3", kv_scale=None):
             "rms_rel": float(np.sqrt(np.mean(err * err))) / rms if rms else 0.0}
 
 
-def quantize(kv, fp8_layout="e4m3", kv_scale=None):
+def quantize(kv, fp8_layout="e4m3", kv_scale=None, *, error=True):
     """Write a bfloat16/float16/float32 cache ``[..., 576]`` into an FP8 layout.
 
     Returns ``(codes, kv_scale, error)``: the storage (``[..., 576]`` float8_e4m3fn codes, or
@@ -185,7 +185,8 @@ def quantize(kv, fp8_layout="e4m3", kv_scale=None):
     or max |kv| / 448 so that nothing saturates; None for ``"v32"``) and the error the
     quantization introduced (:func:`quantization_error`). Host arrays are quantized by NumPy;
     device arrays by a GPU kernel (the result stays on the device: uint8 bytes for both
-    layouts), with the error measured on the host.
+    layouts; a torch tensor for a torch ``kv``), with the error measured on the host (a copy
+    of both; ``error=False`` skips it and returns None in its place).
     """
     fp8_layout = check_layout(fp8_layout)
     dt = dtype_of(kv)
@@ -197,4 +198,5 @@ def quantize(kv, fp8_layout="e4m3", kv_scale=None):
         codes, kv_scale = quantize_device(kv, fp8_layout, kv_scale)
     else:
         codes, kv_scale = quantize_host(kv, fp8_layout, kv_scale)
-    return codes, kv_scale, quantization_error(kv, codes, fp8_layout, kv_scale)
+    err = quantization_error(kv, codes, fp8_layout, kv_scale) if error else None
+    return codes, kv_scale, err

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _compat  # noqa: F401
 from . import factory, fp8, ptx
-from .arrays import dtype_of, shape_of
+from .arrays import dtype_of, is_torch, shape_of
 from numba import cuda, float32
 
 D_QK, D_LATENT, GROUP = fp8.D_QK, fp8.D_LATENT, fp8.GROUP
@@ -111,8 +111,9 @@ def _kernels_for(tag, layout):
 
 
 def quantize_device(kv, fp8_layout, kv_scale=None):
-    """``kv [..., 576]`` on the device -> (Numba device array ``[..., row bytes]`` uint8,
-    kv_scale); fp8.quantize's GPU path."""
+    """``kv [..., 576]`` on the device -> (``[..., row bytes]`` uint8 on the device: a torch
+    tensor for a torch ``kv``, else a Numba device array; kv_scale): fp8.quantize's GPU
+    path."""
     from .launch import _as_device
 
     tag = factory.dtype_tag(dtype_of(kv))
@@ -138,4 +139,9 @@ def quantize_device(kv, fp8_layout, kv_scale=None):
     if n:
         kernel[(threads + _THREADS - 1) // _THREADS, _THREADS](
             x, scale, out, out.view(np.float32), out.view(np.int16))
-    return out.view(np.uint8).reshape(lead + (width,)), kv_scale
+    res = out.view(np.uint8).reshape(lead + (width,))
+    if is_torch(kv):
+        import torch
+
+        res = torch.as_tensor(res, device=kv.device)
+    return res, kv_scale
