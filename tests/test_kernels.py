@@ -1,7 +1,7 @@
 """The split-K FMA kernels (``backend="simt"``: kernels/simt.py + kernels/combine.py) against
 the NumPy reference.
 
-Every kernel result is checked three ways (STYLE.md, ``assert_three_way``): its largest error
+Every kernel result is checked three ways (docs/testing.md, ``assert_three_way``): its largest error
 against the float64 reference may be at most twice that of a same-precision NumPy run
 (``compute_dtype=np.float32``, out rounded to the storage dtype), for ``out`` and ``lse``
 separately, with NaN/inf exactly where the float64 reference has them. ``out`` is pre-filled
