@@ -157,10 +157,15 @@ def _describe(q, shard, q_heads, out_heads, group, dist):
             raise ValueError(f"q_heads, out_heads: expected 'all' or 'local', got "
                              f"{q_heads!r}, {out_heads!r}")
         backend = str(dist.get_backend(group)).lower()
-        if q.is_cuda and "nccl" not in backend:
-            raise ValueError(f"group: CUDA tensors need an NCCL group, got a {backend} group")
-        if not q.is_cuda and "gloo" not in backend:
-            raise ValueError(f"group: CPU tensors need a gloo group, got a {backend} group")
+        device = q.device.type
+        if backend == "gloo" and device != "cpu":
+            raise ValueError(f"group: a gloo group carries CPU tensors (merged in Numba's CUDA "
+                             f"simulator); q is on {device}: use an NCCL group for CUDA tensors")
+        if backend == "nccl" and device != "cuda":
+            raise ValueError(f"group: an NCCL group carries CUDA tensors; q is on {device}: "
+                             f"use a gloo group for CPU tensors")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"group: expected an NCCL or gloo group, got {backend}")
         if len(q.shape) != 4 or q.shape[-1] != D_QK:
             raise ValueError(f"q: expected shape [B, Sq, H, {D_QK}], got {list(q.shape)}")
         pm = getattr(type(shard), "position_map", None) or PositionMap()
@@ -241,8 +246,9 @@ def decode(q, shard, scale, group=None, mask=None, score_mod=None, *, q_heads="a
     H = int(q.shape[2])
     if out_heads == "local" and H % world:
         raise ValueError(f"out_heads: 'local' needs H divisible by {world} ranks, got H = {H}")
-    out, lse = mla_decode(q, shard, scale, mask, score_mod, num_partitions, return_lse=True,
-                          backend=backend)
+    # (CPU tensors, gloo: the kernels take NumPy host arrays, copied to the simulator's device)
+    out, lse = mla_decode(q if q.is_cuda else to_host(q), shard, scale, mask, score_mod,
+                          num_partitions, return_lse=True, backend=backend)
     out, lse = _as_torch(out, q), _as_torch(lse, q)
     if out_heads == "local":  # chunk s of my heads' axis -> rank s: [N, B, Sq, H/N, ...]
         Hl = H // world
