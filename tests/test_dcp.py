@@ -118,9 +118,12 @@ def test_every_mask_and_score_mod_is_covered():
     assert any(min(c[9]) < c[2] for c in CASES) and max(c[7] for c in CASES) == 8
 
 
+@pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["interleaved", "blocks"])
 def test_eight_shards(rng, layout):
+    """N = 8 (a GPU test: 16 shard decodes take about 100 s in the simulator, which runs it
+    when the ``gpu`` marker is removed)."""
     check_sharded(rng, "causal", "alibi", 8, layout, "paged", "fp32", 2, 2, 1, [19, 5])
 
 
