@@ -32,6 +32,7 @@ from . import factory, heuristics
 from .api import mla_decode
 from .arrays import BF16, dtype_of, is_device, is_torch, shape_of, to_host
 from .caches import D_QK, D_V, KVCache
+from .checks import check_decode
 from .positions import PositionMap
 from numba import cuda
 
@@ -144,8 +145,10 @@ def _all_to_all(x, group, world):
 # ---------------------------------------------------------------------------------------------
 # Checks: the same verdict on every rank
 # ---------------------------------------------------------------------------------------------
-def _describe(q, shard, q_heads, out_heads, group, dist):
-    """What this rank's call looks like, and what is wrong with it locally (or None)."""
+def _describe(q, shard, q_heads, out_heads, group, dist, decode_args):
+    """What this rank's call looks like, and what is wrong with it locally (or None). With
+    all heads at hand (``q_heads="all"``) the decode's own checks run here too, so that a bad
+    scale, mask or bias is refused on every rank, not on one while the others wait."""
     d = dict(problem=None, positions=None, lengths=None, q=None)
     try:
         if not is_torch(q):
@@ -168,6 +171,8 @@ def _describe(q, shard, q_heads, out_heads, group, dist):
             raise ValueError(f"group: expected an NCCL or gloo group, got {backend}")
         if len(q.shape) != 4 or q.shape[-1] != D_QK:
             raise ValueError(f"q: expected shape [B, Sq, H, {D_QK}], got {list(q.shape)}")
+        if q_heads == "all":
+            check_decode(to_host(q) if device == "cpu" else q, shard, *decode_args)
         pm = getattr(type(shard), "position_map", None) or PositionMap()
         d.update(positions=(pm.stride, pm.offset, pm.capacity),
                  lengths=shard.lengths_host.tolist(),
@@ -235,7 +240,8 @@ def decode(q, shard, scale, group=None, mask=None, score_mod=None, *, q_heads="a
     world = dist.get_world_size(group)
     if check:
         descs = [None] * world
-        dist.all_gather_object(descs, _describe(q, shard, q_heads, out_heads, group, dist),
+        args = (scale, mask, score_mod, num_partitions, True, None, backend)
+        dist.all_gather_object(descs, _describe(q, shard, q_heads, out_heads, group, dist, args),
                                group=group)
         problem = _verdict(descs)
         if problem:

@@ -71,19 +71,21 @@ def check_group(tmp_path, world, case):
 
 def test_two_ranks_interleaved_with_bad_calls(tmp_path):
     """Interleaved paged shards, q gathered from each rank's heads, all heads out; a length
-    shorter than N (rank 1 holds nothing of sequence 1). First three bad calls, each refused
-    with the same message on both ranks."""
+    shorter than N (rank 1 holds nothing of sequence 1). First four bad calls, each refused
+    with the same message on both ranks (the last one by the decode's own checks, on rank 0
+    only: rank 1 must not be left waiting)."""
     case = dict(seed=11, B=2, Sq=1, H=2, lengths=[6, 1], dtype="fp32", layout="interleaved",
                 kind="paged", mask="causal", mod="alibi", q_heads="local", out_heads="all",
-                bad=["lengths", "layout", "device"])
+                bad=["lengths", "layout", "device", "scale"])
     results = check_group(tmp_path, 2, case)
     errors = [r[2] for r in results]
     assert errors[0] == errors[1], errors
-    lengths, layout, device = errors[0]
+    lengths, layout, device, scale = errors[0]
     assert lengths.startswith("decode: lengths: the ranks must agree on the global lengths")
     assert layout.startswith("decode: cache: the shards' layouts do not make one cache")
     assert device.startswith("decode: rank 1: ValueError: group: a gloo group carries CPU "
                              "tensors")
+    assert scale.startswith("decode: rank 0: ValueError: scale: expected a finite float")
 
 
 def test_three_ranks_blocks_local_heads_out(tmp_path):
