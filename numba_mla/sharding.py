@@ -42,7 +42,7 @@ class ShardedKVCache(KVCache):
         self.storage = local.storage
         self.block_table = local.block_table
         self.page_size = local.page_size
-        for name in ("block_table_host", "num_pages", "kv", "pages"):
+        for name in ("block_table_host", "num_pages", "kv", "pages", "fp8_layout", "kv_scale"):
             if hasattr(local, name):
                 setattr(self, name, getattr(local, name))
         self.lengths_host = check_lengths(lengths, local.batch, self.capacity)

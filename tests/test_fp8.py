@@ -348,3 +348,30 @@ def test_fp8_kernel_4_byte_copies(rng, monkeypatch):
     p = fp8_problem(rng, "v32", 2, 1, 2, [0, 27], BF16, "paged16")
     check(p, nm.CausalMask(), nm.IdentityScoreMod(), 1)
     assert built == [False]
+
+
+@KERNEL
+def test_fp8_shards_merge_to_the_whole_cache(rng):
+    """Decode context parallel over an FP8 cache: each rank's shard of local FP8 keys (the
+    cache's one kv_scale on every rank), decoded and merged, is the whole cache's decode."""
+    from numba_mla.distributed import merge
+    from numba_mla.sharding import shard_cache
+    from test_dcp import local_cache, positions_of
+
+    p = make_problem(rng, 1, 1, 2, np.array([9], np.int32), BF16, "contiguous")
+    codes, kv_scale = fp8.quantize_host(p.cache.storage, "e4m3")
+    p = dataclasses.replace(p, cache=nm.ContiguousKVCache(codes, p.lengths, kv_scale=kv_scale))
+    golden, same = references(p)
+    outs, lses = [], []
+    for rank in range(2):
+        pm = positions_of("interleaved", rank, 2, p.lengths)
+        local = local_cache(rng, p, pm, "paged")            # this rank's keys, bf16
+        local = nm.PagedKVCache(fp8.quantize_host(local.storage, "e4m3", kv_scale)[0],
+                                local.block_table_host, local.lengths_host, kv_scale=kv_scale)
+        out, lse = nm.mla_decode(p.q, shard_cache(local, p.lengths, pm), p.scale,
+                                 return_lse=True, backend="simt")
+        outs.append(out)
+        lses.append(lse)
+    out, lse = merge(np.stack(outs), np.stack(lses))
+    assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0]), what="out")
+    assert_three_way(lse, same[1], golden[1], floor=fp32_floor(golden[1]), what="lse")
