@@ -165,15 +165,6 @@ class KVCache:
         return dtype_of(self.storage)
 
     @property
-    def storage_tag(self):
-        """What the kernels read: "bf16", "f16", "f32", or an FP8 layout ("e4m3", "v32")."""
-        if self.fp8_layout:
-            return self.fp8_layout
-        from .factory import dtype_tag
-
-        return dtype_tag(self.dtype)
-
-    @property
     def capacity(self):
         """Tokens each sequence can hold."""
         raise NotImplementedError
