@@ -7,7 +7,7 @@ See SPEC.md for the contract; ``numba_mla.reference`` is the readable NumPy defi
 """
 from . import _compat  # noqa: F401  (must run before numba.cuda is imported)
 from . import _numba  # noqa: F401  (the numba-cuda version check, before anything uses it)
-from . import reference
+from . import fp8, reference
 from .api import flare_mla_decoding, mla_decode, mla_decode_ragged, prepare
 from .caches import D_LATENT, D_QK, D_ROPE, D_V, ContiguousKVCache, KVCache, PagedKVCache
 from .mods import (
@@ -34,7 +34,7 @@ from .mods import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "mla_decode", "mla_decode_ragged", "flare_mla_decoding", "prepare", "reference",
+    "mla_decode", "mla_decode_ragged", "flare_mla_decoding", "prepare", "reference", "fp8",
     "ContiguousKVCache", "PagedKVCache", "KVCache",
     "NullMask", "CausalMask", "SlidingWindowCausalMask", "ChunkedMask", "ChunkedCausalMask",
     "MaterializedMask", "FunctionMask", "AndMask", "OrMask", "Mask",

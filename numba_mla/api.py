@@ -6,42 +6,80 @@ launch or write (checks.py); ``"simt"`` (FMA), ``"mma"`` (tensor cores) and ``"a
 ``"reference"`` the NumPy reference.
 """
 import threading
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from . import heuristics, plans, reference
 from .arrays import IO_DTYPES, dtype_of, is_array, is_device, shape_of
 from .caches import D_QK, ContiguousKVCache, KVCache, check_lengths
-from .checks import check_decode, check_ragged
+from .checks import _check_bias, _check_lengths_vs_rows, check_decode, check_ragged
+from .mods import MaskLike, ScoreModLike, as_mask, as_score_mod
+
+
+def _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend):
+    """The plans.py key of an ``mla_decode`` call, built from its raw arguments before any
+    check (None when the call cannot reuse a plan: host arrays, the reference backend, an
+    argument of an unexpected kind: those take the checked path). A key equals a stored one
+    only if every argument's kind, layout and value (or, for arrays, layout) equals that of
+    an earlier call that passed every check: option values enter as (type, value) pairs."""
+    if backend == "reference" or not isinstance(cache, KVCache):
+        return None
+    try:
+        q_layout, out_layout = plans.layout(q), plans.layout(out)
+        if not q_layout or out_layout is False or not cache.layout_key[2]:
+            return None
+        mask, score_mod = as_mask(mask), as_score_mod(score_mod)
+        bias_layout = plans.layout(mask.bias_array())
+        if bias_layout is False:
+            return None
+        sq = q_layout[1][1]
+        lengths = cache.memo(("schedule", mask.cache_key(), sq),
+                             lambda: heuristics.schedule_signature(
+                                 mask, cache.lengths_host, np.full(cache.batch, sq),
+                                 getattr(cache, "position_map", None)))
+        key = ("decode", threading.get_ident(), plans.stream_of(q), backend,
+               (type(num_partitions), num_partitions), (type(return_lse), return_lse),
+               (type(scale), scale), mask.cache_key(), score_mod.cache_key(), q_layout,
+               out_layout, bias_layout, cache.layout_key, lengths)
+        hash(key)
+    except Exception:  # anything odd: the checked path says what is wrong
+        return None
+    return key, mask, score_mod
 
 
 def _plan_key(call, entry):
-    """The plans.py key of a checked call on device arrays, or None (host arrays: no reuse)."""
-    q_layout = plans.layout(call.q)
+    """The plans.py key of a checked ragged call on device arrays, or None."""
+    q_layout, out_layout = plans.layout(call.q), plans.layout(call.out)
     cache = call.cache
-    bias = call.mask.bias_array()
-    out_layout = plans.layout(call.out)
-    bias_layout = plans.layout(bias)
+    bias_layout = plans.layout(call.mask.bias_array())
     if not q_layout or False in (out_layout, bias_layout) or not cache.layout_key[2]:
         return None
-    if call.ragged:
-        counts = np.diff(call.q_offsets_host)
-        rows = (int(counts.max(initial=0)), plans.layout(call.q_offsets) or "host")
-        lengths = heuristics.schedule_signature(call.mask, cache.lengths_host, counts)
-    else:
-        rows = call.sq
-        lengths = cache.memo(("schedule", call.mask.cache_key(), call.sq),
-                             lambda: heuristics.schedule_signature(
-                                 call.mask, cache.lengths_host, np.full(call.batch, call.sq)))
+    counts = np.diff(call.q_offsets_host)
+    rows = (int(counts.max(initial=0)), plans.layout(call.q_offsets) or "host")
+    lengths = heuristics.schedule_signature(call.mask, cache.lengths_host, counts,
+                                            getattr(cache, "position_map", None))
     return (entry, threading.get_ident(), plans.stream_of(call.q), call.backend,
             call.num_partitions, call.return_lse, call.scale, call.mask.cache_key(),
             call.score_mod.cache_key(), q_layout, out_layout, bias_layout, cache.layout_key,
             rows, lengths)
 
 
-def _run(call, ref_fn, ref_args, entry):
-    if call.backend == "reference":
-        out, lse = ref_fn(*ref_args, return_lse=True)
+def _values_ok(cache, mask, sq, heads, lengths_name="lengths"):
+    """The checks of values a kept plan's key does not cover (the cache's lengths against the
+    query count, a bias against the lengths): once per cache object, from its host copies."""
+    cache.memo(("rows", sq, lengths_name),
+               lambda: _check_lengths_vs_rows(cache, sq, lengths_name) or True)
+    if mask.bias_array() is not None:
+        cache.memo(("bias", plans.layout(mask.bias_array()), sq),
+                   lambda: _check_bias(mask, cache.batch, heads, sq, cache) or True)
+
+
+def _run(call, key):
+    """Run a checked call: the reference, a kept or new plan (device arrays, ``key``), or a
+    plan of its own (host arrays: copied in and out on every call anyway)."""
+    if call.backend == "reference":  # checked once: the reference runs the checked call
+        out, lse = reference.compute(call)
         if call.out is not None:
             call.out[...] = out.astype(call.dtype)
             out = call.out
@@ -50,8 +88,7 @@ def _run(call, ref_fn, ref_args, entry):
         return (out, lse.astype(np.float32)) if call.return_lse else out
     from . import launch
 
-    key = _plan_key(call, entry)
-    if key is None:  # host arrays: copied in and out on every call anyway
+    if key is None:
         return launch.run(call)
     plan = plans.lookup(key)
     if plan is None:
@@ -65,20 +102,29 @@ def _run(call, ref_fn, ref_args, entry):
 
             offsets = cuda.to_device(offsets)
     return plans.run(plan, call.q, call.cache, call.mask.bias_array(), call.out, offsets,
-                     plans.stream_of(call.q))
+                     key[2])
 
 
-def mla_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
-               return_lse=False, out=None, backend="auto"):
+def mla_decode(q: Any, cache: KVCache, scale: float, mask: MaskLike = None,
+               score_mod: ScoreModLike = None, num_partitions: Optional[int] = None,
+               return_lse: bool = False, out: Any = None, backend: str = "auto") -> Any:
     """MLA decode: q [B, Sq, H, 576] against ``cache`` -> out [B, Sq, H, 512] in q's dtype
     (with ``return_lse``: ``(out, lse [B, Sq, H] float32)``). See SPEC.md for the semantics."""
+    fast = _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
+    if fast is not None:
+        key, mask_, _ = fast
+        plan = plans.lookup(key)
+        if plan is not None:  # the plain call's fast path: see plans.py
+            _values_ok(cache, mask_, plan.call.sq, plan.call.heads)
+            return plans.run(plan, q, cache, mask_.bias_array(), out, None, key[2])
     call = check_decode(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
-    return _run(call, reference.mla_decode,
-                (q, cache, call.scale, call.mask, call.score_mod, num_partitions), "decode")
+    return _run(call, fast and fast[0])
 
 
-def prepare(q, cache, scale, mask=None, score_mod=None, num_partitions=None, return_lse=False,
-            out=None, backend="auto"):
+def prepare(q: Any, cache: KVCache, scale: float, mask: MaskLike = None,
+            score_mod: ScoreModLike = None, num_partitions: Optional[int] = None,
+            return_lse: bool = False, out: Any = None,
+            backend: str = "auto") -> Callable[[], Any]:
     """``mla_decode`` prepared once for device arrays: returns a callable that enqueues the
     decode on the current stream and returns out (and lse), the same arrays every call. The
     per-call cost is the launches alone; the inputs' contents may change between calls (not
@@ -92,15 +138,15 @@ def prepare(q, cache, scale, mask=None, score_mod=None, num_partitions=None, ret
     return launch.Decoder(call)
 
 
-def mla_decode_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None,
-                      num_partitions=None, return_lse=False, out=None, backend="auto"):
+def mla_decode_ragged(q: Any, q_row_offsets: Any, cache: KVCache, scale: float,
+                      mask: MaskLike = None, score_mod: ScoreModLike = None,
+                      num_partitions: Optional[int] = None, return_lse: bool = False,
+                      out: Any = None, backend: str = "auto") -> Any:
     """Ragged MLA decode: q [T, H, 576], sequence b owning rows
     ``q_row_offsets[b]:q_row_offsets[b+1]`` (0 to 8 each) -> out [T, H, 512]."""
     call = check_ragged(q, q_row_offsets, cache, scale, mask, score_mod, num_partitions,
                         return_lse, out, backend)
-    return _run(call, reference.mla_decode_ragged,
-                (q, q_row_offsets, cache, call.scale, call.mask, call.score_mod, num_partitions),
-                "ragged")
+    return _run(call, _plan_key(call, "ragged"))
 
 
 def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_partitions=None,
@@ -151,12 +197,11 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
         call = check_ragged(q, valid_length, cache, scale, mask, score_mod, num_partitions,
                             False, output, backend, out_name="output", offsets_name="valid_length",
                             lengths_name=lengths_name)
-        _run(call, reference.mla_decode_ragged,
-             (q, valid_length, cache, call.scale, call.mask, call.score_mod, num_partitions),
-             "ragged")
+        _run(call, _plan_key(call, "ragged"))
     else:
         call = check_decode(q, cache, scale, mask, score_mod, num_partitions, False, output,
                             backend, out_name="output", lengths_name=lengths_name)
-        _run(call, reference.mla_decode,
-             (q, cache, call.scale, call.mask, call.score_mod, num_partitions), "decode")
+        fast = _fast_key(q, cache, scale, mask, score_mod, num_partitions, False, output,
+                         backend)
+        _run(call, fast and fast[0])
     return output

@@ -25,11 +25,20 @@ def _torch_dtype_to_numpy(tdtype):
         torch.uint8: np.dtype(np.uint8),
         torch.bool: np.dtype(np.bool_),
     }
+    if hasattr(torch, "float8_e4m3fn"):  # FP8 caches
+        table[torch.float8_e4m3fn] = np.dtype(ml_dtypes.float8_e4m3fn)
     return table.get(tdtype)
 
 
+_TORCH_TYPES = {}  # type -> whether it is a torch tensor type (asked on every call: cached)
+
+
 def is_torch(x):
-    return type(x).__module__.startswith("torch") and hasattr(x, "is_cuda")
+    t = type(x)
+    known = _TORCH_TYPES.get(t)
+    if known is None:
+        known = _TORCH_TYPES[t] = t.__module__.startswith("torch") and hasattr(x, "is_cuda")
+    return known
 
 
 def is_array(x):
@@ -97,6 +106,8 @@ def to_host(x):
         t = x.detach()
         if t.dtype == torch.bfloat16:
             return t.view(torch.int16).cpu().numpy().view(BF16)
+        if t.dtype == getattr(torch, "float8_e4m3fn", None):
+            return t.view(torch.uint8).cpu().numpy().view(ml_dtypes.float8_e4m3fn)
         return t.cpu().numpy()
     if hasattr(x, "copy_to_host"):
         return x.copy_to_host()

@@ -8,34 +8,44 @@ On the device both caches are read through one function, ``locate(block_table, p
 npages, b, t) -> (page, slot)``, with the row at ``storage[page, slot, :]``: for a contiguous
 cache the "page" is the sequence and the page size is the capacity. It clamps what it reads to
 the arrays' extents (values may change in device memory after the checks).
+
+FP8 storage (fp8.py): the same caches over rows of float8_e4m3fn codes, ``kv_scale=`` the
+per-tensor scale (layout ``"e4m3"``, 576 bytes a token) or ``fp8_layout="v32"`` (FlashMLA's
+656-byte rows, their scales inside). ``rows()`` then returns the exact dequantized values.
 """
+from typing import Any, Optional
+
 import numpy as np
 
 from . import _compat  # noqa: F401
-from . import ptx
+from . import fp8
 from .arrays import (IO_DTYPES, dtype_of, is_array, is_device, last_axis_contiguous, shape_of,
                      to_host)
-from numba import cuda
-
-D_LATENT = 512  # the compressed KV ("nope") part; also V
-D_ROPE = 64  # the decoupled rotary part
-D_QK = D_LATENT + D_ROPE  # 576: the width of q and of a cache row
-D_V = D_LATENT  # 512: V = K[..., :512]
+from .constants import D_LATENT, D_QK, D_ROPE, D_V  # noqa: F401  (re-exported)
 
 
-def _check_storage(name, x):
+def _check_storage(name, x, kv_scale=None, fp8_layout=None):
+    """Shape, dtype and row contiguity of the storage; for FP8 storage (a float8_e4m3fn or
+    uint8 dtype, or an FP8 argument given) also the layout's width and the scale. Returns
+    (shape, fp8 layout or None, kv_scale or None)."""
     if not is_array(x):
         raise TypeError(f"{name}: expected an array, got {type(x).__name__}")
     shape, dt = shape_of(x), dtype_of(x)
-    if len(shape) != 3 or shape[2] != D_QK:
+    layout = None
+    if fp8.is_fp8_dtype(dt) or kv_scale is not None or fp8_layout is not None:
+        layout = fp8.check_layout(fp8_layout)
+        fp8.check_fp8_storage(name, x, layout)
+        kv_scale = fp8.check_kv_scale(kv_scale, layout)
+    elif len(shape) != 3 or shape[2] != D_QK:
         raise ValueError(f"{name}: expected shape [*, *, {D_QK}] (512 latent + 64 rope), got {list(shape)}")
-    if dt not in IO_DTYPES:
-        raise TypeError(f"{name}: expected dtype bfloat16, float16 or float32, got {dt}")
+    if layout is None and dt not in IO_DTYPES:
+        raise TypeError(f"{name}: expected dtype bfloat16, float16 or float32 (or float8_e4m3fn "
+                        f"/ uint8 with kv_scale or fp8_layout), got {dt}")
     if not last_axis_contiguous(x):
         # The kernels copy a cache row as one run of bytes from its start.
-        raise ValueError(f"{name}: its rows (the last axis, {D_QK} values) must be contiguous "
-                         f"in memory; got a device array whose last axis is strided")
-    return shape, dt
+        raise ValueError(f"{name}: its rows (the last axis, {shape[2]} values) must be "
+                         f"contiguous in memory; got a device array whose last axis is strided")
+    return shape, layout, kv_scale
 
 
 def _host_int32(name, x, ndim):
@@ -98,7 +108,14 @@ class KVCache:
     split-K heuristic then still sees the lengths of construction time; ``with_lengths``
     makes a new cache over the same storage at host cost only."""
 
-    kind = None
+    kind: Optional[str] = None
+    storage: Any
+    lengths: Any
+    lengths_host: np.ndarray
+    block_table: Any
+    page_size: int
+    fp8_layout: Optional[str] = None  # FP8 storage: "e4m3" (per-tensor scale) or "v32"
+    kv_scale: Optional[float] = None  # the "e4m3" layout's per-tensor scale
 
     def _finish(self):
         """What every call reads of the cache, computed once: the layout key of its arrays
@@ -111,12 +128,16 @@ class KVCache:
                            layout(self.block_table) if is_device(self.block_table) else
                            ("host", getattr(self, "block_table_host", np.empty(0)).shape),
                            layout(self.lengths) if is_device(self.lengths) else "host")
+        if self.fp8_layout:  # (the scale is a kernel argument: plans differ by it)
+            self.layout_key += ((self.fp8_layout, self.kv_scale),)
 
     def _device_copy(self, name, given, host):
         if is_device(given):
             return given
         d = self._device.get(name)
         if d is None:
+            from numba import cuda
+
             d = self._device[name] = cuda.to_device(host)
         return d
 
@@ -148,9 +169,14 @@ class KVCache:
         """Tokens each sequence can hold."""
         raise NotImplementedError
 
-    def rows(self, b, n):
-        """NumPy [n, 576] copy of tokens 0..n-1 of sequence b (host path, for the reference)."""
+    def _stored_rows(self, b: int, n: int) -> np.ndarray:
         raise NotImplementedError
+
+    def rows(self, b: int, n: int) -> np.ndarray:
+        """NumPy [n, 576] copy of tokens 0..n-1 of sequence b (host path, for the reference):
+        for FP8 storage their exact values in float64 (fp8.dequantize)."""
+        r = self._stored_rows(b, n)
+        return fp8.dequantize(r, self.fp8_layout, self.kv_scale) if self.fp8_layout else r
 
     def with_lengths(self, lengths):
         """The same storage (and block table) with new lengths: the fast way to advance a decode
@@ -161,14 +187,21 @@ class KVCache:
     def device_locate():
         raise NotImplementedError
 
+    def _fp8_repr(self):
+        if not self.fp8_layout:
+            return ""
+        return (f" fp8 {self.fp8_layout}" + (f" kv_scale={self.kv_scale:g}"
+                                            if self.kv_scale is not None else ""))
+
 
 class ContiguousKVCache(KVCache):
     """``kv [B, S_max, 576]``: token t of sequence b at ``kv[b, t]``."""
 
     kind = "contiguous"
 
-    def __init__(self, kv, lengths):
-        shape, _ = _check_storage("kv", kv)
+    def __init__(self, kv: Any, lengths: Any, *, kv_scale: Optional[float] = None,
+                 fp8_layout: Optional[str] = None):
+        shape, self.fp8_layout, self.kv_scale = _check_storage("kv", kv, kv_scale, fp8_layout)
         self.storage = self.kv = kv
         self.lengths_host = check_lengths(lengths, shape[0], shape[1])
         self.lengths = lengths if is_device(lengths) else self.lengths_host
@@ -177,17 +210,20 @@ class ContiguousKVCache(KVCache):
         self._finish()
 
     def with_lengths(self, lengths):
-        return ContiguousKVCache(self.storage, lengths)
+        return ContiguousKVCache(self.storage, lengths, kv_scale=self.kv_scale,
+                                 fp8_layout=self.fp8_layout)
 
     @property
     def capacity(self):
         return shape_of(self.storage)[1]
 
-    def rows(self, b, n):
+    def _stored_rows(self, b, n):
         return np.asarray(to_host(self.storage)[b, :n])
 
     @staticmethod
     def device_locate():
+        from numba import cuda  # here, not at the top: the reference builds caches without Numba
+
         @cuda.jit(device=True)
         def locate(block_table, page_size, npages, b, t):
             # t is clamped to the capacity (page_size here): a length raised past it in
@@ -197,7 +233,8 @@ class ContiguousKVCache(KVCache):
         return locate
 
     def __repr__(self):
-        return f"ContiguousKVCache(kv {list(shape_of(self.storage))} {self.dtype}, B={self.batch})"
+        return (f"ContiguousKVCache(kv {list(shape_of(self.storage))} {self.dtype}"
+                f"{self._fp8_repr()}, B={self.batch})")
 
 
 class PagedKVCache(KVCache):
@@ -207,10 +244,12 @@ class PagedKVCache(KVCache):
 
     kind = "paged"
 
-    def __init__(self, pages, block_table, lengths):
+    def __init__(self, pages: Any, block_table: Any, lengths: Any, *,
+                 kv_scale: Optional[float] = None, fp8_layout: Optional[str] = None):
         if is_array(pages) and len(shape_of(pages)) == 3 and shape_of(pages)[1] <= 0:
             raise ValueError(f"page_size: expected a positive page size (pages.shape[1]), got {shape_of(pages)[1]}")
-        shape, _ = _check_storage("pages", pages)
+        shape, self.fp8_layout, self.kv_scale = _check_storage("pages", pages, kv_scale,
+                                                               fp8_layout)
         num_pages, page_size = shape[0], shape[1]
         bt = _host_int32("block_table", block_table, 2)
         batch, max_pages = bt.shape
@@ -239,16 +278,20 @@ class PagedKVCache(KVCache):
     def capacity(self):
         return self.block_table_host.shape[1] * self.page_size
 
-    def rows(self, b, n):
+    def _stored_rows(self, b, n):
         pages = to_host(self.storage)
         t = np.arange(n)
         return np.asarray(pages[self.block_table_host[b, t // self.page_size], t % self.page_size])
 
     @staticmethod
     def device_locate():
+        from numba import cuda  # here, not at the top: the reference builds caches without Numba
+
+        from .ptx import divmod_u32
+
         @cuda.jit(device=True)
         def locate(block_table, page_size, npages, b, t):
-            page, slot = ptx.divmod_u32(t, page_size)
+            page, slot = divmod_u32(t, page_size)
             # Clamped, so that values changed in device memory after the checks (a length past
             # the capacity, a page outside [0, npages)) read a wrong row, never outside arrays
             page = min(page, block_table.shape[1] - 1)
@@ -258,6 +301,6 @@ class PagedKVCache(KVCache):
 
     def __repr__(self):
         return (
-            f"PagedKVCache(pages {list(shape_of(self.storage))} {self.dtype}, "
+            f"PagedKVCache(pages {list(shape_of(self.storage))} {self.dtype}{self._fp8_repr()}, "
             f"block_table {list(self.block_table_host.shape)}, B={self.batch})"
         )

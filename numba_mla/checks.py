@@ -54,6 +54,10 @@ class Call:
 
 def _check_q_dtype(q, cache):
     dt = dtype_of(q)
+    if cache.fp8_layout:  # FP8 storage: q (and out) bfloat16 or float16
+        if dt not in IO_DTYPES[:2]:
+            raise TypeError(f"q: an FP8 cache needs q in bfloat16 or float16, got {dt}")
+        return dt
     if dt not in IO_DTYPES:
         raise TypeError(f"q: expected dtype bfloat16, float16 or float32, got {dt}")
     if dt != cache.dtype:

@@ -77,12 +77,16 @@ def _fold_scale(mask, score_mod):
 def _mods_key(mask, score_mod, cache_cls):
     """The cache key part that the mask, score mod and cache make (built on every call:
     cheap; the device functions below are made only to compile)."""
-    return (mask.cache_key(), score_mod.cache_key(), cache_cls.kind, _fold_scale(mask, score_mod))
+    key = (mask.cache_key(), score_mod.cache_key(), cache_cls.kind, _fold_scale(mask, score_mod))
+    positions = getattr(cache_cls, "position_map", None)  # a shard's (sharding.py)
+    return key if positions is None else key + (positions.cache_key(),)
 
 
 def _device_functions(mask, score_mod, cache_cls):
-    """What both partition kernels compile in for a mask, score mod and cache."""
-    return dict(
+    """What both partition kernels compile in for a mask, score mod and cache. A shard's
+    cache (sharding.py) brings a position map: the mask and score mod then take the shard's
+    local key indices and see global ones (positions.py)."""
+    fns = dict(
         locate=cache_cls.device_locate(),
         mask_apply=mask.device_apply(),
         mask_classify=mask.device_classify(),
@@ -90,6 +94,8 @@ def _device_functions(mask, score_mod, cache_cls):
         score_mod=score_mod.device_fn(),
         fold_scale=_fold_scale(mask, score_mod),
     )
+    positions = getattr(cache_cls, "position_map", None)
+    return fns if positions is None else positions.device_functions(fns)
 
 
 def _output_store(tag, direct):
@@ -98,34 +104,41 @@ def _output_store(tag, direct):
     return converters(tag if direct else "f32")[1]
 
 
-def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False, wide=True):
+def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False, wide=True,
+                     fp8=None):
     """The stage-1 FMA kernel (kernels/simt.py) for this configuration; ``direct``: the
     variant that writes the final output (one partition, no combine); ``wide``: the one that
-    copies 16-byte pieces of the cache (which must then start 16-byte aligned)."""
+    copies 16-byte pieces of the cache (which must then start 16-byte aligned); ``fp8``: the
+    cache's FP8 layout ("e4m3", "v32"; ``tag`` is then q's dtype), or None."""
 
     def build():
         from .kernels.simt import make_partition_kernel
 
         return make_partition_kernel(load=converters(tag)[0], store=_output_store(tag, direct),
-                                     unpack=unpacker(tag), block_m=block_m, heads=heads,
-                                     wide=wide, **_device_functions(mask, score_mod, cache_cls))
+                                     unpack=None if fp8 else unpacker(tag), block_m=block_m,
+                                     heads=heads, wide=wide, fp8=fp8,
+                                     **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("simt", tag, block_m, heads, direct, wide)
+                   + ((("fp8", fp8),) if fp8 else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 
-def simple_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False):
-    """The readable stage-1 kernel (kernels/simple.py) for this configuration; ``direct`` as
-    above."""
+def simple_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False,
+                            fp8=None):
+    """The readable stage-1 kernel (kernels/simple.py) for this configuration; ``direct`` and
+    ``fp8`` as above."""
 
     def build():
         from .kernels.simple import make_partition_kernel
 
         return make_partition_kernel(load=converters(tag)[0], store=_output_store(tag, direct),
-                                     unpack=unpacker(tag), block_m=block_m, heads=heads,
+                                     unpack=None if fp8 else unpacker(tag), block_m=block_m,
+                                     heads=heads, fp8=fp8,
                                      **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("simple", tag, block_m, heads, direct)
+                   + ((("fp8", fp8),) if fp8 else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

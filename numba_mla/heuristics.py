@@ -25,26 +25,37 @@ def sm_count():
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def key_counts(mask, lengths, counts):
+def key_counts(mask, lengths, counts, positions=None):
     """Per sequence, the keys its queries may keep: its length cut to the mask's key range (a
     sliding window of 256 over 65536 keys counts 256; a sequence without keys or queries, 0).
     That range is what split-K divides; tiles outside it are never walked, so they count as no
-    work. (Tiles a mask drops inside the range are counted: only the kernel sees them.)"""
+    work. (Tiles a mask drops inside the range are counted: only the kernel sees them.)
+    ``positions``: a shard's PositionMap (positions.py): the keys counted are the shard's
+    local keys in that range, as its kernels walk them."""
     lengths = np.asarray(lengths, np.int64)
     counts = np.asarray(counts, np.int64)
+    if positions is not None and positions.identity:
+        positions = None
     if type(mask).key_range is mods.Mask.key_range and mask.range_rule() is mods._unbounded_range:
-        return np.where(counts > 0, lengths, 0)  # every key of every sequence (no loop)
+        # every key of every sequence (no loop)
+        held = lengths if positions is None else positions.local_count(lengths)
+        return np.where(counts > 0, held, 0)
     keys = np.zeros(lengths.shape[0], np.int64)
     for b, (length, n) in enumerate(zip(lengths.tolist(), counts.tolist())):
         if length and n:
             k0, k1 = mask.key_range(length - n, length - 1)
-            keys[b] = max(0, min(k1, length) - max(k0, 0))
+            k0, k1 = max(k0, 0), min(k1, length)
+            if positions is not None:  # global [k0, k1) -> local j with k0 <= j*s + off < k1
+                s, off = positions.stride, positions.offset
+                k0, k1 = (max(0, -(-(k - off) // s)) for k in (k0, k1))
+                k1 = min(k1, positions.local_count(length))
+            keys[b] = max(0, k1 - k0)
     return keys
 
 
-def longest_key_range(mask, lengths, counts):
+def longest_key_range(mask, lengths, counts, positions=None):
     """The most keys any sequence's queries may keep (``key_counts``)."""
-    return int(key_counts(mask, lengths, counts).max(initial=0))
+    return int(key_counts(mask, lengths, counts, positions).max(initial=0))
 
 
 #: A divisor of every partition kernel's key tile (the simple kernel's 8; the FMA kernel's 32
@@ -54,10 +65,10 @@ def longest_key_range(mask, lengths, counts):
 SCHEDULE_QUANTUM = 8
 
 
-def schedule_signature(mask, lengths, counts):
+def schedule_signature(mask, lengths, counts, positions=None):
     """What the split-K schedule depends on in a call's lengths, as a hashable value (plans.py's
     key): each sequence's key count (``key_counts``), in units of ``SCHEDULE_QUANTUM`` keys."""
-    keys = key_counts(mask, lengths, counts)
+    keys = key_counts(mask, lengths, counts, positions)
     return (-(-keys // SCHEDULE_QUANTUM)).astype(np.int32).tobytes()
 
 

@@ -21,6 +21,7 @@ from numba import cuda
 _SMEM_STATIC_LIMIT = 48 * 1024
 _MAX_GRID_X = 2**31 - 1
 _tls = threading.local()
+_load_lock = threading.RLock()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,11 +214,14 @@ class _Launch:
         from numba.core.typing import typeof
 
         sig = tuple(typeof.typeof(a, typeof.Purpose.argument) for a in args)
-        self.kernel = dispatcher.compile(sig)
-        fn = _numba.cufunc(self.kernel)  # loads the module into the context, once
-        if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
-            _numba.allow_dynamic_smem(fn, smem)
-            self.kernel._numba_mla_smem = smem
+        # One thread at a time compiles, loads the module into the context (Numba's module
+        # table asserts when two threads load one kernel at once) and raises the limit.
+        with _load_lock:
+            self.kernel = dispatcher.compile(sig)
+            fn = _numba.cufunc(self.kernel)
+            if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
+                _numba.allow_dynamic_smem(fn, smem)
+                self.kernel._numba_mla_smem = smem
         if _numba.needs_numba_launch(self.kernel):
             return  # Numba's launch does their extra work (error readback, cooperative launch)
         # Kept together: the parameter array points into _cvals, and both into self.args' memory.
@@ -337,10 +341,11 @@ class Plan:
         self.q_shape3 = None if call.ragged else (B * call.sq, H, D_QK)
         inputs = dict(
             offsets=_int32_device(offs_src, offs_host),
-            storage=_as_device(cache.storage, sixteen, pairs=True),  # rows contiguous
-            lengths=cache.device_lengths(),
+            # rows contiguous; FP8 rows as int32 words of four codes
+            storage=_as_device(cache.storage, sixteen or bool(cache.fp8_layout), pairs=True),
+            lengths=_as_device(cache.device_lengths(), False),
             block_table=(_dummy((1, 1), np.int32) if cache.block_table is None
-                         else cache.device_block_table()),
+                         else _as_device(cache.device_block_table(), False)),
             bias=_dummy((1, 1, 1), np.float32) if call.mask.bias_array() is None
             else _as_device(call.mask.bias_array(), False))
         # q as 16-bit pairs (the tensor-core kernels' view), or as 16-bit values (the others')
@@ -351,7 +356,8 @@ class Plan:
             cache_aligned16=_aligned16(storage),
             packed_rows=q_pairs.is_c_contiguous() and storage.is_c_contiguous())
         rows = int(counts.max(initial=0)) * H
-        keys = heuristics.key_counts(call.mask, cache.lengths_host, counts)
+        keys = heuristics.key_counts(call.mask, cache.lengths_host, counts,
+                                     getattr(cache, "position_map", None))
 
         def spills(spec):  # compile a candidate for these arguments: does it use local memory?
             ws = (cuda.device_array((1, 1, 1, D_V), np.float32),
@@ -422,8 +428,12 @@ class Plan:
     def _inputs(self, inputs, spec):
         """The partition kernel's arguments before its results: the arrays, the scale and the
         schedule's chunk (part of the plan's key through the lengths: never rebound)."""
-        return tuple(inputs[role] for role in INPUT_ROLES) + (np.float32(self.call.scale),
-                                                              np.int32(spec.chunk))
+        cache = self.call.cache
+        if cache.fp8_layout:  # the FP8 kernels take scale + 1j * kv_scale (kernels/simt.py)
+            scale = np.complex64(complex(self.call.scale, cache.kv_scale or 1.0))
+        else:
+            scale = np.float32(self.call.scale)
+        return tuple(inputs[role] for role in INPUT_ROLES) + (scale, np.int32(spec.chunk))
 
     def _maps(self, spec, q_dev, storage, T):
         """The tensor maps of a TMA kernel (q, then the cache); placeholders for the
@@ -472,7 +482,7 @@ class Plan:
         if role == "q":
             return _as_device(array, sixteen, self.q_shape3, pairs=sixteen and self.spec.q_pairs)
         if role == "storage":
-            return _as_device(array, sixteen, pairs=True)
+            return _as_device(array, sixteen or bool(self.call.cache.fp8_layout), pairs=True)
         if role == "out":
             v = _as_device(array, sixteen, (T, H, D_V))
             return v.reshape((T, H, 1, D_V)) if self.spec.direct else v

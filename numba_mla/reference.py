@@ -15,18 +15,35 @@ its n query rows), head h:
 
 A row that keeps no key returns out = 0 and lse = -inf (never NaN).
 
+An FP8 cache (fp8.py, docs/fp8.md) means its dequantized rows: ``cache.rows`` returns each
+value as the float64 product of its e4m3 code and its scale, exactly, and everything above
+applies to those rows (a NaN code is a NaN in K and V).
+
 The entry points take exactly the library's arguments (and check them the same way), so any
 call can be replayed here; ``compute_dtype=np.float32`` gives the same-precision run that the
 tests use for three-way accuracy checks.
+
+Only NumPy is needed here (with the argument checks, the caches' host side and the mods' NumPy
+forms): no Numba, no GPU.
 """
+from typing import Any, Optional, Union
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .arrays import to_host
-from .caches import D_V
+from .caches import KVCache
 from .checks import check_decode, check_ragged
+from .constants import D_V
+from .mods import Mask, MaskLike, ScoreMod, ScoreModLike
+
+#: What the entry points return: out, or (out, lse) with ``return_lse=True``.
+Result = Union[np.ndarray, tuple[np.ndarray, np.ndarray]]
 
 
-def attend(q, kv, b, length, scale, mask, score_mod, compute_dtype=np.float64):
+def attend(q: np.ndarray, kv: np.ndarray, b: int, length: int, scale: float, mask: Mask,
+           score_mod: ScoreMod, compute_dtype: type[np.floating] = np.float64
+           ) -> tuple[np.ndarray, np.ndarray]:
     """Decode one sequence.
 
     q: [n, H, 576], its n query rows (the last n tokens of the sequence);
@@ -71,40 +88,41 @@ def attend(q, kv, b, length, scale, mask, score_mod, compute_dtype=np.float64):
     return out.astype(compute_dtype), lse.astype(compute_dtype)
 
 
-def _finish(call, out, lse):
+def _finish(call, out: np.ndarray, lse: np.ndarray) -> Result:
     if call.out is not None:
         call.out[...] = out.astype(call.dtype)
     return (out, lse) if call.return_lse else out
 
 
-def mla_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
-               return_lse=False, out=None, backend="reference", *, compute_dtype=np.float64):
+def mla_decode(q: Any, cache: KVCache, scale: float, mask: MaskLike = None,
+               score_mod: ScoreModLike = None, num_partitions: Optional[int] = None,
+               return_lse: bool = False, out: Any = None, backend: str = "reference", *,
+               compute_dtype: type[np.floating] = np.float64) -> Result:
     """Reference ``mla_decode``: q [B, Sq, H, 576] -> out [B, Sq, H, 512] (+ lse [B, Sq, H]).
 
     Returns ``compute_dtype`` arrays (float64 by default); ``num_partitions`` and ``backend``
     are accepted for call compatibility and do not change the result."""
     call = check_decode(q, cache, scale, mask, score_mod, num_partitions, return_lse, out,
                         "reference")
-    qh = to_host(q)                                                # [B, Sq, H, 576]
-    B, Sq, H = call.batch, call.sq, call.heads
-    res = np.empty((B, Sq, H, D_V), compute_dtype)                 # [B, Sq, H, 512]
-    lse = np.empty((B, Sq, H), compute_dtype)                      # [B, Sq, H]
-    for b in range(B):
-        L = int(cache.lengths_host[b])
-        res[b], lse[b] = attend(qh[b], cache.rows(b, L), b, L, call.scale, call.mask,
-                                call.score_mod, compute_dtype)
-    return _finish(call, res, lse)
+    return _finish(call, *compute(call, compute_dtype))
 
 
-def mla_decode_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None,
-                      num_partitions=None, return_lse=False, out=None, backend="reference", *,
-                      compute_dtype=np.float64):
-    """Reference ``mla_decode_ragged``: q [T, H, 576], sequence b owning rows
-    ``q_row_offsets[b]:q_row_offsets[b+1]`` -> out [T, H, 512] (+ lse [T, H])."""
-    call = check_ragged(q, q_row_offsets, cache, scale, mask, score_mod, num_partitions,
-                        return_lse, out, "reference")
-    qh = to_host(q)                                                # [T, H, 576]
-    T, H = qh.shape[0], call.heads
+def compute(call, compute_dtype: type[np.floating] = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """(out, lse) of a checked call (checks.Call), padded or ragged, in ``compute_dtype``:
+    what both entry points below and ``backend="reference"`` of the public ones run."""
+    cache = call.cache
+    qh = to_host(call.q)                                           # [B, Sq, H, 576] or [T, H, 576]
+    H = call.heads
+    if not call.ragged:
+        B, Sq = call.batch, call.sq
+        res = np.empty((B, Sq, H, D_V), compute_dtype)             # [B, Sq, H, 512]
+        lse = np.empty((B, Sq, H), compute_dtype)                  # [B, Sq, H]
+        for b in range(B):
+            L = int(cache.lengths_host[b])
+            res[b], lse[b] = attend(qh[b], cache.rows(b, L), b, L, call.scale, call.mask,
+                                    call.score_mod, compute_dtype)
+        return res, lse
+    T = qh.shape[0]
     res = np.empty((T, H, D_V), compute_dtype)                     # [T, H, 512]
     lse = np.empty((T, H), compute_dtype)                          # [T, H]
     for b in range(call.batch):
@@ -115,10 +133,22 @@ def mla_decode_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None,
         res[r0:r0 + n], lse[r0:r0 + n] = attend(qh[r0:r0 + n], cache.rows(b, L), b, L,
                                                 call.scale, call.mask, call.score_mod,
                                                 compute_dtype)
-    return _finish(call, res, lse)
+    return res, lse
 
 
-def merge_partitions(outs, lses):
+def mla_decode_ragged(q: Any, q_row_offsets: Any, cache: KVCache, scale: float,
+                      mask: MaskLike = None, score_mod: ScoreModLike = None,
+                      num_partitions: Optional[int] = None, return_lse: bool = False,
+                      out: Any = None, backend: str = "reference", *,
+                      compute_dtype: type[np.floating] = np.float64) -> Result:
+    """Reference ``mla_decode_ragged``: q [T, H, 576], sequence b owning rows
+    ``q_row_offsets[b]:q_row_offsets[b+1]`` -> out [T, H, 512] (+ lse [T, H])."""
+    call = check_ragged(q, q_row_offsets, cache, scale, mask, score_mod, num_partitions,
+                        return_lse, out, "reference")
+    return _finish(call, *compute(call, compute_dtype))
+
+
+def merge_partitions(outs: ArrayLike, lses: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Merge per-partition (out, lse) pairs into the whole by log-sum-exp (what the combine
     kernel does). outs [P, ..., 512] normalised per partition, lses [P, ...]; a partition with
     no kept key has lse = -inf and weight 0; if all are empty, out = 0 and lse = -inf."""

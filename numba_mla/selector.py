@@ -86,7 +86,21 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     split-K schedule divides);
     ``spills(spec)`` compiles a candidate for the call's argument types and says whether it
     uses local memory (never in the simulator)."""
-    backend = resolve_backend(call.backend, tag)
+    fp8 = call.cache.fp8_layout
+    if fp8:  # FP8 caches: the FMA kernels read them (the tensor-core ones do not yet)
+        if call.backend == "mma":
+            raise ValueError("backend: 'mma' does not read FP8 caches yet; use 'simt', "
+                             "'simple' or 'auto'")
+        backend = "simt" if call.backend == "auto" else call.backend
+        if not _compat.SIMULATOR:  # the kernels convert by cvt.rn.f16x2.e4m3x2 (PTX sm_89)
+            from numba import cuda
+
+            cc = cuda.get_current_device().compute_capability
+            if cc < (8, 9):
+                raise ValueError(f"cache: FP8 caches need a GPU of compute capability 8.9 or "
+                                 f"later (e4m3 conversions), got {cc[0]}.{cc[1]}")
+    else:
+        backend = resolve_backend(call.backend, tag)
     if backend == "mma" and not facts.aligned16:
         if call.backend == "mma":
             raise ValueError("backend: 'mma' copies 16-byte pieces: q and the cache must start "
@@ -107,7 +121,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         from .kernels import simt
 
         block_m = heuristics.simt_block_m(rows, sixteen)
-        block_n = simt.block_n(block_m, sixteen)
+        block_n = simt.block_n(block_m, sixteen, fp8)
     groups = max(1, math.ceil(rows / block_m))
     if call.num_partitions:
         chunk, P = 0, call.num_partitions
@@ -119,11 +133,12 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
 
     if backend == "simt":
         disp = factory.partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
-                                        facts.cache_aligned16)
-        return KernelSpec("simt", disp, simt.NTHREADS, simt.smem_bytes(block_m, sixteen),
+                                        facts.cache_aligned16, fp8)
+        return KernelSpec("simt", disp, simt.NTHREADS, simt.smem_bytes(block_m, sixteen, fp8),
                           q_pairs=False, tma=False, **common)
     if backend == "simple":
-        disp = factory.simple_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct)
+        disp = factory.simple_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
+                                               fp8)
         return KernelSpec("simple", disp, simple.NTHREADS, simple.smem_bytes(block_m),
                           q_pairs=False, tma=False, **common)
     tma = ((call.cache.kind == "contiguous" or call.cache.page_size % mma.BLOCK_N == 0)

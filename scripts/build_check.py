@@ -45,6 +45,21 @@ SIMT_CASES = [  # (mask, score mod, dtype tag, cache, rows per block, heads, dir
 ]
 
 
+FP8_CASES = [  # (mask, score mod, q dtype tag, cache, rows per block, heads, direct, layout)
+    (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 16, 16, False, "e4m3"),
+    (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 32, 128, True, "v32"),
+    (nm.CausalMask(), nm.SoftCapScoreMod(2.0), "f16", nm.ContiguousKVCache, 32, 16, False,
+     "e4m3"),
+]
+
+
+def fp8_signature(tag, direct):
+    """An FP8 kernel's: the cache as int32 words of four codes, scale + 1j * kv_scale."""
+    sig = list(simt_signature(tag, direct))
+    sig[2], sig[6] = types.Array(types.int32, 3, "C"), types.complex64
+    return tuple(sig)
+
+
 def simt_signature(tag, direct):
     w16 = tag != "f32"
     word = types.int32 if w16 else types.float32
@@ -172,6 +187,21 @@ def main():
         print(f"simple {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
               f"rows={simple.BLOCK_M} regs={regs} spills={spills} calls={calls}  "
               f"{'ok' if ok else 'FAIL'}")
+    for mask, mod, tag, cache, block_m, heads, direct, layout in FP8_CASES:
+        for name, kern in (
+                ("simt", factory.partition_kernel(mask, mod, tag, cache, block_m, heads, direct,
+                                                  True, layout)),
+                ("simple", factory.simple_partition_kernel(mask, mod, tag, cache, simple.BLOCK_M,
+                                                           heads, direct, layout))):
+            ptx, _ = cuda.compile_ptx(kern.py_func, fp8_signature(tag, direct), cc=(9, 0, "a"),
+                                      launch_bounds=kern.targetoptions.get("launch_bounds"))
+            _, log = build_sass(ptx)
+            regs, spills, calls = _resources(ptx, log)
+            ok = not spills and calls == 0
+            bad += not ok
+            print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
+                  f"direct={direct!s:5} fp8={layout} regs={regs} spills={spills} "
+                  f"calls={calls}  {'ok' if ok else 'FAIL'}")
     return 1 if bad else 0
 
 

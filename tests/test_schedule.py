@@ -113,7 +113,8 @@ def test_masks_count_kept_keys():
     """Key counts come from each sequence's key range under the mask (the tiles the kernels
     walk): a window of 256 counts 256 keys a sequence, so the window over long sequences is
     scheduled as short ones; a causal mask with several queries counts up to the last one's
-    position; the vectorised count of an unbounded mask equals the per-sequence loop's."""
+    position; the vectorised count of an unbounded mask equals the per-sequence loop's; a
+    shard (position map) counts its own keys."""
     lengths, counts = np.array([65536, 100, 0, 7000]), np.array([1, 1, 0, 4])
     window = heuristics.key_counts(nm.SlidingWindowCausalMask(256), lengths, counts)
     assert window.tolist() == [256, 100, 0, 259]
@@ -122,6 +123,14 @@ def test_masks_count_kept_keys():
     null = heuristics.key_counts(nm.NullMask(), lengths, counts)
     anded = heuristics.key_counts(nm.NullMask() & nm.NullMask(), lengths, counts)  # a loop
     assert null.tolist() == anded.tolist() == [65536, 100, 0, 7000]
+    # A shard of every 4th key (decode context parallelism): its local keys are counted.
+    from numba_mla.positions import PositionMap
+
+    shard = PositionMap.interleaved(1, 4)
+    assert heuristics.key_counts(nm.NullMask(), lengths, counts, shard).tolist() == [
+        16384, 25, 0, 1750]
+    assert heuristics.key_counts(nm.SlidingWindowCausalMask(256), lengths, counts,
+                                 shard).tolist() == [64, 25, 0, 65]
     chunk, P = heuristics.balanced_split(window, 64, 2, H200_SMS)
     assert P == heuristics.balanced_split([256, 100, 0, 259], 64, 2, H200_SMS)[1]
     assert P < heuristics.balanced_split([65536, 100, 0, 7000], 64, 2, H200_SMS)[1]

@@ -51,6 +51,7 @@ import math
 
 from numba import cuda, float32
 
+from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles)
@@ -77,11 +78,12 @@ def smem_bytes(block_m):
 
 
 def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_classify,
-                          mask_key_range, score_mod, fold_scale, block_m, heads):
+                          mask_key_range, score_mod, fold_scale, block_m, heads, fp8=None):
     """The stage-1 kernel for one configuration. Every argument is a compile-time constant:
     device functions (inlined) or ints; see factory.py. ``load`` turns a q element into fp32,
     ``unpack`` a packed 16-bit pair of the cache (one int32 word) into two floats (None: fp32
-    storage), ``store`` converts an output value for ``part_out``."""
+    storage), ``store`` converts an output value for ``part_out``; ``fp8``: the cache's FP8
+    layout ("e4m3", "v32": rows of int32 words of four codes, docs/fp8.md), or None."""
     SPLIT = NTHREADS // (block_m * BLOCK_N)  # threads that share one score
     PART = D_QK // SPLIT  # dims each of them sums
     assert SPLIT * block_m * BLOCK_N == NTHREADS and PART * SPLIT == D_QK
@@ -92,17 +94,31 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
-    if unpack is None:  # fp32 storage: a pair is two adjacent values
+    if fp8:  # FP8 rows as int32 words: dims 2c, 2c + 1 are half of word c // 2, times a scale
+        V32 = fp8 == "v32"
+
         @cuda.jit(device=True, **INLINE)
-        def read_pair(storage, page, slot, c):
+        def read_pair(storage, page, slot, c, kv_scale):
+            if V32 and c >= D_V // 2:  # "v32" rope: bf16 pairs after 512 codes, 4 scales
+                return ptx.bf16x2_to_f32(storage[page, slot, c - D_V // 2 + D_V // 4 + 4])
+            sc = kv_scale
+            if V32:  # the scale of the row's group of 128 latent dims (words 128..131)
+                sc = ptx.i32_as_f32(storage[page, slot, D_V // 4 + c // 64])
+            x0, x1, x2, x3 = ptx.e4m3x4_to_f32(storage[page, slot, c // 2])
+            if c % 2:
+                return x2 * sc, x3 * sc
+            return x0 * sc, x1 * sc
+    elif unpack is None:  # fp32 storage: a pair is two adjacent values
+        @cuda.jit(device=True, **INLINE)
+        def read_pair(storage, page, slot, c, kv_scale):
             return storage[page, slot, 2 * c], storage[page, slot, 2 * c + 1]
     else:  # 16-bit storage, seen as int32 words: a pair is one word
         @cuda.jit(device=True, **INLINE)
-        def read_pair(storage, page, slot, c):
+        def read_pair(storage, page, slot, c, kv_scale):
             return unpack(storage[page, slot, c])
 
     @cuda.jit(device=True, **INLINE)
-    def copy_tile(Ks, storage, block_table, b, k0, k1, tid):
+    def copy_tile(Ks, storage, block_table, b, k0, k1, tid, kv_scale):
         """Keys [k0, k1) of sequence b into Ks in fp32, zeros past k1 (there P is 0, but
         0 * NaN is NaN). KEY_THREADS threads a key, each every KEY_THREADS-th pair of its row,
         so that a warp reads runs of adjacent words; a thread's loads all go out before its
@@ -114,7 +130,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         if k0 + n < k1:
             page, slot = locate(block_table, storage.shape[1], storage.shape[0], b, k0 + n)
             for j in range(PAIRS_PER_THREAD):
-                pair[j, 0], pair[j, 1] = read_pair(storage, page, slot, c0 + KEY_THREADS * j)
+                pair[j, 0], pair[j, 1] = read_pair(storage, page, slot, c0 + KEY_THREADS * j,
+                                                   kv_scale)
         for j in range(PAIRS_PER_THREAD):
             c = c0 + KEY_THREADS * j
             Ks[n, 2 * c] = pair[j, 0]
@@ -125,7 +142,9 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                          part_out, part_lse):
         # q [T, H, 576] (storage dtype), q_offsets [B+1], storage [pages, page_size, words],
         # chunk: tiles a partition (common.partition_tiles),
-        # part_out [T, H, P, 512], part_lse [T, H, P] f32.
+        # part_out [T, H, P, 512], part_lse [T, H, P] f32. FP8 caches: scale is complex,
+        # scale + 1j * kv_scale (for a real scale the imaginary part is 0 and unused).
+        kv_scale, sm_scale = float32(scale.imag), float32(scale.real)
         p, nparts, b = cuda.blockIdx.x, cuda.gridDim.x, cuda.blockIdx.z
         tid = cuda.threadIdx.x
         Qs = cuda.shared.array((block_m, ROW), float32)
@@ -169,7 +188,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         s_part, s_i, s_n = tid // (block_m * BLOCK_N), tid // BLOCK_N % block_m, tid % BLOCK_N
         my_i, my_h = (r0 + tid) // H, (r0 + tid) % H
         my_pos = length - nq + my_i
-        fold = float32(scale * LOG2E)  # (used where the scale folds into LOG2E: common.py)
+        fold = float32(sm_scale * LOG2E)  # (used where the scale folds into LOG2E: common.py)
 
         while t < t_end:
             k0 = kstart + t * BLOCK_N
@@ -179,7 +198,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             cuda.syncthreads()
 
             # -- phase 1: copy the key tile into Ks --
-            copy_tile(Ks, storage, block_table, b, k0, k1, tid)
+            copy_tile(Ks, storage, block_table, b, k0, k1, tid, kv_scale)
             # Wait for the whole tile (on the first tile, for Qs and Ms, Ls too).
             cuda.syncthreads()
 
@@ -206,7 +225,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                         for part in range(1, SPLIT):
                             s += Sp[part, i, n]
                         # ---- apply score mod and mask (compiled in), to log2 units ----
-                        s = log2_score(s, fold, scale, cls, b, my_h, my_i, my_pos, k0 + n,
+                        s = log2_score(s, fold, sm_scale, cls, b, my_h, my_i, my_pos, k0 + n,
                                        bias)
                     Ps[i, n] = s
                     row_max = max(row_max, s)

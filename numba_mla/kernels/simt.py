@@ -62,6 +62,13 @@ natural-log LSE ``part_lse[t, h, p]`` (-inf and 0 when it kept no key); the comb
 merges the partitions. With one partition the kernel writes ``out`` and ``lse`` itself
 (``part_out = out [T, H, 1, 512]`` in the storage dtype, ``store`` converting), no combine.
 
+FP8 caches (``fp8``: "e4m3" or "v32", docs/fp8.md): rows of 576 or 656 bytes, 16-byte
+copies as for 16-bit rows (the pieces past a row's end are not issued), always staged into
+the fp32 tile at BLOCK_N = 32 (16 or 32 rows): each warp dequantizes the 72 dims it sums, 8 a
+score-loop trip (8 bytes of codes times their scale: the per-tensor ``kv_scale``, which comes
+as the imaginary part of the complex ``scale`` argument, or the row's group scale; the "v32"
+rope dims are bf16). So the loops, and P.V, read exact float32 products code x scale.
+
 Traffic: each block reads its partition's keys once (576 values a key, into shared memory,
 serving both q.K and P.V) plus its queries once; the G row groups of one sequence read the same
 keys (from L2 after the first).
@@ -72,6 +79,7 @@ from numba import cuda, float32, int32
 
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS
+from ..fp8 import ROW_BYTES as FP8_ROW_BYTES
 from .common import (D_QK, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles)
 
@@ -81,26 +89,30 @@ SR = 8  # score rows per lane
 PR = 8  # output rows per thread
 
 
-def block_n(block_m, packed):
+def block_n(block_m, packed, fp8=None):
     """Keys a tile: 64 at 16 rows of 16-bit data, so that a lane's score tile is 8 rows x 4
-    keys there too (two such tiles still fit beside the queries), else 32."""
-    return 64 if packed and block_m == 16 else 32
+    keys there too (two such tiles still fit beside the queries), else 32 (FP8: 32, one key
+    a lane in the conversion)."""
+    return 64 if packed and block_m == 16 and not fp8 else 32
 
 
-def staged(block_m, packed):
+def staged(block_m, packed, fp8=None):
     """Whether 16-bit tiles are converted to fp32 once, in shared memory, before use: at 32
     rows (at 16 the 64-key fp32 tile does not fit). Each value is then unpacked once a tile,
     not once by every thread that reads it (four of them), and the inner loops are FMAs and
-    loads alone."""
-    return packed and block_m == 32
+    loads alone. FP8 tiles always are."""
+    return bool(fp8) or (packed and block_m == 32)
 
 
-def layout(block_m, packed):
+def layout(block_m, packed, fp8=None):
     """Word offsets of the shared arrays, the strides, and the total size in bytes."""
     assert block_m in (16, 32)
-    bn = block_n(block_m, packed)
-    stage = staged(block_m, packed)
-    row_words = D_QK // 2 if packed else D_QK  # storage words a row (copies)
+    bn = block_n(block_m, packed, fp8)
+    stage = staged(block_m, packed, fp8)
+    if fp8:  # storage words a row (copies)
+        row_words = FP8_ROW_BYTES[fp8] // 4
+    else:
+        row_words = D_QK // 2 if packed else D_QK
     kv_stride = row_words + 4
     tile_words = D_QK if stage or not packed else row_words  # words a row (the loops)
     tile_stride = tile_words + 4
@@ -108,7 +120,7 @@ def layout(block_m, packed):
     # of 16-bit data is unpadded (64-key tiles leave no room): the loops' lanes all read one
     # dim at a time, so only the stores of the queries (once a block) meet bank conflicts.
     pt_stride = block_m + 4
-    qt_stride = block_m + (0 if packed and block_m == 16 else 4)
+    qt_stride = block_m + (0 if packed and block_m == 16 and not fp8 else 4)
     qt = 0
     pt = qt + D_QK * qt_stride
     ss = pt + bn * pt_stride
@@ -132,19 +144,23 @@ def layout(block_m, packed):
 
 
 def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_classify,
-                          mask_key_range, score_mod, fold_scale, block_m, heads, wide=True):
+                          mask_key_range, score_mod, fold_scale, block_m, heads, wide=True,
+                          key_count=None, fp8=None):
     """The stage-1 kernel for one configuration. Every argument is a compile-time constant:
     device functions (inlined) or ints; see factory.py. ``unpack`` turns a packed 16-bit pair
     into two floats, or is None for fp32 storage; ``store`` converts an output value for
     ``part_out`` (the identity for the fp32 workspace); ``wide``: the cache starts at a
-    16-byte aligned address, so tiles are copied in 16-byte pieces (else 4-byte ones)."""
-    packed = unpack is not None
-    L = layout(block_m, packed)
+    16-byte aligned address, so tiles are copied in 16-byte pieces (else 4-byte ones);
+    ``key_count``: given for a shard of each sequence (see common.make_tile_walk); ``fp8``:
+    the cache's FP8 layout ("e4m3", "v32"), or None."""
+    FP8 = fp8
+    packed = unpack is not None or bool(FP8)
+    L = layout(block_m, packed, FP8)
     STAGED = L["staged"]
     TILE_PACKED = packed and not STAGED  # the loops read packed pairs
     WORD = int32 if packed else float32  # the cache's words
     TWORD = int32 if TILE_PACKED else float32  # the loops' tile words
-    if not packed:
+    if unpack is None:
 
         @cuda.jit(device=True)
         def unpack(w):  # typed but never called: the fp32 branches read floats directly
@@ -187,16 +203,19 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     assert KPT in (2, 4)
     # Tile copy: 8 threads a key row, in PIECE-byte cp.async pieces.
     PIECE = 16 if wide else 4
-    PIECES = 4 * ROW_WORDS // PIECE // 8  # per thread and key
+    ROW_PIECES = 4 * ROW_WORDS // PIECE
+    PIECES = -(-ROW_PIECES // 8)  # per thread and key (FP8 rows: the last ones partly)
+    WHOLE = ROW_PIECES % 8 == 0  # every thread's pieces lie in the row
     KEYS_PER_THREAD = BLOCK_N * 8 // NTHREADS
     cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
     Q_PER_LANE = D_QK // 32
     CONVERT_PIECES = ROW_WORDS // NWARPS // 4  # 16-byte pieces of a warp's slice of a key
     H = heads
     assert STEPS % 2 == 0 and BLOCK_N % 4 == 0 and PDW in (2, 4, 8) and SK >= 1
-    assert 4 * ROW_WORDS % (8 * PIECE) == 0 and KEYS_PER_THREAD in (1, 2)
-    assert not STAGED or (BLOCK_N == 32 and ROW_WORDS % (4 * NWARPS) == 0)
-    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
+    assert (FP8 or 4 * ROW_WORDS % (8 * PIECE) == 0) and KEYS_PER_THREAD in (1, 2)
+    assert not STAGED or (BLOCK_N == 32 and (FP8 or ROW_WORDS % (4 * NWARPS) == 0))
+    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
+                                          key_count=key_count)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
     @cuda.jit(device=True, **INLINE)
@@ -231,7 +250,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             src = (src1 if j == 1 else src0) + 8 * PIECE * c0
             dst = sb + 4 * (KS + buf * BUF + n * STRIDE) + PIECE * (tid % 8) + 8 * PIECE * c0
             for u in range(count):
-                cp_async(smk, dst + 8 * PIECE * u, src + 8 * PIECE * u, k0 + n < k1)
+                if WHOLE or tid % 8 + 8 * (c0 + u) < ROW_PIECES:  # (FP8: not past the row)
+                    cp_async(smk, dst + 8 * PIECE * u, src + 8 * PIECE * u, k0 + n < k1)
 
         return copy
 
@@ -408,7 +428,76 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
 
     pv_walk = make_walk(load_vp, pv_key, BLOCK_N, PV_UNROLL, V_KEY, P_KEY, copy_some, nothing)
 
-    if STAGED:
+    if FP8:
+        # As the staged 16-bit tiles below, but a piece is 8 dims of codes (8 bytes) and a
+        # scale: the per-tensor one, or ("v32") the row's scale of the piece's group of 128
+        # latent dims; the "v32" rope dims (warp 7's pieces 1..8) are 8 bf16 (16 bytes).
+        # cv: the lane's row (bytes), its fp32 slice, the warp's first dim, tid, kv_scale.
+        V32 = FP8 == "v32"
+        ROPE_AT = FP8_ROW_BYTES["v32"] - 128  # bytes before the "v32" rope (528)
+        CONVERT_PIECES = WORDS_PER_WARP // 8
+
+        @cuda.jit(device=True, **INLINE)
+        def fp8_load(smk, smf, row, d0, kv_scale):
+            """The raw words of the piece of dims d0 .. d0 + 7 of a row, and its scale."""
+            w2 = w3 = WORD(0)
+            sc = kv_scale
+            if V32 and d0 >= 512:
+                w0, w1, w2, w3 = ptx.lds128(smk, row + ROPE_AT + 2 * (d0 - 512))
+            else:
+                w0, w1 = ptx.lds64(smk, row + d0)
+                if V32:
+                    sc = ptx.lds32(smf, row + 512 + 4 * (d0 // 128))
+            return w0, w1, w2, w3, sc
+
+        @cuda.jit(device=True, **INLINE)
+        def fp8_store(smf, dst, d0, w):
+            """A piece (fp8_load's) to fp32 at ``dst``."""
+            if V32 and d0 >= 512:
+                x0, x1 = ptx.bf16x2_to_f32(w[0])
+                x2, x3 = ptx.bf16x2_to_f32(w[1])
+                x4, x5 = ptx.bf16x2_to_f32(w[2])
+                x6, x7 = ptx.bf16x2_to_f32(w[3])
+            else:
+                sc = w[4]
+                x0, x1, x2, x3 = ptx.e4m3x4_to_f32(w[0])
+                x4, x5, x6, x7 = ptx.e4m3x4_to_f32(w[1])
+                x0, x1, x2, x3 = x0 * sc, x1 * sc, x2 * sc, x3 * sc
+                x4, x5, x6, x7 = x4 * sc, x5 * sc, x6 * sc, x7 * sc
+            ptx.sts128(smf, dst, x0, x1, x2, x3)
+            ptx.sts128(smf, dst + 16, x4, x5, x6, x7)
+
+        @cuda.jit(device=True, **INLINE)
+        def convert_load(trip, cv):
+            w = (WORD(0), WORD(0), WORD(0), WORD(0), float32(0.0))
+            if trip + 2 < CONVERT_PIECES:
+                w = fp8_load(cv[5], cv[0], cv[1], cv[3] + 8 * (trip + 2), cv[6])
+            return w
+
+        @cuda.jit(device=True, **INLINE)
+        def convert_store(trip, cv, w):
+            if trip + 2 < CONVERT_PIECES:
+                fp8_store(cv[0], cv[2] + 32 * (trip + 2), cv[3] + 8 * (trip + 2), w)
+                ptx.syncwarp(cv[4])  # (the warp's lanes read each other's keys)
+
+        assert STEPS == 2 * CONVERT_PIECES and BLOCK_N == 32
+        score_walk = make_walk(load_step, score_step, STEPS, 2, Q_STEP, K_STEP, convert_load,
+                               convert_store)
+
+        @cuda.jit(device=True, **INLINE)
+        def score_hooks(smk, smf, sb, warp, lane, tid, kv_scale):
+            """The conversion's addresses (lane l: key l), after pieces 0 and 1 are
+            converted."""
+            row = sb + 4 * (KS + lane * STRIDE)
+            dst = sb + 4 * (KF + lane * TSTRIDE + warp * WORDS_PER_WARP)
+            d0 = warp * WORDS_PER_WARP
+            w = fp8_load(smk, smf, row, d0, kv_scale)
+            w1 = fp8_load(smk, smf, row, d0 + 8, kv_scale)
+            fp8_store(smf, dst, d0, w)
+            fp8_store(smf, dst + 32, d0 + 8, w1)
+            ptx.syncwarp(tid)
+            return smf, row, dst, d0, tid, smk, kv_scale
+    elif STAGED:
         # The scores convert their own slice as they go: trip c (2 steps = 8 dims = one
         # 16-byte piece of packed pairs) loads piece c + 2 of lane l's key l at its start and
         # stores it in fp32 at its end (pieces 0 and 1 come before the loop), so the
@@ -431,7 +520,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                                convert_store)
 
         @cuda.jit(device=True, **INLINE)
-        def score_hooks(smk, smf, sb, warp, lane, tid):
+        def score_hooks(smk, smf, sb, warp, lane, tid, kv_scale):
             """The conversion's addresses (lane l: key l of warp w's slice), after pieces 0
             and 1 are converted."""
             src = sb + 4 * (KS + lane * STRIDE + warp * (ROW_WORDS // NWARPS))
@@ -450,7 +539,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                                skip, nothing)
 
         @cuda.jit(device=True, **INLINE)
-        def score_hooks(smk, smf, sb, warp, lane, tid):
+        def score_hooks(smk, smf, sb, warp, lane, tid, kv_scale):
             return 0
 
     @cuda.jit(**JIT_OPTIONS)
@@ -458,7 +547,10 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                          part_out, part_lse):
         # q [T, H, 576] (storage dtype), q_offsets [B+1], storage [pages, page_size, words],
         # chunk: tiles a partition (common.partition_tiles),
-        # part_out [T, H, P, 512] f32, part_lse [T, H, P] f32.
+        # part_out [T, H, P, 512] f32, part_lse [T, H, P] f32. FP8 caches: scale is complex,
+        # scale + 1j * kv_scale (a real scale has imaginary part 0, which nothing reads).
+        kv_scale = float32(scale.imag)
+        sm_scale = float32(scale.real)
         p = cuda.blockIdx.x
         nparts = cuda.gridDim.x
         b = cuda.blockIdx.z
@@ -493,7 +585,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
 
         # -- load the block's queries, transposed (once), and reset the softmax state --
         # Warp w loads rows w, w + 8, ...: a row's loads all go out before its stores.
-        qscale = float32(scale * LOG2E) if fold_scale else float32(1.0)
+        qscale = float32(sm_scale * LOG2E) if fold_scale else float32(1.0)
         qv = cuda.local.array(Q_PER_LANE, float32)
         for g in range(block_m // NWARPS):
             m = g * NWARPS + warp
@@ -558,7 +650,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                     s_acc[i, j] = 0.0
             k_at = sb + 4 * (kb + kg * TSTRIDE + warp * WORDS_PER_WARP)
             score_walk(smf, smt, q_at, k_at, s_acc, kv, kw, qf,
-                       score_hooks(smk, smf, sb, warp, lane, tid))
+                       score_hooks(smk, smf, sb, warp, lane, tid, kv_scale))
             for i in range(SR):
                 for j in range(SK):  # key kg + KG*j at column kg + KG*(j ^ rg): swizzled
                     ptx.sts32(smf, sb + 4 * (SS + (warp * block_m + rg * SR + i) * BLOCK_N
@@ -596,7 +688,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 s = float32(NEG_INF)
                 if sm_row < nrows and k < k1:
                     # (with fold_scale, q brought scale * LOG2E already)
-                    s = log2_score(sm_s[c], float32(1.0), scale, cls, b, sm_h, sm_i, sm_pos, k,
+                    s = log2_score(sm_s[c], float32(1.0), sm_scale, cls, b, sm_h, sm_i, sm_pos, k,
                                    bias)
                 sm_s[c] = s
             row_max = sm_s[0]
@@ -663,5 +755,5 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     return partition_kernel
 
 
-def smem_bytes(block_m, packed):
-    return layout(block_m, packed)["nbytes"]
+def smem_bytes(block_m, packed, fp8=None):
+    return layout(block_m, packed, fp8)["nbytes"]

@@ -9,6 +9,11 @@ pairs, "x2") of the same memory: every array library can make one (torch has no 
 - ``bf16x2_to_f32(w)``, ``f16x2_to_f32(w)``: int32 word (element 2i low, 2i+1 high) -> 2 floats.
 - ``pack_bf16x2(lo, hi)``, ``pack_f16x2(lo, hi)``: two floats -> one int32 word of 16-bit pairs
   (round to nearest even), ``lo`` in the low half.
+- ``i32_as_f32(w)``: the float32 whose bits are the int32 ``w`` (a scale stored in a word).
+- ``e4m3x4_to_f32(w)``: int32 word of four float8_e4m3fn codes (byte k is element k) -> four
+  floats, exactly (a NaN code gives NaN). ``pack_e4m3x4(x0, x1, x2, x3)``: four floats -> one
+  word of codes, round to nearest even, saturating at +-448 (NaN stays NaN). PTX
+  ``cvt.rn.f16x2.e4m3x2`` / ``cvt.rn.satfinite.e4m3x2.f32``: sm_89 and later.
 """
 import ml_dtypes
 import numpy as np
@@ -133,3 +138,60 @@ def _pack(text):
 pack_bf16x2 = (_pack_twin(ml_dtypes.bfloat16) if SIMULATOR
                else _pack("cvt.rn.bf16x2.f32 $0, $1, $2;"))
 pack_f16x2 = _pack_twin(np.float16) if SIMULATOR else _pack("cvt.rn.f16x2.f32 $0, $1, $2;")
+
+
+def _i32_as_f32_twin(w):
+    return float(np.array([w], np.int32).view(np.float32)[0])
+
+
+@intrinsic_with_twin(_i32_as_f32_twin)
+def i32_as_f32(typingctx, w):
+    def cg(ctx, b, sig, args):
+        return b.bitcast(ctx.cast(b, args[0], sig.args[0], types.int32), f32)
+
+    return types.float32(w), cg
+
+
+def _e4m3x4_to_f32_twin(w):
+    x = np.array([w], np.int32).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    return float(x[0]), float(x[1]), float(x[2]), float(x[3])
+
+
+@intrinsic_with_twin(_e4m3x4_to_f32_twin)
+def e4m3x4_to_f32(typingctx, w):
+    # Each half word (two codes) to a half2 (exact: e4m3 values are float16 values), then each
+    # half to float32.
+    text = ("{.reg .b16 q0, q1, h0, h1, h2, h3; .reg .b32 p0, p1;"
+            " mov.b32 {q0, q1}, $4;"
+            " cvt.rn.f16x2.e4m3x2 p0, q0; cvt.rn.f16x2.e4m3x2 p1, q1;"
+            " mov.b32 {h0, h1}, p0; mov.b32 {h2, h3}, p1;"
+            " cvt.f32.f16 $0, h0; cvt.f32.f16 $1, h1; cvt.f32.f16 $2, h2; cvt.f32.f16 $3, h3;}")
+
+    def cg(ctx, b, sig, args):
+        v = ctx.cast(b, args[0], sig.args[0], types.int32)
+        asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32]), text,
+                           "=f,=f,=f,=f,r")
+        r = b.call(asm, [v])
+        return ctx.make_tuple(b, sig.return_type, [b.extract_value(r, k) for k in range(4)])
+
+    return types.UniTuple(types.float32, 4)(w), cg
+
+
+def _pack_e4m3x4_twin(x0, x1, x2, x3):
+    x = np.clip(np.array([x0, x1, x2, x3], np.float32), -448.0, 448.0)
+    return int(x.astype(ml_dtypes.float8_e4m3fn).view(np.int32)[0])
+
+
+@intrinsic_with_twin(_pack_e4m3x4_twin)
+def pack_e4m3x4(typingctx, x0, x1, x2, x3):
+    # cvt packs its first source in the high byte of each half word.
+    text = ("{.reg .b16 lo, hi;"
+            " cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;"
+            " mov.b32 $0, {lo, hi};}")
+
+    def cg(ctx, b, sig, args):
+        xs = [ctx.cast(b, a, t, types.float32) for a, t in zip(args, sig.args)]
+        asm = ir.InlineAsm(ir.FunctionType(i32, [f32] * 4), text, "=r,f,f,f,f")
+        return b.call(asm, xs)
+
+    return types.int32(x0, x1, x2, x3), cg

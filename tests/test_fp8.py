@@ -1,0 +1,377 @@
+"""FP8 caches (numba_mla/fp8.py, docs/fp8.md): the definition, the quantizer, the checks, and
+the FMA kernel against the reference on the dequantized cache.
+
+The kernel problems are make_problem's (NaN in every slot no valid key occupies, a shuffled
+block table with huge unused entries) with the cache quantized: a NaN slot stays NaN codes (and,
+in the "v32" layout, NaN rope), so a read past a length or outside the used pages still shows.
+The kernel tests run in the simulator (a simulated key tile costs seconds), so each factor
+value appears at least once rather than every pair.
+"""
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import numba_mla as nm
+from helpers import (BF16, MASK_CASES, MASKS, SCORE_MOD_CASES, SCORE_MODS, assert_three_way,
+                     fp32_floor, make_problem, references)
+from numba_mla import fp8
+
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+KERNEL = pytest.mark.kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# The definition
+# ---------------------------------------------------------------------------------------------
+def test_dequantize_e4m3_every_code():
+    """Every one of the 256 codes is its exact e4m3fn value times the scale; 0x7F and 0xFF are
+    NaN."""
+    codes = np.arange(576, dtype=np.int64).astype(np.uint8).reshape(1, 576)
+    got = fp8.dequantize(codes, "e4m3", 0.375)
+    want = codes.view(E4M3).astype(np.float64) * 0.375
+    assert np.array_equal(np.isnan(got), np.isin(codes, [0x7F, 0xFF]))
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.nanmax(np.abs(got)) == 448 * 0.375
+
+
+def test_dequantize_v32_byte_layout(rng):
+    """656 bytes: 512 codes, 4 float32 scales (group g: dims 128g..), 64 bf16 rope values."""
+    codes = rng.integers(0, 0x7E, (3, 512), dtype=np.uint8)           # finite codes
+    scales = np.array([0.5, 2.0, 3.0, 1e-3], np.float32)
+    rope = rng.standard_normal((3, 64)).astype(BF16)
+    row = np.concatenate([codes, np.broadcast_to(scales.view(np.uint8), (3, 16)),
+                          rope.view(np.uint8)], axis=1)
+    assert row.shape == (3, 656)
+    got = fp8.dequantize(row, "v32")
+    latent = codes.view(E4M3).astype(np.float64).reshape(3, 4, 128) * scales[:, None]
+    assert np.array_equal(got[:, :512], latent.reshape(3, 512))
+    assert np.array_equal(got[:, 512:], rope.astype(np.float64))
+
+
+@pytest.mark.parametrize("layout", ["e4m3", "v32"])
+@pytest.mark.parametrize("dtype", [BF16, np.float16, np.float32])
+def test_quantizer_error_and_round_trip(layout, dtype, rng):
+    """The error is at most half a code step (16 code units at the top, times the scale), the
+    report says what dequantize says, and quantizing the dequantized values changes no value."""
+    kv = (rng.standard_normal((2, 5, 576)) * rng.uniform(1e-3, 1e3, (2, 5, 1))).astype(dtype)
+    codes, kv_scale, err = fp8.quantize(kv, layout)
+    x = kv.astype(np.float64)
+    deq = fp8.dequantize(codes, layout, kv_scale)
+    if layout == "e4m3":
+        assert kv_scale == pytest.approx(np.abs(x).max() / 448, rel=1e-6)
+        assert codes.dtype == E4M3 and codes.shape == kv.shape
+        bound = 16 * kv_scale * (1 + 1e-6)  # (x / kv_scale is rounded to float32 first)
+    else:
+        assert kv_scale is None and codes.shape == (2, 5, 656)
+        s = np.ascontiguousarray(codes[..., 512:528]).view(np.float32)            # [2, 5, 4]
+        assert np.all(np.log2(s) == np.round(np.log2(s)))                           # powers of 2
+        bound = np.concatenate([np.repeat(16 * s.astype(np.float64), 128, axis=-1),
+                                np.abs(x[..., 512:]) * 2.0**-8], axis=-1)
+        assert np.all(np.abs(x[..., :512]).reshape(2, 5, 4, 128).max(-1) <= 448 * s)
+    assert np.all(np.abs(deq - x) <= bound)
+    assert err["max_abs"] == np.abs(deq - x).max()
+    assert err["max_rel"] == pytest.approx(np.abs(deq - x).max() / np.abs(x).max())
+    assert 0 < err["rms_rel"] < 0.05
+    again, s2, _ = fp8.quantize(deq.astype(np.float32), layout, kv_scale)
+    assert np.array_equal(fp8.dequantize(again, layout, s2), deq)
+
+
+def test_quantizer_saturates_and_keeps_nan():
+    kv = np.zeros((1, 576), np.float32)
+    kv[0, :3] = [1000.0, -1000.0, np.nan]
+    codes, s, _ = fp8.quantize(kv, "e4m3", 1.0)
+    got = fp8.dequantize(codes, "e4m3", s)[0, :4]
+    assert got[0] == 448 and got[1] == -448 and np.isnan(got[2]) and got[3] == 0
+
+
+@KERNEL
+@pytest.mark.parametrize("layout", ["e4m3", "v32"])
+@pytest.mark.parametrize("dtype", [BF16, np.float16])
+def test_device_quantizer_matches_host(layout, dtype, rng):
+    """The GPU quantizer writes the host quantizer's bytes and scale, code for code."""
+    from numba import cuda
+
+    kv = (rng.standard_normal((3, 576)) * rng.uniform(1e-2, 1e2, (3, 1))).astype(dtype)
+    kv[1, :128] = 0                                            # an all-zero group: scale 1
+    host, hs, herr = fp8.quantize(kv, layout)
+    dev, ds, derr = fp8.quantize(cuda.to_device(kv), layout)
+    assert np.array_equal(dev.copy_to_host(), np.asarray(host).view(np.uint8))
+    assert hs == ds and herr == derr
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: refused before anything runs, the argument named
+# ---------------------------------------------------------------------------------------------
+def _codes(width=576, dtype=E4M3):
+    return np.zeros((1, 4, width), np.uint8).view(dtype)
+
+
+LENGTHS = np.array([4], np.int32)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(), ValueError, "kv_scale: an FP8 cache of layout 'e4m3' needs"),
+    (dict(kv_scale=float("nan")), ValueError, "kv_scale: expected a finite"),
+    (dict(kv_scale=float("inf")), ValueError, "kv_scale: expected a finite"),
+    (dict(kv_scale=0.0), ValueError, "kv_scale: expected a finite"),
+    (dict(kv_scale=-0.5), ValueError, "kv_scale: expected a finite"),
+    (dict(kv_scale=1e-45), ValueError, "kv_scale: expected a finite"),    # subnormal in f32
+    (dict(kv_scale="1"), TypeError, "kv_scale: expected a float"),
+    (dict(kv_scale=1.0, fp8_layout="v32"), ValueError, "kv_scale: the 'v32' layout"),
+    (dict(fp8_layout="v33"), ValueError, "fp8_layout: expected one of"),
+], ids=["missing", "nan", "inf", "zero", "negative", "subnormal", "str", "v32+scale", "layout"])
+def test_bad_scale_or_layout(kwargs, error, match):
+    storage = _codes(656 if kwargs.get("fp8_layout") == "v32" else 576)
+    with pytest.raises(error, match=match):
+        nm.ContiguousKVCache(storage, LENGTHS, **kwargs)
+
+
+@pytest.mark.parametrize("storage,kwargs,error,match", [
+    (_codes(656), dict(kv_scale=1.0), ValueError, r"kv: the 'e4m3' layout expects shape \[\*, \*, 576\].*'v32'"),
+    (_codes(576), dict(fp8_layout="v32"), ValueError, r"kv: the 'v32' layout expects shape \[\*, \*, 656\]"),
+    (_codes(600, np.uint8), dict(kv_scale=1.0), ValueError, "kv: the 'e4m3' layout expects"),
+    (np.zeros((1, 4, 576), np.int8), dict(kv_scale=1.0), TypeError, "kv: an FP8 cache expects dtype"),
+    (np.zeros((1, 4, 576), BF16), dict(kv_scale=1.0), TypeError, "kv: an FP8 cache expects dtype"),
+    (_codes(576), dict(), ValueError, "kv_scale"),
+], ids=["656-as-e4m3", "576-as-v32", "width", "int8", "bf16+scale", "uint8-no-scale"])
+def test_bad_storage(storage, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        nm.ContiguousKVCache(storage, LENGTHS, **kwargs)
+
+
+def test_bad_storage_paged_names_pages():
+    with pytest.raises(ValueError, match="pages: the 'v32' layout expects"):
+        nm.PagedKVCache(_codes(576), np.zeros((1, 1), np.int32), LENGTHS, fp8_layout="v32")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, E4M3])
+def test_q_must_be_16_bit(dtype):
+    cache = nm.ContiguousKVCache(_codes(), LENGTHS, kv_scale=1.0)
+    q = np.zeros((1, 1, 2, 576), np.float32).astype(dtype)
+    with pytest.raises(TypeError, match="q: an FP8 cache needs q in bfloat16 or float16"):
+        nm.mla_decode(q, cache, 0.1, backend="simt")
+
+
+def test_mma_backend_refused_for_fp8():
+    cache = nm.ContiguousKVCache(_codes(), LENGTHS, kv_scale=1.0)
+    q = np.zeros((1, 1, 2, 576), BF16)
+    with pytest.raises(ValueError, match="backend: 'mma' does not read FP8 caches"):
+        nm.mla_decode(q, cache, 0.1, backend="mma")
+
+
+# ---------------------------------------------------------------------------------------------
+# The FMA kernel on FP8 caches
+# ---------------------------------------------------------------------------------------------
+def fp8_problem(rng, layout, B, Sq, H, lengths, dtype, cache, ragged=False):
+    """make_problem's problem with its cache quantized into ``layout`` (NaN slots stay NaN)."""
+    kind = "contiguous" if cache == "contiguous" else "paged"
+    page = int(cache[5:]) if kind == "paged" else 16
+    counts = None
+    if ragged:  # Sq rows where there are keys, but 1 in the first sequence
+        counts = np.where(np.asarray(lengths) > 0, Sq, 0)
+        counts[0] = min(counts[0], 1)
+    p = make_problem(rng, B, Sq, H, np.asarray(lengths, np.int32), dtype, kind, page,
+                     ragged=ragged, q_counts=counts)
+    codes, kv_scale = fp8.quantize_host(p.cache.storage, layout)
+    kw = dict(kv_scale=kv_scale, fp8_layout=layout)
+    if kind == "contiguous":
+        c = nm.ContiguousKVCache(codes, p.lengths, **kw)
+    else:
+        c = nm.PagedKVCache(codes, p.cache.block_table_host, p.lengths, **kw)
+    return dataclasses.replace(p, cache=c)
+
+
+def check(p, mask, score_mod, num_partitions, backend="simt"):
+    golden, same = references(p, mask, score_mod)
+    out = np.full(p.out_shape, np.nan, p.dtype)
+    got, lse = p.run(nm, mask=mask, score_mod=score_mod, num_partitions=num_partitions,
+                     return_lse=True, out=out, backend=backend)
+    assert got is out
+    assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0]), what="out")
+    assert_three_way(lse, same[1], golden[1], floor=fp32_floor(golden[1]), what="lse")
+
+
+_MASKS = [c.id for c in MASK_CASES if "scalar" not in c.id]
+_MODS = [c.id for c in SCORE_MOD_CASES if "scalar" not in c.id]
+_CACHES = ["contiguous", "paged1", "paged5", "paged16"]
+# (layout, dtype, Sq, H, lengths, num_partitions, ragged) cycled beside the masks: one key
+# tile a block (each costs seconds in the simulator) and a sequence without keys (its blocks
+# leave at once), but for one split-K case (2 partitions over 2 tiles, beside a one-key
+# sequence); a 32-row block (Sq 2 x H 9 = 18 rows).
+_SHAPES = [
+    ("e4m3", BF16, 1, 2, [0, 20], 1, False),
+    ("v32", np.float16, 2, 1, [0, 31], 1, True),
+    ("e4m3", np.float16, 1, 1, [1, 45], 2, False),
+    ("v32", BF16, 2, 9, [0, 12], 1, False),
+    ("v32", BF16, 1, 3, [30, 0], 1, True),
+    ("e4m3", BF16, 2, 1, [0, 17], 1, False),
+    ("v32", np.float16, 1, 2, [9, 0], 1, False),
+    ("e4m3", np.float16, 2, 2, [0, 8], 1, True),
+    ("e4m3", BF16, 1, 4, [0, 32], 1, False),
+    ("v32", BF16, 1, 1, [0, 25], 1, False),
+]
+FP8_CASES = [(m, _MODS[j % len(_MODS)], _CACHES[j % len(_CACHES)]) + _SHAPES[j % len(_SHAPES)]
+             for j, m in enumerate(_MASKS)]
+
+
+def test_fp8_cases_cover_every_factor_value():
+    cols = list(zip(*FP8_CASES))
+    assert set(cols[0]) == set(_MASKS) and set(cols[1]) == set(_MODS)
+    assert set(cols[2]) == set(_CACHES) and set(cols[3]) == {"e4m3", "v32"}
+    assert set(cols[8]) == {1, 2} and set(cols[9]) == {False, True}
+
+
+@KERNEL
+@pytest.mark.parametrize("case", FP8_CASES, ids=lambda c: "-".join(map(str, c[:4])))
+def test_fp8_kernel(case, rng):
+    mask_id, mod_id, cache, layout, dtype, Sq, H, lengths, P, ragged = case
+    p = fp8_problem(rng, layout, len(lengths), Sq, H, lengths, dtype, cache, ragged)
+    check(p, MASKS[mask_id].make(p, rng), SCORE_MODS[mod_id].make(p), P)
+
+
+@KERNEL
+@pytest.mark.parametrize("layout,cache,mask_id,mod_id", [
+    ("e4m3", "paged5", "causal", "alibi"), ("v32", "contiguous", "bias_B_H_Sq_S", "softcap")])
+def test_fp8_simple_kernel(layout, cache, mask_id, mod_id, rng):
+    """The readable kernel (backend "simple") dequantizes as it copies a tile; split-K over
+    2 tiles of 8 keys beside an empty sequence."""
+    p = fp8_problem(rng, layout, 2, 1, 3, [0, 13], np.float16, cache)
+    check(p, MASKS[mask_id].make(p, rng), SCORE_MODS[mod_id].make(p), 2, "simple")
+
+
+@KERNEL
+def test_fp8_nan_code_in_a_kept_key(rng):
+    """A NaN code in a kept key's V makes its rows' outputs NaN, as a NaN in a 16-bit cache
+    does; the reference and the kernel agree on where."""
+    p = fp8_problem(rng, "e4m3", 1, 1, 2, [9], BF16, "contiguous")
+    codes = np.array(p.cache.storage)
+    codes.view(np.uint8)[0, 4, 100] = 0x7F
+    c = nm.ContiguousKVCache(codes, p.lengths, kv_scale=p.cache.kv_scale)
+    p = dataclasses.replace(p, cache=c)
+    check(p, nm.NullMask(), nm.IdentityScoreMod(), 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU only: the conversion primitives' PTX (cvt e4m3x2, sm_89+) against their twins, the
+# quantizer and the kernel at moderate shapes over every mask x score mod
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_e4m3_primitives_match_their_twins(rng):
+    from numba import cuda
+
+    from numba_mla import ptx
+    from numba_mla.ptx import conversions
+
+    @cuda.jit
+    def convert(words, out, floats, packed):
+        i = cuda.grid(1)
+        if i < words.shape[0]:
+            out[i, 0], out[i, 1], out[i, 2], out[i, 3] = ptx.e4m3x4_to_f32(words[i])
+            packed[i] = ptx.pack_e4m3x4(floats[i, 0], floats[i, 1], floats[i, 2], floats[i, 3])
+
+    codes = np.arange(256, dtype=np.uint8)
+    words = np.stack([codes, np.roll(codes, 1), np.roll(codes, 2), np.roll(codes, 3)], 1)
+    words = np.ascontiguousarray(words).view(np.int32).ravel()          # every code, every byte
+    floats = (rng.standard_normal((256, 4)) * 10.0 ** rng.integers(-4, 4, (256, 4)))
+    floats[:8] = [[448, 464, 1e9, -1e9], [np.nan, -0.0, 2.0**-10, -(2.0**-9)],
+                  [1.0625, 1.1875, 240, 248], [0, 1, 2, 3]] * 2      # ties, saturation, NaN
+    floats = floats.astype(np.float32)
+    out = cuda.device_array((256, 4), np.float32)
+    packed = cuda.device_array(256, np.int32)
+    convert[2, 128](cuda.to_device(words), out, cuda.to_device(floats), packed)
+    want = np.array([conversions._e4m3x4_to_f32_twin(w) for w in words], np.float32)
+    assert np.array_equal(out.copy_to_host(), want, equal_nan=True)
+    want_p = np.array([conversions._pack_e4m3x4_twin(*f) for f in floats], np.int32)
+    assert np.array_equal(packed.copy_to_host(), want_p)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["e4m3", "v32"])
+def test_device_quantizer_matches_host_gpu(layout, rng):
+    from numba import cuda
+
+    kv = (rng.standard_normal((4, 1000, 576)) * rng.uniform(1e-3, 1e3, (4, 1000, 1))).astype(BF16)
+    host, hs, _ = fp8.quantize(kv, layout)
+    dev, ds, _ = fp8.quantize(cuda.to_device(kv.view(np.int16)).view(BF16), layout)
+    assert hs == ds
+    assert np.array_equal(dev.copy_to_host(), np.asarray(host).view(np.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["e4m3", "v32"])
+@pytest.mark.parametrize("cache", ["contiguous", "paged16", "paged64"])
+def test_fp8_kernel_every_mask_and_mod_gpu(layout, cache, rng):
+    for j, mc in enumerate(MASK_CASES):
+        for k, sc in enumerate(SCORE_MOD_CASES):
+            Sq, H = (1, 16) if (j + k) % 2 else (2, 128)
+            lengths = [rng.integers(Sq, 700), 0, rng.integers(Sq, 1500)]
+            p = fp8_problem(rng, layout, 3, Sq, H, lengths, (BF16, np.float16)[k % 2], cache)
+            check(p, mc.make(p, rng), sc.make(p), (None, 1, 7)[(j + k) % 3])
+
+
+@KERNEL
+def test_fp8_device_arrays_and_plans_follow_kv_scale(rng):
+    """Device storage (uint8 bytes): plain calls reuse a plan per layout, and a cache over the
+    same bytes with another kv_scale is another plan (the scale is a kernel argument), so
+    each result is its own cache's."""
+    from numba import cuda
+
+    p = fp8_problem(rng, "e4m3", 1, 1, 2, [10], BF16, "contiguous")
+    storage = cuda.to_device(np.asarray(p.cache.storage).view(np.uint8))
+    q = cuda.to_device(p.q)
+    for kv_scale in (p.cache.kv_scale, 3 * p.cache.kv_scale):
+        cache = nm.ContiguousKVCache(storage, p.lengths, kv_scale=kv_scale)
+        golden = nm.reference.mla_decode(p.q, cache, p.scale)
+        same = nm.reference.mla_decode(p.q, cache, p.scale, compute_dtype=np.float32)
+        out = nm.mla_decode(q, cache, p.scale, backend="simt", num_partitions=1)
+        assert_three_way(out.copy_to_host(), same.astype(BF16), golden,
+                         floor=fp32_floor(golden))
+
+
+@KERNEL
+def test_fp8_kernel_4_byte_copies(rng, monkeypatch):
+    """A cache that does not start 16-byte aligned is copied in 4-byte pieces: a "v32" row is
+    164 of them, not a multiple of the 8 threads that copy a row (the last ones copy fewer)."""
+    from numba_mla import factory, launch
+
+    monkeypatch.setattr(launch, "_aligned16", lambda dev: False)
+    built = []
+    make = factory.partition_kernel
+
+    def recording(*args):
+        built.append(args[7])  # wide
+        return make(*args)
+
+    monkeypatch.setattr(factory, "partition_kernel", recording)
+    p = fp8_problem(rng, "v32", 2, 1, 2, [0, 27], BF16, "paged16")
+    check(p, nm.CausalMask(), nm.IdentityScoreMod(), 1)
+    assert built == [False]
+
+
+@KERNEL
+def test_fp8_shards_merge_to_the_whole_cache(rng):
+    """Decode context parallel over an FP8 cache: each rank's shard of local FP8 keys (the
+    cache's one kv_scale on every rank), decoded and merged, is the whole cache's decode."""
+    from numba_mla.distributed import merge
+    from numba_mla.sharding import shard_cache
+    from test_dcp import local_cache, positions_of
+
+    p = make_problem(rng, 1, 1, 2, np.array([9], np.int32), BF16, "contiguous")
+    codes, kv_scale = fp8.quantize_host(p.cache.storage, "e4m3")
+    p = dataclasses.replace(p, cache=nm.ContiguousKVCache(codes, p.lengths, kv_scale=kv_scale))
+    golden, same = references(p)
+    outs, lses = [], []
+    for rank in range(2):
+        pm = positions_of("interleaved", rank, 2, p.lengths)
+        local = local_cache(rng, p, pm, "paged")            # this rank's keys, bf16
+        local = nm.PagedKVCache(fp8.quantize_host(local.storage, "e4m3", kv_scale)[0],
+                                local.block_table_host, local.lengths_host, kv_scale=kv_scale)
+        out, lse = nm.mla_decode(p.q, shard_cache(local, p.lengths, pm), p.scale,
+                                 return_lse=True, backend="simt")
+        outs.append(out)
+        lses.append(lse)
+    out, lse = merge(np.stack(outs), np.stack(lses))
+    assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0]), what="out")
+    assert_three_way(lse, same[1], golden[1], floor=fp32_floor(golden[1]), what="lse")
