@@ -53,26 +53,46 @@ def use_simulator_without_gpu():
 
 
 def _choose_simulator_on_import():
-    """``import numba_mla`` on a machine without a usable GPU runs the kernels in Numba's CUDA
-    simulator, with one warning; ``NUMBA_ENABLE_CUDASIM=1`` or ``=0`` forces either way (and
-    silences the warning). Once numba.cuda has been imported the choice is Numba's."""
+    """``import numba_mla`` on a machine without a usable GPU selects Numba's CUDA simulator
+    (``notice_simulator`` says so once, at the first kernel launch); ``NUMBA_ENABLE_CUDASIM=1``
+    or ``=0`` forces either way, silently. Once numba.cuda has been imported the choice is
+    Numba's. Returns (simulator in use, chosen here for want of a GPU)."""
     if "NUMBA_ENABLE_CUDASIM" in os.environ:
-        return os.environ["NUMBA_ENABLE_CUDASIM"] == "1"
+        return os.environ["NUMBA_ENABLE_CUDASIM"] == "1", False
     if "numba.cuda" in sys.modules:
         from numba import config
 
-        return bool(config.ENABLE_CUDASIM)
+        return bool(config.ENABLE_CUDASIM), False
     if use_simulator_without_gpu():
+        return True, True
+    return False, False
+
+
+class SimulatorWarning(RuntimeWarning):
+    """Kernels run in Numba's CUDA simulator because no usable GPU was found."""
+
+
+_noticed = []
+
+
+def notice_simulator():
+    """Warn once per process, at the first kernel launch, when the simulator was chosen for
+    want of a GPU (not when the environment chose it)."""
+    if AUTO_SIMULATOR and not _noticed:
+        _noticed.append(True)
         warnings.warn("numba_mla: no usable CUDA GPU found, so kernels run in Numba's CUDA "
                       "simulator (correct but slow: for learning and tests). Set "
                       "NUMBA_ENABLE_CUDASIM=1 to choose it silently, or =0 to insist on a GPU.",
-                      RuntimeWarning, stacklevel=3)
-        return True
-    return False
+                      SimulatorWarning, stacklevel=4)
+
+
+def quiet_simulator_notice():
+    """The caller announced the simulator itself (the command line): no warning."""
+    _noticed.append(True)
 
 
 #: True when Numba's CUDA simulator is in use (chosen here, read by numba at import time).
-SIMULATOR = _choose_simulator_on_import()
+SIMULATOR, AUTO_SIMULATOR = _choose_simulator_on_import()
 #: Compiled kernels are also cached on disk (kernel_cache.py). NUMBA_MLA_DISK_CACHE=0 turns it
 #: off; the simulator compiles nothing.
 DISK_CACHE = not SIMULATOR and os.environ.get("NUMBA_MLA_DISK_CACHE", "1") != "0"

@@ -161,6 +161,20 @@ def _c_contiguous(x):
     return True
 
 
+def _check_q_shape(q, leading):
+    """q's shape, checked to be [*leading, H, 576] with H >= 1 (``leading``: the names of the
+    axes before H, for the messages)."""
+    if not is_array(q):
+        raise TypeError(f"q: expected an array, got {type(q).__name__}")
+    shape = shape_of(q)
+    if len(shape) != len(leading) + 2 or shape[-1] != D_QK:
+        names = ", ".join((*leading, "H", str(D_QK)))
+        raise ValueError(f"q: expected shape [{names}], got {list(shape)}")
+    if shape[-2] < 1:
+        raise ValueError(f"q: expected at least one head, got H = {shape[-2]}")
+    return shape
+
+
 def check_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
                  return_lse=False, out=None, backend="auto", out_name="out", lengths_name="lengths"):
     """Checks for ``mla_decode``: q ``[B, Sq, H, 576]``. ``out_name``, ``lengths_name``: what
@@ -168,18 +182,11 @@ def check_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None
     ``valid_length`` for the lengths it was given with an array ``k``)."""
     scale, mask, score_mod, num_partitions, return_lse = _check_common(
         cache, scale, mask, score_mod, num_partitions, return_lse, backend)
-    if not is_array(q):
-        raise TypeError(f"q: expected an array, got {type(q).__name__}")
-    shape = shape_of(q)
-    if len(shape) != 4 or shape[3] != D_QK:
-        raise ValueError(f"q: expected shape [B, Sq, H, {D_QK}], got {list(shape)}")
-    batch, sq, heads, _ = shape
+    batch, sq, heads, _ = _check_q_shape(q, ("B", "Sq"))
     if batch != cache.batch:
         raise ValueError(f"q: batch size {batch} does not match the cache's {cache.batch} sequences")
     if not 1 <= sq <= MAX_SQ:
         raise ValueError(f"q: expected 1 <= Sq <= {MAX_SQ} query tokens per sequence, got Sq = {sq}")
-    if heads < 1:
-        raise ValueError(f"q: expected at least one head, got H = {heads}")
     dtype = _check_q_dtype(q, cache)
     _check_lengths_vs_rows(cache, sq, lengths_name)
     score_mod.check_heads(heads)
@@ -197,14 +204,7 @@ def check_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None, num_
     as ``check_decode``'s (``flare_mla_decoding`` passes its offsets as ``valid_length``)."""
     scale, mask, score_mod, num_partitions, return_lse = _check_common(
         cache, scale, mask, score_mod, num_partitions, return_lse, backend)
-    if not is_array(q):
-        raise TypeError(f"q: expected an array, got {type(q).__name__}")
-    shape = shape_of(q)
-    if len(shape) != 3 or shape[2] != D_QK:
-        raise ValueError(f"q: expected shape [T, H, {D_QK}], got {list(shape)}")
-    rows, heads, _ = shape
-    if heads < 1:
-        raise ValueError(f"q: expected at least one head, got H = {heads}")
+    rows, heads, _ = _check_q_shape(q, ("T",))
     offs = _host_int32(offsets_name, q_row_offsets, 1)
     batch = cache.batch
     if offs.shape[0] != batch + 1:

@@ -216,6 +216,11 @@ def _ensure_simulator_without_gpu(argv):
 
     from . import _compat
 
+    if _compat.AUTO_SIMULATOR:  # importing the package chose it: say so here, not as a warning
+        _compat.quiet_simulator_notice()
+        print("numba-mla: no CUDA GPU found; running on the CUDA simulator (tiny shapes)",
+              flush=True)
+        return
     if _compat.SIMULATOR or "NUMBA_ENABLE_CUDASIM" in os.environ or _compat.gpu_present():
         return
     print("numba-mla: no CUDA GPU found; running on the CUDA simulator (tiny shapes)", flush=True)

@@ -325,6 +325,7 @@ class Plan:
     def __init__(self, call, private_workspace=False):
         from .kernels import combine
 
+        _compat.notice_simulator()
         self.call = call
         self.stream = current_stream(call.q)
         tag = factory.dtype_tag(call.dtype)

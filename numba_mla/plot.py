@@ -75,6 +75,21 @@ def _styles(keys):
     return {k: colors[i % len(colors)] for i, k in enumerate(sorted(keys))}
 
 
+def _log_log(ax, xlabel, ylabel, xbase=10):
+    """Both axes logarithmic (x in powers of ``xbase``), labelled, with a grid at every tick."""
+    ax.set_xscale("log", base=xbase)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _save(fig, path, plt):
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def latency_vs_length(meta, rows, path, plt):
     sel = [r for r in rows if r.get("num_partitions_requested") is None
            and r.get("sweep") != "varlen"]
@@ -100,17 +115,12 @@ def latency_vs_length(meta, rows, path, plt):
                 (f" {mask}" if mask != "null" else "") + (" varlen" if varlen else "")
             ax.plot([r["seqlen"] for r in rs], [r["us"] for r in rs], color=color[who],
                     marker=MARKERS[batches.index(B) % len(MARKERS)], label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("cache length L (keys per sequence)")
-        ax.set_ylabel("GPU time per call (us, median)")
+        _log_log(ax, "cache length L (keys per sequence)", "GPU time per call (us, median)",
+                 xbase=2)
         ax.set_title(f"H = {H}")
-        ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"MLA decode latency vs cache length\n{_stamp(meta)}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, plt)
 
 
 def roofline(meta, rows, path, plt):
@@ -149,19 +159,13 @@ def roofline(meta, rows, path, plt):
         for r in pts:
             ax.annotate(f"{r['batch']}x{r['heads']}x{r['seqlen']}", (_intensity(r), r["tflops"]),
                         fontsize=6, xytext=(3, 3), textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP per byte of the fewest bytes)")
-    ax.set_ylabel("achieved TFLOP/s")
-    ax.grid(True, which="both", alpha=0.3)
+    _log_log(ax, "arithmetic intensity (FLOP per byte of the fewest bytes)", "achieved TFLOP/s")
     _log_ticks(ax.xaxis, lo, hi)
     _log_ticks(ax.yaxis, *ax.get_ylim())
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: no point hidden
     note = "" if copy else " (no ceilings in this file)"
     ax.set_title(f"Roofline{note}\n{_stamp(meta)}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, plt)
 
 
 def _log_ticks(axis, lo, hi):
@@ -221,9 +225,7 @@ def latency_vs_spread(meta, rows, path, plt):
         ax.set_visible(False)
     fig.suptitle(f"MLA decode latency vs spread of the lengths (mean L fixed)\n{_stamp(meta)}",
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, plt)
 
 
 def splitk(meta, rows, path, plt):
@@ -252,16 +254,11 @@ def splitk(meta, rows, path, plt):
                 ax.scatter([r["num_partitions"]], [r["us"]], marker="*", s=180,
                            color=color[who], edgecolor="k", zorder=4,
                            label=f"{who}: its own choice, P={r['num_partitions']}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("split-K factor (num_partitions)")
-    ax.set_ylabel("GPU time per call (us, median; bars p10-p90)")
-    ax.grid(True, which="both", alpha=0.3)
+    _log_log(ax, "split-K factor (num_partitions)", "GPU time per call (us, median; bars p10-p90)",
+             xbase=2)
     ax.legend(fontsize=7)
     ax.set_title(f"Split-K on a long single sequence\n{_stamp(meta)}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, plt)
 
 
 def _overhead(r):
@@ -310,9 +307,7 @@ def host_overhead(meta, rows, path, plt):
     ax.set_xlabel(f"host overhead per call, us ({' / '.join(how)}){note}")
     ax.grid(True, axis="x", which="both", alpha=0.3)
     ax.set_title(f"Python call cost beyond the GPU time\n{_stamp(meta)}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, plt)
 
 
 def host_paths(meta, rows, path, plt):
@@ -346,9 +341,7 @@ def host_paths(meta, rows, path, plt):
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title(f"What one Python call costs, path by path\n{_stamp(meta)}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, plt)
 
 
 def headline_markdown(meta, rows):

@@ -165,43 +165,30 @@ def main():
             print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
                   f"direct={direct!s:5} tma={tma!s:5} regs={regs} spills={spills} "
                   f"calls={calls} HGMMA={hgmma} serialized={serial}  {'ok' if ok else 'FAIL'}")
-    for mask, mod, tag, cache, block_m, heads, direct in SIMT_CASES:
-        kern = factory.partition_kernel(mask, mod, tag, cache, block_m, heads, direct)
-        ptx, _ = cuda.compile_ptx(kern.py_func, simt_signature(tag, direct), cc=(9, 0, "a"))
-        _, log = build_sass(ptx)
-        regs, spills, calls = _resources(ptx, log)
-        ok = not spills and calls == 0
-        bad += not ok
-        print(f"simt   {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
-              f"rows={block_m} regs={regs} spills={spills} calls={calls}  "
-              f"{'ok' if ok else 'FAIL'}")
-    for mask, mod, tag, cache, _, heads, direct in SIMT_CASES:  # (one block_m: simple.BLOCK_M)
-        kern = factory.simple_partition_kernel(mask, mod, tag, cache, simple.BLOCK_M, heads,
-                                               direct)
-        ptx, _ = cuda.compile_ptx(kern.py_func, simt_signature(tag, direct), cc=(9, 0, "a"),
+    # The FMA kernels: simt at each case's rows per block, simple at its one (simple.BLOCK_M);
+    # 16-bit storage, then the FP8 layouts
+    fma = [(name, mask, tag, cache, heads, direct, None, simt_signature(tag, direct),
+            make(mask, mod, tag, cache, rows or block_m, heads, direct))
+           for name, make, rows in (("simt", factory.partition_kernel, None),
+                                    ("simple", factory.simple_partition_kernel, simple.BLOCK_M))
+           for mask, mod, tag, cache, block_m, heads, direct in SIMT_CASES]
+    for mask, mod, tag, cache, block_m, heads, direct, layout in FP8_CASES:
+        fma += [("simt", mask, tag, cache, heads, direct, layout, fp8_signature(tag, direct),
+                 factory.partition_kernel(mask, mod, tag, cache, block_m, heads, direct, True,
+                                          layout)),
+                ("simple", mask, tag, cache, heads, direct, layout, fp8_signature(tag, direct),
+                 factory.simple_partition_kernel(mask, mod, tag, cache, simple.BLOCK_M, heads,
+                                                 direct, layout))]
+    for name, mask, tag, cache, heads, direct, layout, sig, kern in fma:
+        ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=(9, 0, "a"),
                                   launch_bounds=kern.targetoptions.get("launch_bounds"))
         _, log = build_sass(ptx)
         regs, spills, calls = _resources(ptx, log)
         ok = not spills and calls == 0
         bad += not ok
-        print(f"simple {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
-              f"rows={simple.BLOCK_M} regs={regs} spills={spills} calls={calls}  "
-              f"{'ok' if ok else 'FAIL'}")
-    for mask, mod, tag, cache, block_m, heads, direct, layout in FP8_CASES:
-        for name, kern in (
-                ("simt", factory.partition_kernel(mask, mod, tag, cache, block_m, heads, direct,
-                                                  True, layout)),
-                ("simple", factory.simple_partition_kernel(mask, mod, tag, cache, simple.BLOCK_M,
-                                                           heads, direct, layout))):
-            ptx, _ = cuda.compile_ptx(kern.py_func, fp8_signature(tag, direct), cc=(9, 0, "a"),
-                                      launch_bounds=kern.targetoptions.get("launch_bounds"))
-            _, log = build_sass(ptx)
-            regs, spills, calls = _resources(ptx, log)
-            ok = not spills and calls == 0
-            bad += not ok
-            print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
-                  f"direct={direct!s:5} fp8={layout} regs={regs} spills={spills} "
-                  f"calls={calls}  {'ok' if ok else 'FAIL'}")
+        print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
+              f"direct={direct!s:5} fp8={layout} regs={regs} spills={spills} "
+              f"calls={calls}  {'ok' if ok else 'FAIL'}")
     return 1 if bad else 0
 
 

@@ -56,6 +56,20 @@ def _arrow(ax, xy0, xy1, text=None, color="black"):
                 va="center")
 
 
+def _save(fig, path):
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _finish(fig, ax, path, title, xlim, ylim):
+    """A diagram's last steps: its drawing area, no axes, its title; saved and closed."""
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.axis("off")
+    ax.set_title(title)
+    _save(fig, path)
+
+
 def cache_row(path):
     """The MLA cache: rows of 576, K = the row, V = its first 512 dims."""
     fig, ax = plt.subplots(figsize=(9, 4.2))
@@ -90,12 +104,8 @@ def cache_row(path):
     ax.text(qx, 1.25, "every head: scores over all 576 dims,\n"
                       "output over the 512 latent dims\n(W_UV applied after the kernel)",
             fontsize=8)
-    ax.set_xlim(0, qx + 3.2)
-    ax.set_ylim(1.0, 4.5)
-    ax.axis("off")
-    ax.set_title("An MLA cache row per token, shared by all heads")
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
+    _finish(fig, ax, path, "An MLA cache row per token, shared by all heads",
+            xlim=(0, qx + 3.2), ylim=(1.0, 4.5))
 
 
 def splitk(path):
@@ -122,12 +132,8 @@ def splitk(path):
                          r"$out = \sum_p w_p\, out_p / \sum_p w_p$,   "
                          r"$lse = M + \log \sum_p w_p$",
             ha="center", va="center", fontsize=9)
-    ax.set_xlim(-0.3, L + 0.3)
-    ax.set_ylim(0.1, 4.1)
-    ax.axis("off")
-    ax.set_title("Flash-decoding (split-K) and the log-sum-exp merge")
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
+    _finish(fig, ax, path, "Flash-decoding (split-K) and the log-sum-exp merge",
+            xlim=(-0.3, L + 0.3), ylim=(0.1, 4.1))
 
 
 def tile_pipeline(path):
@@ -157,12 +163,8 @@ def tile_pipeline(path):
             "at each dotted line a barrier (or an mbarrier wait): tile t+1 has landed, "
             "and tile t's buffer may be overwritten by the copy of tile t+2",
             ha="center", fontsize=8, bbox=dict(facecolor="white", edgecolor="none"))
-    ax.set_xlim(-2.2, start + n * w_tile + 0.2)
-    ax.set_ylim(0.0, 2.7)
-    ax.axis("off")
-    ax.set_title("A partition kernel's tile loop: double-buffered copies")
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
+    _finish(fig, ax, path, "A partition kernel's tile loop: double-buffered copies",
+            xlim=(-2.2, start + n * w_tile + 0.2), ylim=(0.0, 2.7))
 
 
 def wgmma_fragment(path, n=16):
@@ -209,8 +211,7 @@ def wgmma_fragment(path, n=16):
                   fontsize=9)
     ax1.set_aspect("equal")
     fig.suptitle("wgmma m64nNk16: the accumulator fragment (N/2 floats a thread)")
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
+    _save(fig, path)
 
 
 FIGURES = {

@@ -430,7 +430,8 @@ def test_host_overhead_script(tmp_path, capsys):
     doc = json.loads(out.read_text())
     meta, rows = doc["meta"], doc["rows"]
     assert (meta["device"], meta["commit"]) == ("CUDA simulator", "abc1234") and meta["date"]
-    assert [r["path"] for r in rows] == ["mla_decode", "mla_decode_new_lengths"]
+    assert [r["path"] for r in rows] == ["mla_decode", "mla_decode_new_lengths",
+                                         "mla_decode_new_cache"]
     for r in rows:
         assert r["call_sync_us"] > 0 and r["enqueue_us"] > 0
     assert {s["path"] for s in meta["skipped"]} == {"prepare", "flash_mla", "torch"}

@@ -52,14 +52,9 @@ def big_cases():
             for be in kernel_backends(dt)]
 
 
-@pytest.mark.gpu
-@pytest.mark.slow
-@pytest.mark.parametrize("dtype,backend", big_cases())
-def test_gpu_paged_cache_beyond_int32(dtype, backend):
-    torch = cuda_torch()
-    rng = np.random.default_rng(31)
-    lengths = [200, 129, 64, 1]                                     # 4 + 3 + 1 + 1 pages
-    small = make_problem(rng, 4, 1, 16, lengths, DTYPES[dtype], "paged", PAGE, spare_pages=0)
+def big_paged(torch, small, dtype):
+    """small's pages at the end of a paged cache of BIG_PAGES pages (NaN elsewhere), its block
+    table shifted there."""
     n = small.cache.num_pages
     pages = torch.full((BIG_PAGES, PAGE, 576), float("nan"), dtype=torch_dtype(torch, dtype),
                        device="cuda")
@@ -70,25 +65,38 @@ def test_gpu_paged_cache_beyond_int32(dtype, backend):
     used = bt < n                                                   # unused: a huge index
     bt[used] += base
     assert int(bt[used].min()) * PAGE * 576 > 2**31
-    cache = nm.PagedKVCache(pages, to_torch(torch, bt), to_torch(torch, small.lengths))
-    for mask, P in ((None, None), (nm.CausalMask(), 3)):
-        check_against_small(torch, small, cache, backend, mask, P)
+    return nm.PagedKVCache(pages, to_torch(torch, bt), to_torch(torch, small.lengths))
+
+
+def big_contiguous(torch, small, dtype):
+    """small's rows at the start of each sequence of a contiguous cache of BIG_S tokens per
+    sequence (NaN elsewhere)."""
+    kv = torch.full((4, BIG_S, 576), float("nan"), dtype=torch_dtype(torch, dtype), device="cuda")
+    cap = small.cache.capacity
+    kv[:, :cap] = to_torch(torch, small.cache.kv)
+    assert 3 * BIG_S * 576 > 2**31                                  # sequence 3's first row
+    return nm.ContiguousKVCache(kv, to_torch(torch, small.lengths))
+
+
+BIG = {  # cache kind: (seed, lengths, the big cache's builder, the calls' (mask, num_partitions))
+    "paged": (31, [200, 129, 64, 1], big_paged,                    # 4 + 3 + 1 + 1 pages
+              ((None, None), (nm.CausalMask(), 3))),
+    "contiguous": (32, [300, 0, 129, 257], big_contiguous,
+                   ((None, None), (nm.SlidingWindowCausalMask(100), 2))),
+}
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype,backend", big_cases())
-def test_gpu_contiguous_cache_beyond_int32(dtype, backend):
+@pytest.mark.parametrize("kind", BIG)
+def test_gpu_cache_beyond_int32(kind, dtype, backend):
     torch = cuda_torch()
-    rng = np.random.default_rng(32)
-    lengths = [300, 0, 129, 257]
-    small = make_problem(rng, 4, 1, 16, lengths, DTYPES[dtype], "contiguous")
-    kv = torch.full((4, BIG_S, 576), float("nan"), dtype=torch_dtype(torch, dtype), device="cuda")
-    cap = small.cache.capacity
-    kv[:, :cap] = to_torch(torch, small.cache.kv)
-    assert 3 * BIG_S * 576 > 2**31                                  # sequence 3's first row
-    cache = nm.ContiguousKVCache(kv, to_torch(torch, small.lengths))
-    for mask, P in ((None, None), (nm.SlidingWindowCausalMask(100), 2)):
+    seed, lengths, build, calls = BIG[kind]
+    small = make_problem(np.random.default_rng(seed), 4, 1, 16, lengths, DTYPES[dtype], kind,
+                         PAGE, spare_pages=0)
+    cache = build(torch, small, dtype)
+    for mask, P in calls:
         check_against_small(torch, small, cache, backend, mask, P)
 
 

@@ -55,6 +55,23 @@ def void_asm(text):
     return _impl
 
 
+def f32_asm(text, result):
+    """An intrinsic of one number, converted to float32, whose value is the inline PTX ``text``
+    ($0 the result, $1 the argument) of Numba type ``result`` (float32, or int16 bits)."""
+    lltype, con = {types.float32: (f32, "f"), types.int16: (i16, "h")}[result]
+
+    @intrinsic
+    def _impl(typingctx, x):
+        def cg(ctx, b, sig, args):
+            v = ctx.cast(b, args[0], sig.args[0], types.float32)
+            asm = ir.InlineAsm(ir.FunctionType(lltype, [f32]), text, f"={con},f")
+            return b.call(asm, [v])
+
+        return result(x), cg
+
+    return _impl
+
+
 def acc_pointers(ctx, b, aryty, ary, n):
     """Pointers to the first ``n`` floats of an accumulator array (a ``cuda.local.array``
     indexed only by constants, so it lives in registers)."""

@@ -6,10 +6,10 @@
 - ``rcp(x)``: 1/x to within an ulp (``rcp.approx``: an IEEE division is a subroutine call).
 """
 import numpy as np
-from llvmlite import ir
 from numba.cuda import types
 
-from ._codegen import f32, i32, pair
+from .._compat import SIMULATOR
+from ._codegen import f32_asm, i32, pair
 from ._twin import intrinsic_with_twin
 
 
@@ -33,11 +33,4 @@ def _rcp_twin(x):
     return np.float32(1.0) / np.float32(x)
 
 
-@intrinsic_with_twin(_rcp_twin)
-def rcp(typingctx, x):
-    def cg(ctx, b, sig, args):
-        v = ctx.cast(b, args[0], sig.args[0], types.float32)
-        asm = ir.InlineAsm(ir.FunctionType(f32, [f32]), "rcp.approx.f32 $0, $1;", "=f,f")
-        return b.call(asm, [v])
-
-    return types.float32(x), cg
+rcp = _rcp_twin if SIMULATOR else f32_asm("rcp.approx.f32 $0, $1;", types.float32)

@@ -22,7 +22,7 @@ from numba.cuda import types
 from numba.cuda.extending import intrinsic
 
 from .._compat import SIMULATOR
-from ._codegen import f32, i16, i32, pair
+from ._codegen import f32, f32_asm, i16, i32, pair
 from ._twin import intrinsic_with_twin
 
 
@@ -59,14 +59,8 @@ def _f32_to_bf16_twin(x):
     return np.float32(x).astype(ml_dtypes.bfloat16).view(np.int16)
 
 
-@intrinsic_with_twin(_f32_to_bf16_twin)
-def f32_to_bf16(typingctx, x):
-    def cg(ctx, b, sig, args):
-        v = ctx.cast(b, args[0], sig.args[0], types.float32)
-        asm = ir.InlineAsm(ir.FunctionType(i16, [f32]), "cvt.rn.bf16.f32 $0, $1;", "=h,f")
-        return b.call(asm, [v])
-
-    return types.int16(x), cg
+f32_to_bf16 = (_f32_to_bf16_twin if SIMULATOR
+               else f32_asm("cvt.rn.bf16.f32 $0, $1;", types.int16))
 
 
 def _f32_to_f16_twin(x):
@@ -82,37 +76,42 @@ def f32_to_f16(typingctx, x):
     return types.int16(x), cg
 
 
-def _bf16x2_to_f32_twin(w):
-    lo, hi = np.array([w], np.int32).view(ml_dtypes.bfloat16)
-    return float(lo), float(hi)
+def _unpack_twin(dtype):
+    def unpack(w):
+        lo, hi = np.array([w], np.int32).view(dtype)
+        return float(lo), float(hi)
+
+    return unpack
 
 
-@intrinsic_with_twin(_bf16x2_to_f32_twin)
-def bf16x2_to_f32(typingctx, w):
-    def cg(ctx, b, sig, args):
-        v = ctx.cast(b, args[0], sig.args[0], types.int32)
-        lo = b.bitcast(b.shl(v, ir.Constant(i32, 16)), f32)
-        hi = b.bitcast(b.and_(v, ir.Constant(i32, -65536)), f32)
-        return pair(ctx, b, sig, lo, hi)
+def _unpack(halves):
+    """An intrinsic: an int32 word of two 16-bit floats -> (lo, hi) float32s, the two LLVM
+    values made by ``halves(b, word)``."""
 
-    return types.UniTuple(types.float32, 2)(w), cg
+    @intrinsic
+    def unpack(typingctx, w):
+        def cg(ctx, b, sig, args):
+            return pair(ctx, b, sig, *halves(b, ctx.cast(b, args[0], sig.args[0], types.int32)))
 
+        return types.UniTuple(types.float32, 2)(w), cg
 
-def _f16x2_to_f32_twin(w):
-    lo, hi = np.array([w], np.int32).view(np.float16)
-    return float(lo), float(hi)
+    return unpack
 
 
-@intrinsic_with_twin(_f16x2_to_f32_twin)
-def f16x2_to_f32(typingctx, w):
-    def cg(ctx, b, sig, args):
-        v = ctx.cast(b, args[0], sig.args[0], types.int32)
-        half = ir.HalfType()
-        lo = b.fpext(b.bitcast(b.trunc(v, i16), half), f32)
-        hi = b.fpext(b.bitcast(b.trunc(b.lshr(v, ir.Constant(i32, 16)), i16), half), f32)
-        return pair(ctx, b, sig, lo, hi)
+def _bf16_halves(b, v):
+    # bfloat16 is the top half of a float32: the low half shifted up, the high half masked.
+    return (b.bitcast(b.shl(v, ir.Constant(i32, 16)), f32),
+            b.bitcast(b.and_(v, ir.Constant(i32, -65536)), f32))
 
-    return types.UniTuple(types.float32, 2)(w), cg
+
+def _f16_halves(b, v):
+    half = ir.HalfType()
+    return (b.fpext(b.bitcast(b.trunc(v, i16), half), f32),
+            b.fpext(b.bitcast(b.trunc(b.lshr(v, ir.Constant(i32, 16)), i16), half), f32))
+
+
+bf16x2_to_f32 = _unpack_twin(ml_dtypes.bfloat16) if SIMULATOR else _unpack(_bf16_halves)
+f16x2_to_f32 = _unpack_twin(np.float16) if SIMULATOR else _unpack(_f16_halves)
 
 
 def _pack_twin(dtype):

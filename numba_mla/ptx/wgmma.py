@@ -117,6 +117,50 @@ def _operand(arr, desc, rows, kmajor, dtype):
 
 # -- products ----------------------------------------------------------------------------------
 
+def _twin_product(acc, a, bt, rows, cols, accumulate):
+    """(Simulator) The thread's accumulators ``acc[i] (+)= a[rows[i]] . bt[cols[i]]`` (float64
+    operands [., 16]; ``accumulate`` 0 overwrites)."""
+    d = (a[rows] * bt[cols]).sum(axis=1)
+    if accumulate:
+        d += acc[:len(d)]
+    acc[:len(d)] = d
+
+
+#: The LLVM type and the inline-asm constraint of an integer operand, by its Numba type.
+_ASM_OPERAND = {types.uint64: (i64, "l"), types.uint32: (i32, "r"), types.int32: (i32, "r")}
+
+
+def _product_asm(n, tag, trans_b, a_in_registers):
+    """The inline PTX of one m64n{n}k16 product. Operands: the n/2 accumulators, A (its
+    descriptor, or ``a_in_registers``: four 32-bit words, and then no transpose flag for A),
+    B's descriptor, the accumulate flag (0: overwrite)."""
+    nacc = n // 2
+    acc = ",".join(f"${i}" for i in range(nacc))
+    if a_in_registers:
+        a = "{" + ",".join(f"${nacc + i}" for i in range(4)) + "}"
+        desc_b, trans = nacc + 4, f"{int(trans_b)}"
+    else:
+        a, desc_b, trans = f"${nacc}", nacc + 1, f"0, {int(trans_b)}"
+    return (f"{{ .reg .pred p; setp.ne.b32 p, ${desc_b + 1}, 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{tag}.{tag} {{{acc}}}, {a}, "
+            f"${desc_b}, p, 1, 1, {trans}; }}")
+
+
+def _product_cg(nacc, text, operands):
+    """Codegen of ``text`` with accumulator argument 0's first ``nacc`` values tied through,
+    then the arguments ``operands`` lists as (argument index, Numba type it is cast to); the
+    arguments not listed serve only the twin."""
+    lltypes, cons = zip(*(_ASM_OPERAND[ty] for _, ty in operands))
+
+    def cg(ctx, b, sig, args):
+        ptrs = acc_pointers(ctx, b, sig.args[0], args[0], nacc)
+        ins = [ctx.cast(b, args[k], sig.args[k], ty) for k, ty in operands]
+        tied_asm(b, ptrs, text, list(lltypes), list(cons), ins)
+        return ctx.get_dummy_value()
+
+    return cg
+
+
 def _wgmma_twin(n, tag, trans_b):
     dtype = DTYPES[tag]
     idx = np.arange(n // 2)
@@ -124,35 +168,19 @@ def _wgmma_twin(n, tag, trans_b):
     def mma(acc, arr, desc_a, desc_b, accumulate, wtid):
         a = _operand(arr, desc_a, 64, True, dtype)
         bt = _operand(arr, desc_b, n, not trans_b, dtype)
-        d = (a[_acc_row(idx, wtid)] * bt[_acc_col(idx, wtid)]).sum(axis=1)
-        if accumulate:
-            d += acc[:n // 2]
-        acc[:n // 2] = d
+        _twin_product(acc, a, bt, _acc_row(idx, wtid), _acc_col(idx, wtid), accumulate)
 
     return mma
 
 
 @with_twin(_wgmma_twin)
 def wgmma(n, tag, trans_b):
-    nacc = n // 2
-    regs = ",".join(f"${i}" for i in range(nacc))
-    text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; "
-            "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, $%d, $%d, p, 1, 1, 0, %d; }"
-            % (nacc + 2, n, tag, tag, regs, nacc, nacc + 1, int(trans_b)))
+    cg = _product_cg(n // 2, _product_asm(n, tag, trans_b, False),
+                     [(2, types.uint64), (3, types.uint64), (4, types.uint32)])
 
     @intrinsic
     def mma(typingctx, acc, arr, desc_a, desc_b, accumulate, wtid):
-        sig = types.void(acc, arr, desc_a, desc_b, accumulate, wtid)
-
-        def cg(ctx, b, s, args):
-            ptrs = acc_pointers(ctx, b, s.args[0], args[0], nacc)
-            ins = [ctx.cast(b, args[2], s.args[2], types.uint64),
-                   ctx.cast(b, args[3], s.args[3], types.uint64),
-                   ctx.cast(b, args[4], s.args[4], types.uint32)]
-            tied_asm(b, ptrs, text, [i64, i64, i32], ["l", "l", "r"], ins)
-            return ctx.get_dummy_value()
-
-        return sig, cg
+        return types.void(acc, arr, desc_a, desc_b, accumulate, wtid), cg
 
     return mma
 
@@ -167,37 +195,20 @@ def _wgmma_rs_twin(n, tag, trans_b):
         a = a_fragment(halves(warp_gather((a0, a1, a2, a3), tid), dtype))
         wtid = tid % 128
         bt = _operand(arr, desc_b, n, not trans_b, dtype)
-        d = (a[_acc_row(idx, wtid) % 16] * bt[_acc_col(idx, wtid)]).sum(axis=1)
-        if accumulate:
-            d += acc[:n // 2]
-        acc[:n // 2] = d
+        _twin_product(acc, a, bt, _acc_row(idx, wtid) % 16, _acc_col(idx, wtid), accumulate)
 
     return mma
 
 
 @with_twin(_wgmma_rs_twin)
 def wgmma_rs(n, tag, trans_b):
-    nacc = n // 2
-    regs = ",".join(f"${i}" for i in range(nacc))
-    text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; "
-            "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, {$%d,$%d,$%d,$%d}, $%d, "
-            "p, 1, 1, %d; }"
-            % (nacc + 5, n, tag, tag, regs, nacc, nacc + 1, nacc + 2, nacc + 3, nacc + 4,
-               int(trans_b)))
+    cg = _product_cg(n // 2, _product_asm(n, tag, trans_b, True),
+                     [(k, types.int32) for k in range(1, 5)]
+                     + [(6, types.uint64), (7, types.uint32)])
 
     @intrinsic
     def mma(typingctx, acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid):
-        sig = types.void(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid)
-
-        def cg(ctx, b, s, args):
-            ptrs = acc_pointers(ctx, b, s.args[0], args[0], nacc)
-            ins = [ctx.cast(b, args[k], s.args[k], types.int32) for k in range(1, 5)]
-            ins += [ctx.cast(b, args[6], s.args[6], types.uint64),
-                    ctx.cast(b, args[7], s.args[7], types.uint32)]
-            tied_asm(b, ptrs, text, [i32] * 4 + [i64, i32], ["r"] * 4 + ["l", "r"], ins)
-            return ctx.get_dummy_value()
-
-        return sig, cg
+        return types.void(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid), cg
 
     return mma
 
