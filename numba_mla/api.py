@@ -17,52 +17,73 @@ from .checks import _check_bias, _check_lengths_vs_rows, check_decode, check_rag
 from .mods import MaskLike, ScoreModLike, as_mask, as_score_mod
 
 
-def _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend):
-    """The plans.py key of an ``mla_decode`` call, built from its raw arguments before any
-    check (None when the call cannot reuse a plan: host arrays, the reference backend, an
-    argument of an unexpected kind: those take the checked path). A key equals a stored one
-    only if every argument's kind, layout and value (or, for arrays, layout) equals that of
-    an earlier call that passed every check: option values enter as (type, value) pairs."""
+def _family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend, entry,
+            rows):
+    """What a kept plan depends on apart from the lengths (plans.py): the entry point, thread,
+    stream, options as (type, value) pairs, the mods' keys, the arrays' layouts and whether q
+    and the cache start 16-byte aligned (the tensor-core kernels need it). None when the call
+    cannot reuse a plan (host arrays, the reference backend)."""
     if backend == "reference" or not isinstance(cache, KVCache):
         return None
+    q_layout, out_layout = plans.layout(q), plans.layout(out)
+    if not q_layout or out_layout is False or not cache.layout_key[2]:
+        return None
+    bias_layout = plans.layout(mask.bias_array())
+    if bias_layout is False:
+        return None
+    aligned = plans.aligned16(q) and plans.aligned16(cache.storage)
+    return (entry, threading.get_ident(), plans.stream_of(q), backend,
+            (type(num_partitions), num_partitions), (type(return_lse), return_lse),
+            (type(scale), scale), mask.cache_key(), score_mod.cache_key(), q_layout,
+            out_layout, bias_layout, aligned, cache.layout_key, rows)
+
+
+def _plan_key(family, cache, mask, counts, num_partitions):
+    """A family's key completed by its split-K schedule (chunk, P) for this cache's lengths,
+    computed as the selector computes it (heuristics.balanced_split, from the key counts), or
+    None while no plan of the family exists (its tile sizes are not known yet). Same lengths,
+    same schedule: a result never depends on which plans were kept before."""
+    geometry = plans.geometry(family)
+    if geometry is None:
+        return None
+    if num_partitions:
+        return family + ((0, int(num_partitions)),)
+    block_n, groups = geometry
+    schedule = cache.memo(
+        ("schedule", mask.cache_key(), counts.tobytes(), block_n, groups),
+        lambda: heuristics.balanced_split(
+            heuristics.key_counts(mask, cache.lengths_host, counts,
+                                  getattr(cache, "position_map", None)), block_n, groups))
+    return family + (schedule,)
+
+
+def _ragged_family(call):
+    """``_family`` of a checked ragged call (its rows: the most a sequence has, and whether
+    the row offsets live on the device)."""
+    rows = (int(np.diff(call.q_offsets_host).max(initial=0)),
+            plans.layout(call.q_offsets) or "host")
+    return _family(call.q, call.cache, call.scale, call.mask, call.score_mod,
+                   call.num_partitions, call.return_lse, call.out, call.backend, "ragged", rows)
+
+
+def _fast_family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend):
+    """``_family`` of an ``mla_decode`` call, from its raw arguments before any check, with the
+    mods made of them; None (the checked path) for anything unexpected. A family equals a
+    stored one only if every argument's kind, layout and value equals that of an earlier
+    call that passed every check."""
     try:
-        q_layout, out_layout = plans.layout(q), plans.layout(out)
-        if not q_layout or out_layout is False or not cache.layout_key[2]:
-            return None
         mask, score_mod = as_mask(mask), as_score_mod(score_mod)
-        bias_layout = plans.layout(mask.bias_array())
-        if bias_layout is False:
+        q_layout = plans.layout(q)
+        if not q_layout:
             return None
-        sq = q_layout[1][1]
-        lengths = cache.memo(("schedule", mask.cache_key(), sq),
-                             lambda: heuristics.schedule_signature(
-                                 mask, cache.lengths_host, np.full(cache.batch, sq),
-                                 getattr(cache, "position_map", None)))
-        key = ("decode", threading.get_ident(), plans.stream_of(q), backend,
-               (type(num_partitions), num_partitions), (type(return_lse), return_lse),
-               (type(scale), scale), mask.cache_key(), score_mod.cache_key(), q_layout,
-               out_layout, bias_layout, cache.layout_key, lengths)
-        hash(key)
+        family = _family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out,
+                         backend, "decode", q_layout[1][1])
+        if family is None:
+            return None
+        hash(family)
     except Exception:  # anything odd: the checked path says what is wrong
         return None
-    return key, mask, score_mod
-
-
-def _plan_key(call, entry):
-    """The plans.py key of a checked ragged call on device arrays, or None."""
-    q_layout, out_layout = plans.layout(call.q), plans.layout(call.out)
-    cache = call.cache
-    bias_layout = plans.layout(call.mask.bias_array())
-    if not q_layout or False in (out_layout, bias_layout) or not cache.layout_key[2]:
-        return None
-    counts = np.diff(call.q_offsets_host)
-    rows = (int(counts.max(initial=0)), plans.layout(call.q_offsets) or "host")
-    lengths = heuristics.schedule_signature(call.mask, cache.lengths_host, counts,
-                                            getattr(cache, "position_map", None))
-    return (entry, threading.get_ident(), plans.stream_of(call.q), call.backend,
-            call.num_partitions, call.return_lse, call.scale, call.mask.cache_key(),
-            call.score_mod.cache_key(), q_layout, out_layout, bias_layout, cache.layout_key,
-            rows, lengths)
+    return family, mask, score_mod
 
 
 def _values_ok(cache, mask, sq, heads, lengths_name="lengths"):
@@ -75,8 +96,8 @@ def _values_ok(cache, mask, sq, heads, lengths_name="lengths"):
                    lambda: _check_bias(mask, cache.batch, heads, sq, cache) or True)
 
 
-def _run(call, key):
-    """Run a checked call: the reference, a kept or new plan (device arrays, ``key``), or a
+def _run(call, family):
+    """Run a checked call: the reference, a kept or new plan (device arrays: ``family``), or a
     plan of its own (host arrays: copied in and out on every call anyway)."""
     if call.backend == "reference":  # checked once: the reference runs the checked call
         out, lse = reference.compute(call)
@@ -88,12 +109,16 @@ def _run(call, key):
         return (out, lse.astype(np.float32)) if call.return_lse else out
     from . import launch
 
-    if key is None:
+    if family is None:
         return launch.run(call)
-    plan = plans.lookup(key)
+    counts = np.diff(call.q_offsets_host) if call.ragged else np.full(call.batch, call.sq)
+    key = _plan_key(family, call.cache, call.mask, counts, call.num_partitions)
+    plan = None if key is None else plans.lookup(key)
     if plan is None:
         plan = launch.Plan(call)
-        plans.store(key, plan)
+        spec = plan.spec
+        plans.remember(family, (spec.block_n, spec.groups))
+        plans.store(family + ((spec.chunk, spec.num_partitions),), plan)
     offsets = None
     if call.ragged:
         offsets = call.q_offsets if is_device(call.q_offsets) else call.q_offsets_host
@@ -102,7 +127,7 @@ def _run(call, key):
 
             offsets = cuda.to_device(offsets)
     return plans.run(plan, call.q, call.cache, call.mask.bias_array(), call.out, offsets,
-                     key[2])
+                     family[2])
 
 
 def mla_decode(q: Any, cache: KVCache, scale: float, mask: MaskLike = None,
@@ -110,13 +135,16 @@ def mla_decode(q: Any, cache: KVCache, scale: float, mask: MaskLike = None,
                return_lse: bool = False, out: Any = None, backend: str = "auto") -> Any:
     """MLA decode: q [B, Sq, H, 576] against ``cache`` -> out [B, Sq, H, 512] in q's dtype
     (with ``return_lse``: ``(out, lse [B, Sq, H] float32)``). See SPEC.md for the semantics."""
-    fast = _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
+    fast = _fast_family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out,
+                        backend)
     if fast is not None:
-        key, mask_, _ = fast
-        plan = plans.lookup(key)
+        family, mask_, _ = fast
+        sq = family[-1]
+        key = _plan_key(family, cache, mask_, np.full(cache.batch, sq), num_partitions)
+        plan = None if key is None else plans.lookup(key)
         if plan is not None:  # the plain call's fast path: see plans.py
-            _values_ok(cache, mask_, plan.call.sq, plan.call.heads)
-            return plans.run(plan, q, cache, mask_.bias_array(), out, None, key[2])
+            _values_ok(cache, mask_, sq, plan.call.heads)
+            return plans.run(plan, q, cache, mask_.bias_array(), out, None, family[2])
     call = check_decode(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
     return _run(call, fast and fast[0])
 
@@ -146,7 +174,7 @@ def mla_decode_ragged(q: Any, q_row_offsets: Any, cache: KVCache, scale: float,
     ``q_row_offsets[b]:q_row_offsets[b+1]`` (0 to 8 each) -> out [T, H, 512]."""
     call = check_ragged(q, q_row_offsets, cache, scale, mask, score_mod, num_partitions,
                         return_lse, out, backend)
-    return _run(call, _plan_key(call, "ragged"))
+    return _run(call, _ragged_family(call))
 
 
 def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_partitions=None,
@@ -197,11 +225,11 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
         call = check_ragged(q, valid_length, cache, scale, mask, score_mod, num_partitions,
                             False, output, backend, out_name="output", offsets_name="valid_length",
                             lengths_name=lengths_name)
-        _run(call, _plan_key(call, "ragged"))
+        _run(call, _ragged_family(call))
     else:
         call = check_decode(q, cache, scale, mask, score_mod, num_partitions, False, output,
                             backend, out_name="output", lengths_name=lengths_name)
-        fast = _fast_key(q, cache, scale, mask, score_mod, num_partitions, False, output,
-                         backend)
+        fast = _fast_family(q, cache, scale, mask, score_mod, num_partitions, False, output,
+                            backend)
         _run(call, fast and fast[0])
     return output

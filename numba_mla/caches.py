@@ -264,7 +264,7 @@ class PagedKVCache(KVCache):
         self._finish()
 
     def with_lengths(self, lengths):
-        new = object.__new__(PagedKVCache)
+        new = object.__new__(type(self))  # (a shard's cache class keeps its position map)
         new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_memo", "_device")})
         new.lengths_host = check_lengths(lengths, self.batch, self.capacity)
         new.lengths = lengths if is_device(lengths) else new.lengths_host

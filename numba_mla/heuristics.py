@@ -58,20 +58,6 @@ def longest_key_range(mask, lengths, counts, positions=None):
     return int(key_counts(mask, lengths, counts, positions).max(initial=0))
 
 
-#: A divisor of every partition kernel's key tile (the simple kernel's 8; the FMA kernel's 32
-#: or 64, the tensor-core kernels' 64): the balanced schedule of every kernel is a function of
-#: the key counts in these units, so a kept plan that matches them has the schedule this
-#: call's lengths would get.
-SCHEDULE_QUANTUM = 8
-
-
-def schedule_signature(mask, lengths, counts, positions=None):
-    """What the split-K schedule depends on in a call's lengths, as a hashable value (plans.py's
-    key): each sequence's key count (``key_counts``), in units of ``SCHEDULE_QUANTUM`` keys."""
-    keys = key_counts(mask, lengths, counts, positions)
-    return (-(-keys // SCHEDULE_QUANTUM)).astype(np.int32).tobytes()
-
-
 #: A block's fixed cost (queries in, output out), in key tiles.
 BLOCK_OVERHEAD_TILES = 2
 #: The cost of a block whose partition is empty (it reads its sequence's length and offsets,

@@ -8,10 +8,13 @@ by a key of what the plan depends on:
 - the entry point, the calling thread and stream, the options (backend, num_partitions,
   return_lse, scale), the mask's and score mod's cache keys;
 - the *layouts* (array kind, shape, strides, dtype, device) of q, out and the cache's arrays,
-  not their addresses: a decode loop's new q or new output each step hits the same plan;
-- the split-K schedule's input (heuristics.schedule_signature: each sequence's key count, in
-  units of 8 keys), so a call gets the schedule its lengths call for, and the same inputs
-  always run the same schedule (bit-identical results, whatever plans were kept before).
+  not their addresses (only whether q and the cache start 16-byte aligned): a decode loop's
+  new q or new output each step hits the same plan;
+- the split-K schedule (chunk, P) that the call's lengths get (heuristics.balanced_split over
+  the key counts, for the tile size of the kernel the plan's *family* runs: everything above
+  is the family). Lengths that change by a few tokens keep the schedule and so the plan; the
+  same inputs always run the same schedule (bit-identical results, whatever plans were kept
+  before). The schedule is computed once per cache object (its host lengths).
 
 On a hit the plan's array arguments are re-pointed at this call's arrays (launch.Plan.rebind:
 on a GPU a few integers in the packed parameters), a new output is allocated (unless ``out``
@@ -36,6 +39,7 @@ MAX_PLANS = 64
 
 _lock = threading.Lock()
 _plans = OrderedDict()
+_geometry = {}  # family -> (keys a tile, row groups) of the kernel its plans run
 _stream_queries = {}
 
 
@@ -72,6 +76,30 @@ def stream_of(q):
     return query()
 
 
+def aligned16(x):
+    """Whether a device array starts 16-byte aligned (always, in the simulator)."""
+    from . import _compat
+
+    if _compat.SIMULATOR:
+        return True
+    from .launch import data_ptr
+
+    return data_ptr(x) % 16 == 0
+
+
+def geometry(family):
+    """(keys a tile, row groups) of the kernel a family's plans run, once one was built: what
+    the split-K schedule of a new call of the family is computed from."""
+    return _geometry.get(family)
+
+
+def remember(family, geometry):
+    with _lock:
+        if len(_geometry) >= 4 * MAX_PLANS:
+            _geometry.clear()
+        _geometry[family] = geometry
+
+
 def lookup(key):
     with _lock:
         plan = _plans.get(key)
@@ -92,6 +120,7 @@ def clear():
     """Drop every kept plan (their kernels stay compiled)."""
     with _lock:
         _plans.clear()
+        _geometry.clear()
 
 
 def size():

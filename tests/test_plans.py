@@ -133,6 +133,23 @@ def test_values_changed_on_the_device_stay_in_bounds(backend, bias, rng):
 
 
 @KERNEL
+def test_new_lengths_keep_the_plan_while_the_schedule_holds(rng):
+    """``with_lengths`` a few tokens on (a decode step): the split-K schedule (chunk, P) is
+    the same, so the plan is kept; lengths that call for another schedule get their own plan.
+    Every result equals a fresh host-array call's."""
+    plans.clear()
+    p = make_problem(rng, 2, 1, 1, [117, 10], np.float32, "paged", 4, capacity=120)
+    q, cache = on_device(p)
+    for lengths, n_plans in (([40, 9], 1), ([41, 10], 1), ([117, 3], 2)):
+        lengths = np.array(lengths, np.int32)
+        got = nm.mla_decode(q, cache.with_lengths(lengths), p.scale, backend="simt")
+        expected = nm.mla_decode(p.q, p.cache.with_lengths(lengths), p.scale, backend="simt")
+        np.testing.assert_array_equal(got.copy_to_host(), expected)
+        assert np.isfinite(expected).all()
+        assert plans.size() == n_plans, lengths
+
+
+@KERNEL
 def test_plan_cache_is_bounded(rng, monkeypatch):
     monkeypatch.setattr(plans, "MAX_PLANS", 2)
     plans.clear()

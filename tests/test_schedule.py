@@ -136,19 +136,6 @@ def test_masks_count_kept_keys():
     assert P < heuristics.balanced_split([65536, 100, 0, 7000], 64, 2, H200_SMS)[1]
 
 
-def test_schedule_signature():
-    """The plan key's part: equal for key counts in the same 8-key units (which every kernel's
-    tile is a multiple of, so the schedule is the same), different otherwise."""
-    for tile in (mma.BLOCK_N, simple.BLOCK_N, simt.block_n(16, True), simt.block_n(32, True),
-                 simt.block_n(16, False)):
-        assert tile % heuristics.SCHEDULE_QUANTUM == 0
-    sig = lambda lengths: heuristics.schedule_signature(nm.NullMask(), np.array(lengths),
-                                                        np.ones(len(lengths)))
-    assert sig([17, 100]) == sig([24, 97])
-    assert sig([17, 100]) != sig([25, 100])
-    assert sig([17, 100]) != sig([100, 17])
-
-
 # ---------------------------------------------------------------------------------------------
 # Kernels (simulator)
 # ---------------------------------------------------------------------------------------------
