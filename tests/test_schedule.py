@@ -158,7 +158,7 @@ def test_balanced_schedule_kernels(backend, dtype, lengths, sms, want, rng, monk
     three ways, out pre-filled with NaN (every row written), NaN in every unused cache slot."""
     from numba_mla import checks, launch
 
-    monkeypatch.setattr(heuristics, "FALLBACK_SM_COUNT", sms)
+    monkeypatch.setattr(heuristics, "sm_count", lambda: sms)  # (on a GPU too)
     p = make_problem(rng, len(lengths), 1, 2, lengths, dtype, "paged", 16)
     out = np.full(p.out_shape, np.nan, p.dtype)
     call = checks.check_decode(p.q, p.cache, p.scale, None, None, None, True, out, backend)
@@ -188,7 +188,7 @@ def test_same_inputs_same_bits(rng, monkeypatch):
     schedule differs: a plan key of the longest alone would have run this call on it)."""
     from numba import cuda
 
-    monkeypatch.setattr(heuristics, "FALLBACK_SM_COUNT", 4)
+    monkeypatch.setattr(heuristics, "sm_count", lambda: 4)  # (on a GPU too)
     first_lengths, lengths = [64, 60, 9], [64, 20, 9]
     assert (heuristics.balanced_split(first_lengths, simple.BLOCK_N, 1)
             != heuristics.balanced_split(lengths, simple.BLOCK_N, 1))
@@ -217,7 +217,7 @@ def test_lengths_grown_on_the_device_are_covered(rng, monkeypatch):
     split evenly over the P partitions instead (partition_tiles), so no key is left out."""
     from numba import cuda
 
-    monkeypatch.setattr(heuristics, "FALLBACK_SM_COUNT", 4)
+    monkeypatch.setattr(heuristics, "sm_count", lambda: 4)  # (on a GPU too)
     checked, real = [64, 20, 9], [64, 90, 9]  # 8 | 3 | 2 tiles of 8 keys, then 8 | 12 | 2
     chunk, P = heuristics.balanced_split(checked, simple.BLOCK_N, 1)
     assert (chunk, P) == (4, 2) and -(-90 // simple.BLOCK_N) > chunk * P
