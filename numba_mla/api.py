@@ -87,8 +87,8 @@ def prepare(q, cache, scale, mask=None, score_mod=None, num_partitions=None, ret
 
     call = check_decode(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
     if call.backend == "reference":
-        raise ValueError("backend: prepare() runs a kernel backend ('auto', 'simt', 'mma'), "
-                         "got 'reference'")
+        raise ValueError("backend: prepare() runs a kernel backend ('auto', 'simt', 'mma', "
+                         "'simple'), got 'reference'")
     return launch.Decoder(call)
 
 

@@ -22,9 +22,11 @@ def main(argv=None):
                            "where one of its cases would take hours)")
     size.add_argument("--quick", dest="full", action="store_false",
                       help="the simulator-sized sweep (default on the simulator)")
-    v.add_argument("--backend", default="auto", choices=["auto", "simt", "mma", "reference"],
+    v.add_argument("--backend", default="auto",
+                   choices=["auto", "simt", "mma", "simple", "reference"],
                    help="kernel to check: auto (tensor cores for 16-bit data on sm_90, else "
-                        "FMA), simt (FMA), mma (tensor cores), reference")
+                        "FMA), simt (FMA), mma (tensor cores), simple (the readable FMA "
+                        "kernel), reference")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--limit", type=int, default=None, help="run only the first N cases")
     _add_bench(sub)

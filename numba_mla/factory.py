@@ -114,6 +114,21 @@ def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=Fal
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 
+def simple_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False):
+    """The readable stage-1 kernel (kernels/simple.py) for this configuration; ``direct`` as
+    above."""
+
+    def build():
+        from .kernels.simple import make_partition_kernel
+
+        return make_partition_kernel(load=converters(tag)[0], store=_output_store(tag, direct),
+                                     unpack=unpacker(tag), block_m=block_m, heads=heads,
+                                     **_device_functions(mask, score_mod, cache_cls))
+
+    return _cached(("simple", tag, block_m, heads, direct)
+                   + _mods_key(mask, score_mod, cache_cls), build)
+
+
 def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, tma=False):
     """The stage-1 tensor-core kernel (kernels/mma.py) for this configuration (bf16, f16);
     ``direct``: the variant that writes the final output (one partition, no combine); ``tma``:

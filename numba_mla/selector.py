@@ -116,8 +116,9 @@ def select_kernel(call, tag, rows, longest, facts: ArrayFacts,
         return KernelSpec("simt", disp, simt.NTHREADS, simt.smem_bytes(block_m, sixteen),
                           q_pairs=False, tma=False, **common)
     if backend == "simple":
-        disp = factory.simple_partition_kernel(mask, mod, tag, cache_cls, H, direct)
-        return KernelSpec("simple", disp, simple.NTHREADS, 0, q_pairs=False, tma=False, **common)
+        disp = factory.simple_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct)
+        return KernelSpec("simple", disp, simple.NTHREADS, simple.smem_bytes(block_m),
+                          q_pairs=False, tma=False, **common)
     tma = ((call.cache.kind == "contiguous" or call.cache.page_size % mma.BLOCK_N == 0)
            and facts.packed_rows)
     if tma:

@@ -195,13 +195,14 @@ def dtype_name(dtype):
 
 
 def kernel_backends(dtype):
-    """The kernel backends to test for ``dtype`` (a dtype or a DTYPES key): "simt" always, and
-    "mma" (tensor cores) for 16-bit data where the library accepts it. Cached per dtype."""
+    """The kernel backends to test for ``dtype`` (a dtype or a DTYPES key): "simt" always,
+    "mma" (tensor cores) for 16-bit data where the library accepts it, and "simple" (the
+    readable kernel) always, last. Cached per dtype."""
     name = dtype if isinstance(dtype, str) else dtype_name(dtype)
     out = ["simt"]
     if name != "fp32" and _backend_accepts("mma", name):
         out.append("mma")
-    return out
+    return out + ["simple"]
 
 
 def run_backend(p, backend, **kwargs):

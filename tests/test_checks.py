@@ -4,7 +4,8 @@ any backend is chosen (whatever ``backend`` says), and nothing is written to ``o
 
 Each entry point is driven through one table: ``mla_decode`` and ``mla_decode_ragged`` with
 every backend, ``flare_mla_decoding`` (padded and ragged q) and the reference's two entry
-points. A valid base problem is accepted (``test_base_call_is_accepted``), so each refusal
+points. A valid base problem is accepted (``test_base_call_is_accepted``; each public entry
+point runs the backend it names, a kernel in the simulator without a GPU), so each refusal
 below is caused by its one bad argument.
 """
 import math
@@ -16,9 +17,11 @@ import numpy as np
 import pytest
 
 import numba_mla as nm
-from helpers import UNUSED_PAGE, make_problem, randn
+from helpers import BF16, UNUSED_PAGE, assert_three_way, fp32_floor, make_problem, randn
+from numba_mla.factory import dtype_tag
+from numba_mla.launch import resolve_backend
 
-BACKENDS = ("auto", "simt", "mma", "reference")
+BACKENDS = ("auto", "simt", "mma", "simple", "reference")
 SENTINEL = 7.0
 
 
@@ -99,23 +102,59 @@ def assert_refused(entry, p, exc, name, *shows, out=None, **kw):
 # ---------------------------------------------------------------------------------------------
 # The base call is accepted (so each refusal below is caused by its one bad argument)
 # ---------------------------------------------------------------------------------------------
-@entries(ALL)
-def test_base_call_is_accepted(entry, rng):
-    p = base_problem(rng, entry)
+def running(table):
+    """Parametrize over ``table`` for a test that runs the call: a public entry point runs the
+    backend it names (marked ``kernel`` unless that is the reference); the others run the
+    reference."""
+    return pytest.mark.parametrize("entry", [
+        pytest.param(e, id=str(e),
+                     marks=pytest.mark.kernel if e.backend not in (None, "reference") else ())
+        for e in table])
+
+
+def accepted_problem(rng, entry, lengths=(7, 3)):
+    """The base problem as a backend takes it: bfloat16 for "mma" (tensor cores take 16-bit
+    data only; float32 is refused), float32 elsewhere."""
+    return base_problem(rng, entry, lengths, dtype=BF16 if entry.backend == "mma" else np.float32)
+
+
+def run_accepted(entry, p, out):
+    """Call ``entry`` on the valid problem p: with its own backend where it names one, else
+    with the reference (``flare_mla_decoding`` and the reference's entry points)."""
+    if entry.backend:
+        return invoke(entry, p, out)
+    return invoke(entry, p, out, backend="reference")
+
+
+def assert_reference_answer(entry, p, out):
+    """``out`` holds the reference's answer: exactly where the reference ran, and within the
+    three-way check where a kernel did."""
     want = p.run(nm.reference)
+    if entry.backend in (None, "reference"):
+        np.testing.assert_array_equal(out, want.astype(p.dtype))
+        return
+    low = p.run(nm.reference, compute_dtype=np.float32).astype(p.dtype)
+    kernel = resolve_backend(entry.backend, dtype_tag(p.dtype))
+    assert_three_way(out, low, want, floor=fp32_floor(want, kernel))
+
+
+@running(ALL)
+def test_base_call_is_accepted(entry, rng):
+    p = accepted_problem(rng, entry)
     out = sentinel_out(p)
-    invoke(entry, p, out, backend="reference")
-    np.testing.assert_array_equal(out, want.astype(p.dtype))
+    run_accepted(entry, p, out)
+    assert_reference_answer(entry, p, out)
 
 
-@entries(ALL)
+@running(ALL)
 def test_zero_length_sequence_is_accepted(entry, rng):
     """length 0 is allowed whatever the query count: its rows give 0."""
-    p = base_problem(rng, entry, lengths=(0, 3))
+    p = accepted_problem(rng, entry, lengths=(0, 3))
     out = sentinel_out(p)
-    invoke(entry, p, out, backend="reference")
+    run_accepted(entry, p, out)
     r0, n = p.rows_of(0)
     assert np.all(p.flat(out)[r0:r0 + n] == 0)
+    assert_reference_answer(entry, p, out)
 
 
 # ---------------------------------------------------------------------------------------------

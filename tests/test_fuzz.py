@@ -48,7 +48,7 @@ def fuzz(n):
 
 
 SENTINEL = 7.0
-BACKENDS = ("auto", "simt", "mma", "reference")
+BACKENDS = ("auto", "simt", "mma", "simple", "reference")
 ENTRIES = ("decode", "ragged", "flare", "flare_ragged", "flare_array")
 RAGGED = ("ragged", "flare_ragged")
 FLARE = ("flare", "flare_ragged", "flare_array")
@@ -719,7 +719,7 @@ def test_fuzz_unusual_valid_arguments_are_accepted(no_launch, data):
         wide = sentinel_out(p, p.out_shape[:-1] + (1024,))
         out = wide[..., ::2]
         assert not out.flags.c_contiguous
-    backend = data.draw(st.sampled_from(["auto", "simt", np.str_("simt")]))
+    backend = data.draw(st.sampled_from(["auto", "simt", np.str_("simt"), "simple"]))
     cache = p.cache
     if p.cache_kind == "paged" and data.draw(st.booleans(), "junk in unused entries"):
         bt = p.cache.block_table.copy()
@@ -829,11 +829,20 @@ def test_fuzz_valid_calls_simt(case):
     check_valid_call(*case)
 
 
+@pytest.mark.kernel
+@settings(max_examples=3, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=valid_calls(max_b=2, max_h=2, long_lengths=st.integers(33, 40), max_other=20,
+                        max_sq=2))
+def test_fuzz_valid_calls_simple(case):
+    check_valid_call(*case, backend="simple")
+
+
 @pytest.mark.gpu
 @settings(max_examples=60, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(case=valid_calls(max_b=4, max_h=64, long_lengths=st.integers(1, 2000),
                         max_other=2000, max_sq=4),
-       backend=st.sampled_from(["simt", "auto"]))
+       backend=st.sampled_from(["simt", "auto", "simple"]))
 def test_gpu_fuzz_valid_calls(case, backend):
     check_valid_call(*case, backend=backend)

@@ -50,12 +50,13 @@ from helpers import (
     to_torch,
 )
 from numba_mla import factory, heuristics, launch
+from numba_mla.kernels import simple
 from numba_mla.mods import as_mask, as_score_mod
 
 #: Runs the kernels: in the CUDA simulator in CI, on the device when there is one.
 KERNEL = pytest.mark.kernel
-#: The split-K kernels: FMA and tensor cores (16-bit data only).
-KERNEL_BACKENDS = ("simt", "mma")
+#: The split-K kernels: FMA, tensor cores (16-bit data only) and the readable FMA kernel.
+KERNEL_BACKENDS = ("simt", "mma", "simple")
 
 
 def tiles(length, block_n=32):
@@ -237,6 +238,12 @@ MMA_SIM_CASES = [SimCase(j, **c) for j, c in enumerate(
     each_value_once({**SIM_FACTORS, "dtype": ["bf16", "fp16"]}))]
 
 
+#: The simple kernel in the simulator: every value of every factor at least once, all three
+#: dtypes. Its 8-key tiles make "1" and "3" partitions runs of several tiles (up to 9), the
+#: last one partial.
+SIMPLE_SIM_CASES = [SimCase(j, **c) for j, c in enumerate(each_value_once(SIM_FACTORS))]
+
+
 def test_pairwise_selection_covers_every_pair():
     cases = [{n: getattr(c, n) for n in SIM_FACTORS} for c in SIM_CASES]
     assert not missing_pairs(SIM_FACTORS, cases)
@@ -278,6 +285,14 @@ def test_mma_kernel_each_factor(case, rng):
     p = case.problem(rng)
     mask = MASKS[case.mask].make(p, rng)
     check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, "mma")
+
+
+@KERNEL
+@pytest.mark.parametrize("case", SIMPLE_SIM_CASES, ids=str)
+def test_simple_kernel_each_factor(case, rng):
+    p = case.problem(rng)
+    mask = MASKS[case.mask].make(p, rng)
+    check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, "simple")
 
 
 @KERNEL
@@ -476,10 +491,11 @@ WINDOWS = [  # (mask id, the mask, the first key it keeps for a query at q (SPEC
 
 
 @KERNEL
+@pytest.mark.parametrize("backend", ["simt", "simple"])
 @pytest.mark.parametrize("mask_id,make_mask,first_kept,Sq,dtype,kind,page_size,P,ragged",
                          WINDOWS, ids=[w[0] for w in WINDOWS])
 def test_window_reads_only_the_window(mask_id, make_mask, first_kept, Sq, dtype, kind, page_size,
-                                      P, ragged, rng):
+                                      P, ragged, backend, rng):
     """Tile skipping: a window (or chunk) near the end of a long cache. The references come
     from the clean cache; then every key tile (on the kernel's tile grid from 0) wholly before the
     first key any query may keep is overwritten with NaN. A kernel that reads a skipped tile
@@ -489,15 +505,15 @@ def test_window_reads_only_the_window(mask_id, make_mask, first_kept, Sq, dtype,
                      ragged=ragged, q_counts=[2, 1])
     mask = make_mask()
     golden, same = references(p, mask, nm.IdentityScoreMod())
-    block_n = simt_tile(2 * H, p.dtype)
+    block_n = simple.BLOCK_N if backend == "simple" else simt_tile(2 * H, p.dtype)
     for b in range(B):
         L, n = int(p.lengths[b]), int(p.counts[b])
         stop = first_kept(L - n) // block_n * block_n      # its first query keeps the most
         assert stop >= 128                                # most of the cache is poisoned
         poison_before(p, b, stop)
     out = np.full(p.out_shape, np.nan, p.dtype)
-    _, lse = p.run(nm, mask=mask, num_partitions=P, return_lse=True, out=out, backend="simt")
-    assert_matches_reference(out, lse, golden, same)
+    _, lse = p.run(nm, mask=mask, num_partitions=P, return_lse=True, out=out, backend=backend)
+    assert_matches_reference(out, lse, golden, same, backend)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -528,6 +544,11 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
         seesaw = [factory.seesaw_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
                                                   type(p.cache), p.heads, direct)
                   for direct in (False, True)]
+    elif backend == "simple":
+        dispatchers = [factory.simple_partition_kernel(as_mask(mask), as_score_mod(score_mod),
+                                                       tag, type(p.cache), simple.BLOCK_M,
+                                                       p.heads, direct)
+                       for direct in (False, True)]
     else:
         block_m = heuristics.simt_block_m(int(p.counts.max()) * p.heads, tag != "f32")
         dispatchers = [factory.partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,

@@ -5,9 +5,11 @@
   the very end: a kernel that computes an address in 32 bits reads the wrong rows (or faults).
   The reference runs on a small cache holding the same rows.
 - A call whose split-K workspace cannot fit in GPU memory (an explicit ``num_partitions`` in the
-  millions, or a large q with many partitions) must fail before any launch with a clear error
-  (MemoryError, or ValueError naming the memory), leave ``out`` untouched and the library
-  usable.
+  millions, or a large q with many partitions) must fail before any launch with a MemoryError
+  that says how much memory it needs (README: "A workspace the device cannot hold is a
+  MemoryError before launch"), or, where ``num_partitions`` is past a grid's x dimension, the
+  ValueError that names ``num_partitions``; either way ``out`` is left untouched and the
+  library stays usable.
 
 On the GPU machine: ``python -m pytest tests/test_limits.py -m gpu`` (``slow``: minutes and
 ~15 GB of GPU memory).
@@ -90,22 +92,22 @@ def test_gpu_contiguous_cache_beyond_int32(dtype, backend):
         check_against_small(torch, small, cache, backend, mask, P)
 
 
-IMPOSSIBLE = [  # (B, Sq, H, num_partitions): a workspace of T x H x P x 513 float32
-    (1, 1, 128, 2**22),         # 1.1 TB
-    (8, 8, 128, 2**16),         # a large q: 1.1 TB
-    (1, 1, 1, 2**40),           # 2 PB, and more blocks than a grid holds
+IMPOSSIBLE = [  # (B, Sq, H, num_partitions, error, message): a workspace of T x H x P x 513 fp32
+    (1, 1, 128, 2**22, MemoryError, "GiB of device memory"),        # 1.1 TB
+    (8, 8, 128, 2**16, MemoryError, "GiB of device memory"),        # a large q: 1.1 TB
+    (1, 1, 1, 2**40, ValueError, "^num_partitions: at most"),       # more blocks than a grid holds
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,Sq,H,num_partitions", IMPOSSIBLE)
-def test_gpu_impossible_allocation_is_a_clear_error(B, Sq, H, num_partitions):
-    """Refused before any launch with MemoryError or a ValueError about memory; out untouched;
-    the next call works."""
+@pytest.mark.parametrize("B,Sq,H,num_partitions,error,message", IMPOSSIBLE)
+def test_gpu_impossible_allocation_is_a_clear_error(B, Sq, H, num_partitions, error, message):
+    """Refused before any launch: a workspace too large is a MemoryError, a grid too wide a
+    ValueError naming num_partitions; out untouched; the next call works."""
     rng = np.random.default_rng(33)
     p = make_problem(rng, B, Sq, H, [max(Sq, 40)] * B, BF16, "paged", 16)
     out = np.full(p.out_shape, 7.0, BF16)
-    with pytest.raises((MemoryError, ValueError), match="(?i)memory"):
+    with pytest.raises(error, match=message):
         p.run(nm, num_partitions=num_partitions, out=out, backend="simt")
     assert np.all(f64(out) == 7.0), "out was written by a refused call"
     small = make_problem(rng, 2, 1, 4, [40, 3], BF16, "paged", 16)

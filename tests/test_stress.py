@@ -1,5 +1,5 @@
-"""Numerics under stress, for every kernel backend (``kernel_backends``: "simt", and "mma"
-for 16-bit data where the library takes it).
+"""Numerics under stress, for every kernel backend (``kernel_backends``: "simt", "mma" for
+16-bit data where the library takes it, and "simple").
 
 - Scores of large magnitude in fp16/bf16: q and K scaled x100 (a one-hot softmax: out must be
   exactly the winning key's V row), and a large common offset (rope dims of 100: every score
@@ -9,7 +9,8 @@ for 16-bit data where the library takes it).
   of -inf everywhere but one key per row).
 - NaN and +-inf in one element of q: that row becomes what the reference makes of it (NaN, or
   empty), every other row is unaffected; NaN in a key makes its sequence's rows NaN.
-- Lengths exactly on and one past the key tiles (32 keys for simt, 64 for mma) and the pages.
+- Lengths exactly on and one past the key tiles (32 keys for simt, 64 for mma, 8 for simple)
+  and the pages.
 
 Every result is checked against the float64 reference three ways (STYLE.md) with NaN/inf at
 exactly its positions, and ``out`` pre-filled with NaN. Scores near 1e5 carry fp32 rounding of
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 
 import numba_mla as nm
-from numba_mla.kernels import mma
+from numba_mla.kernels import mma, simple
 from helpers import (
     BF16,
     DTYPES,
@@ -39,14 +40,17 @@ from helpers import (
 
 def backend_cases(dtypes, ci=None):
     """(dtype, backend) parameters over ``dtypes`` and their kernel backends. With ``ci`` (a
-    test's index), only one runs in the simulator: the first dtype with the ``ci``-th backend
-    (in rotation over the available ones, so the CI tests share the backends out); the others
-    are marked ``gpu``. Without it, all are for the GPU suite (whose tests carry the mark)."""
+    test's index), the first dtype runs in the simulator with the ``ci``-th of the tuned
+    backends (in rotation, so the CI tests share them out) and with "simple" (the readable
+    kernel, cheap to simulate); the others are marked ``gpu``. Without it, all are for the GPU
+    suite (whose tests carry the mark)."""
     params = []
     for dt in dtypes:
         available = kernel_backends(dt)
+        tuned = [be for be in available if be != "simple"]
         for be in available:
-            in_ci = ci is not None and dt == dtypes[0] and be == available[ci % len(available)]
+            in_ci = (ci is not None and dt == dtypes[0]
+                     and be in (tuned[ci % len(tuned)], "simple"))
             params.append(pytest.param(dt, be, id=f"{dt}-{be}",
                                        marks=() if in_ci else pytest.mark.gpu))
     return params
@@ -298,7 +302,7 @@ def test_gpu_nan_in_a_key(dtype, backend, rng):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("backend", ["simt", "mma"])
+@pytest.mark.parametrize("backend", ["simt", "mma", "simple"])
 def test_nan_in_a_dropped_key(backend, rng):
     """NaN in the V part of a valid key that a sliding window drops (its whole tile): the
     kernels never read it, and the reference leaves it out too (a dropped key takes no part)."""
@@ -317,7 +321,8 @@ def test_nan_in_a_dropped_key(backend, rng):
 @pytest.mark.parametrize("dtype,backend", backend_cases(["bf16", "fp16", "fp32"], ci=0))
 def test_lengths_on_and_past_a_tile(dtype, backend, rng):
     """Lengths of exactly one tile and one key more (pages of 16: also on a page boundary)."""
-    n = mma.BLOCK_N if backend == "mma" else simt_tile(2, DTYPES[dtype])
+    n = {"mma": mma.BLOCK_N, "simple": simple.BLOCK_N}.get(backend) or simt_tile(
+        2, DTYPES[dtype])
     p = make_problem(rng, 2, 1, 2, [n, n + 1], DTYPES[dtype], "paged", 16)
     check(p, backend)
 
@@ -339,9 +344,9 @@ def test_gpu_tile_and_page_boundaries(dtype, backend, page_size, rng):
 
 
 def test_kernel_backends_helper():
-    """simt always; mma never for fp32; the answer is cached."""
-    assert kernel_backends("fp32") == ["simt"]
+    """simt first and simple last, always; mma never for fp32; the answer is cached."""
+    assert kernel_backends("fp32") == ["simt", "simple"]
     for dt in ("bf16", BF16, np.float16):
         got = kernel_backends(dt)
-        assert got[0] == "simt" and set(got) <= {"simt", "mma"}
+        assert got[0] == "simt" and got[-1] == "simple" and set(got) <= {"simt", "mma", "simple"}
         assert kernel_backends(dt) == got

@@ -21,7 +21,7 @@ from .problems import D_QK, D_V
 
 #: numba_mla kernel backends to time; one whose ``launch.Plan`` raises NotImplementedError (or
 #: that has no kernel of its own yet) is skipped with the reason.
-KERNEL_BACKENDS = ("simt", "mma")
+KERNEL_BACKENDS = ("simt", "mma", "simple")
 
 
 class Skip(Exception):

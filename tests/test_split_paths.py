@@ -1,0 +1,190 @@
+"""Split-K paths of every kernel backend, in shapes just large enough to reach them (marked
+``kernel``: the simulator in CI, the device where there is one).
+
+Each partition kernel cuts a sequence's kept keys into tiles and gives partition p of P the
+p-th run of ``ceil(tiles / P)`` consecutive tiles (``partition_runs``); the combine kernel
+merges the partitions of a row in ``split()`` groups of ``UNROLL`` partitions a step, the
+groups meeting at the end (kernels/combine.py). Tile sizes come from the kernel modules
+(``Backend.tile_keys``), and each case asserts the geometry it is meant to have before it
+runs, so a change of tile size cannot quietly turn it into a case that no longer reaches
+its path:
+
+- ``runs_of_tiles``: two partitions of three and two tiles, the last tile partial (paged,
+  pages not aligned with tiles). Guards the online softmax across the tiles of a partition
+  (a running sum not rescaled when a later tile raises the maximum fails it, FMA kernel) and
+  the combine's last partition (a combine that skips it fails it, every backend).
+- ``ragged_three_parts``: three partitions of two, two and one tile over ragged q (a
+  sequence with no query rows, a short one): the last partition holds only a partial tile.
+  Guards the same, on a contiguous cache and 16-bit data.
+- ``sixteen_parts``: 16 partitions of one tile each, nine holding keys: two combine groups,
+  both with keys. Guards the combine's cross-group merge: group weights exp(m_group - max)
+  taken as exp2 fail it, every backend.
+
+Every backend runs every case (``BACKENDS``: add a backend there); each result is checked
+three ways against the float64 reference (out and lse), with out pre-filled with NaN (every
+element must be written) and NaN in every cache slot no valid key occupies (make_problem).
+"""
+from dataclasses import dataclass
+from typing import Callable, Tuple
+
+import numpy as np
+import pytest
+
+import numba_mla as nm
+from helpers import DTYPES, assert_three_way, fp32_floor, make_problem, references
+from numba_mla import heuristics
+from numba_mla.kernels import combine, mma, simple, simt
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends and their tiles
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Backend:
+    """A kernel backend: its ``backend=`` name, the dtypes it takes (DTYPES keys), and its
+    keys per tile, ``tile_keys(dtype, rows)`` for ``rows`` query rows a sequence (H x the
+    largest query count), read from its kernel module."""
+
+    name: str
+    dtypes: Tuple[str, ...]
+    tile_keys: Callable[[str, int], int]
+
+
+def simt_tile_keys(dtype, rows):
+    """The FMA kernel's tile: it depends on the rows a block holds (chosen as launch.py does)
+    and on whether the storage is 16-bit."""
+    packed = DTYPES[dtype].itemsize == 2
+    return simt.block_n(heuristics.simt_block_m(rows, packed), packed)
+
+
+BACKENDS = [
+    Backend("simt", ("bf16", "fp16", "fp32"), simt_tile_keys),
+    Backend("mma", ("bf16", "fp16"), lambda dtype, rows: mma.BLOCK_N),
+    Backend("simple", ("bf16", "fp16", "fp32"), lambda dtype, rows: simple.BLOCK_N),
+]
+
+
+def partition_runs(ntiles, P):
+    """[t0, t1) the tiles partition p walks, for p = 0 .. P-1 (the split every partition
+    kernel makes: runs of ceil(ntiles / P) tiles, the last ones short or empty)."""
+    per_part = -(-ntiles // P)
+    return [(min(p * per_part, ntiles), min((p + 1) * per_part, ntiles)) for p in range(P)]
+
+
+def combine_groups(rows, P):
+    """(S, group of each partition): the combine's partition groups for ``rows`` output rows
+    (T x H) and P partitions; group g merges partitions g*UNROLL ..., S*UNROLL apart."""
+    S = combine.split(rows, P, heuristics.sm_count())
+    return S, [(p // combine.UNROLL) % S for p in range(P)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SplitCase:
+    """The longest sequence has ``tiles`` key tiles, its last one holding ``tail`` keys (fewer
+    than any backend's tile), split into ``partitions``. ``dtypes``: the first one the backend
+    takes is used. ``guards``: the geometry the case must have (asserted in ``geometry``)."""
+
+    name: str
+    dtypes: Tuple[str, ...]
+    cache: str                  # "contiguous" or "paged<page size>"
+    layout: str                 # "padded" or "ragged"
+    sq: int
+    heads: int
+    tiles: int
+    tail: int
+    partitions: int
+    guards: Tuple[str, ...]
+
+    def dtype(self, backend):
+        return next(d for d in self.dtypes if d in backend.dtypes)
+
+    @property
+    def page_size(self):
+        return int(self.cache[5:]) if self.cache.startswith("paged") else None
+
+
+CASES = [
+    SplitCase("runs_of_tiles", ("fp32", "bf16"), "paged5", "padded", sq=2, heads=2, tiles=5,
+              tail=3, partitions=2,
+              guards=("several_tiles", "last_partition_keys", "partial_last_tile")),
+    SplitCase("ragged_three_parts", ("bf16",), "contiguous", "ragged", sq=2, heads=2, tiles=5,
+              tail=5, partitions=3,
+              guards=("several_tiles", "last_partition_keys", "partial_last_tile")),
+    SplitCase("sixteen_parts", ("fp32", "bf16"), "contiguous", "padded", sq=1, heads=2, tiles=9,
+              tail=7, partitions=2 * combine.UNROLL, guards=("cross_group",)),
+]
+
+
+def geometry(case, backend):
+    """(longest length, tile) for ``case`` on ``backend``, after asserting the case's guards
+    against the tile sizes and the partition and combine splits."""
+    dtype = case.dtype(backend)
+    tile = backend.tile_keys(dtype, case.sq * case.heads)
+    assert 0 < case.tail < tile
+    length = (case.tiles - 1) * tile + case.tail
+    runs = partition_runs(case.tiles, case.partitions)
+    with_keys = [p for p, (t0, t1) in enumerate(runs) if t1 > t0]
+    if case.page_size is not None:  # tiles straddle pages, at a different place each tile
+        assert tile % case.page_size and case.page_size % tile, (case.page_size, tile)
+    for guard in case.guards:
+        if guard == "several_tiles":  # every partition with keys but the last walks 2+ tiles
+            assert all(t1 - t0 >= 2 for t0, t1 in runs[:with_keys[-1]]), runs
+            assert len(with_keys) >= 2, runs
+        elif guard == "last_partition_keys":
+            assert with_keys[-1] == case.partitions - 1, runs
+        elif guard == "partial_last_tile":  # the last tile, in the last partition, is short
+            assert length % tile and runs[-1][1] == case.tiles, (length, tile, runs)
+        elif guard == "cross_group":  # the combine's groups, two or more of them with keys
+            S, group = combine_groups(case.sq * case.heads, case.partitions)
+            assert S >= 2 and len({group[p] for p in with_keys}) >= 2, (S, group, runs)
+        else:
+            raise AssertionError(f"unknown guard {guard!r}")
+    return length, tile
+
+
+def make_case_problem(case, backend, rng):
+    """The case's problem: one sequence of the longest length (padded), or three (ragged:
+    the longest with ``sq`` query rows, one with none, a short one with one row)."""
+    length, _ = geometry(case, backend)
+    kind = "paged" if case.page_size else "contiguous"
+    dtype = DTYPES[case.dtype(backend)]
+    if case.layout == "ragged":
+        lengths, counts = [length, 9, 2], [case.sq, 0, 1]
+        return make_problem(rng, 3, case.sq, case.heads, lengths, dtype, kind,
+                            case.page_size or 16, ragged=True, q_counts=counts)
+    return make_problem(rng, 1, case.sq, case.heads, [length], dtype, kind, case.page_size or 16)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)
+def test_split_path(backend, case, rng):
+    p = make_case_problem(case, backend, rng)
+    mask = nm.CausalMask() if case.sq > 1 else nm.NullMask()
+    golden, same = references(p, mask)
+    out = np.full(p.out_shape, np.nan, p.dtype)
+    got, lse = p.run(nm, mask=mask, num_partitions=case.partitions, return_lse=True, out=out,
+                     backend=backend.name)
+    assert got is out
+    assert isinstance(lse, np.ndarray) and lse.shape == p.lse_shape and lse.dtype == np.float32
+    assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0], backend.name),
+                     what="out")
+    assert_three_way(lse, same[1], golden[1], floor=fp32_floor(golden[1], backend.name),
+                     what="lse")
+
+
+def test_geometry_guards_can_fail():
+    """The guards reject a split that misses its path: a last partition left empty, partitions
+    of one tile, 16 partitions whose keys all sit in the combine's first group."""
+    wide = Backend("wide", ("bf16",), lambda dtype, rows: 64)
+    for base, bad in ((CASES[0], dict(tiles=4, partitions=3)),
+                      (CASES[0], dict(tiles=5, partitions=5)),
+                      (CASES[2], dict(tiles=combine.UNROLL))):
+        with pytest.raises(AssertionError):
+            geometry(SplitCase(**{**base.__dict__, **bad}), wide)
+    for case in CASES:  # the real cases pass, on every backend
+        for backend in BACKENDS:
+            geometry(case, backend)
