@@ -464,7 +464,7 @@ def test_flare_mla_decoding_writes_output(k_kind, rng):
     golden, same = references(p, mask, score_mod)
     output = np.full(p.out_shape, np.nan, p.dtype)
     got = nm.flare_mla_decoding(output, p.q, k, mask, score_mod, valid_length, p.scale,
-                                backend="simt")
+                                backend="simt", use_score_mod=True)
     assert got is output
     assert_three_way(output, same[0], golden[0], floor=fp32_floor(golden[0]), what="output")
 
