@@ -167,7 +167,8 @@ def select_kernel(call, tag, rows, longest, facts: ArrayFacts,
         block_n = simt.block_n(block_m, sixteen)
     _check_config(config, backend, block_m, block_n)
     groups = max(1, math.ceil(rows / block_m))
-    P = call.num_partitions or heuristics.num_partitions(call.batch, groups, longest, block_n)
+    P = (call.num_partitions or (config is not None and config.num_partitions)
+         or heuristics.num_partitions(call.batch, groups, longest, block_n))
     direct = P == 1
     common = dict(block_m=block_m, block_n=block_n, groups=groups, num_partitions=P,
                   direct=direct)
