@@ -1,6 +1,6 @@
-"""Compile the partition kernels (tensor-core, FMA and simple) for sm_90a on a machine without a
-GPU and fail on local-memory spills or a call left in the code; for the tensor-core kernel also
-on a missing or serialised HGMMA.
+"""Compile the partition kernels (tensor-core, FMA, simple and its warp split-K) for sm_90a on
+a machine without a GPU and fail on local-memory spills or a call left in the code; for the
+tensor-core kernel also on a missing or serialised HGMMA.
 
 Needs ``pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump`` (NVVM, nvJitLink, cuobjdump).
 Usage: python scripts/build_check.py      (exit status 1 on any failure, 77 when NVVM or
@@ -169,6 +169,17 @@ def main():
         ok = not spills and calls == 0
         bad += not ok
         print(f"simple {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
+              f"rows={simple.BLOCK_M} regs={regs} spills={spills} calls={calls}  "
+              f"{'ok' if ok else 'FAIL'}")
+    for mask, mod, tag, cache, _, heads, direct in SIMT_CASES:  # warp split-K (warpsplit.py)
+        kern = factory.warpsplit_partition_kernel(mask, mod, tag, cache, heads, direct)
+        ptx, _ = cuda.compile_ptx(kern.py_func, simt_signature(tag, direct), cc=(9, 0, "a"),
+                                  launch_bounds=kern.targetoptions.get("launch_bounds"))
+        _, log = build_sass(ptx)
+        regs, spills, calls = _resources(ptx, log)
+        ok = not spills and calls == 0
+        bad += not ok
+        print(f"wsplit {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} direct={direct!s:5} "
               f"rows={simple.BLOCK_M} regs={regs} spills={spills} calls={calls}  "
               f"{'ok' if ok else 'FAIL'}")
     return 1 if bad else 0

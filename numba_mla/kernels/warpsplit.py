@@ -48,6 +48,7 @@ NW = 4  # warps a block
 NTHREADS = 32 * NW
 BLOCK_M = 8  # query rows a block
 WN = 2  # keys a warp's tile
+KS_ROWS = NW * WN  # rows of Ks (a compile-time constant for the shared array's shape)
 ROW = D_QK + 1  # shared row stride in words (the padding word: see simple.py)
 PAIRS = D_QK // 2  # a cache row as pairs of values
 KEY_LANES = 32 // WN  # lanes that copy one key (16)
@@ -67,10 +68,10 @@ def smem_bytes(block_m):
 def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_classify,
                           mask_key_range, score_mod, fold_scale, block_m, heads):
     """The stage-1 kernel with warp split-K; arguments as simple.make_partition_kernel's."""
-    assert block_m == BLOCK_M and NW * WN >= BLOCK_M  # Ks doubles as Os [BLOCK_M][512]
+    assert block_m == BLOCK_M and KS_ROWS >= BLOCK_M  # Ks doubles as Os [BLOCK_M][512]
     assert SPLIT * BLOCK_M * WN == 32 and PART * SPLIT == D_QK
     assert KEY_LANES * PAIRS_PER_LANE == PAIRS and DIMS_PER_LANE * 32 == D_V
-    assert 4 * (ROW * (BLOCK_M + NW * WN) + NW * (SPLIT + 1) * BLOCK_M * WN
+    assert 4 * (ROW * (BLOCK_M + KS_ROWS) + NW * (SPLIT + 1) * BLOCK_M * WN
                 + 3 * NW * BLOCK_M) <= STATIC_LIMIT
     H = heads
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, WN, heads)
@@ -111,7 +112,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
         Qs = cuda.shared.array((BLOCK_M, ROW), float32)
-        Ks = cuda.shared.array((NW * WN, ROW), float32)
+        Ks = cuda.shared.array((KS_ROWS, ROW), float32)
         Sp = cuda.shared.array((NW, SPLIT, BLOCK_M, WN), float32)
         Ps = cuda.shared.array((NW, BLOCK_M, WN), float32)
         Ms = cuda.shared.array((NW, BLOCK_M), float32)
