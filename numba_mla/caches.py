@@ -342,7 +342,8 @@ class RaggedKVCache(KVCache):
 
     def with_lengths(self, lengths):
         new = object.__new__(RaggedKVCache)
-        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_memo", "_device")})
+        new.__dict__.update({k: v for k, v in self.__dict__.items()
+                             if k not in ("_memo", "_device")})
         new._set_lengths(lengths)
         new._finish()
         if "block_table" in self._device:  # the offsets' device copy is shared

@@ -11,6 +11,8 @@ warp split-K.
 
 Kernel cases are simulator-sized (marked ``kernel``); the refusals launch nothing.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -88,6 +90,28 @@ def test_ragged_cache_kernels(backend, dtype, mask, partitions, rng):
     floor = fp32_floor(golden[0], backend)
     assert_three_way(out, same[0], golden[0], floor=floor)
     assert_three_way(lse, same[1], golden[1], floor=floor, what="lse")
+
+
+@KERNEL
+def test_ragged_cache_device_arrays(rng):
+    """Device rows and uint32 device offsets through the plain call (twice: the second reuses
+    the plan with a new q) and through prepare()."""
+    from numba import cuda
+
+    p = make_problem(rng, 2, 1, 2, [6, 3], np.float32, "ragged")
+    c = p.cache
+    cache = nm.RaggedKVCache(cuda.to_device(c.rows_array),
+                             cuda.to_device(c.offsets_host.astype(np.uint32)), p.lengths)
+    for step in range(2):
+        q = p.q if step == 0 else p.q[::-1].copy()
+        golden, same = references(dataclasses.replace(p, q=q))
+        out = nm.mla_decode(cuda.to_device(q), cache, p.scale, backend="simple").copy_to_host()
+        assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0], "simple"))
+    q_dev = cuda.to_device(p.q)
+    step = nm.prepare(q_dev, cache, p.scale, backend="simple")
+    golden, same = references(p)
+    assert_three_way(step().copy_to_host(), same[0], golden[0],
+                     floor=fp32_floor(golden[0], "simple"))
 
 
 # ---------------------------------------------------------------------------------------------
