@@ -13,30 +13,52 @@ from . import heuristics, plans, reference
 from .arrays import IO_DTYPES, dtype_of, is_array, is_device, shape_of, to_host
 from .caches import (D_QK, ContiguousKVCache, KVCache, RaggedKVCache, check_lengths,
                      host_offsets)
-from .checks import check_decode, check_ragged
+from .checks import _check_bias, _check_lengths_vs_rows, check_decode, check_ragged
 from .config import check_config
+from .mods import as_mask, as_score_mod
 from .selector import check_warp_split
-from .mods import as_score_mod
+
+
+def _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend):
+    """The plans.py key of an ``mla_decode`` call, built from its raw arguments before any
+    check (None when the call cannot reuse a plan: host arrays, the reference backend, an
+    argument of an unexpected kind: those take the checked path). A key equals a stored one
+    only if every argument's kind, layout and value (or, for arrays, layout) equals that of
+    an earlier call that passed every check: option values enter as (type, value) pairs."""
+    if backend == "reference" or not isinstance(cache, KVCache):
+        return None
+    try:
+        q_layout, out_layout = plans.layout(q), plans.layout(out)
+        if not q_layout or out_layout is False or not cache.layout_key[2]:
+            return None
+        mask, score_mod = as_mask(mask), as_score_mod(score_mod)
+        bias_layout = plans.layout(mask.bias_array())
+        if bias_layout is False:
+            return None
+        sq = q_layout[1][1]
+        longest = cache.memo(("longest", mask.cache_key(), sq),
+                             lambda: heuristics.longest_key_range(
+                                 mask, cache.lengths_host, np.full(cache.batch, sq)))
+        key = ("decode", threading.get_ident(), plans.stream_of(q), backend,
+               (type(num_partitions), num_partitions), (type(return_lse), return_lse),
+               (type(scale), scale), mask.cache_key(), score_mod.cache_key(), q_layout,
+               out_layout, bias_layout, cache.layout_key, longest)
+        hash(key)
+    except Exception:  # anything odd: the checked path says what is wrong
+        return None
+    return key, mask, score_mod
 
 
 def _plan_key(call, entry):
-    """The plans.py key of a checked call on device arrays, or None (host arrays: no reuse)."""
-    q_layout = plans.layout(call.q)
+    """The plans.py key of a checked ragged call on device arrays, or None."""
+    q_layout, out_layout = plans.layout(call.q), plans.layout(call.out)
     cache = call.cache
-    bias = call.mask.bias_array()
-    out_layout = plans.layout(call.out)
-    bias_layout = plans.layout(bias)
+    bias_layout = plans.layout(call.mask.bias_array())
     if not q_layout or False in (out_layout, bias_layout) or not cache.layout_key[2]:
         return None
-    if call.ragged:
-        counts = np.diff(call.q_offsets_host)
-        rows = (int(counts.max(initial=0)), plans.layout(call.q_offsets) or "host")
-        longest = heuristics.longest_key_range(call.mask, cache.lengths_host, counts)
-    else:
-        rows = call.sq
-        longest = cache.memo(("longest", call.mask.cache_key(), call.sq),
-                             lambda: heuristics.longest_key_range(
-                                 call.mask, cache.lengths_host, np.full(call.batch, call.sq)))
+    counts = np.diff(call.q_offsets_host)
+    rows = (int(counts.max(initial=0)), plans.layout(call.q_offsets) or "host")
+    longest = heuristics.longest_key_range(call.mask, cache.lengths_host, counts)
     return (entry, threading.get_ident(), plans.stream_of(call.q), call.backend,
             call.num_partitions, call.config, call.warp_split_k, call.return_lse, call.scale,
             call.mask.cache_key(),
@@ -44,7 +66,19 @@ def _plan_key(call, entry):
             rows, longest)
 
 
-def _run(call, ref_fn, ref_args, entry):
+def _values_ok(cache, mask, sq, heads, lengths_name="lengths"):
+    """The checks of values a kept plan's key does not cover (the cache's lengths against the
+    query count, a bias against the lengths): once per cache object, from its host copies."""
+    cache.memo(("rows", sq, lengths_name),
+               lambda: _check_lengths_vs_rows(cache, sq, lengths_name) or True)
+    if mask.bias_array() is not None:
+        cache.memo(("bias", plans.layout(mask.bias_array()), sq),
+                   lambda: _check_bias(mask, cache.batch, heads, sq, cache) or True)
+
+
+def _run(call, ref_fn, ref_args, key):
+    """Run a checked call: the reference, a kept or new plan (device arrays, ``key``), or a
+    plan of its own (host arrays: copied in and out on every call anyway)."""
     if call.backend == "reference":
         out, lse = ref_fn(*ref_args, return_lse=True)
         if call.out is not None:
@@ -55,8 +89,7 @@ def _run(call, ref_fn, ref_args, entry):
         return (out, lse.astype(np.float32)) if call.return_lse else out
     from . import launch
 
-    key = _plan_key(call, entry)
-    if key is None:  # host arrays: copied in and out on every call anyway
+    if key is None:
         return launch.run(call)
     plan = plans.lookup(key)
     if plan is None:
@@ -70,16 +103,24 @@ def _run(call, ref_fn, ref_args, entry):
 
             offsets = cuda.to_device(offsets)
     return plans.run(plan, call.q, call.cache, call.mask.bias_array(), call.out, offsets,
-                     plans.stream_of(call.q))
+                     key[2])
 
 
 def mla_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
                return_lse=False, out=None, backend="auto"):
     """MLA decode: q [B, Sq, H, 576] against ``cache`` -> out [B, Sq, H, 512] in q's dtype
     (with ``return_lse``: ``(out, lse [B, Sq, H] float32)``). See SPEC.md for the semantics."""
+    fast = _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
+    if fast is not None:
+        key, mask_, _ = fast
+        plan = plans.lookup(key)
+        if plan is not None:  # the plain call's fast path: see plans.py
+            _values_ok(cache, mask_, plan.call.sq, plan.call.heads)
+            return plans.run(plan, q, cache, mask_.bias_array(), out, None, key[2])
     call = check_decode(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
     return _run(call, reference.mla_decode,
-                (q, cache, call.scale, call.mask, call.score_mod, num_partitions), "decode")
+                (q, cache, call.scale, call.mask, call.score_mod, num_partitions),
+                fast and fast[0])
 
 
 def prepare(q, cache, scale, mask=None, score_mod=None, num_partitions=None, return_lse=False,
@@ -105,7 +146,7 @@ def mla_decode_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None,
                         return_lse, out, backend)
     return _run(call, reference.mla_decode_ragged,
                 (q, q_row_offsets, cache, call.scale, call.mask, call.score_mod, num_partitions),
-                "ragged")
+                _plan_key(call, "ragged"))
 
 
 def _flag(name, value):
@@ -240,13 +281,18 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
         call.config, call.warp_split_k = config, warp_split_k
         _run(call, reference.mla_decode_ragged,
              (q, valid_length, cache, call.scale, call.mask, call.score_mod, num_partitions),
-             "ragged")
+             _plan_key(call, "ragged"))
     else:
         call = check_decode(q, cache, scale, mask, score_mod, num_partitions, False, output,
                             backend, out_name="output", lengths_name=lengths_name)
         _check_q_max_seq_len(q_max_seq_len, call.sq)
         check_warp_split(warp_split_k, call.backend)
         call.config, call.warp_split_k = config, warp_split_k
+        fast = _fast_key(q, cache, scale, mask, score_mod, num_partitions, False, output,
+                         backend)
+        key = fast and fast[0]
+        if key and (config is not None or warp_split_k):  # (mla_decode's key has neither)
+            key += ((config, warp_split_k),)
         _run(call, reference.mla_decode,
-             (q, cache, call.scale, call.mask, call.score_mod, num_partitions), "decode")
+             (q, cache, call.scale, call.mask, call.score_mod, num_partitions), key)
     return output

@@ -28,8 +28,15 @@ def _torch_dtype_to_numpy(tdtype):
     return table.get(tdtype)
 
 
+_TORCH_TYPES = {}  # type -> whether it is a torch tensor type (asked on every call: cached)
+
+
 def is_torch(x):
-    return type(x).__module__.startswith("torch") and hasattr(x, "is_cuda")
+    t = type(x)
+    known = _TORCH_TYPES.get(t)
+    if known is None:
+        known = _TORCH_TYPES[t] = t.__module__.startswith("torch") and hasattr(x, "is_cuda")
+    return known
 
 
 def is_array(x):

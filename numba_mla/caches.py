@@ -1,26 +1,22 @@
 """KV caches: where token ``t`` of sequence ``b`` lives (SPEC.md, "KV caches").
 
-Each row is 576 wide: 512 latent ("nope") dims, which double as V, then 64 rope dims. Both
-caches are validated on construction; lengths and block tables are also kept as small host
+Each row is 576 wide: 512 latent ("nope") dims, which double as V, then 64 rope dims. The
+caches (contiguous, paged, ragged) are validated on construction; lengths and block tables are also kept as small host
 copies (int32) so every later check is free of device round trips.
 
-On the device both caches are read through one function, ``locate(block_table, page_size,
+On the device every cache is read through one function, ``locate(block_table, page_size,
 npages, b, t) -> (page, slot)``, with the row at ``storage[page, slot, :]``: for a contiguous
 cache the "page" is the sequence and the page size is the capacity. It clamps what it reads to
 the arrays' extents (values may change in device memory after the checks).
 """
+from typing import Any, Optional
+
 import numpy as np
 
 from . import _compat  # noqa: F401
-from . import ptx
 from .arrays import (IO_DTYPES, dtype_of, is_array, is_device, last_axis_contiguous, shape_of,
                      to_host)
-from numba import cuda
-
-D_LATENT = 512  # the compressed KV ("nope") part; also V
-D_ROPE = 64  # the decoupled rotary part
-D_QK = D_LATENT + D_ROPE  # 576: the width of q and of a cache row
-D_V = D_LATENT  # 512: V = K[..., :512]
+from .constants import D_LATENT, D_QK, D_ROPE, D_V  # noqa: F401  (re-exported)
 
 
 def _check_storage(name, x):
@@ -98,7 +94,12 @@ class KVCache:
     split-K heuristic then still sees the lengths of construction time; ``with_lengths``
     makes a new cache over the same storage at host cost only."""
 
-    kind = None
+    kind: Optional[str] = None
+    storage: Any
+    lengths: Any
+    lengths_host: np.ndarray
+    block_table: Any
+    page_size: int
 
     def _finish(self):
         """What every call reads of the cache, computed once: the layout key of its arrays
@@ -117,6 +118,8 @@ class KVCache:
             return given
         d = self._device.get(name)
         if d is None:
+            from numba import cuda
+
             d = self._device[name] = cuda.to_device(host)
         return d
 
@@ -148,7 +151,7 @@ class KVCache:
         """Tokens each sequence can hold."""
         raise NotImplementedError
 
-    def rows(self, b, n):
+    def rows(self, b: int, n: int) -> np.ndarray:
         """NumPy [n, 576] copy of tokens 0..n-1 of sequence b (host path, for the reference)."""
         raise NotImplementedError
 
@@ -167,7 +170,7 @@ class ContiguousKVCache(KVCache):
 
     kind = "contiguous"
 
-    def __init__(self, kv, lengths):
+    def __init__(self, kv: Any, lengths: Any):
         shape, _ = _check_storage("kv", kv)
         self.storage = self.kv = kv
         self.lengths_host = check_lengths(lengths, shape[0], shape[1])
@@ -188,6 +191,8 @@ class ContiguousKVCache(KVCache):
 
     @staticmethod
     def device_locate():
+        from numba import cuda  # here, not at the top: the reference builds caches without Numba
+
         @cuda.jit(device=True)
         def locate(block_table, page_size, npages, b, t):
             # t is clamped to the capacity (page_size here): a length raised past it in
@@ -207,7 +212,7 @@ class PagedKVCache(KVCache):
 
     kind = "paged"
 
-    def __init__(self, pages, block_table, lengths):
+    def __init__(self, pages: Any, block_table: Any, lengths: Any):
         if is_array(pages) and len(shape_of(pages)) == 3 and shape_of(pages)[1] <= 0:
             raise ValueError(f"page_size: expected a positive page size (pages.shape[1]), got {shape_of(pages)[1]}")
         shape, _ = _check_storage("pages", pages)
@@ -246,9 +251,13 @@ class PagedKVCache(KVCache):
 
     @staticmethod
     def device_locate():
+        from numba import cuda  # here, not at the top: the reference builds caches without Numba
+
+        from .ptx import divmod_u32
+
         @cuda.jit(device=True)
         def locate(block_table, page_size, npages, b, t):
-            page, slot = ptx.divmod_u32(t, page_size)
+            page, slot = divmod_u32(t, page_size)
             # Clamped, so that values changed in device memory after the checks (a length past
             # the capacity, a page outside [0, npages)) read a wrong row, never outside arrays
             page = min(page, block_table.shape[1] - 1)
@@ -360,6 +369,8 @@ class RaggedKVCache(KVCache):
 
     @staticmethod
     def device_locate():
+        from numba import cuda  # here, not at the top: the reference builds caches without Numba
+
         @cuda.jit(device=True)
         def locate(block_table, page_size, npages, b, t):
             # The offset and the row are clamped (page_size is the row count R here), so that

@@ -21,6 +21,7 @@ from numba import cuda
 _SMEM_STATIC_LIMIT = 48 * 1024
 _MAX_GRID_X = 2**31 - 1
 _tls = threading.local()
+_load_lock = threading.RLock()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,11 +214,14 @@ class _Launch:
         from numba.core.typing import typeof
 
         sig = tuple(typeof.typeof(a, typeof.Purpose.argument) for a in args)
-        self.kernel = dispatcher.compile(sig)
-        fn = _numba.cufunc(self.kernel)  # loads the module into the context, once
-        if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
-            _numba.allow_dynamic_smem(fn, smem)
-            self.kernel._numba_mla_smem = smem
+        # One thread at a time compiles, loads the module into the context (Numba's module
+        # table asserts when two threads load one kernel at once) and raises the limit.
+        with _load_lock:
+            self.kernel = dispatcher.compile(sig)
+            fn = _numba.cufunc(self.kernel)
+            if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
+                _numba.allow_dynamic_smem(fn, smem)
+                self.kernel._numba_mla_smem = smem
         if _numba.needs_numba_launch(self.kernel):
             return  # Numba's launch does their extra work (error readback, cooperative launch)
         # Kept together: the parameter array points into _cvals, and both into self.args' memory.
@@ -338,9 +342,9 @@ class Plan:
         inputs = dict(
             offsets=_int32_device(offs_src, offs_host),
             storage=_as_device(cache.storage, sixteen, pairs=True),  # rows contiguous
-            lengths=cache.device_lengths(),
+            lengths=_as_device(cache.device_lengths(), False),
             block_table=(_dummy((1, 1), np.int32) if cache.block_table is None
-                         else cache.device_block_table()),
+                         else _as_device(cache.device_block_table(), False)),
             bias=_dummy((1, 1, 1), np.float32) if call.mask.bias_array() is None
             else _as_device(call.mask.bias_array(), False))
         # q as 16-bit pairs (the tensor-core kernels' view), or as 16-bit values (the others')

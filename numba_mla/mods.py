@@ -1,11 +1,14 @@
 """Masks and score mods: each defined once, its NumPy form beside its device form.
 
-Notation (SPEC.md): ``b`` sequence, ``h`` query head, ``q_pos`` absolute query position,
-``k`` absolute key position. A mask says which (q_pos, k) pairs are kept; a score mod rewrites
-the scaled score ``s``. The reference calls the NumPy forms on broadcast index arrays; the
-kernel factory compiles the device forms into the kernel (``device_*`` methods return
+Notation (SPEC.md): ``b`` sequence, ``h`` query head, ``q_pos`` absolute query position, ``k``
+absolute key position. A mask says which (q_pos, k) pairs are kept; a score mod rewrites the
+scaled score ``s``. The reference calls the NumPy forms on broadcast index arrays; the kernel
+factory compiles the device forms into the kernel (``device_*`` methods return
 ``cuda.jit(device=True)`` functions, built fresh from the object's parameters, so nothing is
 read from module globals at compile time).
+
+Only the device forms need Numba, and they import it when they are built: the NumPy forms, the
+tile rules and so the reference run with NumPy alone.
 
 Beyond the element-wise rule, every mask answers two questions about whole tiles, so kernels
 can skip work:
@@ -22,11 +25,12 @@ index within its sequence and ``bias`` is the materialized mask's array (a dummy
 """
 import inspect
 import math
+from typing import Any, Callable, Hashable, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from . import _compat  # noqa: F401  (NumPy shim before numba.cuda)
-from numba import cuda, float32
+from . import _compat  # noqa: F401  (NumPy shim, before a device form imports numba.cuda)
 
 #: Tile classes returned by ``Mask.classify``.
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -35,8 +39,19 @@ KEY_MAX = 2**31 - 1
 
 NEG_INF = -math.inf
 
+#: What the ``device_*`` methods return: a ``cuda.jit(device=True)`` function.
+DeviceFunction = Callable[..., Any]
+#: A tile rule ``(k0, k1, q_lo, q_hi) -> EMPTY / PARTIAL / FULL``.
+TileRule = Callable[[int, int, int, int], int]
+#: A key-range rule ``(q_lo, q_hi) -> (k_start, k_end)``.
+RangeRule = Callable[[int, int], tuple[int, int]]
 
-def _device(fn):
+
+def _device(fn: Callable[..., Any]) -> DeviceFunction:
+    """``fn`` compiled as a device function. Numba is imported here, when the first device form
+    is built, so that nothing else in this module needs it."""
+    from numba import cuda
+
     return cuda.jit(device=True)(fn)
 
 
@@ -69,7 +84,8 @@ def _causal_range(q_lo, q_hi):
 # Masks
 # ---------------------------------------------------------------------------------------------
 class Mask:
-    """Base class. Subclasses define ``keep`` (NumPy) and ``device_keep`` (device)."""
+    """Base class. Subclasses define ``keep`` (NumPy) and ``device_keep`` (device), and the
+    tile rules when they can say more than "PARTIAL everywhere"."""
 
     #: Boolean masks compose with ``&``/``|``; the materialized (additive) mask does not.
     boolean = True
@@ -77,34 +93,39 @@ class Mask:
     trivial = False
 
     # -- NumPy forms ----------------------------------------------------------------------
-    def keep(self, b, h, q_pos, k):
+    def keep(self, b: ArrayLike, h: ArrayLike, q_pos: ArrayLike, k: ArrayLike) -> np.ndarray:
         """Boolean array, broadcast over the integer index arrays ``b, h, q_pos, k``."""
         raise NotImplementedError
 
-    def bias(self, b, h, i, q_pos, k):
+    def bias(self, b: ArrayLike, h: ArrayLike, i: ArrayLike, q_pos: ArrayLike,
+             k: ArrayLike) -> np.ndarray:
         """Additive float64 bias applied after the score mod: 0 where kept, -inf where not."""
         return np.where(self.keep(b, h, q_pos, k), 0.0, -np.inf)
 
-    def classify(self, k0, k1, q_lo, q_hi):
+    def classify(self, k0: int, k1: int, q_lo: int, q_hi: int) -> int:
         return self.tile_rule()(k0, k1, q_lo, q_hi)
 
-    def key_range(self, q_lo, q_hi):
+    def key_range(self, q_lo: int, q_hi: int) -> tuple[int, int]:
         return self.range_rule()(q_lo, q_hi)
 
-    def tile_rule(self):
+    def tile_rule(self) -> TileRule:
         """The plain function ``(k0, k1, q_lo, q_hi) -> EMPTY/PARTIAL/FULL`` behind both
         ``classify`` and ``device_classify``."""
         return _partial_tile
 
-    def range_rule(self):
+    def range_rule(self) -> RangeRule:
         """The plain function ``(q_lo, q_hi) -> (k_start, k_end)`` behind ``key_range``."""
         return _unbounded_range
 
     # -- device forms ---------------------------------------------------------------------
-    def device_keep(self):
+    def device_keep(self) -> DeviceFunction:
+        """``keep(b, h, q_pos, k) -> bool`` for scalars, compiled."""
         raise NotImplementedError
 
-    def device_apply(self):
+    def device_apply(self) -> DeviceFunction:
+        """``apply(s, b, h, i, q_pos, k, bias) -> s or -inf``, compiled."""
+        from numba import float32
+
         keep = self.device_keep()
 
         def apply(s, b, h, i, q_pos, k, bias):
@@ -112,34 +133,34 @@ class Mask:
 
         return _device(apply)
 
-    def device_classify(self):
+    def device_classify(self) -> DeviceFunction:
         return _device(self.tile_rule())
 
-    def device_key_range(self):
+    def device_key_range(self) -> DeviceFunction:
         return _device(self.range_rule())
 
     # -- identity, composition ------------------------------------------------------------
-    def cache_key(self):
+    def cache_key(self) -> Hashable:
         """Hashable description: equal keys compile to the same kernel."""
         return (type(self).__name__,)
 
-    def bias_array(self):
+    def bias_array(self) -> Any:
         """The materialized bias, or None."""
         return None
 
-    def __and__(self, other):
+    def __and__(self, other: "MaskLike") -> "AndMask":
         return AndMask(self, as_mask(other))
 
-    def __or__(self, other):
+    def __or__(self, other: "MaskLike") -> "OrMask":
         return OrMask(self, as_mask(other))
 
-    def __rand__(self, other):
+    def __rand__(self, other: "MaskLike") -> "AndMask":
         return AndMask(as_mask(other), self)
 
-    def __ror__(self, other):
+    def __ror__(self, other: "MaskLike") -> "OrMask":
         return OrMask(as_mask(other), self)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
@@ -183,7 +204,7 @@ class CausalMask(Mask):
 class SlidingWindowCausalMask(Mask):
     """The last ``window`` keys up to the query: ``q_pos - window < k <= q_pos``."""
 
-    def __init__(self, window):
+    def __init__(self, window: int):
         if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
             raise TypeError(f"window: expected an int, got {type(window).__name__}")
         if window <= 0:
@@ -231,7 +252,7 @@ class SlidingWindowCausalMask(Mask):
 class ChunkedMask(Mask):
     """Query and key in the same chunk of ``chunk`` positions: ``q_pos // c == k // c``."""
 
-    def __init__(self, chunk):
+    def __init__(self, chunk: int):
         if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)):
             raise TypeError(f"chunk: expected an int, got {type(chunk).__name__}")
         if chunk <= 0:
@@ -278,8 +299,44 @@ class ChunkedMask(Mask):
         return f"ChunkedMask({self.chunk})"
 
 
-class _BinaryMask(Mask):
-    def __init__(self, a, b):
+def _combined_tile_rule(tile_a, tile_b, conjunction):
+    """The tile rule of ``a & b`` (``conjunction``) or ``a | b`` from the parts' rules: plain
+    rules give the host rule, compiled ones the function to compile for the device. With
+    EMPTY < PARTIAL < FULL, a tile of ``a & b`` is kept no more than its less kept part
+    (``min``), one of ``a | b`` no less than its more kept part (``max``)."""
+
+    def tile(k0, k1, q_lo, q_hi):
+        ca, cb = tile_a(k0, k1, q_lo, q_hi), tile_b(k0, k1, q_lo, q_hi)
+        return min(ca, cb) if conjunction else max(ca, cb)
+
+    return tile
+
+
+def _combined_range_rule(range_a, range_b, conjunction):
+    """The key-range rule of ``a & b`` (the intersection of the parts' ranges) or ``a | b``
+    (the smallest interval holding both), host or device as ``_combined_tile_rule``."""
+
+    def key_range(q_lo, q_hi):
+        a0, a1 = range_a(q_lo, q_hi)
+        b0, b1 = range_b(q_lo, q_hi)
+        if conjunction:
+            return max(a0, b0), min(a1, b1)
+        return min(a0, b0), max(a1, b1)
+
+    return key_range
+
+
+class CombinedMask(Mask):
+    """Two boolean masks joined: kept where both keep (``a & b``, ``AndMask``) or where either
+    keeps (``a | b``, ``OrMask``). Each form (NumPy, tile rules, device) is made from the
+    parts' same form. ``conjunction`` is a constant of the compiled functions, so the branch
+    on it is resolved at compile time."""
+
+    #: True for ``a & b``, False for ``a | b`` (set by the two subclasses).
+    conjunction = True
+    symbol = "&"
+
+    def __init__(self, a: "MaskLike", b: "MaskLike"):
         a, b = as_mask(a), as_mask(b)
         for m in (a, b):
             if not m.boolean:
@@ -288,105 +345,69 @@ class _BinaryMask(Mask):
                 )
         self.a, self.b = a, b
 
+    def keep(self, b, h, q_pos, k):
+        ka, kb = self.a.keep(b, h, q_pos, k), self.b.keep(b, h, q_pos, k)
+        return ka & kb if self.conjunction else ka | kb
+
+    def tile_rule(self):
+        """The host rule only: a compiled function can call only compiled parts, so
+        ``device_classify`` makes the same rule from the parts' device forms."""
+        return _combined_tile_rule(self.a.tile_rule(), self.b.tile_rule(), self.conjunction)
+
+    def range_rule(self):
+        return _combined_range_rule(self.a.range_rule(), self.b.range_rule(), self.conjunction)
+
+    def device_keep(self):
+        ka, kb = self.a.device_keep(), self.b.device_keep()
+        if self.conjunction:
+
+            def keep(b, h, q_pos, k):
+                return ka(b, h, q_pos, k) and kb(b, h, q_pos, k)  # kb asked only where ka keeps
+
+        else:
+
+            def keep(b, h, q_pos, k):
+                return ka(b, h, q_pos, k) or kb(b, h, q_pos, k)  # kb asked only where ka drops
+
+        return _device(keep)
+
+    def device_classify(self):
+        return _device(_combined_tile_rule(self.a.device_classify(), self.b.device_classify(),
+                                           self.conjunction))
+
+    def device_key_range(self):
+        return _device(_combined_range_rule(self.a.device_key_range(),
+                                            self.b.device_key_range(), self.conjunction))
+
     def cache_key(self):
         return (type(self).__name__, self.a.cache_key(), self.b.cache_key())
 
-
-class AndMask(_BinaryMask):
-    """Kept where both masks keep."""
-
-    def keep(self, b, h, q_pos, k):
-        return self.a.keep(b, h, q_pos, k) & self.b.keep(b, h, q_pos, k)
-
-    def classify(self, k0, k1, q_lo, q_hi):
-        ca, cb = self.a.classify(k0, k1, q_lo, q_hi), self.b.classify(k0, k1, q_lo, q_hi)
-        return min(ca, cb)  # EMPTY < PARTIAL < FULL
-
-    def key_range(self, q_lo, q_hi):
-        (a0, a1), (b0, b1) = self.a.key_range(q_lo, q_hi), self.b.key_range(q_lo, q_hi)
-        return max(a0, b0), min(a1, b1)
-
-    def device_keep(self):
-        ka, kb = self.a.device_keep(), self.b.device_keep()
-
-        def keep(b, h, q_pos, k):
-            return ka(b, h, q_pos, k) and kb(b, h, q_pos, k)
-
-        return _device(keep)
-
-    def device_classify(self):
-        ca, cb = self.a.device_classify(), self.b.device_classify()
-
-        def classify(k0, k1, q_lo, q_hi):
-            return min(ca(k0, k1, q_lo, q_hi), cb(k0, k1, q_lo, q_hi))
-
-        return _device(classify)
-
-    def device_key_range(self):
-        ra, rb = self.a.device_key_range(), self.b.device_key_range()
-
-        def key_range(q_lo, q_hi):
-            a0, a1 = ra(q_lo, q_hi)
-            b0, b1 = rb(q_lo, q_hi)
-            return max(a0, b0), min(a1, b1)
-
-        return _device(key_range)
-
     def __repr__(self):
-        return f"({self.a!r} & {self.b!r})"
+        return f"({self.a!r} {self.symbol} {self.b!r})"
 
 
-class OrMask(_BinaryMask):
-    """Kept where either mask keeps."""
+class AndMask(CombinedMask):
+    """Kept where both masks keep: ``a & b``."""
 
-    def keep(self, b, h, q_pos, k):
-        return self.a.keep(b, h, q_pos, k) | self.b.keep(b, h, q_pos, k)
+    conjunction = True
+    symbol = "&"
 
-    def classify(self, k0, k1, q_lo, q_hi):
-        ca, cb = self.a.classify(k0, k1, q_lo, q_hi), self.b.classify(k0, k1, q_lo, q_hi)
-        return max(ca, cb)
 
-    def key_range(self, q_lo, q_hi):
-        (a0, a1), (b0, b1) = self.a.key_range(q_lo, q_hi), self.b.key_range(q_lo, q_hi)
-        return min(a0, b0), max(a1, b1)
+class OrMask(CombinedMask):
+    """Kept where either mask keeps: ``a | b``."""
 
-    def device_keep(self):
-        ka, kb = self.a.device_keep(), self.b.device_keep()
-
-        def keep(b, h, q_pos, k):
-            return ka(b, h, q_pos, k) or kb(b, h, q_pos, k)
-
-        return _device(keep)
-
-    def device_classify(self):
-        ca, cb = self.a.device_classify(), self.b.device_classify()
-
-        def classify(k0, k1, q_lo, q_hi):
-            return max(ca(k0, k1, q_lo, q_hi), cb(k0, k1, q_lo, q_hi))
-
-        return _device(classify)
-
-    def device_key_range(self):
-        ra, rb = self.a.device_key_range(), self.b.device_key_range()
-
-        def key_range(q_lo, q_hi):
-            a0, a1 = ra(q_lo, q_hi)
-            b0, b1 = rb(q_lo, q_hi)
-            return min(a0, b0), max(a1, b1)
-
-        return _device(key_range)
-
-    def __repr__(self):
-        return f"({self.a!r} | {self.b!r})"
+    conjunction = False
+    symbol = "|"
 
 
 class ChunkedCausalMask(AndMask):
     """Same chunk and causal. Classification by the AndMask rule is exact here: the kept keys
     of all queries form one interval, [chunk start of q_lo, q_hi]."""
 
-    def __init__(self, chunk):
-        super().__init__(ChunkedMask(chunk), CausalMask())
-        self.chunk = self.a.chunk
+    def __init__(self, chunk: int):
+        chunked = ChunkedMask(chunk)
+        super().__init__(chunked, CausalMask())
+        self.chunk = chunked.chunk
 
     def cache_key(self):
         return (type(self).__name__, self.chunk)
@@ -401,7 +422,7 @@ class FunctionMask(Mask):
     The reference calls it on broadcast NumPy index arrays when it can and element by element
     otherwise; the kernel factory compiles it as a device function."""
 
-    def __init__(self, fn):
+    def __init__(self, fn: Callable[[int, int, int, int], bool]):
         if not callable(fn):
             raise TypeError(f"mask: expected a Mask or a callable, got {type(fn).__name__}")
         _check_arity("mask", fn, 4)
@@ -427,7 +448,7 @@ class MaterializedMask(Mask):
 
     boolean = False
 
-    def __init__(self, bias):
+    def __init__(self, bias: Any):
         from .arrays import dtype_of, is_array, shape_of
 
         if not is_array(bias):
@@ -454,6 +475,8 @@ class MaterializedMask(Mask):
         return self.array
 
     def device_apply(self):
+        from numba import float32
+
         if self.per_head:
 
             def apply(s, b, h, i, q_pos, k, bias):
@@ -486,19 +509,22 @@ class ScoreMod:
     #: The kernel may fold ``scale`` into the exp2 constant only when the mod is the identity.
     identity = False
 
-    def apply(self, s, b, h, q_pos, k):
+    def apply(self, s: ArrayLike, b: ArrayLike, h: ArrayLike, q_pos: ArrayLike,
+              k: ArrayLike) -> np.ndarray:
+        """The modified scores, broadcast over ``s`` and the integer index arrays."""
         raise NotImplementedError
 
-    def device_fn(self):
+    def device_fn(self) -> DeviceFunction:
+        """``score_mod(s, b, h, q_pos, k) -> float`` for scalars, compiled."""
         raise NotImplementedError
 
-    def cache_key(self):
+    def cache_key(self) -> Hashable:
         return (type(self).__name__,)
 
-    def check_heads(self, num_heads):
+    def check_heads(self, num_heads: int) -> None:
         """Raise if the mod cannot serve ``num_heads`` query heads."""
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
@@ -515,7 +541,7 @@ class IdentityScoreMod(ScoreMod):
         return _device(score_mod)
 
 
-def alibi_slopes(num_heads):
+def alibi_slopes(num_heads: int) -> np.ndarray:
     """ALiBi slopes (SPEC): ``2^(-8(h+1)/H)`` for power-of-two H; otherwise with P the largest
     power of two below H, ``2^(-8(h+1)/P)`` for h < P and ``2^(-8(2(h-P)+1)/(2P))`` after."""
     h = np.arange(num_heads, dtype=np.float64)
@@ -526,14 +552,14 @@ def alibi_slopes(num_heads):
 class AlibiScoreMod(ScoreMod):
     """``s + slope[h] * (k - q_pos)``: a linear penalty on distance, one slope per head."""
 
-    def __init__(self, num_heads):
+    def __init__(self, num_heads: int):
         if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)):
             raise TypeError(f"num_heads: expected an int, got {type(num_heads).__name__}")
         if num_heads <= 0:
             raise ValueError(f"num_heads: expected a positive int, got {num_heads}")
         self.num_heads = int(num_heads)
 
-    def slopes(self):
+    def slopes(self) -> np.ndarray:
         return alibi_slopes(self.num_heads)
 
     def apply(self, s, b, h, q_pos, k):
@@ -547,6 +573,8 @@ class AlibiScoreMod(ScoreMod):
             )
 
     def device_fn(self):
+        from numba import float32
+
         p = 1 << (self.num_heads.bit_length() - 1)
 
         def score_mod(s, b, h, q_pos, k):
@@ -568,7 +596,7 @@ class AlibiScoreMod(ScoreMod):
 class SoftCapScoreMod(ScoreMod):
     """``cap * tanh(s / cap)``: squashes scores into (-cap, cap)."""
 
-    def __init__(self, cap):
+    def __init__(self, cap: float):
         if isinstance(cap, bool) or not isinstance(cap, (int, float, np.integer, np.floating)):
             raise TypeError(f"cap: expected a float, got {type(cap).__name__}")
         if not (math.isfinite(cap) and cap > 0):
@@ -579,6 +607,8 @@ class SoftCapScoreMod(ScoreMod):
         return self.cap * np.tanh(s / self.cap)
 
     def device_fn(self):
+        from numba import float32
+
         cap = self.cap
         inv = 1.0 / cap
 
@@ -597,7 +627,7 @@ class SoftCapScoreMod(ScoreMod):
 class FunctionScoreMod(ScoreMod):
     """A user ``score_mod(s, b, h, q_pos, k) -> float`` (FlexAttention's signature)."""
 
-    def __init__(self, fn):
+    def __init__(self, fn: Callable[[float, int, int, int, int], float]):
         if not callable(fn):
             raise TypeError(f"score_mod: expected a ScoreMod or a callable, got {type(fn).__name__}")
         _check_arity("score_mod", fn, 5)
@@ -616,10 +646,16 @@ class FunctionScoreMod(ScoreMod):
         return f"FunctionScoreMod({getattr(self.fn, '__qualname__', self.fn)!r})"
 
 
+#: What ``mask=`` accepts: a Mask, a ``mask_mod(b, h, q_pos, k)`` callable, or None.
+MaskLike = Union[Mask, Callable[[int, int, int, int], bool], None]
+#: What ``score_mod=`` accepts: a ScoreMod, a ``score_mod(s, b, h, q_pos, k)`` callable, or None.
+ScoreModLike = Union[ScoreMod, Callable[[float, int, int, int, int], float], None]
+
+
 # ---------------------------------------------------------------------------------------------
 # Coercion and helpers
 # ---------------------------------------------------------------------------------------------
-def as_mask(m):
+def as_mask(m: MaskLike) -> Mask:
     """A Mask from a Mask, a ``mask_mod`` callable, or None (NullMask)."""
     if m is None:
         return NullMask()
@@ -632,7 +668,7 @@ def as_mask(m):
     raise TypeError(f"mask: expected a Mask or a callable, got {type(m).__name__}")
 
 
-def as_score_mod(m):
+def as_score_mod(m: ScoreModLike) -> ScoreMod:
     """A ScoreMod from a ScoreMod, a ``score_mod`` callable, or None (identity)."""
     if m is None:
         return IdentityScoreMod()

@@ -18,15 +18,28 @@ A row that keeps no key returns out = 0 and lse = -inf (never NaN).
 The entry points take exactly the library's arguments (and check them the same way), so any
 call can be replayed here; ``compute_dtype=np.float32`` gives the same-precision run that the
 tests use for three-way accuracy checks.
+
+Only NumPy is needed here (with the argument checks, the caches' host side and the mods' NumPy
+forms): no Numba, no GPU.
 """
+from typing import Any, Optional, Union
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .arrays import to_host
-from .caches import D_V
+from .caches import KVCache
 from .checks import check_decode, check_ragged
+from .constants import D_V
+from .mods import Mask, MaskLike, ScoreMod, ScoreModLike
+
+#: What the entry points return: out, or (out, lse) with ``return_lse=True``.
+Result = Union[np.ndarray, tuple[np.ndarray, np.ndarray]]
 
 
-def attend(q, kv, b, length, scale, mask, score_mod, compute_dtype=np.float64):
+def attend(q: np.ndarray, kv: np.ndarray, b: int, length: int, scale: float, mask: Mask,
+           score_mod: ScoreMod, compute_dtype: type[np.floating] = np.float64
+           ) -> tuple[np.ndarray, np.ndarray]:
     """Decode one sequence.
 
     q: [n, H, 576], its n query rows (the last n tokens of the sequence);
@@ -71,14 +84,16 @@ def attend(q, kv, b, length, scale, mask, score_mod, compute_dtype=np.float64):
     return out.astype(compute_dtype), lse.astype(compute_dtype)
 
 
-def _finish(call, out, lse):
+def _finish(call, out: np.ndarray, lse: np.ndarray) -> Result:
     if call.out is not None:
         call.out[...] = out.astype(call.dtype)
     return (out, lse) if call.return_lse else out
 
 
-def mla_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
-               return_lse=False, out=None, backend="reference", *, compute_dtype=np.float64):
+def mla_decode(q: Any, cache: KVCache, scale: float, mask: MaskLike = None,
+               score_mod: ScoreModLike = None, num_partitions: Optional[int] = None,
+               return_lse: bool = False, out: Any = None, backend: str = "reference", *,
+               compute_dtype: type[np.floating] = np.float64) -> Result:
     """Reference ``mla_decode``: q [B, Sq, H, 576] -> out [B, Sq, H, 512] (+ lse [B, Sq, H]).
 
     Returns ``compute_dtype`` arrays (float64 by default); ``num_partitions`` and ``backend``
@@ -96,9 +111,11 @@ def mla_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
     return _finish(call, res, lse)
 
 
-def mla_decode_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None,
-                      num_partitions=None, return_lse=False, out=None, backend="reference", *,
-                      compute_dtype=np.float64):
+def mla_decode_ragged(q: Any, q_row_offsets: Any, cache: KVCache, scale: float,
+                      mask: MaskLike = None, score_mod: ScoreModLike = None,
+                      num_partitions: Optional[int] = None, return_lse: bool = False,
+                      out: Any = None, backend: str = "reference", *,
+                      compute_dtype: type[np.floating] = np.float64) -> Result:
     """Reference ``mla_decode_ragged``: q [T, H, 576], sequence b owning rows
     ``q_row_offsets[b]:q_row_offsets[b+1]`` -> out [T, H, 512] (+ lse [T, H])."""
     call = check_ragged(q, q_row_offsets, cache, scale, mask, score_mod, num_partitions,
@@ -118,7 +135,7 @@ def mla_decode_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None,
     return _finish(call, res, lse)
 
 
-def merge_partitions(outs, lses):
+def merge_partitions(outs: ArrayLike, lses: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Merge per-partition (out, lse) pairs into the whole by log-sum-exp (what the combine
     kernel does). outs [P, ..., 512] normalised per partition, lses [P, ...]; a partition with
     no kept key has lse = -inf and weight 0; if all are empty, out = 0 and lse = -inf."""

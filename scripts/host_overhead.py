@@ -3,8 +3,11 @@ default: the GPU work is a few microseconds, so the host's share is what shows).
 
 Paths, all on the same inputs (torch bf16 tensors on a GPU; Numba device arrays without torch):
 - ``mla_decode``: the plain call, the same cache object every call;
-- ``mla_decode_new_lengths``: a new ``PagedKVCache`` over the same pages and block table every
-  call, its lengths changed (what a decode loop that rebuilds its cache object pays);
+- ``mla_decode_new_lengths``: the step whose lengths changed, by the fast idiom:
+  ``cache.with_lengths(host_lengths)`` (the block table is not copied back or checked again);
+- ``mla_decode_new_cache``: a new ``PagedKVCache`` over the same pages and block table every
+  call, its lengths a device array (construction copies lengths and block table to the host
+  to check them: what a decode loop that rebuilds its cache object pays);
 - ``prepare``: ``numba_mla.prepare`` once, then ``step()`` each call;
 - ``flash_mla`` (when importable; metadata made once) and ``torch`` (softmax(q K^T) V with two
   ``bmm`` on a contiguous cache), when torch sees a GPU.
@@ -27,7 +30,8 @@ import argparse
 import os
 import sys
 
-PATHS = ("mla_decode", "mla_decode_new_lengths", "prepare", "flash_mla", "torch")
+PATHS = ("mla_decode", "mla_decode_new_lengths", "mla_decode_new_cache", "prepare", "flash_mla",
+         "torch")
 
 
 def _spin_while_synchronizing():
@@ -69,12 +73,18 @@ def calls_by_path(p, dev):
         other = shorter if dev.simulator else dev.cuda.to_device(shorter)
     both, turn = (lengths, other), [0]
 
-    def new_lengths():
+    hosts = (p.lengths_host, shorter)
+
+    def new_lengths():  # the fast idiom: the same cache with new (host) lengths
+        turn[0] ^= 1
+        return nm.mla_decode(q, cache.with_lengths(hosts[turn[0]]), p.scale)
+
+    def new_cache():  # a new cache object over the same arrays (checks copy device data)
         turn[0] ^= 1
         return nm.mla_decode(q, nm.PagedKVCache(pages, block_table, both[turn[0]]), p.scale)
 
     calls = {"mla_decode": lambda: nm.mla_decode(q, cache, p.scale),
-             "mla_decode_new_lengths": new_lengths}
+             "mla_decode_new_lengths": new_lengths, "mla_decode_new_cache": new_cache}
     missing = {}
     try:
         calls["prepare"] = nm.prepare(q, cache, p.scale)

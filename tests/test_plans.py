@@ -28,17 +28,26 @@ from numba_mla import _compat, factory, kernel_cache, plans
 KERNEL = pytest.mark.kernel
 
 
-def on_device(p):
-    """Problem p's q and cache as device arrays (Numba's; the simulator's without a GPU)."""
+def to_device(x):
+    """A Numba device array (the simulator's without a GPU); bfloat16 travels as int16 bits
+    (Numba's copy cannot take ml_dtypes' bfloat16) and is seen as bfloat16 again."""
     from numba import cuda
 
+    x = np.ascontiguousarray(x)
+    if x.dtype == BF16:
+        return cuda.to_device(x.view(np.int16)).view(BF16)
+    return cuda.to_device(x)
+
+
+def on_device(p):
+    """Problem p's q and cache as Numba device arrays."""
     c = p.cache
     if c.kind == "contiguous":
-        cache = nm.ContiguousKVCache(cuda.to_device(c.storage), cuda.to_device(c.lengths_host))
+        cache = nm.ContiguousKVCache(to_device(c.storage), to_device(c.lengths_host))
     else:
-        cache = nm.PagedKVCache(cuda.to_device(c.storage), cuda.to_device(c.block_table_host),
-                                cuda.to_device(c.lengths_host))
-    return cuda.to_device(p.q), cache
+        cache = nm.PagedKVCache(to_device(c.storage), to_device(c.block_table_host),
+                                to_device(c.lengths_host))
+    return to_device(p.q), cache
 
 
 def host(x):
@@ -93,8 +102,9 @@ def test_in_place_changes_are_honoured(rng):
     nm.mla_decode(q, cache, p.scale, backend="simt")
     p2 = make_problem(rng, 2, 1, 2, [12, 8], BF16, "paged", 4, capacity=16)  # same pages
     # the second problem's data written into the first one's arrays
-    q.copy_to_device(p2.q)
-    cache.storage.copy_to_device(np.ascontiguousarray(p2.cache.storage))
+    q.view(np.int16).copy_to_device(np.ascontiguousarray(p2.q).view(np.int16))
+    cache.storage.view(np.int16).copy_to_device(
+        np.ascontiguousarray(p2.cache.storage).view(np.int16))
     cache.block_table.copy_to_device(p2.cache.block_table_host)
     cache.lengths.copy_to_device(p2.cache.lengths_host)
     got = nm.mla_decode(q, cache, p.scale, backend="simt")

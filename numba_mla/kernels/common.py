@@ -1,10 +1,12 @@
-"""What both partition kernels share: the constants of the operation and the walk over a
-block's key tiles (which keys its queries may keep, and which tiles the mask drops)."""
+"""What the three partition kernels (simt.py, mma.py, seesaw.py) share: the score step (score
+mod, mask, and the move to log2 units for exp2), the walk over a block's key tiles (which keys
+its queries may keep, and which tiles the mask drops), and the constants of the softmax. The
+row widths D_QK and D_V are re-exported from ``numba_mla.constants`` for the kernels."""
 import math
 
 from numba import cuda, float32
 
-from ..caches import D_QK, D_V  # noqa: F401  (576-wide rows; V = the first 512 dims)
+from ..constants import D_QK, D_V  # noqa: F401  (576-wide rows; V = the first 512 dims)
 from ..mods import EMPTY, PARTIAL
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
