@@ -13,7 +13,7 @@ Notation
   here; a partition's run of tiles ``[t_begin, t_end)`` is cut into NW consecutive runs, and
   warp w walks the w-th (skipping the tiles the mask drops entirely).
 - NTHREADS = 32 NW threads; lane = tid % 32, warp = tid // 32. Shared memory, static, fp32
-  (37.8 KB):
+  (38.1 KB):
       Qs [BLOCK_M][ROW]            the block's queries, loaded once (all warps)
       Ks [NW * WN][ROW]            warp w's key tile at rows [w WN, (w+1) WN); after the
                                    loop, Os [BLOCK_M][512] (the merge) over its first 512
