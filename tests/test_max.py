@@ -146,6 +146,25 @@ def test_warp_split_k(case, rng):
                      what="output")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["simt", "mma", "simple", "warpsplit"])
+def test_gpu_ragged_cache_and_warp_split(backend, rng):
+    """On a GPU: a ragged cache with NaN rows between the runs, long and empty sequences,
+    ragged q, a mask and a score mod, through flare_mla_decoding (warp split-K for
+    "warpsplit")."""
+    p = make_problem(rng, 4, 2, 16, [4096, 1, 0, 777], BF16, "ragged", ragged=True,
+                     q_counts=[2, 1, 0, 2])
+    mask, score_mod = nm.CausalMask(), nm.AlibiScoreMod(16)
+    golden, same = references(p, mask, score_mod)
+    output = np.full(p.out_shape, np.nan, p.dtype)
+    split = backend == "warpsplit"
+    nm.flare_mla_decoding(output, p.q, p.cache, mask, score_mod, p.q_offsets, p.scale,
+                          backend="simple" if split else backend, use_score_mod=True,
+                          decoding_warp_split_k=split)
+    assert_three_way(output, same[0], golden[0], floor=fp32_floor(golden[0], backend),
+                     what="output")
+
+
 # ---------------------------------------------------------------------------------------------
 # config
 # ---------------------------------------------------------------------------------------------
