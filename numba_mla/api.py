@@ -6,6 +6,7 @@ launch or write (checks.py); ``"simt"`` (FMA), ``"mma"`` (tensor cores) and ``"a
 ``"reference"`` the NumPy reference.
 """
 import threading
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from .caches import (D_QK, ContiguousKVCache, KVCache, RaggedKVCache, check_leng
                      host_offsets)
 from .checks import _check_bias, _check_lengths_vs_rows, check_decode, check_ragged
 from .config import check_config
-from .mods import as_mask, as_score_mod
+from .mods import MaskLike, ScoreModLike, as_mask, as_score_mod
 from .selector import check_warp_split
 
 
@@ -76,11 +77,11 @@ def _values_ok(cache, mask, sq, heads, lengths_name="lengths"):
                    lambda: _check_bias(mask, cache.batch, heads, sq, cache) or True)
 
 
-def _run(call, ref_fn, ref_args, key):
+def _run(call, key):
     """Run a checked call: the reference, a kept or new plan (device arrays, ``key``), or a
     plan of its own (host arrays: copied in and out on every call anyway)."""
-    if call.backend == "reference":
-        out, lse = ref_fn(*ref_args, return_lse=True)
+    if call.backend == "reference":  # checked once: the reference runs the checked call
+        out, lse = reference.compute(call)
         if call.out is not None:
             call.out[...] = out.astype(call.dtype)
             out = call.out
@@ -106,8 +107,9 @@ def _run(call, ref_fn, ref_args, key):
                      key[2])
 
 
-def mla_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
-               return_lse=False, out=None, backend="auto"):
+def mla_decode(q: Any, cache: KVCache, scale: float, mask: MaskLike = None,
+               score_mod: ScoreModLike = None, num_partitions: Optional[int] = None,
+               return_lse: bool = False, out: Any = None, backend: str = "auto") -> Any:
     """MLA decode: q [B, Sq, H, 576] against ``cache`` -> out [B, Sq, H, 512] in q's dtype
     (with ``return_lse``: ``(out, lse [B, Sq, H] float32)``). See SPEC.md for the semantics."""
     fast = _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
@@ -118,13 +120,13 @@ def mla_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None,
             _values_ok(cache, mask_, plan.call.sq, plan.call.heads)
             return plans.run(plan, q, cache, mask_.bias_array(), out, None, key[2])
     call = check_decode(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
-    return _run(call, reference.mla_decode,
-                (q, cache, call.scale, call.mask, call.score_mod, num_partitions),
-                fast and fast[0])
+    return _run(call, fast and fast[0])
 
 
-def prepare(q, cache, scale, mask=None, score_mod=None, num_partitions=None, return_lse=False,
-            out=None, backend="auto"):
+def prepare(q: Any, cache: KVCache, scale: float, mask: MaskLike = None,
+            score_mod: ScoreModLike = None, num_partitions: Optional[int] = None,
+            return_lse: bool = False, out: Any = None,
+            backend: str = "auto") -> Callable[[], Any]:
     """``mla_decode`` prepared once for device arrays: returns a callable that enqueues the
     decode on the current stream and returns out (and lse), the same arrays every call. The
     per-call cost is the launches alone; the inputs' contents may change between calls (not
@@ -138,15 +140,15 @@ def prepare(q, cache, scale, mask=None, score_mod=None, num_partitions=None, ret
     return launch.Decoder(call)
 
 
-def mla_decode_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None,
-                      num_partitions=None, return_lse=False, out=None, backend="auto"):
+def mla_decode_ragged(q: Any, q_row_offsets: Any, cache: KVCache, scale: float,
+                      mask: MaskLike = None, score_mod: ScoreModLike = None,
+                      num_partitions: Optional[int] = None, return_lse: bool = False,
+                      out: Any = None, backend: str = "auto") -> Any:
     """Ragged MLA decode: q [T, H, 576], sequence b owning rows
     ``q_row_offsets[b]:q_row_offsets[b+1]`` (0 to 8 each) -> out [T, H, 512]."""
     call = check_ragged(q, q_row_offsets, cache, scale, mask, score_mod, num_partitions,
                         return_lse, out, backend)
-    return _run(call, reference.mla_decode_ragged,
-                (q, q_row_offsets, cache, call.scale, call.mask, call.score_mod, num_partitions),
-                _plan_key(call, "ragged"))
+    return _run(call, _plan_key(call, "ragged"))
 
 
 def _flag(name, value):
@@ -279,9 +281,7 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
         _check_q_max_seq_len(q_max_seq_len, call.sq)
         check_warp_split(warp_split_k, call.backend)
         call.config, call.warp_split_k = config, warp_split_k
-        _run(call, reference.mla_decode_ragged,
-             (q, valid_length, cache, call.scale, call.mask, call.score_mod, num_partitions),
-             _plan_key(call, "ragged"))
+        _run(call, _plan_key(call, "ragged"))
     else:
         call = check_decode(q, cache, scale, mask, score_mod, num_partitions, False, output,
                             backend, out_name="output", lengths_name=lengths_name)
@@ -293,6 +293,5 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
         key = fast and fast[0]
         if key and (config is not None or warp_split_k):  # (mla_decode's key has neither)
             key += ((config, warp_split_k),)
-        _run(call, reference.mla_decode,
-             (q, cache, call.scale, call.mask, call.score_mod, num_partitions), key)
+        _run(call, key)
     return output

@@ -77,12 +77,16 @@ def _fold_scale(mask, score_mod):
 def _mods_key(mask, score_mod, cache_cls):
     """The cache key part that the mask, score mod and cache make (built on every call:
     cheap; the device functions below are made only to compile)."""
-    return (mask.cache_key(), score_mod.cache_key(), cache_cls.kind, _fold_scale(mask, score_mod))
+    key = (mask.cache_key(), score_mod.cache_key(), cache_cls.kind, _fold_scale(mask, score_mod))
+    positions = getattr(cache_cls, "position_map", None)  # a shard's (sharding.py)
+    return key if positions is None else key + (positions.cache_key(),)
 
 
 def _device_functions(mask, score_mod, cache_cls):
-    """What both partition kernels compile in for a mask, score mod and cache."""
-    return dict(
+    """What both partition kernels compile in for a mask, score mod and cache. A shard's
+    cache (sharding.py) brings a position map: the mask and score mod then take the shard's
+    local key indices and see global ones (positions.py)."""
+    fns = dict(
         locate=cache_cls.device_locate(),
         mask_apply=mask.device_apply(),
         mask_classify=mask.device_classify(),
@@ -90,6 +94,8 @@ def _device_functions(mask, score_mod, cache_cls):
         score_mod=score_mod.device_fn(),
         fold_scale=_fold_scale(mask, score_mod),
     )
+    positions = getattr(cache_cls, "position_map", None)
+    return fns if positions is None else positions.device_functions(fns)
 
 
 def _output_store(tag, direct):

@@ -477,15 +477,21 @@ class MaterializedMask(Mask):
     def device_apply(self):
         from numba import float32
 
+        # A key past the bias's last column (a length raised in device memory after the
+        # checks) is dropped: the bias is never read outside its array.
         if self.per_head:
 
             def apply(s, b, h, i, q_pos, k, bias):
+                if k >= bias.shape[3]:
+                    return float32(NEG_INF)
                 x = bias[b, h, i, k]
                 return float32(NEG_INF) if x == NEG_INF else s + x  # dropped even if s is inf/NaN
 
         else:
 
             def apply(s, b, h, i, q_pos, k, bias):
+                if k >= bias.shape[2]:
+                    return float32(NEG_INF)
                 x = bias[b, i, k]
                 return float32(NEG_INF) if x == NEG_INF else s + x  # dropped even if s is inf/NaN
 

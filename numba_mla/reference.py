@@ -100,15 +100,36 @@ def mla_decode(q: Any, cache: KVCache, scale: float, mask: MaskLike = None,
     are accepted for call compatibility and do not change the result."""
     call = check_decode(q, cache, scale, mask, score_mod, num_partitions, return_lse, out,
                         "reference")
-    qh = to_host(q)                                                # [B, Sq, H, 576]
-    B, Sq, H = call.batch, call.sq, call.heads
-    res = np.empty((B, Sq, H, D_V), compute_dtype)                 # [B, Sq, H, 512]
-    lse = np.empty((B, Sq, H), compute_dtype)                      # [B, Sq, H]
-    for b in range(B):
+    return _finish(call, *compute(call, compute_dtype))
+
+
+def compute(call, compute_dtype: type[np.floating] = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """(out, lse) of a checked call (checks.Call), padded or ragged, in ``compute_dtype``:
+    what both entry points below and ``backend="reference"`` of the public ones run."""
+    cache = call.cache
+    qh = to_host(call.q)                                           # [B, Sq, H, 576] or [T, H, 576]
+    H = call.heads
+    if not call.ragged:
+        B, Sq = call.batch, call.sq
+        res = np.empty((B, Sq, H, D_V), compute_dtype)             # [B, Sq, H, 512]
+        lse = np.empty((B, Sq, H), compute_dtype)                  # [B, Sq, H]
+        for b in range(B):
+            L = int(cache.lengths_host[b])
+            res[b], lse[b] = attend(qh[b], cache.rows(b, L), b, L, call.scale, call.mask,
+                                    call.score_mod, compute_dtype)
+        return res, lse
+    T = qh.shape[0]
+    res = np.empty((T, H, D_V), compute_dtype)                     # [T, H, 512]
+    lse = np.empty((T, H), compute_dtype)                          # [T, H]
+    for b in range(call.batch):
+        r0, n = call.rows_of(b)
+        if n == 0:
+            continue
         L = int(cache.lengths_host[b])
-        res[b], lse[b] = attend(qh[b], cache.rows(b, L), b, L, call.scale, call.mask,
-                                call.score_mod, compute_dtype)
-    return _finish(call, res, lse)
+        res[r0:r0 + n], lse[r0:r0 + n] = attend(qh[r0:r0 + n], cache.rows(b, L), b, L,
+                                                call.scale, call.mask, call.score_mod,
+                                                compute_dtype)
+    return res, lse
 
 
 def mla_decode_ragged(q: Any, q_row_offsets: Any, cache: KVCache, scale: float,
@@ -120,19 +141,7 @@ def mla_decode_ragged(q: Any, q_row_offsets: Any, cache: KVCache, scale: float,
     ``q_row_offsets[b]:q_row_offsets[b+1]`` -> out [T, H, 512] (+ lse [T, H])."""
     call = check_ragged(q, q_row_offsets, cache, scale, mask, score_mod, num_partitions,
                         return_lse, out, "reference")
-    qh = to_host(q)                                                # [T, H, 576]
-    T, H = qh.shape[0], call.heads
-    res = np.empty((T, H, D_V), compute_dtype)                     # [T, H, 512]
-    lse = np.empty((T, H), compute_dtype)                          # [T, H]
-    for b in range(call.batch):
-        r0, n = call.rows_of(b)
-        if n == 0:
-            continue
-        L = int(cache.lengths_host[b])
-        res[r0:r0 + n], lse[r0:r0 + n] = attend(qh[r0:r0 + n], cache.rows(b, L), b, L,
-                                                call.scale, call.mask, call.score_mod,
-                                                compute_dtype)
-    return _finish(call, res, lse)
+    return _finish(call, *compute(call, compute_dtype))
 
 
 def merge_partitions(outs: ArrayLike, lses: ArrayLike) -> tuple[np.ndarray, np.ndarray]:

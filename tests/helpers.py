@@ -1,7 +1,7 @@
 """Shared test helpers: the table of masks and score mods with their SPEC rules; random problems
 and the comparisons come from numba_mla.testing (shared with `numba-mla validate`).
 
-Problems are adversarial by construction (STYLE.md): fresh random data (never zeros), NaN in
+Problems are adversarial by construction (docs/testing.md): fresh random data (never zeros), NaN in
 every cache slot at or past a sequence's length and in every page no sequence uses, a shuffled
 block table whose unused entries hold a huge out-of-range page index, and NaN in the parts of a
 materialized bias that no valid (query, key) pair reads. Any out-of-bounds read then shows up

@@ -152,8 +152,9 @@ def test_no_file_cites_missing_markdown():
     root or from the citing file, or by bare name anywhere in the tree)."""
     present, sources = set(), []
     for dirpath, dirnames, names in os.walk(ROOT):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".git") and d != "__pycache__"
-                       and not d.endswith(".egg-info")]
+        # the repository's own files: not .git, .venv, .peers and other dot-folders, builds
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"
+                       and d not in ("build", "dist") and not d.endswith(".egg-info")]
         for n in names:
             rel = os.path.relpath(os.path.join(dirpath, n), ROOT)
             if n.endswith(".md"):

@@ -267,14 +267,14 @@ def test_cache_addressing(kind, page_size, rng):
     where = np.full((bs.size, 2), -1, np.int64)
 
     @cuda.jit
-    def kernel(block_table, page_size, bs, ts, where):
+    def kernel(block_table, page_size, npages, bs, ts, where):
         x = cuda.grid(1)
         if x < bs.size:
-            page, slot = locate(block_table, page_size, bs[x], ts[x])
+            page, slot = locate(block_table, page_size, npages, bs[x], ts[x])
             where[x, 0] = page
             where[x, 1] = slot
 
-    kernel[1, 32](bt, cache.page_size, bs, ts, where)
+    kernel[1, 32](bt, cache.page_size, np.asarray(cache.storage).shape[0], bs, ts, where)
     storage = np.asarray(cache.storage)
     for x, (b, t) in enumerate(zip(bs, ts)):
         if t < p.lengths[b]:

@@ -12,7 +12,7 @@
 - Lengths exactly on and one past the key tiles (32 keys for simt, 64 for mma, 8 for simple)
   and the pages.
 
-Every result is checked against the float64 reference three ways (STYLE.md) with NaN/inf at
+Every result is checked against the float64 reference three ways (docs/testing.md) with NaN/inf at
 exactly its positions, and ``out`` pre-filled with NaN. Scores near 1e5 carry fp32 rounding of
 a few units in the last place (0.008 each at 86500) whatever the summation order, so the floors
 are in those units (``stress_floors``). In CI (the simulator) a handful of tiny cases run; the

@@ -43,7 +43,7 @@ def make_log2_score(mask_apply, score_mod, fold_scale):
     return log2_score
 
 
-def make_tile_walk(mask_classify, mask_key_range, block_n, heads, align=1):
+def make_tile_walk(mask_classify, mask_key_range, block_n, heads, align=1, key_count=None):
     """Device functions over key tiles of ``block_n`` keys:
 
     - ``key_tiles(length, nq, r0, nrows)``: for a block owning query rows [r0, r0 + nrows) of a
@@ -52,8 +52,18 @@ def make_tile_walk(mask_classify, mask_key_range, block_n, heads, align=1):
       ``kend``; kstart rounded down to a multiple of ``align``: the keys added are ones the
       mask drops), and the tiles that range holds;
     - ``next_tile(t, t_end, kstart, kend, q_lo, q_hi)``: the first tile at or after t that the
-      mask does not drop entirely (or t_end)."""
+      mask does not drop entirely (or t_end).
+
+    ``key_count(length)``, given for a shard of each sequence (positions.py): the keys the
+    cache holds of a sequence of ``length`` global keys. The mask functions then take local key
+    indices, ``length`` stays global (so do the query positions) and tiles end at
+    ``key_count(length)``."""
     H = heads
+    if key_count is None:  # a whole sequence: its keys are its length (inlined: no cost)
+
+        @cuda.jit(device=True)
+        def key_count(length):
+            return length
 
     @cuda.jit(device=True)
     def key_tiles(length, nq, r0, nrows):
@@ -62,7 +72,7 @@ def make_tile_walk(mask_classify, mask_key_range, block_n, heads, align=1):
         q_hi = length - nq + (r0 + nrows - 1) // H
         kstart, kend = mask_key_range(q_lo, q_hi)
         kstart = max(kstart, 0)
-        kend = min(kend, length)
+        kend = min(kend, key_count(length))
         if align > 1 and kend > kstart:
             kstart -= kstart % align
         ntiles = (kend - kstart + block_n - 1) // block_n if kend > kstart else 0

@@ -74,7 +74,7 @@ NO = DIMS_PER_WG // 2  # output accumulators per thread (128)
 
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads, store, tma):
+                          fold_scale, heads, store, tma, key_count=None):
     """The stage-1 tensor-core kernel for one configuration; arguments as for the FMA kernel
     (see factory.py), ``tag`` "bf16" or "f16"; ``tma``: tiles copied by the copy engine (the
     caller makes sure a 64-key tile aligned to 64 keys lies in one page). ``store`` converts
@@ -99,7 +99,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     store_o = ptx.acc_store(NO)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
-                                          align=BLOCK_N if tma else 1)
+                                          align=BLOCK_N if tma else 1, key_count=key_count)
     tma_box = ptx.tma_load(BLOCK_M, BOX, True)
 
     @cuda.jit(device=True)

@@ -61,7 +61,7 @@ BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
 
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads, store):
+                          fold_scale, heads, store, key_count=None):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py."""
     H = heads
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
@@ -77,7 +77,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     store_o = ptx.acc_store(NO)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
-                                          align=BLOCK_N)
+                                          align=BLOCK_N, key_count=key_count)
     tma_box = ptx.tma_load(BLOCK_M, BOX, True)
 
     @cuda.jit(device=True)

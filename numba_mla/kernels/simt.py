@@ -131,12 +131,14 @@ def layout(block_m, packed):
 
 
 def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_classify,
-                          mask_key_range, score_mod, fold_scale, block_m, heads, wide=True):
+                          mask_key_range, score_mod, fold_scale, block_m, heads, wide=True,
+                          key_count=None):
     """The stage-1 kernel for one configuration. Every argument is a compile-time constant:
     device functions (inlined) or ints; see factory.py. ``unpack`` turns a packed 16-bit pair
     into two floats, or is None for fp32 storage; ``store`` converts an output value for
     ``part_out`` (the identity for the fp32 workspace); ``wide``: the cache starts at a
-    16-byte aligned address, so tiles are copied in 16-byte pieces (else 4-byte ones)."""
+    16-byte aligned address, so tiles are copied in 16-byte pieces (else 4-byte ones);
+    ``key_count``: given for a shard of each sequence (see common.make_tile_walk)."""
     packed = unpack is not None
     L = layout(block_m, packed)
     STAGED = L["staged"]
@@ -195,7 +197,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     assert STEPS % 2 == 0 and BLOCK_N % 4 == 0 and PDW in (2, 4, 8) and SK >= 1
     assert 4 * ROW_WORDS % (8 * PIECE) == 0 and KEYS_PER_THREAD in (1, 2)
     assert not STAGED or (BLOCK_N == 32 and ROW_WORDS % (4 * NWARPS) == 0)
-    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
+    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
+                                          key_count=key_count)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
     @cuda.jit(device=True, **INLINE)
