@@ -9,7 +9,9 @@ from . import _compat  # noqa: F401  (must run before numba.cuda is imported)
 from . import _numba  # noqa: F401  (the numba-cuda version check, before anything uses it)
 from . import fp8, reference
 from .api import flare_mla_decoding, mla_decode, mla_decode_ragged, prepare
-from .caches import D_LATENT, D_QK, D_ROPE, D_V, ContiguousKVCache, KVCache, PagedKVCache
+from .config import MHAConfig
+from .caches import (D_LATENT, D_QK, D_ROPE, D_V, ContiguousKVCache, KVCache, PagedKVCache,
+                     RaggedKVCache)
 from .mods import (
     EMPTY,
     FULL,
@@ -35,7 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "mla_decode", "mla_decode_ragged", "flare_mla_decoding", "prepare", "reference", "fp8",
-    "ContiguousKVCache", "PagedKVCache", "KVCache",
+    "ContiguousKVCache", "PagedKVCache", "RaggedKVCache", "KVCache", "MHAConfig",
     "NullMask", "CausalMask", "SlidingWindowCausalMask", "ChunkedMask", "ChunkedCausalMask",
     "MaterializedMask", "FunctionMask", "AndMask", "OrMask", "Mask",
     "IdentityScoreMod", "AlibiScoreMod", "SoftCapScoreMod", "FunctionScoreMod", "ScoreMod",

@@ -11,10 +11,13 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import heuristics, plans, reference
-from .arrays import IO_DTYPES, dtype_of, is_array, is_device, shape_of
-from .caches import D_QK, ContiguousKVCache, KVCache, check_lengths
+from .arrays import IO_DTYPES, dtype_of, is_array, is_device, shape_of, to_host
+from .caches import (D_QK, ContiguousKVCache, KVCache, RaggedKVCache, check_lengths,
+                     host_offsets)
 from .checks import _check_bias, _check_lengths_vs_rows, check_decode, check_ragged
+from .config import check_config
 from .mods import MaskLike, ScoreModLike, as_mask, as_score_mod
+from .selector import check_warp_split
 
 
 def _family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend, entry,
@@ -62,8 +65,12 @@ def _ragged_family(call):
     the row offsets live on the device)."""
     rows = (int(np.diff(call.q_offsets_host).max(initial=0)),
             plans.layout(call.q_offsets) or "host")
-    return _family(call.q, call.cache, call.scale, call.mask, call.score_mod,
-                   call.num_partitions, call.return_lse, call.out, call.backend, "ragged", rows)
+    family = _family(call.q, call.cache, call.scale, call.mask, call.score_mod,
+                     call.num_partitions, call.return_lse, call.out, call.backend, "ragged", rows)
+    config, warp_split_k = getattr(call, "config", None), getattr(call, "warp_split_k", False)
+    if family and (config is not None or warp_split_k):
+        family += ((config, warp_split_k),)
+    return family
 
 
 def _fast_family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend):
@@ -112,7 +119,9 @@ def _run(call, family):
     if family is None:
         return launch.run(call)
     counts = np.diff(call.q_offsets_host) if call.ragged else np.full(call.batch, call.sq)
-    key = _plan_key(family, call.cache, call.mask, counts, call.num_partitions)
+    config = getattr(call, "config", None)
+    fixed = call.num_partitions or (config.num_partitions if config is not None else None)
+    key = _plan_key(family, call.cache, call.mask, counts, fixed)
     plan = None if key is None else plans.lookup(key)
     if plan is None:
         plan = launch.Plan(call)
@@ -177,15 +186,48 @@ def mla_decode_ragged(q: Any, q_row_offsets: Any, cache: KVCache, scale: float,
     return _run(call, _ragged_family(call))
 
 
-def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_partitions=None,
-                       backend="auto"):
-    """Modular MAX's call shape, writing into ``output``.
+def _flag(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return bool(value)
 
-    ``k``: a KVCache (its lengths rule) or a ``[B, S, 1, 576]`` array (MAX's second overload).
+
+def _index_array(name, x):
+    """An int32 or uint32 index array as the checks take it: uint32 (MAX's dtype) and device
+    arrays other than int32 are read to the host here (values past int32 refused there)."""
+    if is_array(x) and is_device(x) and dtype_of(x) == np.uint32:
+        return np.asarray(to_host(x))
+    return x
+
+
+def _check_q_max_seq_len(q_max_seq_len, longest):
+    if q_max_seq_len is None:
+        return
+    if isinstance(q_max_seq_len, bool) or not isinstance(q_max_seq_len, (int, np.integer)):
+        raise TypeError(f"q_max_seq_len: expected None or an int, got "
+                        f"{type(q_max_seq_len).__name__}")
+    if not longest <= q_max_seq_len <= np.iinfo(np.int32).max:
+        raise ValueError(f"q_max_seq_len: expected at least the longest query run, {longest} "
+                         f"(and below 2^31), got {q_max_seq_len}")
+
+
+def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_partitions=None,
+                       backend="auto", *, q_max_seq_len=None, kv_input_row_offsets=None,
+                       use_score_mod=False, config=None, ragged=None,
+                       decoding_warp_split_k=False):
+    """Modular MAX's call shape, writing into ``output``; returns ``output``.
+
+    ``k``: a KVCache (its lengths rule), a ``[B, S, 1, 576]`` array (MAX's second overload),
+    or, with ``kv_input_row_offsets`` (B+1 int32/uint32), a ragged ``[rows, 1, 576]`` tensor:
+    sequence b's keys at rows ``kv_input_row_offsets[b]:kv_input_row_offsets[b+1]``.
     Padded q ``[B, Sq, H, 576]``: ``valid_length`` is None or the per-sequence key counts (which
-    must agree with a cache's lengths; with an array ``k``, None means all S keys). Ragged q
-    ``[T, H, 576]``: ``valid_length`` is the B+1 row offsets. Returns ``output``. Errors name
-    this function's arguments (``output``, ``valid_length``)."""
+    must agree with a cache's lengths; with an array ``k``, None means all its keys). Ragged q
+    ``[T, H, 576]``: ``valid_length`` is the B+1 row offsets. ``ragged`` (None: from q's rank)
+    must agree with q; ``q_max_seq_len``, if given, bounds the longest query run;
+    ``score_mod`` runs only with ``use_score_mod=True``; ``config`` (MHAConfig) fixes tiles
+    and split-K; ``decoding_warp_split_k`` splits each block's keys over its warps. The
+    rules, and every difference from MAX, are in the README ("Porting from Modular MAX").
+    Errors name this function's arguments."""
     if output is None:
         raise TypeError("output: expected an array to write into, got None")
     # q's rank picks the overload, so it is checked first (else valid_length would be blamed).
@@ -194,9 +236,52 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
     if len(shape_of(q)) not in (3, 4):
         raise ValueError(f"q: expected shape [B, Sq, H, {D_QK}] or [T, H, {D_QK}] (ragged), "
                          f"got {list(shape_of(q))}")
-    ragged = len(shape_of(q)) == 3
+    q_ragged = len(shape_of(q)) == 3
+    if ragged is not None and _flag("ragged", ragged) != q_ragged:
+        raise ValueError(f"ragged: {ragged} disagrees with q's shape {list(shape_of(q))} "
+                         f"({'[T, H, 576]' if q_ragged else '[B, Sq, H, 576]'}); give "
+                         f"ragged={q_ragged} or None")
+    ragged = q_ragged
+    use_score_mod = _flag("use_score_mod", use_score_mod)
+    warp_split_k = _flag("decoding_warp_split_k", decoding_warp_split_k)
+    if not use_score_mod and not as_score_mod(score_mod).identity:
+        # MAX ignores the functor then; silently dropping a score mod is refused instead
+        raise ValueError("use_score_mod: a score_mod was given but use_score_mod is False "
+                         "(it runs only when set): pass use_score_mod=True, or no score_mod")
+    config, num_partitions = check_config(config, num_partitions)
+    valid_length = _index_array("valid_length", valid_length)
     lengths_name = "lengths"  # where the key counts came from, for the errors
-    if isinstance(k, KVCache):
+    if kv_input_row_offsets is not None:
+        if isinstance(k, KVCache):
+            raise ValueError("kv_input_row_offsets: given with a KV cache object k; the row "
+                             "offsets go with a ragged k tensor [rows, 1, 576] only")
+        if not is_array(k):
+            raise TypeError(f"k: expected an array, got {type(k).__name__}")
+        shape = shape_of(k)
+        if len(shape) != 3 or shape[1] != 1 or shape[2] != D_QK:
+            raise ValueError(f"k: expected a ragged tensor [rows, 1, {D_QK}] with "
+                             f"kv_input_row_offsets, got shape {list(shape)}")
+        if dtype_of(k) not in IO_DTYPES:
+            raise TypeError(f"k: expected dtype bfloat16, float16 or float32, got {dtype_of(k)}")
+        offs = host_offsets("kv_input_row_offsets", kv_input_row_offsets, shape[0])
+        batch = len(valid_length) - 1 if ragged and is_array(valid_length) else (
+            shape_of(q)[0] if not ragged else None)
+        if batch is not None and offs.shape[0] != batch + 1:
+            raise ValueError(f"kv_input_row_offsets: expected shape [{batch + 1}] (B+1), got "
+                             f"{list(offs.shape)}")
+        lengths = None
+        if not ragged and valid_length is not None:
+            lengths = check_lengths(valid_length, offs.shape[0] - 1,
+                                    int(np.diff(offs).max(initial=0)), name="valid_length")
+            over = np.nonzero(lengths > np.diff(offs))[0]
+            if over.size:
+                b = int(over[0])
+                raise ValueError(f"valid_length: valid_length[{b}] = {lengths[b]} exceeds "
+                                 f"sequence {b}'s {np.diff(offs)[b]} rows of k "
+                                 f"(kv_input_row_offsets)")
+            lengths_name = "valid_length"
+        cache = RaggedKVCache(k, offs, lengths)
+    elif isinstance(k, KVCache):
         cache = k
         if not ragged and valid_length is not None:
             vl = check_lengths(valid_length, cache.batch, cache.capacity, name="valid_length")
@@ -207,6 +292,9 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
                 )
     elif is_array(k):
         shape = shape_of(k)
+        if len(shape) == 3 and shape[1:] == (1, D_QK):
+            raise ValueError(f"k: a ragged tensor [rows, 1, {D_QK}] needs kv_input_row_offsets "
+                             f"(B+1 row offsets), got None")
         if len(shape) != 4 or shape[2] != 1 or shape[3] != D_QK:
             raise ValueError(f"k: expected a KV cache or an array [B, S, 1, {D_QK}], got shape {list(shape)}")
         if dtype_of(k) not in IO_DTYPES:  # named here: the cache built below would say "kv"
@@ -225,11 +313,20 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
         call = check_ragged(q, valid_length, cache, scale, mask, score_mod, num_partitions,
                             False, output, backend, out_name="output", offsets_name="valid_length",
                             lengths_name=lengths_name)
+        _check_q_max_seq_len(q_max_seq_len, call.sq)
+        check_warp_split(warp_split_k, call.backend)
+        call.config, call.warp_split_k = config, warp_split_k
         _run(call, _ragged_family(call))
     else:
         call = check_decode(q, cache, scale, mask, score_mod, num_partitions, False, output,
                             backend, out_name="output", lengths_name=lengths_name)
+        _check_q_max_seq_len(q_max_seq_len, call.sq)
+        check_warp_split(warp_split_k, call.backend)
+        call.config, call.warp_split_k = config, warp_split_k
         fast = _fast_family(q, cache, scale, mask, score_mod, num_partitions, False, output,
                             backend)
-        _run(call, fast and fast[0])
+        family = fast and fast[0]
+        if family and (config is not None or warp_split_k):  # (mla_decode's have neither)
+            family += ((config, warp_split_k),)
+        _run(call, family)
     return output

@@ -1,10 +1,10 @@
 """KV caches: where token ``t`` of sequence ``b`` lives (SPEC.md, "KV caches").
 
-Each row is 576 wide: 512 latent ("nope") dims, which double as V, then 64 rope dims. Both
-caches are validated on construction; lengths and block tables are also kept as small host
+Each row is 576 wide: 512 latent ("nope") dims, which double as V, then 64 rope dims. The
+caches (contiguous, paged, ragged) are validated on construction; lengths and block tables are also kept as small host
 copies (int32) so every later check is free of device round trips.
 
-On the device both caches are read through one function, ``locate(block_table, page_size,
+On the device every cache is read through one function, ``locate(block_table, page_size,
 npages, b, t) -> (page, slot)``, with the row at ``storage[page, slot, :]``: for a contiguous
 cache the "page" is the sequence and the page size is the capacity. It clamps what it reads to
 the arrays' extents (values may change in device memory after the checks).
@@ -304,3 +304,117 @@ class PagedKVCache(KVCache):
             f"PagedKVCache(pages {list(shape_of(self.storage))} {self.dtype}{self._fp8_repr()}, "
             f"block_table {list(self.block_table_host.shape)}, B={self.batch})"
         )
+
+
+def host_offsets(name, offsets, rows):
+    """Validated host int32 copy of ``B+1`` row offsets into ``rows`` rows: int32 or uint32
+    (MAX's dtype; on the device too), non-decreasing, from >= 0 to <= rows, each below 2^31."""
+    if not is_array(offsets):
+        raise TypeError(f"{name}: expected an integer array, got {type(offsets).__name__}")
+    dt = dtype_of(offsets)
+    if is_device(offsets) and dt not in (np.dtype(np.int32), np.dtype(np.uint32)):
+        raise TypeError(f"{name}: a device array must have dtype int32 or uint32, got {dt}")
+    if is_device(offsets):  # read once, as every check does (uint32 is not a kernel's type)
+        offsets = np.asarray(to_host(offsets))
+    off = _host_int32(name, offsets, 1)
+    if off.shape[0] < 1:
+        raise ValueError(f"{name}: expected B+1 >= 1 offsets, got shape {list(off.shape)}")
+    steps = np.diff(off)
+    if steps.size and steps.min() < 0:
+        b = int(np.argmin(steps))
+        raise ValueError(f"{name}: expected non-decreasing offsets, got {name}[{b}] = "
+                         f"{off[b]} then {name}[{b + 1}] = {off[b + 1]}")
+    if off[0] < 0 or off[-1] > rows:
+        raise ValueError(f"{name}: expected offsets within [0, {rows}] (the tensor's rows), "
+                         f"got {off[0]} .. {off[-1]}")
+    return off
+
+
+class RaggedKVCache(KVCache):
+    """``rows [R, 576]`` (or MAX's ``[R, 1, 576]``), ``row_offsets [B+1]`` int32 or uint32:
+    all sequences' rows back to back, token t of sequence b at ``rows[row_offsets[b] + t]``.
+    A sequence holds ``row_offsets[b+1] - row_offsets[b]`` tokens (its capacity), and its
+    length is that unless ``lengths`` says fewer. Rows between the runs are never read.
+
+    On the device it is a one-page cache: storage ``[1, R, 576]`` (a view of ``rows``), and
+    the offsets, an int32 ``[B+1, 1]`` copy, travel in the block table's place; ``locate``
+    returns (0, offset + t), clamped into the rows."""
+
+    kind = "ragged"
+
+    def __init__(self, rows, row_offsets, lengths=None):
+        if is_array(rows) and len(shape_of(rows)) == 3 and shape_of(rows)[1] == 1:
+            rows = rows.reshape((shape_of(rows)[0], D_QK))  # MAX's [R, 1, 576]
+        if not is_array(rows):
+            raise TypeError(f"rows: expected an array, got {type(rows).__name__}")
+        if len(shape_of(rows)) != 2 or shape_of(rows)[1] != D_QK:
+            raise ValueError(f"rows: expected shape [R, {D_QK}] or [R, 1, {D_QK}], got "
+                             f"{list(shape_of(rows))}")
+        R = shape_of(rows)[0]
+        try:  # a view, never a copy: the kernels read the caller's memory
+            storage = rows.reshape((1, R, D_QK))
+        except (NotImplementedError, ValueError, RuntimeError):
+            raise ValueError("rows: expected a C-contiguous array (its rows back to back)")
+        _check_storage("rows", storage)
+        self.rows_array = rows
+        self.storage = storage
+        self.row_offsets = row_offsets
+        self.offsets_host = host_offsets("row_offsets", row_offsets, R)
+        self.runs = np.diff(self.offsets_host)  # tokens each sequence can hold
+        # The block table's place: [B+1, 1] int32 (2-D, as the kernels' block table)
+        self.block_table_host = np.ascontiguousarray(self.offsets_host[:, None])
+        self.block_table = self.block_table_host
+        self.page_size = max(R, 1)
+        self.num_pages = 1
+        self._set_lengths(lengths)
+        self._finish()
+
+    def _set_lengths(self, lengths):
+        batch = self.runs.shape[0]
+        if lengths is None:
+            self.lengths_host = self.runs.astype(np.int32)
+        else:
+            self.lengths_host = check_lengths(lengths, batch, self.capacity)
+            over = np.nonzero(self.lengths_host > self.runs)[0]
+            if over.size:
+                b = int(over[0])
+                raise ValueError(f"lengths: lengths[{b}] = {self.lengths_host[b]} exceeds "
+                                 f"sequence {b}'s {self.runs[b]} rows (row_offsets)")
+        self.lengths = (lengths if lengths is not None and is_device(lengths)
+                        else self.lengths_host)
+
+    def with_lengths(self, lengths):
+        new = object.__new__(RaggedKVCache)
+        new.__dict__.update({k: v for k, v in self.__dict__.items()
+                             if k not in ("_memo", "_device")})
+        new._set_lengths(lengths)
+        new._finish()
+        if "block_table" in self._device:  # the offsets' device copy is shared
+            new._device["block_table"] = self._device["block_table"]
+        return new
+
+    @property
+    def capacity(self):
+        return int(self.runs.max(initial=0))
+
+    def rows(self, b, n):
+        o = int(self.offsets_host[b])
+        return np.asarray(to_host(self.rows_array)[o:o + n])
+
+    @staticmethod
+    def device_locate():
+        from numba import cuda  # here, not at the top: the reference builds caches without Numba
+
+        @cuda.jit(device=True)
+        def locate(block_table, page_size, npages, b, t):
+            # The offset and the row are clamped (page_size is the row count R here), so that
+            # values changed in device memory after the checks read a wrong row, never
+            # outside the rows
+            off = max(block_table[min(b, block_table.shape[0] - 1), 0], 0)
+            return 0, min(off + t, page_size - 1)
+
+        return locate
+
+    def __repr__(self):
+        return (f"RaggedKVCache(rows {list(shape_of(self.rows_array))} {self.dtype}, "
+                f"B={self.batch})")

@@ -39,6 +39,9 @@ class Call:
     # Ragged calls: row offsets [B+1] (host int32); None for padded q [B, Sq, H, 576].
     q_offsets: Optional[Any] = None
     q_offsets_host: Optional[np.ndarray] = None
+    # flare_mla_decoding's tuning (config.MHAConfig) and warp split-K; selector.py reads them
+    config: Optional[Any] = None
+    warp_split_k: bool = False
 
     @property
     def ragged(self):
@@ -68,7 +71,8 @@ def _check_q_dtype(q, cache):
 def _check_common(cache, scale, mask, score_mod, num_partitions, return_lse, backend):
     if not isinstance(cache, KVCache):
         raise TypeError(
-            f"cache: expected a ContiguousKVCache or PagedKVCache, got {type(cache).__name__}"
+            f"cache: expected a ContiguousKVCache, PagedKVCache or RaggedKVCache, got "
+            f"{type(cache).__name__}"
         )
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
         raise TypeError(f"scale: expected a float, got {type(scale).__name__}")

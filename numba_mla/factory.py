@@ -142,6 +142,20 @@ def simple_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, dir
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 
+def warpsplit_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False):
+    """The simple kernel with warp split-K (kernels/warpsplit.py); ``direct`` as above."""
+
+    def build():
+        from .kernels.warpsplit import BLOCK_M, make_partition_kernel
+
+        return make_partition_kernel(load=converters(tag)[0], store=_output_store(tag, direct),
+                                     unpack=unpacker(tag), block_m=BLOCK_M, heads=heads,
+                                     **_device_functions(mask, score_mod, cache_cls))
+
+    return _cached(("warpsplit", tag, heads, direct) + _mods_key(mask, score_mod, cache_cls),
+                   build)
+
+
 def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, tma=False):
     """The stage-1 tensor-core kernel (kernels/mma.py) for this configuration (bf16, f16);
     ``direct``: the variant that writes the final output (one partition, no combine); ``tma``:

@@ -7,11 +7,15 @@ here, from the call and a few facts about its arrays:
    simulator), the FMA kernel (``"simt"``) otherwise.
 2. The tensor-core kernels copy 16-byte pieces: q and the cache must start 16-byte aligned.
    ``"auto"`` falls back to ``"simt"``; an explicit ``"mma"`` is refused.
-3. The split-K schedule: the caller's factor P, split evenly over each sequence's tiles, or
-   the balanced schedule (heuristics.balanced_split: ``chunk`` tiles a partition, the same for
-   every sequence) for the kernel's tile; one partition means the partition kernel writes
-   ``out`` itself (``direct``).
-4. Tensor-core tiles come by the copy engine (TMA) where a 64-key tile never straddles pages
+3. ``decoding_warp_split_k`` runs the simple kernel's warp split-K variant
+   (kernels/warpsplit.py), under ``"auto"`` and ``"simple"``; ``"simt"`` and ``"mma"`` refuse it.
+   A config (config.py) fixes what it names: ``"auto"`` runs the FMA kernel where the
+   tensor-core tiles differ from it; a value the chosen kernel cannot run is refused.
+4. The split-K schedule: the caller's factor P (or the config's), split evenly over each
+   sequence's tiles, or the balanced schedule (heuristics.balanced_split: ``chunk`` tiles a
+   partition, the same for every sequence) for the kernel's tile; one partition means the
+   partition kernel writes ``out`` itself (``direct``).
+5. Tensor-core tiles come by the copy engine (TMA) where a 64-key tile never straddles pages
    and rows are packed; there the seesaw kernel runs, unless it would spill registers (a mask
    with much arithmetic beside its 160 accumulators), then the lockstep kernel's TMA variant.
    Elsewhere the lockstep kernel copies with cp.async.
@@ -22,14 +26,18 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from . import _compat, factory, heuristics
+from .config import refuse
 
 
 @dataclass(frozen=True)
 class KernelSpec:
     """A partition kernel and what its launch needs (the factory's description)."""
 
-    backend: str  # what runs: "simt", "simple", "mma" (lockstep wgmma) or "seesaw"
+    backend: str  # what runs: "simt", "simple", "warpsplit" (simple, warp split-K), "mma"
+    #               (lockstep wgmma) or "seesaw"
     dispatcher: Any  # the Numba kernel (compiled for the argument types at first launch)
     threads: int  # threads a block
     smem: int  # dynamic shared memory a block, bytes
@@ -79,6 +87,45 @@ class ArrayFacts:
     packed_rows: bool  # q and the cache are C-contiguous (TMA sees them as [rows, 576])
 
 
+def check_warp_split(warp_split_k, backend):
+    """``decoding_warp_split_k`` runs in the simple kernel (kernels/warpsplit.py): with
+    ``"auto"`` or ``"simple"``, or the reference (no effect on the result); the tuned FMA
+    kernel splits each score over its 8 warps already, and the tensor-core kernels over
+    their warpgroups, so neither takes it."""
+    if warp_split_k and backend in ("simt", "mma"):
+        raise ValueError(f"decoding_warp_split_k: runs in the simple kernel only; the "
+                         f"{backend!r} kernel splits each key tile over its warps by dims "
+                         f"instead. Use backend='auto' or 'simple'")
+
+
+#: Key tiles in flight: the FMA and tensor-core kernels double-buffer, "simple" does not.
+PIPELINE_STAGES = {"simt": 2, "mma": 2, "simple": 1, "warpsplit": 1}
+
+
+def _mma_honours(config):
+    """Whether a config leaves the tensor-core kernels' fixed tiles alone (``"auto"`` runs
+    the FMA kernel for one that asks otherwise)."""
+    from .kernels import mma
+
+    return config is None or (
+        config.num_queries_per_block in (None, mma.BLOCK_M)
+        and config.num_keys_per_block in (None, mma.BLOCK_N)
+        and config.num_pipeline_stages in (None, PIPELINE_STAGES["mma"]))
+
+
+def _check_config(config, backend, block_m, block_n):
+    """Refuse a config value the chosen kernel cannot run (config.py); the FMA kernel's rows
+    per block were chosen from the config already."""
+    if config is None:
+        return
+    for field, value, runs in (("num_queries_per_block", config.num_queries_per_block, block_m),
+                               ("num_keys_per_block", config.num_keys_per_block, block_n),
+                               ("num_pipeline_stages", config.num_pipeline_stages,
+                                PIPELINE_STAGES[backend])):
+        if value is not None and value != runs:
+            raise refuse(field, value, backend, (runs,))
+
+
 def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                   spills: Callable[[KernelSpec], bool]) -> KernelSpec:
     """The kernel for a checked call. ``rows``: query rows of the longest sequence (Sq x H);
@@ -108,8 +155,19 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         backend = "simt"
     sixteen = tag != "f32"
     mask, mod, cache_cls, H = call.mask, call.score_mod, type(call.cache), call.heads
+    config = call.config
+    if call.warp_split_k:
+        # Warp split-K exists in the simple kernel only: "auto" runs it there, "simt" and
+        # "mma" were refused by the checks (check_warp_split)
+        backend = "warpsplit"
+    elif backend == "mma" and call.backend == "auto" and not _mma_honours(config):
+        backend = "simt"  # the FMA kernel runs what the config asks (or refuses it below)
 
-    if backend == "mma":
+    if backend == "warpsplit":
+        from .kernels import warpsplit
+
+        block_m, block_n = warpsplit.BLOCK_M, warpsplit.NW * warpsplit.WN
+    elif backend == "mma":
         from .kernels import mma, seesaw
 
         block_m, block_n = mma.BLOCK_M, mma.BLOCK_N
@@ -121,10 +179,20 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         from .kernels import simt
 
         block_m = heuristics.simt_block_m(rows, sixteen)
+        if config is not None and config.num_queries_per_block is not None:
+            block_m = config.num_queries_per_block
+            if block_m not in ((16, 32) if sixteen else (16,)):
+                raise refuse("num_queries_per_block", block_m, "simt",
+                             (16, 32) if sixteen else (16,))
         block_n = simt.block_n(block_m, sixteen, fp8)
+    _check_config(config, backend, block_m, block_n)
     groups = max(1, math.ceil(rows / block_m))
-    if call.num_partitions:
-        chunk, P = 0, call.num_partitions
+    fixed = call.num_partitions or (config.num_partitions if config is not None else None)
+    if fixed:
+        chunk, P = 0, fixed
+    elif backend == "warpsplit":  # an even split: its warps share out each partition's tiles
+        chunk = 0
+        P = heuristics.num_partitions(call.batch, groups, int(np.max(keys, initial=0)), block_n)
     else:
         chunk, P = heuristics.balanced_split(keys, block_n, groups)
     direct = P == 1
@@ -136,13 +204,18 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                                         facts.cache_aligned16, fp8)
         return KernelSpec("simt", disp, simt.NTHREADS, simt.smem_bytes(block_m, sixteen, fp8),
                           q_pairs=False, tma=False, **common)
+    if backend == "warpsplit":
+        disp = factory.warpsplit_partition_kernel(mask, mod, tag, cache_cls, H, direct)
+        return KernelSpec("warpsplit", disp, warpsplit.NTHREADS, 0, q_pairs=False, tma=False,
+                          **common)
     if backend == "simple":
         disp = factory.simple_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
                                                fp8)
         return KernelSpec("simple", disp, simple.NTHREADS, simple.smem_bytes(block_m),
                           q_pairs=False, tma=False, **common)
-    tma = ((call.cache.kind == "contiguous" or call.cache.page_size % mma.BLOCK_N == 0)
-           and facts.packed_rows)
+    # (a ragged cache is one page: its tiles never straddle pages either)
+    tma = ((call.cache.kind in ("contiguous", "ragged")
+            or call.cache.page_size % mma.BLOCK_N == 0) and facts.packed_rows)
     if tma:
         spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(mask, mod, tag, cache_cls,
                                                                     H, direct),

@@ -171,8 +171,9 @@ def make_problem(rng, B, Sq, H, lengths, dtype=np.float32, cache_kind="contiguou
     Padded q is [B, Sq, H, 576]. ``ragged=True`` gives q [T, H, 576] with row offsets [B+1];
     ``q_counts`` sets the rows per sequence (default: random 0..Sq, at most a nonzero length;
     ignored for padded q).
-    ``cache_kind`` "contiguous" ([B, capacity, 576]) or "paged" (``page_size`` >= 1, pages
-    assigned in a shuffled order, ``spare_pages`` extra pages no sequence uses).
+    ``cache_kind`` "contiguous" ([B, capacity, 576]), "paged" (``page_size`` >= 1, pages
+    assigned in a shuffled order, ``spare_pages`` extra pages no sequence uses) or "ragged"
+    (all rows back to back, filler rows between the runs).
     ``capacity`` defaults to a few tokens past the longest sequence. ``filler`` fills every
     slot no valid key occupies. Lengths are not validated against Sq here, so bad-input tests
     can build refused problems too.
@@ -200,8 +201,20 @@ def make_problem(rng, B, Sq, H, lengths, dtype=np.float32, cache_kind="contiguou
                 t0, t1 = j * page_size, min(int(L), (j + 1) * page_size)
                 pages[layout.block_table[b, j], :t1 - t0] = keys[b][t0:t1]
         cache = nm.PagedKVCache(pages, layout.block_table, lengths)
+    elif cache_kind == "ragged":
+        # Runs back to back with 1-3 filler rows before each (NaN by default): a read past a
+        # run's end or before its start lands on filler
+        gaps = rng.integers(1, 4, B + 1)
+        starts = np.cumsum(gaps[:B]) + np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        rows = np.full((int(lengths.sum() + gaps.sum()), D_QK), filler, dtype)
+        for b, L in enumerate(lengths):
+            rows[starts[b]:starts[b] + L] = keys[b]
+        offsets = np.concatenate([starts, [starts[-1] + lengths[-1] if B else 0]])
+        # Each run ends at the next one's start (its filler rows are in it, past the length)
+        cache = nm.RaggedKVCache(rows, offsets.astype(np.int32), lengths)
     else:
-        raise ValueError(f"cache_kind: expected 'contiguous' or 'paged', got {cache_kind!r}")
+        raise ValueError(f"cache_kind: expected 'contiguous', 'paged' or 'ragged', got "
+                         f"{cache_kind!r}")
 
     if ragged:
         counts = random_counts(rng, lengths, Sq) if q_counts is None else np.asarray(q_counts)
@@ -273,9 +286,9 @@ def assert_close(actual, expected, rtol, atol, what="result"):
 #: each 16-wide step's products to its fp32 accumulator truncating, not rounding (measured on
 #: the H200: errors of ~18 ulps, all of one sign, on single-key rows), and a score takes 36
 #: steps: up to 36 ulps more. A wrong key, mask or scale is off by orders of magnitude more.
-#: "simple" is FMA too (two sequential 288-term halves). Keyed by the kernel that ran ("auto"
-#: resolved).
-FLOOR_ULPS = {"simt": 8, "mma": 8 + 36, "simple": 8, "reference": 8}
+#: "simple" is FMA too (two sequential 288-term halves), and so is its warp split-K variant
+#: ("warpsplit"). Keyed by the kernel that ran ("auto" resolved).
+FLOOR_ULPS = {"simt": 8, "mma": 8 + 36, "simple": 8, "warpsplit": 8, "reference": 8}
 
 
 def fp32_floor(golden, backend="simt"):

@@ -1,6 +1,6 @@
-"""Compile the partition kernels (tensor-core, FMA and simple) for sm_90a on a machine without a
-GPU and fail on local-memory spills or a call left in the code; for the tensor-core kernel also
-on a missing or serialised HGMMA.
+"""Compile the partition kernels (tensor-core, FMA, simple and its warp split-K) for sm_90a on
+a machine without a GPU and fail on local-memory spills or a call left in the code; for the
+tensor-core kernel also on a missing or serialised HGMMA.
 
 Needs ``pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump`` (NVVM, nvJitLink, cuobjdump).
 Usage: python scripts/build_check.py      (exit status 1 on any failure, 77 when NVVM or
@@ -172,6 +172,9 @@ def main():
            for name, make, rows in (("simt", factory.partition_kernel, None),
                                     ("simple", factory.simple_partition_kernel, simple.BLOCK_M))
            for mask, mod, tag, cache, block_m, heads, direct in SIMT_CASES]
+    fma += [("wsplit", mask, tag, cache, heads, direct, None, simt_signature(tag, direct),
+             factory.warpsplit_partition_kernel(mask, mod, tag, cache, heads, direct))
+            for mask, mod, tag, cache, _, heads, direct in SIMT_CASES]  # warp split-K
     for mask, mod, tag, cache, block_m, heads, direct, layout in FP8_CASES:
         fma += [("simt", mask, tag, cache, heads, direct, layout, fp8_signature(tag, direct),
                  factory.partition_kernel(mask, mod, tag, cache, block_m, heads, direct, True,

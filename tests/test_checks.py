@@ -63,6 +63,7 @@ def invoke(entry, p, out, **kw):
     a.update(kw)
     if entry.flare:
         valid_length = a["offsets"] if entry.ragged else extra.pop("valid_length", None)
+        extra.setdefault("use_score_mod", a["score_mod"] is not None)
         return nm.flare_mla_decoding(out, a["q"], a["cache"], a["mask"], a["score_mod"],
                                      valid_length, a["scale"], a["num_partitions"], **extra)
     if entry.backend:

@@ -130,7 +130,8 @@ def invoke(entry, p, **kw):
     if entry in FLARE:
         return nm.flare_mla_decoding(a["out"], a["q"], a["k"], a["mask"], a["score_mod"],
                                      a["valid_length"], a["scale"], a["num_partitions"],
-                                     backend=a["backend"])
+                                     backend=a["backend"],
+                                     use_score_mod=a["score_mod"] is not None)
     if entry == "ragged":
         return nm.mla_decode_ragged(a["q"], a["offsets"], a["k"], a["scale"], a["mask"],
                                     a["score_mod"], a["num_partitions"], a["return_lse"],

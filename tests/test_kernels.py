@@ -209,7 +209,7 @@ class SimCase:
         # Two sequences: every simulated key tile costs seconds, whatever it holds.
         B = 2
         lengths = rng.permutation([self.edge, self.longest]).astype(np.int32)
-        kind = "contiguous" if self.cache == "contiguous" else "paged"
+        kind = self.cache if self.cache in ("contiguous", "ragged") else "paged"
         page_size = int(self.cache[5:]) if kind == "paged" else 16
         ragged = self.layout == "ragged"
         return make_problem(rng, B, self.sq, self.heads, lengths, DTYPES[self.dtype], kind,
@@ -231,17 +231,21 @@ def each_value_once(factors):
     return [{name: vals[j % len(vals)] for name, vals in factors.items()} for j in range(n)]
 
 
+#: The factors of the each-value-once matrices below: the ragged cache (rows back to back,
+#: NaN rows between the sequences) too, at no extra case (the masks are more values).
+EACH_FACTORS = {**SIM_FACTORS, "cache": SIM_FACTORS["cache"] + ["ragged"]}
+
 #: The tensor-core kernel in the simulator: every value of every factor at least once (16-bit
 #: data only), not every pair: its simulated call costs about ten seconds (256 threads). The GPU
 #: suite runs it over every mask x score mod and the shape sweep.
 MMA_SIM_CASES = [SimCase(j, **c) for j, c in enumerate(
-    each_value_once({**SIM_FACTORS, "dtype": ["bf16", "fp16"]}))]
+    each_value_once({**EACH_FACTORS, "dtype": ["bf16", "fp16"]}))]
 
 
 #: The simple kernel in the simulator: every value of every factor at least once, all three
 #: dtypes. Its 8-key tiles make "1" and "3" partitions runs of several tiles (up to 9), the
-#: last one partial.
-SIMPLE_SIM_CASES = [SimCase(j, **c) for j, c in enumerate(each_value_once(SIM_FACTORS))]
+#: last one partial. Its warp split-K variant (decoding_warp_split_k) runs the same cases.
+SIMPLE_SIM_CASES = [SimCase(j, **c) for j, c in enumerate(each_value_once(EACH_FACTORS))]
 
 
 def test_pairwise_selection_covers_every_pair():
@@ -293,6 +297,29 @@ def test_simple_kernel_each_factor(case, rng):
     p = case.problem(rng)
     mask = MASKS[case.mask].make(p, rng)
     check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, "simple")
+
+
+@KERNEL
+@pytest.mark.parametrize("case", SIMPLE_SIM_CASES, ids=str)
+def test_warp_split_k_each_factor(case, rng):
+    """The simple kernel with decoding_warp_split_k (kernels/warpsplit.py): each block's keys
+    split over its 4 warps, and over num_partitions blocks."""
+    from numba_mla import checks, launch
+
+    p = case.problem(rng)
+    mask, score_mod = MASKS[case.mask].make(p, rng), SCORE_MODS[case.score_mod].make(p)
+    golden, same = references(p, mask, score_mod)
+    out = np.full(p.out_shape, np.nan, p.dtype)
+    args = (p.cache, p.scale, mask, score_mod, case.num_partitions, True, out, "simple")
+    call = (checks.check_ragged(p.q, p.q_offsets, *args) if p.ragged
+            else checks.check_decode(p.q, *args))
+    call.warp_split_k = True
+    plan = launch.Plan(call)
+    assert plan.spec.backend == "warpsplit"
+    plan.launch()
+    got, lse = plan.result()
+    assert got is out
+    assert_matches_reference(out, lse, golden, same, "warpsplit")
 
 
 @KERNEL
@@ -465,7 +492,7 @@ def test_flare_mla_decoding_writes_output(k_kind, rng):
     golden, same = references(p, mask, score_mod)
     output = np.full(p.out_shape, np.nan, p.dtype)
     got = nm.flare_mla_decoding(output, p.q, k, mask, score_mod, valid_length, p.scale,
-                                backend="simt")
+                                backend="simt", use_score_mod=True)
     assert got is output
     assert_three_way(output, same[0], golden[0], floor=fp32_floor(golden[0]), what="output")
 

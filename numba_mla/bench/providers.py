@@ -21,7 +21,8 @@ from .problems import D_QK, D_V
 
 #: numba_mla kernel backends to time; one whose ``launch.Plan`` raises NotImplementedError (or
 #: that has no kernel of its own yet) is skipped with the reason.
-KERNEL_BACKENDS = ("simt", "mma", "simple")
+#: "warpsplit" is the simple kernel with ``decoding_warp_split_k`` (kernels/warpsplit.py).
+KERNEL_BACKENDS = ("simt", "mma", "simple", "warpsplit")
 
 
 class Skip(Exception):
@@ -49,9 +50,12 @@ def numba_mla(p, backend):
 
     cfg = p.config
 
+    split = backend == "warpsplit"
+
     def plan_for(b):
         call = checks.check_decode(p.q, p.cache, p.scale, p.mask, None, cfg.num_partitions,
-                                   True, None, b)
+                                   True, None, "simple" if split else b)
+        call.warp_split_k = split
         return launch.Plan(call)
 
     try:
@@ -77,6 +81,9 @@ def numba_mla(p, backend):
                 info[key] = int(getattr(kern, attr)) if kern is not None else None
             except Exception:  # not every numba-cuda version has every attribute
                 info[key] = None
+    if split:  # only flare_mla_decoding takes it: no prepared step, the launches are timed
+        info["host_path"] = None
+        return Prepared(plan.launch, lambda: plan.result()[0], None, info)
     kw = dict(mask=p.mask, num_partitions=cfg.num_partitions, backend=backend)
     try:
         host = nm.prepare(p.q, p.cache, p.scale, **kw)
