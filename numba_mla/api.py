@@ -41,7 +41,7 @@ def _family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, b
             out_layout, bias_layout, aligned, cache.layout_key, rows)
 
 
-def _plan_key(family, cache, mask, counts, num_partitions):
+def _plan_key(family, cache, mask, counts, num_partitions, sq=None):
     """A family's key completed by its split-K schedule (chunk, P) for this cache's lengths,
     computed as the selector computes it (heuristics.balanced_split, from the key counts), or
     None while no plan of the family exists (its tile sizes are not known yet). Same lengths,
@@ -52,8 +52,12 @@ def _plan_key(family, cache, mask, counts, num_partitions):
     if num_partitions:
         return family + ((0, int(num_partitions)),)
     block_n, groups = geometry
+    if counts is None:  # padded q: Sq rows every sequence
+        counts, rows = np.full(cache.batch, sq), ("sq", sq)
+    else:
+        rows = counts.tobytes()
     schedule = cache.memo(
-        ("schedule", mask.cache_key(), counts.tobytes(), block_n, groups),
+        ("schedule", mask.cache_key(), rows, block_n, groups),
         lambda: heuristics.balanced_split(
             heuristics.key_counts(mask, cache.lengths_host, counts,
                                   getattr(cache, "position_map", None)), block_n, groups))
@@ -118,10 +122,10 @@ def _run(call, family):
 
     if family is None:
         return launch.run(call)
-    counts = np.diff(call.q_offsets_host) if call.ragged else np.full(call.batch, call.sq)
+    counts = np.diff(call.q_offsets_host) if call.ragged else None
     config = getattr(call, "config", None)
     fixed = call.num_partitions or (config.num_partitions if config is not None else None)
-    key = _plan_key(family, call.cache, call.mask, counts, fixed)
+    key = _plan_key(family, call.cache, call.mask, counts, fixed, call.sq)
     plan = None if key is None else plans.lookup(key)
     if plan is None:
         plan = launch.Plan(call)
@@ -149,7 +153,7 @@ def mla_decode(q: Any, cache: KVCache, scale: float, mask: MaskLike = None,
     if fast is not None:
         family, mask_, _ = fast
         sq = family[-1]
-        key = _plan_key(family, cache, mask_, np.full(cache.batch, sq), num_partitions)
+        key = _plan_key(family, cache, mask_, None, num_partitions, sq)
         plan = None if key is None else plans.lookup(key)
         if plan is not None:  # the plain call's fast path: see plans.py
             _values_ok(cache, mask_, sq, plan.call.heads)

@@ -41,6 +41,13 @@ def is_torch(x):
     return known
 
 
+def data_ptr(x):
+    """The device address of a device array's first element (torch, CuPy, Numba)."""
+    if is_torch(x):
+        return x.data_ptr()
+    return x.__cuda_array_interface__["data"][0]
+
+
 def is_array(x):
     """Anything we accept as an array argument."""
     return (

@@ -19,8 +19,8 @@ import numpy as np
 
 from . import _compat  # noqa: F401
 from . import fp8
-from .arrays import (IO_DTYPES, dtype_of, is_array, is_device, last_axis_contiguous, shape_of,
-                     to_host)
+from .arrays import (IO_DTYPES, dtype_of, is_array, is_device, is_torch, last_axis_contiguous,
+                     shape_of, to_host)
 from .constants import D_LATENT, D_QK, D_ROPE, D_V  # noqa: F401  (re-exported)
 
 
@@ -136,9 +136,15 @@ class KVCache:
             return given
         d = self._device.get(name)
         if d is None:
-            from numba import cuda
+            if is_torch(self.storage):  # torch's caching allocator: no cudaMalloc a step
+                import torch
 
-            d = self._device[name] = cuda.to_device(host)
+                d = torch.from_numpy(np.ascontiguousarray(host)).to(self.storage.device)
+            else:
+                from numba import cuda
+
+                d = cuda.to_device(host)
+            self._device[name] = d
         return d
 
     def device_lengths(self):

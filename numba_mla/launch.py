@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _compat, _numba
 from . import factory, heuristics, ptx, selector
-from .arrays import BF16, is_device, is_torch
+from .arrays import BF16, data_ptr, is_device, is_torch
 from .caches import D_QK, D_V
 from numba import cuda
 
@@ -296,13 +296,6 @@ def _aligned16(dev):
     if _compat.SIMULATOR:
         return True
     return dev.__cuda_array_interface__["data"][0] % 16 == 0
-
-
-def data_ptr(x):
-    """The device address of an array's first element (torch, CuPy, Numba)."""
-    if is_torch(x):
-        return x.data_ptr()
-    return x.__cuda_array_interface__["data"][0]
 
 
 # ---------------------------------------------------------------------------------------------

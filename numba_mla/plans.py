@@ -32,7 +32,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .arrays import is_torch
+from . import _compat
+from .arrays import data_ptr, is_torch
 
 #: Plans kept (each holds its compiled kernels' parameters and, split-K, a workspace view).
 MAX_PLANS = 64
@@ -63,8 +64,6 @@ def layout(x):
 def stream_of(q):
     """The raw handle of the stream a call on ``q`` is ordered on (launch.current_stream),
     through a query made once per device."""
-    from . import _compat
-
     if _compat.SIMULATOR or not is_torch(q):
         return 0
     dev = q.device.index
@@ -78,13 +77,7 @@ def stream_of(q):
 
 def aligned16(x):
     """Whether a device array starts 16-byte aligned (always, in the simulator)."""
-    from . import _compat
-
-    if _compat.SIMULATOR:
-        return True
-    from .launch import data_ptr
-
-    return data_ptr(x) % 16 == 0
+    return _compat.SIMULATOR or data_ptr(x) % 16 == 0
 
 
 def geometry(family):
