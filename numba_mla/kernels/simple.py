@@ -78,7 +78,8 @@ def smem_bytes(block_m):
 
 
 def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_classify,
-                          mask_key_range, score_mod, fold_scale, block_m, heads, fp8=None):
+                          mask_key_range, score_mod, fold_scale, block_m, heads, fp8=None,
+                          key_count=None):
     """The stage-1 kernel for one configuration. Every argument is a compile-time constant:
     device functions (inlined) or ints; see factory.py. ``load`` turns a q element into fp32,
     ``unpack`` a packed 16-bit pair of the cache (one int32 word) into two floats (None: fp32
@@ -91,7 +92,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 + 3 * block_m) <= STATIC_LIMIT
     assert KEY_THREADS * PAIRS_PER_THREAD == PAIRS and DIMS_PER_THREAD * NTHREADS == D_V
     H = heads
-    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads)
+    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
+                                          key_count=key_count)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
     if fp8:  # FP8 rows as int32 words: dims 2c, 2c + 1 are half of word c // 2, times a scale
