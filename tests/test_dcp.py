@@ -240,3 +240,10 @@ def test_sharded_decode_tensor_cores(rng, case):
     if "mma" not in kernel_backends(case[5]):
         pytest.skip("no tensor-core backend here")
     check_sharded(rng, *case, backend="mma")
+
+
+@pytest.mark.parametrize("backend", ["simple"])
+def test_sharded_decode_other_kernels(rng, backend):
+    """Every partition kernel takes a shard's position map (the simple kernel did not)."""
+    check_sharded(rng, "causal", "alibi", 2, "interleaved", "paged", "fp32", 1, 2, 1, [7],
+                  backend=backend)
