@@ -1,22 +1,7 @@
 """Split-K MLA decode written to be read first (``backend="simple"``): the partition kernel.
 
-Stepping through it in the simulator
-------------------------------------
-Numba's CUDA simulator runs every thread as a Python thread: no GPU is needed, and a
-``print`` (or ``breakpoint()``) inside the kernel works. Add, say,
-``if b == 0 and tid == 0: print("partition", p, "keys", k0, k1, "rows", r0, nrows)`` as the
-first line of the tile loop below, then run from the repository root::
-
-    NUMBA_ENABLE_CUDASIM=1 python - <<'EOF'
-    import numpy as np, numba_mla as nm
-    rng = np.random.default_rng(0)
-    q = rng.standard_normal((1, 1, 2, 576)).astype(np.float32)    # [B, Sq, H, 576]
-    kv = rng.standard_normal((1, 20, 576)).astype(np.float32)     # [B, S, 576]
-    cache = nm.ContiguousKVCache(kv, np.array([20], np.int32))
-    out = nm.mla_decode(q, cache, 0.05, backend="simple", num_partitions=2)
-    ref = nm.mla_decode(q, cache, 0.05, backend="reference")
-    print(np.abs(out - ref).max())                                # ~1e-7
-    EOF
+Step through it in the simulator (``NUMBA_ENABLE_CUDASIM=1``, a ``print`` or ``breakpoint()``
+guarded by block and thread): docs/tutorial.md, "Your first kernel", shows how.
 
 Notation
 --------
@@ -32,20 +17,17 @@ Notation
       Sp [SPLIT][block_m][BLOCK_N]  partial scores: SPLIT threads share a (row, key) score
       Ps [block_m][BLOCK_N]         the tile's scores in log2 units, then probabilities
       Ms, Ls, As [block_m]          running max (log2 units), running sum, this tile's rescale
-- A tile takes four phases, each a loop a thread runs on its own, with a barrier between
-  them: copy the keys, scores S = Q K^T, online softmax, O = alpha O + P V (the output in
-  registers, fp32, across the partition's tiles).
+- A tile takes four phases with a barrier between them: copy the keys, scores S = Q K^T,
+  online softmax, O = alpha O + P V (the output in registers, fp32, across the tiles).
 - Softmax in base 2: exp(x) = exp2(x * LOG2E), so scores are kept in log2 units.
 
-Output: the partition's normalised output ``part_out[t, h, p, :512]`` (fp32 workspace) and its
-natural-log LSE ``part_lse[t, h, p]`` (-inf and 0 when it kept no key); the combine kernel
-merges the partitions. With one partition the kernel writes ``out`` and ``lse`` itself
-(``part_out = out [T, H, 1, 512]`` in the storage dtype, ``store`` converting).
+Output: the partition's normalised ``part_out[t, h, p, :512]`` (fp32) and natural-log LSE
+``part_lse[t, h, p]`` (-inf when it kept no key), merged by the combine kernel; with one
+partition, ``out`` and ``lse`` themselves (``store`` converting to the storage dtype).
 
-Traffic: a block reads its partition's keys once (into Ks, serving both Q K^T and P V) and its
-queries once; the G row groups of a sequence read the same keys (from L2 after the first).
-Each score FMA reads two values from shared memory, which bounds the speed; kernels/simt.py
-keeps tiles of scores and outputs in registers instead, reusing every value it loads.
+Traffic: a block reads its partition's keys and its queries once. Each score FMA reads two
+values from shared memory, which bounds the speed; kernels/simt.py keeps tiles of scores and
+outputs in registers instead, reusing every value it loads.
 """
 import math
 
@@ -59,32 +41,26 @@ from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_
 NTHREADS = 128  # 4 warps
 BLOCK_M = 8  # query rows a block (the launcher's choice; Qs and Ks must fit in 48 KB)
 BLOCK_N = 8  # keys a tile
-# Shared row stride in words: one word of padding puts row (or key) n, dim d in bank
-# (n + d) % 32, so the 8 rows or 8 keys that a warp reads at one dim lie in distinct banks.
-ROW = D_QK + 1
+ROW = D_QK + 1  # padded row: row (or key) n, dim d in bank (n + d) % 32, no bank conflicts
 PAIRS = D_QK // 2  # a cache row as pairs of values (16-bit rows: one int32 word a pair)
 KEY_THREADS = NTHREADS // BLOCK_N  # threads that copy one key (16)
 PAIRS_PER_THREAD = PAIRS // KEY_THREADS  # (18)
 DIMS_PER_THREAD = D_V // NTHREADS  # output dims a thread owns, in every row (4)
 STATIC_LIMIT = 48 * 1024  # bytes of static shared memory a block may declare
-# At least 3 blocks (12 warps) resident a multiprocessor: ptxas then keeps to 168 registers a
-# thread (unbounded, it takes up to 254, and 2 blocks fit).
+# 3 blocks resident a multiprocessor: ptxas keeps to 168 registers (unbounded: 254, 2 blocks)
 JIT = JIT_OPTIONS if SIMULATOR else dict(JIT_OPTIONS, launch_bounds=(NTHREADS, 3))
 
 
 def smem_bytes(block_m):
-    """Dynamic shared memory: none, every shared array is static."""
-    return 0
+    return 0  # dynamic shared memory: none, every shared array is static
 
 
 def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_classify,
                           mask_key_range, score_mod, fold_scale, block_m, heads, fp8=None,
                           key_count=None):
-    """The stage-1 kernel for one configuration. Every argument is a compile-time constant:
-    device functions (inlined) or ints; see factory.py. ``load`` turns a q element into fp32,
-    ``unpack`` a packed 16-bit pair of the cache (one int32 word) into two floats (None: fp32
-    storage), ``store`` converts an output value for ``part_out``; ``fp8``: the cache's FP8
-    layout ("e4m3", "v32": rows of int32 words of four codes, docs/fp8.md), or None."""
+    """The kernel for one configuration; every argument is a compile-time constant (factory.py):
+    ``load`` q element -> fp32, ``unpack`` a cache word of two 16-bit values -> two floats
+    (None: fp32), ``store`` fp32 -> ``part_out``, ``fp8`` the FP8 layout (docs/fp8.md) or None."""
     SPLIT = NTHREADS // (block_m * BLOCK_N)  # threads that share one score
     PART = D_QK // SPLIT  # dims each of them sums
     assert SPLIT * block_m * BLOCK_N == NTHREADS and PART * SPLIT == D_QK
@@ -121,10 +97,9 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
 
     @cuda.jit(device=True, **INLINE)
     def copy_tile(Ks, storage, block_table, b, k0, k1, tid, kv_scale):
-        """Keys [k0, k1) of sequence b into Ks in fp32, zeros past k1 (there P is 0, but
-        0 * NaN is NaN). KEY_THREADS threads a key, each every KEY_THREADS-th pair of its row,
-        so that a warp reads runs of adjacent words; a thread's loads all go out before its
-        first store, so that their latencies overlap."""
+        """Keys [k0, k1) of sequence b into Ks in fp32, zeros past k1 (P is 0 there, but 0 * NaN
+        is NaN). KEY_THREADS threads a key, a warp reading adjacent words; a thread's loads all
+        go out before its first store, so their latencies overlap."""
         n, c0 = tid // KEY_THREADS, tid % KEY_THREADS
         pair = cuda.local.array((PAIRS_PER_THREAD, 2), float32)
         for j in range(PAIRS_PER_THREAD):
@@ -142,10 +117,9 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     @cuda.jit(**JIT)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse):
-        # q [T, H, 576] (storage dtype), q_offsets [B+1], storage [pages, page_size, words],
-        # chunk: tiles a partition (common.partition_tiles),
-        # part_out [T, H, P, 512], part_lse [T, H, P] f32. FP8 caches: scale is complex,
-        # scale + 1j * kv_scale (for a real scale the imaginary part is 0 and unused).
+        # q [T, H, 576], q_offsets [B+1], storage [pages, page_size, words], chunk: tiles a
+        # partition (common.partition_tiles), part_out [T, H, P, 512], part_lse [T, H, P];
+        # FP8 caches: scale + 1j * kv_scale (a real scale's imaginary part is 0, unused).
         kv_scale, sm_scale = float32(scale.imag), float32(scale.real)
         p, nparts, b = cuda.blockIdx.x, cuda.gridDim.x, cuda.blockIdx.z
         tid = cuda.threadIdx.x
@@ -185,8 +159,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             for j in range(DIMS_PER_THREAD):
                 acc[i, j] = float32(0.0)
 
-        # This thread's score: row s_i, key s_n, dims part s_part. For tid < block_m, its
-        # softmax row tid: query token my_i (at position my_pos), head my_h.
+        # This thread's score: row s_i, key s_n, dims part s_part; its softmax row (tid <
+        # block_m): query token my_i at position my_pos, head my_h.
         s_part, s_i, s_n = tid // (block_m * BLOCK_N), tid // BLOCK_N % block_m, tid % BLOCK_N
         my_i, my_h = (r0 + tid) // H, (r0 + tid) % H
         my_pos = length - nq + my_i
