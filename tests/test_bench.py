@@ -371,7 +371,6 @@ def test_help_prints_no_simulator_banner(args):
 def test_bench_help_cites_the_performance_note():
     r = _cli("bench", "--help")
     assert "docs/performance.md" in r.stdout and "varlen" in r.stdout
-    assert "PERFORMANCE.md" not in r.stdout
 
 
 @NO_GPU

@@ -147,10 +147,15 @@ def cited_markdown(text):
     return set(re.findall(r"(?<![\w/.-])([\w./-]*\w\.md)\b", text))
 
 
+#: Markdown files the code writes (``numba-mla plot``'s tables), named as outputs, not cited.
+GENERATED = {"varlen.md", "headline.md"}
+
+
 def test_no_file_cites_missing_markdown():
     """No file of the repository cites a Markdown file that is not in it (by path from the
-    root or from the citing file, or by bare name anywhere in the tree)."""
-    present, sources = set(), []
+    root or from the citing file, or by bare name anywhere in the tree); the names of files
+    the code writes (GENERATED) are outputs, not citations."""
+    present, sources = set(GENERATED), []
     for dirpath, dirnames, names in os.walk(ROOT):
         # the repository's own files: not .git, .venv, .peers and other dot-folders, builds
         dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"
