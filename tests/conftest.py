@@ -59,9 +59,46 @@ def real_gpu():
         return False
 
 
+#: CI's time budget (12 minutes on 2 cores, the simulator): these matrices keep their first N
+#: cases there, and the cases below run only where ``slow`` tests run (every test runs on the
+#: GPU machine). Each path they reach is reached in CI by a cheaper case: the FMA kernel for
+#: the tensor-core one (whose simulated warpgroups are the slowest thing in the suite), the
+#: first cases of a matrix for the rest of it.
+SIMULATOR_BUDGET = {
+    "tests/test_dcp.py::test_sharded_decode_matches_whole_cache": 7,
+    "tests/test_kernels.py::test_warp_split_k_each_factor": 4,
+    "tests/test_kernels.py::test_simple_kernel_each_factor": 6,
+    "tests/test_fp8.py::test_fp8_kernel": 5,
+}
+SIMULATOR_SLOW = (
+    "tests/test_dcp.py::test_sharded_decode_tensor_cores",
+    "tests/test_plans.py::test_plain_call_reuses_its_plan[mma]",
+    "tests/test_plans.py::test_values_changed_on_the_device_stay_in_bounds[mma-False]",
+    "tests/test_max.py::test_ragged_cache_kernels[mma]",
+    "tests/test_schedule.py::test_balanced_schedule_kernels[mma-chunk3]",
+    "tests/test_split_paths.py::test_split_path[mma-ragged_three_parts]",
+)
+
+
+def _mark_slow_in_the_simulator(items):
+    seen = {}
+    slow = pytest.mark.slow
+    for item in items:
+        base = item.nodeid.split("[")[0]
+        if base in SIMULATOR_BUDGET:
+            seen[base] = seen.get(base, 0) + 1
+            if seen[base] > SIMULATOR_BUDGET[base]:
+                item.add_marker(slow)
+        if item.nodeid.startswith(SIMULATOR_SLOW):
+            item.add_marker(slow)
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m "not slow"`` deselects
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run only on a real GPU (``pytest -m gpu`` there); elsewhere they
-    are skipped with the reason shown."""
+    are skipped with the reason shown, and the cases over CI's budget are marked ``slow``."""
+    if not real_gpu():
+        _mark_slow_in_the_simulator(items)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and not real_gpu():
         skip = pytest.mark.skip(reason="needs a real CUDA GPU (numba.cuda.is_available(), "
