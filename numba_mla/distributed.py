@@ -135,10 +135,8 @@ def _all_to_all(x, group, world):
 
     x = x.contiguous()
     out = torch.empty_like(x)
-    if x.is_cuda:
-        dist.all_to_all_single(out, x, group=group)
-    else:
-        dist.all_to_all(list(out.unbind(0)), list(x.unbind(0)), group=group)
+    # The single-tensor form: NCCL and gloo both have it (gloo's list form came late)
+    dist.all_to_all_single(out, x, group=group)
     return out
 
 

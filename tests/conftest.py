@@ -96,11 +96,19 @@ def _mark_slow_in_the_simulator(items):
 @pytest.hookimpl(tryfirst=True)  # before ``-m "not slow"`` deselects
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run only on a real GPU (``pytest -m gpu`` there); elsewhere they
-    are skipped with the reason shown, and the cases over CI's budget are marked ``slow``."""
+    are skipped with the reason shown, and the cases over CI's budget are marked ``slow``.
+    Tests marked ``simulator`` call device functions as plain Python: on a GPU they are
+    skipped (the kernels that use those functions are tested there instead)."""
     if not real_gpu():
         _mark_slow_in_the_simulator(items)
+    on_gpu = real_gpu()
+    if on_gpu:  # device functions called as Python run only in the simulator
+        skip = pytest.mark.skip(reason="calls device functions as Python: the simulator only")
+        for item in items:
+            if "simulator" in item.keywords:
+                item.add_marker(skip)
     gpu_items = [item for item in items if "gpu" in item.keywords]
-    if gpu_items and not real_gpu():
+    if gpu_items and not on_gpu:
         skip = pytest.mark.skip(reason="needs a real CUDA GPU (numba.cuda.is_available(), "
                                        "not the simulator)")
         for item in gpu_items:

@@ -140,6 +140,7 @@ def mapped_functions(mask, positions):
         score_mod=nm.IdentityScoreMod().device_fn()))
 
 
+@pytest.mark.simulator
 @pytest.mark.parametrize("mask_id", MAP_MASKS)
 @pytest.mark.parametrize("positions", [PositionMap.interleaved(0, 3), PositionMap.interleaved(2, 3),
                                        PositionMap.blocks(1, 5), PositionMap(4, 1, 3)],
@@ -170,6 +171,7 @@ def test_local_key_range_is_exact_and_tiles_sound(mask_id, positions):
                 assert cls != FULL or all(kept), (k0, k1, q_lo, q_hi)
 
 
+@pytest.mark.simulator
 def test_local_mods_see_global_keys():
     pm = PositionMap.interleaved(2, 4)
     fns = mapped_functions(nm.CausalMask(), pm)

@@ -46,6 +46,7 @@ def assert_exact_cover(tiles, P, chunk):
 # ---------------------------------------------------------------------------------------------
 # Host properties
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.simulator
 def test_device_function_matches_host_form():
     """common.partition_tiles (run as Python by the simulator) gives the host form's runs,
     and those cover every tile once: chunks, the even split (chunk 0), and chunks too small
