@@ -293,6 +293,8 @@ class PagedKVCache(KVCache):
     def device_locate():
         from numba import cuda  # here, not at the top: the reference builds caches without Numba
 
+        from numba import int32, uint32
+
         from .ptx import divmod_u32
 
         @cuda.jit(device=True)
@@ -300,8 +302,9 @@ class PagedKVCache(KVCache):
             page, slot = divmod_u32(t, page_size)
             # Clamped, so that values changed in device memory after the checks (a length past
             # the capacity, a page outside [0, npages)) read a wrong row, never outside arrays
-            page = min(page, block_table.shape[1] - 1)
-            return min(max(block_table[b, page], 0), npages - 1), slot
+            # (as unsigned, a negative page is past the last: one comparison for both ends)
+            page = min(uint32(page), uint32(block_table.shape[1] - 1))
+            return int32(min(uint32(block_table[b, page]), uint32(npages - 1))), slot
 
         return locate
 

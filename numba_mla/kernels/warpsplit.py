@@ -54,6 +54,7 @@ ROW = D_QK + 1  # shared row stride in words (the padding word: see simple.py)
 PAIRS = D_QK // 2  # a cache row as pairs of values
 KEY_LANES = 32 // WN  # lanes that copy one key (16)
 PAIRS_PER_LANE = PAIRS // KEY_LANES  # (18)
+HALF_PAIRS = PAIRS_PER_LANE // 2  # (9)
 SPLIT = 32 // (BLOCK_M * WN)  # lanes that share one score (2)
 PART = D_QK // SPLIT  # dims each of them sums (288)
 DIMS_PER_LANE = D_V // 32  # output dims a lane owns, in every row (16)
@@ -91,19 +92,23 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     @cuda.jit(device=True, **INLINE)
     def copy_tile(Ks, kw0, storage, block_table, b, k0, k1, lane):
         """Keys [k0, k1) of sequence b into rows kw0.. of Ks in fp32, zeros past k1 (P is 0
-        there, but 0 * NaN is NaN): KEY_LANES lanes a key, loads before stores."""
+        there, but 0 * NaN is NaN): KEY_LANES lanes a key, loads before stores half a row at
+        a time (a lane's registers hold its 128 accumulators: a whole row staged spills)."""
         n, c0 = lane // KEY_LANES, lane % KEY_LANES
-        pair = cuda.local.array((PAIRS_PER_LANE, 2), float32)
-        for j in range(PAIRS_PER_LANE):
-            pair[j, 0] = pair[j, 1] = float32(0.0)
-        if k0 + n < k1:
-            page, slot = locate(block_table, storage.shape[1], storage.shape[0], b, k0 + n)
-            for j in range(PAIRS_PER_LANE):
-                pair[j, 0], pair[j, 1] = read_pair(storage, page, slot, c0 + KEY_LANES * j)
-        for j in range(PAIRS_PER_LANE):
-            c = c0 + KEY_LANES * j
-            Ks[kw0 + n, 2 * c] = pair[j, 0]
-            Ks[kw0 + n, 2 * c + 1] = pair[j, 1]
+        valid = k0 + n < k1
+        page, slot = locate(block_table, storage.shape[1], storage.shape[0], b,
+                            k0 + n if valid else k0)
+        for half in range(2):  # loads before stores, half a row at a time
+            pair = cuda.local.array((HALF_PAIRS, 2), float32)
+            for j in range(HALF_PAIRS):
+                pair[j, 0] = pair[j, 1] = float32(0.0)
+                if valid:
+                    pair[j, 0], pair[j, 1] = read_pair(storage, page, slot,
+                                                       c0 + KEY_LANES * (half * HALF_PAIRS + j))
+            for j in range(HALF_PAIRS):
+                c = c0 + KEY_LANES * (half * HALF_PAIRS + j)
+                Ks[kw0 + n, 2 * c] = pair[j, 0]
+                Ks[kw0 + n, 2 * c + 1] = pair[j, 1]
 
     @cuda.jit(**JIT)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
