@@ -58,8 +58,17 @@ def longest_key_range(mask, lengths, counts, positions=None):
     return int(key_counts(mask, lengths, counts, positions).max(initial=0))
 
 
-#: A block's fixed cost (queries in, output out), in key tiles.
-BLOCK_OVERHEAD_TILES = 2
+#: A block's fixed cost (queries in, the pipeline filled, output out), in key tiles. With
+#: WORKSPACE_TILES, fitted to the tensor-core backend's 15 timings of the H200 bench at c54d4db
+#: (6 equal-length shapes, 9 spread ones; docs/performance.md): the model's time is within 5%
+#: of the measured one on average, 22% at worst. The earlier guess (2 tiles, no workspace
+#: term) was 21% off on average and split 64 x 128 heads spread lengths into 3-5 partitions
+#: that took 1.7x the time of one.
+BLOCK_OVERHEAD_TILES = 4
+#: A split block's partial output (its rows x 512 fp32, 128 KB for 64 rows) written to the
+#: workspace and read back by the combine, in key tiles (64 keys x 576 x 2 bytes): moved at
+#: the whole device's bandwidth, so a launch of n split blocks adds n x this / sms.
+WORKSPACE_TILES = 3.6
 #: The cost of a block whose partition is empty (it reads its sequence's length and offsets,
 #: writes LSE -inf and leaves), in key tiles: an estimate (a dependent pair of global loads
 #: against about 2 us of HBM time a 64-key tile takes a multiprocessor), not a measurement.
@@ -70,8 +79,9 @@ def num_partitions(batch, row_groups, max_keys, block_n, sms=None, max_parts=256
     """Split-K factor P for a kernel with one resident block per multiprocessor (both
     kernels' shared memory allows no more): the blocks run in waves of ``sms``, so the time is
     about (waves) x (tiles per partition + a block's fixed cost, ``BLOCK_OVERHEAD_TILES``:
-    loading the queries, writing the output). Pick the P that minimises it, the smallest on
-    ties (fewer partitions: a cheaper combine, none at all for P = 1)."""
+    loading the queries, writing the output), plus for P > 1 the workspace's round trip
+    (``WORKSPACE_TILES`` a block, at the device's bandwidth). Pick the P that minimises it, the
+    smallest on ties (fewer partitions: a cheaper combine, none at all for P = 1)."""
     sms = sm_count() if sms is None else sms
     tiles = math.ceil(max_keys / block_n)
     if tiles <= 1:
@@ -80,6 +90,8 @@ def num_partitions(batch, row_groups, max_keys, block_n, sms=None, max_parts=256
     best, best_cost = 1, None
     for P in range(1, min(tiles, max_parts) + 1):
         cost = math.ceil(blocks * P / sms) * (math.ceil(tiles / P) + BLOCK_OVERHEAD_TILES)
+        if P > 1:
+            cost += WORKSPACE_TILES * blocks * P / sms
         if best_cost is None or cost < best_cost:
             best, best_cost = P, cost
     return best
@@ -109,7 +121,8 @@ def balanced_split(keys, block_n, row_groups, sms=None, max_parts=256):
     at all for P = 1): with ``W`` the total work (kept tiles, plus ``BLOCK_OVERHEAD_TILES`` a
     block with work and ``EMPTY_BLOCK_TILES`` an empty one) and ``L = chunk +
     BLOCK_OVERHEAD_TILES`` the longest block, the time is ``ceil(W / (sms L))`` waves of
-    ``L``: for equal lengths exactly ``num_partitions``' model (the blocks come in waves of
+    ``L``, plus the workspace's round trip for P > 1 (``WORKSPACE_TILES`` a block with work):
+    for equal lengths exactly ``num_partitions``' model (the blocks come in waves of
     ``sms``), for unequal ones the work packed into waves of the longest block. Candidates
     are the distinct ``ceil(longest / P)`` for P = 1 ... ``max_parts`` (about
     2 sqrt(tiles) of them), each costed in one vectorised pass over the batch."""
@@ -128,5 +141,6 @@ def balanced_split(keys, block_n, row_groups, sms=None, max_parts=256):
     work = groups * (total + BLOCK_OVERHEAD_TILES * used + EMPTY_BLOCK_TILES * empty)
     longest_block = chunks + BLOCK_OVERHEAD_TILES
     cost = np.ceil(work / (sms * longest_block)) * longest_block
+    cost += np.where(parts > 1, WORKSPACE_TILES * groups * used / sms, 0.0)
     best = int(np.argmin(cost))  # the first of equal minima: the fewest partitions
     return int(chunks[best]), int(parts[best])

@@ -21,7 +21,7 @@ def test_longest_key_range(mask, lengths, counts, want):
 
 def test_num_partitions():
     """One resident block per multiprocessor: the fewest partitions that minimise
-    waves x tiles per partition."""
+    waves x tiles per partition, plus the workspace's round trip of a split."""
     sms = 132
     # B=1, H=128 (2 row groups), 1024 tiles: 64 partitions of 16 tiles, one wave of 128 blocks
     # (66 would be no faster: still 16 tiles for some partition).
@@ -35,7 +35,8 @@ def test_num_partitions():
     for blocks, keys in [(1, 65536), (3, 5000), (16, 32768), (200, 1000)]:
         P = heuristics.num_partitions(blocks, 1, keys, 64, sms)
         tiles = -(-keys // 64)
-        cost = lambda n: -(-blocks * n // sms) * (-(-tiles // n) + heuristics.BLOCK_OVERHEAD_TILES)
+        cost = lambda n: (-(-blocks * n // sms) * (-(-tiles // n) + heuristics.BLOCK_OVERHEAD_TILES)
+                          + (n > 1) * heuristics.WORKSPACE_TILES * blocks * n / sms)
         assert all(cost(P) <= cost(n) for n in range(1, min(tiles, 256) + 1))
 
 
