@@ -139,7 +139,13 @@ class KVCache:
             if is_torch(self.storage):  # torch's caching allocator: no cudaMalloc a step
                 import torch
 
-                d = torch.from_numpy(np.ascontiguousarray(host)).to(self.storage.device)
+                h = torch.from_numpy(np.ascontiguousarray(host))
+                if self.storage.is_cuda:
+                    # From pinned memory the copy is enqueued on the current stream (the one the
+                    # kernels run on) and the call returns at once; a pageable copy would wait
+                    # for the GPU to drain first. Torch keeps the pinned block until it is done.
+                    h = h.pin_memory()
+                d = h.to(self.storage.device, non_blocking=True)
             else:
                 from numba import cuda
 
