@@ -16,7 +16,7 @@ from .caches import D_QK, D_V, KVCache, _host_int32
 from .mods import Mask, ScoreMod, as_mask, as_score_mod
 
 MAX_SQ = 8  # query tokens per sequence (decode, speculative / multi-token prediction)
-BACKENDS = ("auto", "simt", "mma", "simple", "reference")
+BACKENDS = ("auto", "simt", "mma", "mma_sync", "simple", "reference")
 _F32_MAX = float(np.finfo(np.float32).max)
 
 

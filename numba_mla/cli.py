@@ -23,7 +23,7 @@ def main(argv=None):
     size.add_argument("--quick", dest="full", action="store_false",
                       help="the simulator-sized sweep (default on the simulator)")
     v.add_argument("--backend", default="auto",
-                   choices=["auto", "simt", "mma", "simple", "reference"],
+                   choices=["auto", "simt", "mma", "mma_sync", "simple", "reference"],
                    help="kernel to check: auto (tensor cores for 16-bit data on sm_90, else "
                         "FMA), simt (FMA), mma (tensor cores), simple (the readable FMA "
                         "kernel), reference")

@@ -430,10 +430,10 @@ class Plan:
         return tuple(inputs[role] for role in INPUT_ROLES) + (scale, np.int32(spec.chunk))
 
     def _maps(self, spec, q_dev, storage, T):
-        """The tensor maps of a TMA kernel (q, then the cache); placeholders for the
+        """The tensor maps of a TMA kernel (q, then the cache); placeholders for the lockstep
         tensor-core kernel that copies by cp.async; none for the others."""
         if not spec.tma:
-            return (_dummy((128,), np.uint8),) * 2 if spec.q_pairs else ()
+            return (_dummy((128,), np.uint8),) * 2 if spec.backend == "mma" else ()
         return (self._tensor_map("q_map", q_dev, T * self.call.heads),
                 self._tensor_map("storage_map", storage, storage.shape[0] * storage.shape[1]))
 

@@ -65,6 +65,17 @@ def resolve_backend(backend, tag):
     tensor-core kernel for 16-bit data where wgmma exists, the FMA kernel otherwise."""
     if backend == "auto":
         return "mma" if tag != "f32" and mma_supported() else "simt"
+    if backend == "mma_sync":
+        if tag == "f32":
+            raise ValueError("backend: 'mma_sync' (tensor cores) needs bfloat16 or float16 data, "
+                             "got float32; use 'simt' or 'auto'")
+        if not _compat.SIMULATOR:
+            from numba import cuda
+
+            cc = cuda.get_current_device().compute_capability
+            if cc < (8, 0):
+                raise ValueError(f"backend: 'mma_sync' needs a GPU of compute capability 8.0 or "
+                                 f"later (mma.sync with bf16), got {cc[0]}.{cc[1]}; use 'simt'")
     if backend == "mma":
         if tag == "f32":
             raise ValueError("backend: 'mma' (tensor cores) needs bfloat16 or float16 data, got "
@@ -92,14 +103,14 @@ def check_warp_split(warp_split_k, backend):
     ``"auto"`` or ``"simple"``, or the reference (no effect on the result); the tuned FMA
     kernel splits each score over its 8 warps already, and the tensor-core kernels over
     their warpgroups, so neither takes it."""
-    if warp_split_k and backend in ("simt", "mma"):
+    if warp_split_k and backend in ("simt", "mma", "mma_sync"):
         raise ValueError(f"decoding_warp_split_k: runs in the simple kernel only; the "
                          f"{backend!r} kernel splits each key tile over its warps by dims "
                          f"instead. Use backend='auto' or 'simple'")
 
 
 #: Key tiles in flight: the FMA and tensor-core kernels double-buffer, "simple" does not.
-PIPELINE_STAGES = {"simt": 2, "mma": 2, "simple": 1, "warpsplit": 1}
+PIPELINE_STAGES = {"simt": 2, "mma": 2, "mma_sync": 1, "simple": 1, "warpsplit": 1}
 
 
 def _mma_honours(config):
@@ -135,9 +146,9 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     uses local memory (never in the simulator)."""
     fp8 = call.cache.fp8_layout
     if fp8:  # FP8 caches: the FMA kernels read them (the tensor-core ones do not yet)
-        if call.backend == "mma":
-            raise ValueError("backend: 'mma' does not read FP8 caches yet; use 'simt', "
-                             "'simple' or 'auto'")
+        if call.backend in ("mma", "mma_sync"):
+            raise ValueError(f"backend: {call.backend!r} does not read FP8 caches yet; use "
+                             f"'simt', 'simple' or 'auto'")
         backend = "simt" if call.backend == "auto" else call.backend
         if not _compat.SIMULATOR:  # the kernels convert by cvt.rn.f16x2.e4m3x2 (PTX sm_89)
             from numba import cuda
@@ -175,6 +186,10 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         from .kernels import simple
 
         block_m, block_n = simple.BLOCK_M, simple.BLOCK_N
+    elif backend == "mma_sync":
+        from .kernels import mma_sync
+
+        block_m, block_n = mma_sync.BLOCK_M, mma_sync.BLOCK_N
     else:
         from .kernels import simt
 
@@ -213,6 +228,10 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                                                fp8)
         return KernelSpec("simple", disp, simple.NTHREADS, simple.smem_bytes(block_m),
                           q_pairs=False, tma=False, **common)
+    if backend == "mma_sync":
+        disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, H, direct)
+        return KernelSpec("mma_sync", disp, mma_sync.NTHREADS, 0, q_pairs=True, tma=False,
+                          **common)
     # (a ragged cache is one page: its tiles never straddle pages either)
     tma = ((call.cache.kind in ("contiguous", "ragged")
             or call.cache.page_size % mma.BLOCK_N == 0) and facts.packed_rows)

@@ -68,6 +68,7 @@ SIMULATOR_BUDGET = {
     "tests/test_dcp.py::test_sharded_decode_matches_whole_cache": 7,
     "tests/test_kernels.py::test_warp_split_k_each_factor": 4,
     "tests/test_kernels.py::test_simple_kernel_each_factor": 6,
+    "tests/test_kernels.py::test_mma_sync_kernel_each_factor": 2,
     "tests/test_fp8.py::test_fp8_kernel": 5,
 }
 SIMULATOR_SLOW = (
@@ -77,6 +78,8 @@ SIMULATOR_SLOW = (
     "tests/test_max.py::test_ragged_cache_kernels[mma]",
     "tests/test_schedule.py::test_balanced_schedule_kernels[mma-chunk2]",
     "tests/test_split_paths.py::test_split_path[mma-ragged_three_parts]",
+    "tests/test_split_paths.py::test_split_path[mma_sync-ragged_three_parts]",
+    "tests/test_split_paths.py::test_split_path[mma_sync-sixteen_parts]",
 )
 
 

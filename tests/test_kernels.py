@@ -55,8 +55,10 @@ from numba_mla.mods import as_mask, as_score_mod
 
 #: Runs the kernels: in the CUDA simulator in CI, on the device when there is one.
 KERNEL = pytest.mark.kernel
-#: The split-K kernels: FMA, tensor cores (16-bit data only) and the readable FMA kernel.
-KERNEL_BACKENDS = ("simt", "mma", "simple")
+#: The split-K kernels: FMA, tensor cores (wgmma; mma.sync: 16-bit data only) and the
+#: readable FMA kernel.
+KERNEL_BACKENDS = ("simt", "mma", "mma_sync", "simple")
+TENSOR_CORES = ("mma", "mma_sync")
 
 
 def tiles(length, block_n=32):
@@ -289,6 +291,16 @@ def test_mma_kernel_each_factor(case, rng):
     p = case.problem(rng)
     mask = MASKS[case.mask].make(p, rng)
     check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, "mma")
+
+
+@KERNEL
+@pytest.mark.parametrize("case", MMA_SIM_CASES, ids=str)
+def test_mma_sync_kernel_each_factor(case, rng):
+    """The warp tensor-core kernel (kernels/mma_sync.py) on the tensor-core cases: its 16-key
+    tiles make the partitions runs of several tiles."""
+    p = case.problem(rng)
+    mask = MASKS[case.mask].make(p, rng)
+    check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, "mma_sync")
 
 
 @KERNEL
@@ -572,6 +584,10 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
         seesaw = [factory.seesaw_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
                                                   type(p.cache), p.heads, direct)
                   for direct in (False, True)]
+    elif backend == "mma_sync":
+        dispatchers = [factory.mma_sync_partition_kernel(as_mask(mask), as_score_mod(score_mod),
+                                                         tag, type(p.cache), p.heads, direct)
+                       for direct in (False, True)]
     elif backend == "simple":
         dispatchers = [factory.simple_partition_kernel(as_mask(mask), as_score_mod(score_mod),
                                                        tag, type(p.cache), simple.BLOCK_M,
@@ -594,6 +610,8 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
             # cc=None: the PTX the kernel was built from (the current device's architecture,
             # "sm_90a" on an H200), kept with the kernel; (9, 0) would compile it for "sm_90".
             ptx = k.inspect_asm(None)
+            if backend == "mma_sync":  # 2 in the loop over S's 9 steps, 32 for P V
+                assert ptx.count("mma.sync.aligned.m16n8k16") == 34
             if backend == "mma":
                 # The lockstep kernel: 36 wgmma for Q.K^T and 4 for P.V; the seesaw: each
                 # warpgroup's two S sites issue 4 a box (a loop over the boxes), its two P V
@@ -635,7 +653,7 @@ class GpuCrossCase:
 
     @property
     def dtype(self):
-        if self.backend == "mma":  # 16-bit only
+        if self.backend in TENSOR_CORES:  # 16-bit only
             return ("bf16", "fp16")[(self.index + self.index // 3) % 2]
         return ("bf16", "fp16", "fp32")[(self.index + self.index // 3) % 3]
 
@@ -733,8 +751,8 @@ def test_shape_sweep_reference_stays_affordable():
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_gpu_shapes(shape, backend, rng):
-    if backend == "mma" and shape.dtype == "fp32":
-        pytest.skip("the tensor-core kernel takes 16-bit data")
+    if backend in TENSOR_CORES and shape.dtype == "fp32":
+        pytest.skip("the tensor-core kernels take 16-bit data")
     lengths = lengths_with_longest(rng, shape.B, shape.sq, shape.L, zero=shape.B > 2)
     p = make_problem(rng, shape.B, shape.sq, shape.H, lengths, DTYPES[shape.dtype], shape.cache,
                      shape.page_size or 16, ragged=shape.ragged,

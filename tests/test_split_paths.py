@@ -33,7 +33,7 @@ import pytest
 import numba_mla as nm
 from helpers import DTYPES, assert_three_way, fp32_floor, make_problem, references
 from numba_mla import heuristics
-from numba_mla.kernels import combine, mma, simple, simt
+from numba_mla.kernels import combine, mma, mma_sync, simple, simt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,6 +60,7 @@ def simt_tile_keys(dtype, rows):
 BACKENDS = [
     Backend("simt", ("bf16", "fp16", "fp32"), simt_tile_keys),
     Backend("mma", ("bf16", "fp16"), lambda dtype, rows: mma.BLOCK_N),
+    Backend("mma_sync", ("bf16", "fp16"), lambda dtype, rows: mma_sync.BLOCK_N),
     Backend("simple", ("bf16", "fp16", "fp32"), lambda dtype, rows: simple.BLOCK_N),
 ]
 
