@@ -1,7 +1,8 @@
 """Which kernel runs a call: every backend decision and fallback in one place.
 
-A call names a backend (``"auto"``, ``"simt"``, ``"mma"``, ``"simple"``); what runs is decided
-here, from the call and a few facts about its arrays:
+A call names a backend (``"auto"``, ``"simt"``, ``"mma"``, ``"mma_sync"``, ``"simple"``); what
+runs is decided here, from the call and a few facts about its arrays (``"mma_sync"``, the warp
+tensor-core kernel, runs only when named, on 16-bit data, compute capability 8.0 or later):
 
 1. ``"auto"`` is the tensor-core backend for 16-bit data where wgmma exists (sm_90, or the
    simulator), the FMA kernel (``"simt"``) otherwise.

@@ -1,8 +1,11 @@
 """Compile the partition kernels (tensor-core, FMA, simple and its warp split-K) for sm_90a on
 a machine without a GPU and fail on local-memory spills or a call left in the code; for the
-tensor-core kernel also on a missing or serialised HGMMA.
+tensor-core kernel also on a missing or serialised HGMMA. The warp tensor-core kernel
+(``mma_sync``) is built for sm_80 and sm_89 (Ampere, Ada) and must hold its 34 mma.sync and
+their HMMA.
 
-Needs ``pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump`` (NVVM, nvJitLink, cuobjdump).
+Needs ``pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`` (NVVM,
+nvJitLink, cuobjdump and its nvdisasm).
 Usage: python scripts/build_check.py      (exit status 1 on any failure, 77 when NVVM or
 nvJitLink is not installed: nothing was checked)
 """
@@ -53,6 +56,21 @@ FP8_CASES = [  # (mask, score mod, q dtype tag, cache, rows per block, heads, di
 ]
 
 
+MMA_SYNC_CASES = [  # (mask, score mod, dtype tag, cache, heads)
+    (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 16),
+    (nm.CausalMask(), nm.SoftCapScoreMod(2.0), "f16", nm.ContiguousKVCache, 128),
+    (nm.ChunkedMask(4) | nm.SlidingWindowCausalMask(2), nm.AlibiScoreMod(8), "bf16",
+     nm.PagedKVCache, 8),
+]
+
+
+def mma_sync_signature(tag, direct):
+    """The warp tensor-core kernel's: q as int32 words of two 16-bit values, no tensor maps."""
+    sig = list(simt_signature(tag, direct))
+    sig[0] = types.Array(types.int32, 3, "C")
+    return tuple(sig)
+
+
 def fp8_signature(tag, direct):
     """An FP8 kernel's: the cache as int32 words of four codes, scale + 1j * kv_scale."""
     sig = list(simt_signature(tag, direct))
@@ -82,11 +100,11 @@ def signature(direct):
             types.Array(types.uint8, 1, "C"))
 
 
-def link(ptx):
-    """(cubin, info log) from nvJitLink for sm_90a."""
+def link(ptx, arch="sm_90a"):
+    """(cubin, info log) from nvJitLink for ``arch``."""
     from cuda.bindings import nvjitlink
 
-    h = nvjitlink.create(2, ["-arch=sm_90a", "-verbose"])
+    h = nvjitlink.create(2, [f"-arch={arch}", "-verbose"])
     nvjitlink.add_data(h, nvjitlink.InputType.PTX, ptx.encode(), len(ptx), "kernel")
     nvjitlink.complete(h)
     log = bytearray(nvjitlink.get_info_log_size(h))
@@ -96,13 +114,16 @@ def link(ptx):
     return bytes(cubin), log.decode(errors="replace")
 
 
-def build_sass(ptx):
-    """(SASS, nvJitLink's info log) of ``ptx`` built for sm_90a."""
-    cubin, log = link(ptx)
+def build_sass(ptx, arch="sm_90a"):
+    """(SASS, nvJitLink's info log) of ``ptx`` built for ``arch``."""
+    cubin, log = link(ptx, arch)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        sass = subprocess.run([cuobjdump(), "-sass", f.name], capture_output=True,
+        tool = cuobjdump()  # (it runs nvdisasm, found beside it in the wheels)
+        env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(tool),
+                                                      os.environ.get("PATH", "")]))
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, env=env,
                               text=True).stdout
     return sass, log
 
@@ -140,7 +161,7 @@ def main():
     missing = toolchain_missing()
     if missing:
         print(f"build_check: NVVM/nvJitLink not available ({missing}); "
-              'pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump')
+              'pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm')
         return 77
     bad = 0
     for mask, mod, tag, cache, heads, direct, tma in CASES:
@@ -192,6 +213,21 @@ def main():
         print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
               f"direct={direct!s:5} fp8={layout} regs={regs} spills={spills} "
               f"calls={calls}  {'ok' if ok else 'FAIL'}")
+    for cc in ((8, 0), (8, 9)):
+        for mask, mod, tag, cache, heads in MMA_SYNC_CASES:
+            for direct in (False, True):
+                kern = factory.mma_sync_partition_kernel(mask, mod, tag, cache, heads, direct)
+                ptx, _ = cuda.compile_ptx(kern.py_func, mma_sync_signature(tag, direct), cc=cc,
+                                          launch_bounds=kern.targetoptions.get("launch_bounds"))
+                sass, log = build_sass(ptx, f"sm_{cc[0]}{cc[1]}")
+                regs, spills, calls = _resources(ptx, log)
+                mmas = ptx.count("mma.sync.aligned.m16n8k16")
+                hmma = len(re.findall(r"HMMA\.16816", sass))
+                ok = not spills and calls == 0 and mmas == 34 and hmma >= 34
+                bad += not ok
+                print(f"msync  {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
+                      f"direct={direct!s:5} sm_{cc[0]}{cc[1]} regs={regs} spills={spills} "
+                      f"calls={calls} mma.sync={mmas} HMMA={hmma}  {'ok' if ok else 'FAIL'}")
     return 1 if bad else 0
 
 

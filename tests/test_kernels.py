@@ -443,12 +443,18 @@ def test_auto_picks_a_kernel_and_return_lse(dtype, rng):
 
 
 @KERNEL
-def test_mma_refuses_fp32(rng):
-    """The tensor cores take 16-bit data: backend="mma" with fp32 is refused before launch."""
+@pytest.mark.parametrize("backend", TENSOR_CORES)
+def test_tensor_cores_refuse_fp32(rng, backend):
+    """The tensor cores take 16-bit data: backend="mma" or "mma_sync" with fp32 is refused
+    before launch, and decoding_warp_split_k with them too."""
     p = make_problem(rng, 1, 1, 2, [9], np.float32, "contiguous")
     out = np.full(p.out_shape, 7.0, np.float32)
-    with pytest.raises(ValueError, match="^backend: 'mma'.*float32"):
-        p.run(nm, backend="mma", out=out)
+    with pytest.raises(ValueError, match=f"^backend: '{backend}'.*float32"):
+        p.run(nm, backend=backend, out=out)
+    assert np.all(out == 7.0)
+    with pytest.raises(ValueError, match="^decoding_warp_split_k"):
+        nm.flare_mla_decoding(out, p.q, p.cache, None, None, None, p.scale, backend=backend,
+                              decoding_warp_split_k=True)
     assert np.all(out == 7.0)
 
 

@@ -22,7 +22,7 @@ from .problems import D_QK, D_V
 #: numba_mla kernel backends to time; one whose ``launch.Plan`` raises NotImplementedError (or
 #: that has no kernel of its own yet) is skipped with the reason.
 #: "warpsplit" is the simple kernel with ``decoding_warp_split_k`` (kernels/warpsplit.py).
-KERNEL_BACKENDS = ("simt", "mma", "simple", "warpsplit")
+KERNEL_BACKENDS = ("simt", "mma", "mma_sync", "simple", "warpsplit")
 
 
 class Skip(Exception):

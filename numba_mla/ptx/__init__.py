@@ -18,7 +18,7 @@ Modules, by topic (each opens with the list of its primitives):
 - ``accumulators``: the tensor-core accumulator fragment and whole-accumulator operations.
 - ``wgmma``: Hopper warpgroup products, their descriptors, fences and waits.
 - ``tma``: tensor maps and bulk tensor copies.
-- ``mma_sync``: warp products (``mma.sync`` m16n8k16) and ``ldmatrix``, for a future kernel.
+- ``mma_sync``: warp products (``mma.sync`` m16n8k16) and ``ldmatrix`` (kernels/mma_sync.py).
 - ``arith``: 32-bit ``divmod`` and ``rcp`` without subroutine calls.
 
 Every primitive is importable from ``numba_mla.ptx`` itself (``ptx.lds128(...)``).

@@ -1,7 +1,7 @@
 """Warp tensor cores (Ampere/Ada/Hopper ``mma.sync``) and ``ldmatrix``.
 
-No kernel uses these yet: they are kept, tested (tests/test_ptx_mma_sync.py), for the planned
-mma.sync kernel for Ampere and Ada GPUs (issue 24), which have no wgmma.
+The warp tensor-core kernel (kernels/mma_sync.py, ``backend="mma_sync"``) is built on these:
+Ampere and Ada GPUs have no wgmma. Tested on their own in tests/test_ptx_mma_sync.py.
 
 One warp computes D[16 x 8] (fp32) = A[16 x 16] . B[16 x 8] + C with ``mma.sync.aligned.
 m16n8k16.row.col.f32``, every operand in registers: unlike wgmma, no descriptor, fence or
