@@ -30,8 +30,11 @@ _SHAPES = [
     (8, 16, 1000, 1, "bf16", "paged", 64, "null", None, False),
     (6, 16, 2000, 2, "bf16", "contiguous", 0, "window", None, True),
 ]
-CASES = [(backend, *c[:4], "bf16" if backend == "mma" and c[4] == "fp32" else c[4], *c[5:])
-         for backend in ("simt", "mma") for c in _SHAPES]
+#: Every kernel backend; the tensor-core ones take bf16 where a shape is fp32.
+BACKENDS = ("simt", "mma", "mma_sync", "simple")
+CASES = [(backend, *c[:4],
+          "bf16" if backend in ("mma", "mma_sync") and c[4] == "fp32" else c[4], *c[5:])
+         for backend in BACKENDS for c in _SHAPES]
 
 
 def run_cases(only=None):
@@ -66,7 +69,8 @@ def main():
     ap.add_argument("--cases", action="store_true", help="(child) run the cases")
     ap.add_argument("--tools", default="memcheck,racecheck,synccheck,initcheck")
     ap.add_argument("--out", default=None, help="also write the summary here")
-    ap.add_argument("--backend", default=None, help="only this backend's cases (simt, mma)")
+    ap.add_argument("--backend", default=None, choices=BACKENDS,
+                    help="only this backend's cases")
     args = ap.parse_args()
     if args.cases:
         sys.exit(1 if run_cases(args.backend) else 0)

@@ -113,7 +113,8 @@ def test_in_place_changes_are_honoured(rng):
 
 
 @KERNEL
-@pytest.mark.parametrize("backend,bias", [("simt", False), ("mma", False), ("simple", True)])
+@pytest.mark.parametrize("backend,bias", [("simt", False), ("mma", False), ("mma_sync", False),
+                                          ("simple", True)])
 def test_values_changed_on_the_device_stay_in_bounds(backend, bias, rng):
     """After the cache was checked, sequence 0's length is raised past the capacity (and the
     bias's columns) and its block-table entries point outside the pages (huge, negative): the
