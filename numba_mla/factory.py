@@ -172,19 +172,19 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
                    build)
 
 
-def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False):
+def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False):
     """The stage-1 kernel on warp tensor cores (kernels/mma_sync.py: mma.sync, sm_80 on) for
-    this configuration (bf16, f16); ``direct`` as for the others."""
+    this configuration (bf16, f16; ``block_m`` 16 or 64 rows); ``direct`` as for the others."""
 
     def build():
         from .kernels.mma_sync import make_partition_kernel
 
         return make_partition_kernel(tag=tag, to16=converters(tag)[1],
-                                     store=_output_store(tag, direct), heads=heads,
-                                     **_device_functions(mask, score_mod, cache_cls))
+                                     store=_output_store(tag, direct), block_m=block_m,
+                                     heads=heads, **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(("mma_sync", tag, heads, direct) + _mods_key(mask, score_mod, cache_cls),
-                   build)
+    return _cached(("mma_sync", tag, block_m, heads, direct)
+                   + _mods_key(mask, score_mod, cache_cls), build)
 
 
 def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False):

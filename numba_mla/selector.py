@@ -190,7 +190,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     elif backend == "mma_sync":
         from .kernels import mma_sync
 
-        block_m, block_n = mma_sync.BLOCK_M, mma_sync.BLOCK_N
+        block_m, block_n = mma_sync.BLOCK_MS[-1], mma_sync.BLOCK_N
     else:
         from .kernels import simt
 
@@ -230,9 +230,9 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         return KernelSpec("simple", disp, simple.NTHREADS, simple.smem_bytes(block_m),
                           q_pairs=False, tma=False, **common)
     if backend == "mma_sync":
-        disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, H, direct)
-        return KernelSpec("mma_sync", disp, mma_sync.NTHREADS, 0, q_pairs=True, tma=False,
-                          **common)
+        disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct)
+        return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),
+                          mma_sync.smem_bytes(block_m), q_pairs=True, tma=False, **common)
     # (a ragged cache is one page: its tiles never straddle pages either)
     tma = ((call.cache.kind in ("contiguous", "ragged")
             or call.cache.page_size % mma.BLOCK_N == 0) and facts.packed_rows)

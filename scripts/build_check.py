@@ -56,11 +56,11 @@ FP8_CASES = [  # (mask, score mod, q dtype tag, cache, rows per block, heads, di
 ]
 
 
-MMA_SYNC_CASES = [  # (mask, score mod, dtype tag, cache, heads)
-    (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 16),
-    (nm.CausalMask(), nm.SoftCapScoreMod(2.0), "f16", nm.ContiguousKVCache, 128),
+MMA_SYNC_CASES = [  # (mask, score mod, dtype tag, cache, rows per block, heads)
+    (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 16, 16),
+    (nm.CausalMask(), nm.SoftCapScoreMod(2.0), "f16", nm.ContiguousKVCache, 16, 128),
     (nm.ChunkedMask(4) | nm.SlidingWindowCausalMask(2), nm.AlibiScoreMod(8), "bf16",
-     nm.PagedKVCache, 8),
+     nm.PagedKVCache, 16, 8),
 ]
 
 
@@ -214,9 +214,10 @@ def main():
               f"direct={direct!s:5} fp8={layout} regs={regs} spills={spills} "
               f"calls={calls}  {'ok' if ok else 'FAIL'}")
     for cc in ((8, 0), (8, 9)):
-        for mask, mod, tag, cache, heads in MMA_SYNC_CASES:
+        for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES:
             for direct in (False, True):
-                kern = factory.mma_sync_partition_kernel(mask, mod, tag, cache, heads, direct)
+                kern = factory.mma_sync_partition_kernel(mask, mod, tag, cache, block_m, heads,
+                                                         direct)
                 ptx, _ = cuda.compile_ptx(kern.py_func, mma_sync_signature(tag, direct), cc=cc,
                                           launch_bounds=kern.targetoptions.get("launch_bounds"))
                 sass, log = build_sass(ptx, f"sm_{cc[0]}{cc[1]}")
@@ -225,7 +226,7 @@ def main():
                 hmma = len(re.findall(r"HMMA\.16816", sass))
                 ok = not spills and calls == 0 and mmas == 34 and hmma >= 34
                 bad += not ok
-                print(f"msync  {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
+                print(f"msync  {mask!r:40.40} {tag} {cache.kind:10} M={block_m:<2} H={heads:<3} "
                       f"direct={direct!s:5} sm_{cc[0]}{cc[1]} regs={regs} spills={spills} "
                       f"calls={calls} mma.sync={mmas} HMMA={hmma}  {'ok' if ok else 'FAIL'}")
     return 1 if bad else 0

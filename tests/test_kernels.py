@@ -592,7 +592,8 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
                   for direct in (False, True)]
     elif backend == "mma_sync":
         dispatchers = [factory.mma_sync_partition_kernel(as_mask(mask), as_score_mod(score_mod),
-                                                         tag, type(p.cache), p.heads, direct)
+                                                         tag, type(p.cache), 16, p.heads,
+                                                         direct)
                        for direct in (False, True)]
     elif backend == "simple":
         dispatchers = [factory.simple_partition_kernel(as_mask(mask), as_score_mod(score_mod),

@@ -60,7 +60,7 @@ def simt_tile_keys(dtype, rows):
 BACKENDS = [
     Backend("simt", ("bf16", "fp16", "fp32"), simt_tile_keys),
     Backend("mma", ("bf16", "fp16"), lambda dtype, rows: mma.BLOCK_N),
-    Backend("mma_sync", ("bf16", "fp16"), lambda dtype, rows: mma_sync.BLOCK_N),
+    Backend("mma_sync", ("bf16", "fp16"), lambda dtype, rows: mma_sync.BLOCK_N),  # (any rows)
     Backend("simple", ("bf16", "fp16", "fp32"), lambda dtype, rows: simple.BLOCK_N),
 ]
 
