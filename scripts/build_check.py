@@ -1,7 +1,7 @@
 """Compile the partition kernels (tensor-core, FMA, simple and its warp split-K) for sm_90a on
 a machine without a GPU and fail on local-memory spills or a call left in the code; for the
 tensor-core kernel also on a missing or serialised HGMMA. The warp tensor-core kernel
-(``mma_sync``) is built for sm_80 and sm_89 (Ampere, Ada) and must hold its 34 mma.sync and
+(``mma_sync``) is built for sm_80 and sm_89 (Ampere, Ada) and must hold its mma.sync and
 their HMMA.
 
 Needs ``pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`` (NVVM,
@@ -224,7 +224,9 @@ def main():
                 regs, spills, calls = _resources(ptx, log)
                 mmas = ptx.count("mma.sync.aligned.m16n8k16")
                 hmma = len(re.findall(r"HMMA\.16816", sass))
-                ok = not spills and calls == 0 and mmas == 34 and hmma >= 34
+                # 2 a step of S's loop (unrolled as the compiler likes), 32 a step of P V's,
+                # every one an HMMA in the SASS
+                ok = not spills and calls == 0 and mmas >= 34 and hmma >= mmas
                 bad += not ok
                 print(f"msync  {mask!r:40.40} {tag} {cache.kind:10} M={block_m:<2} H={heads:<3} "
                       f"direct={direct!s:5} sm_{cc[0]}{cc[1]} regs={regs} spills={spills} "
