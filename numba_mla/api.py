@@ -21,14 +21,15 @@ from .selector import check_warp_split
 
 
 def _family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend, entry,
-            rows):
+            rows, q_layout=None):
     """What a kept plan depends on apart from the lengths (plans.py): the entry point, thread,
     stream, options as (type, value) pairs, the mods' keys, the arrays' layouts and whether q
     and the cache start 16-byte aligned (the tensor-core kernels need it). None when the call
-    cannot reuse a plan (host arrays, the reference backend)."""
+    cannot reuse a plan (host arrays, the reference backend). ``q_layout``: plans.layout(q),
+    when the caller has it already."""
     if backend == "reference" or not isinstance(cache, KVCache):
         return None
-    q_layout, out_layout = plans.layout(q), plans.layout(out)
+    q_layout, out_layout = q_layout or plans.layout(q), plans.layout(out)
     if not q_layout or out_layout is False or not cache.layout_key[2]:
         return None
     bias_layout = plans.layout(mask.bias_array())
@@ -52,14 +53,12 @@ def _plan_key(family, cache, mask, counts, num_partitions, sq=None):
     if num_partitions:
         return family + ((0, int(num_partitions)),)
     block_n, groups = geometry
-    if counts is None:  # padded q: Sq rows every sequence
-        counts, rows = np.full(cache.batch, sq), ("sq", sq)
-    else:
-        rows = counts.tobytes()
+    rows = ("sq", sq) if counts is None else counts.tobytes()  # (None: Sq rows every sequence)
     schedule = cache.memo(
         ("schedule", mask.cache_key(), rows, block_n, groups),
         lambda: heuristics.balanced_split(
-            heuristics.key_counts(mask, cache.lengths_host, counts,
+            heuristics.key_counts(mask, cache.lengths_host,
+                                  np.full(cache.batch, sq) if counts is None else counts,
                                   getattr(cache, "position_map", None)), block_n, groups))
     return family + (schedule,)
 
@@ -88,7 +87,7 @@ def _fast_family(q, cache, scale, mask, score_mod, num_partitions, return_lse, o
         if not q_layout:
             return None
         family = _family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out,
-                         backend, "decode", q_layout[1][1])
+                         backend, "decode", q_layout[1][1], q_layout)
         if family is None:
             return None
         hash(family)

@@ -17,7 +17,7 @@ Notation
 - NW = 4 warps; lane l = 4 gr + tq (gr = l // 4, tq = l % 4), as in the fragment tables: a
   lane holds rows gr and gr + 8 of every fragment.
 - Shared memory, dynamic, at word offsets (``layout``; no array views, whose shapes would
-  take registers), int32 words of two 16-bit values unless said (95 KB):
+  take registers), int32 words of two 16-bit values unless said (96,256 bytes):
       Qs [BLOCK_M][ROWW]     the block's queries (288 words a row + 4 padding)
       Ks [BLOCK_N][ROWW]     the key tile (64 keys); its first 256 words (512 dims) are V
       Ps [BLOCK_M][PROWW]    the tile's probabilities, 16-bit (32 words + 4 padding)
