@@ -121,3 +121,20 @@ def pytest_collection_modifyitems(config, items):
                                        "not the simulator)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+_controller = True  # False in an xdist worker (whose reports the controller logs once)
+
+
+def pytest_configure(config):
+    global _controller
+    _controller = not hasattr(config, "workerinput")
+
+
+def pytest_runtest_logreport(report):
+    """``NUMBA_MLA_FAILOG=path``: each failure's report is appended to ``path`` as it happens,
+    so a run cut short by a time limit (the GPU machine's) still says what failed and why."""
+    path = os.environ.get("NUMBA_MLA_FAILOG")
+    if path and report.failed and _controller:
+        with open(path, "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
