@@ -172,18 +172,21 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
                    build)
 
 
-def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False):
+def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False,
+                              fp8=None):
     """The stage-1 kernel on warp tensor cores (kernels/mma_sync.py: mma.sync, sm_80 on) for
-    this configuration (bf16, f16; ``block_m`` 16 or 64 rows); ``direct`` as for the others."""
+    this configuration (``tag`` bf16 or f16: q's; ``block_m`` its 16 rows); ``direct`` as for
+    the others; ``fp8`` the cache's FP8 layout ("e4m3", "v32") or None."""
 
     def build():
         from .kernels.mma_sync import make_partition_kernel
 
         return make_partition_kernel(tag=tag, to16=converters(tag)[1],
                                      store=_output_store(tag, direct), block_m=block_m,
-                                     heads=heads, **_device_functions(mask, score_mod, cache_cls))
+                                     heads=heads, fp8=fp8,
+                                     **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(("mma_sync", tag, block_m, heads, direct)
+    return _cached(("mma_sync", tag, block_m, heads, direct, fp8)
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -146,10 +146,10 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     ``spills(spec)`` compiles a candidate for the call's argument types and says whether it
     uses local memory (never in the simulator)."""
     fp8 = call.cache.fp8_layout
-    if fp8:  # FP8 caches: the FMA kernels read them (the tensor-core ones do not yet)
-        if call.backend in ("mma", "mma_sync"):
-            raise ValueError(f"backend: {call.backend!r} does not read FP8 caches yet; use "
-                             f"'simt', 'simple' or 'auto'")
+    if fp8:  # FP8 caches: the FMA kernels and the warp tensor-core one read them, not wgmma's
+        if call.backend == "mma":
+            raise ValueError("backend: 'mma' does not read FP8 caches yet; use 'simt', "
+                             "'mma_sync', 'simple' or 'auto'")
         backend = "simt" if call.backend == "auto" else call.backend
         if not _compat.SIMULATOR:  # the kernels convert by cvt.rn.f16x2.e4m3x2 (PTX sm_89)
             from numba import cuda
@@ -230,7 +230,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         return KernelSpec("simple", disp, simple.NTHREADS, simple.smem_bytes(block_m),
                           q_pairs=False, tma=False, **common)
     if backend == "mma_sync":
-        disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct)
+        disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
+                                                 fp8)
         return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),
                           mma_sync.smem_bytes(block_m), q_pairs=True, tma=False, **common)
     # (a ragged cache is one page: its tiles never straddle pages either)

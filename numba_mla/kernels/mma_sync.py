@@ -104,9 +104,11 @@ def _make_pv(tag):
 
 
 def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify,
-                          mask_key_range, score_mod, fold_scale, block_m, heads, key_count=None):
-    """The kernel for one configuration (factory.py): ``tag`` "bf16" or "f16", ``to16`` fp32
-    -> the 16-bit type (P for the tensor cores), ``store`` fp32 -> ``part_out``."""
+                          mask_key_range, score_mod, fold_scale, block_m, heads, fp8=None,
+                          key_count=None):
+    """The kernel for one configuration (factory.py): ``tag`` "bf16" or "f16" (q's type, and
+    the tiles' in shared memory), ``to16`` fp32 -> that type (P, and FP8 rows), ``store`` fp32
+    -> ``part_out``, ``fp8`` the cache's FP8 layout (docs/fp8.md) or None."""
     assert block_m == BLOCK_M and STAGE * 32 == WORDS and O_DIMS % 16 == 0
     (Q_OFF, K_OFF, P_OFF, MX_OFF, SX_OFF), _ = layout()
     H = heads
@@ -117,11 +119,41 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
     pv = _make_pv(tag)
     scale_acc = ptx.acc_scale(NACC)
 
+    V32 = fp8 == "v32"
+    # "e4m3" (one scale for the cache): the codes go into the tiles exactly (e4m3 values are
+    # bf16 and fp16 values) and the scale multiplies the scores and the output instead, once
+    # each, not rounded into every element. "v32" scales each 128 dims of a row apart: there
+    # the scaled values are rounded to the tiles' type.
+    FOLD = fp8 == "e4m3"
+
+    @cuda.jit(device=True, **INLINE)
+    def pack(x0, x1):
+        return (int32(to16(x0)) & 0xFFFF) | (int32(to16(x1)) << 16)
+
+    @cuda.jit(device=True, **INLINE)
+    def row_word(storage, page, slot, c):
+        """Word c (dims 2c, 2c + 1) of a key row as two 16-bit values of the tiles' type: the
+        cache's word itself, or two FP8 codes (as they are in "e4m3"; times the scale of the
+        row's group in "v32", whose 64 rope dims are bf16 pairs after the codes and 4
+        scales)."""
+        if not fp8:
+            return storage[page, slot, c]
+        if V32 and c >= D_V // 2:
+            x0, x1 = ptx.bf16x2_to_f32(storage[page, slot, c - D_V // 2 + D_V // 4 + 4])
+            return pack(x0, x1)
+        sc = float32(1.0)
+        if V32:
+            sc = ptx.i32_as_f32(storage[page, slot, D_V // 4 + c // 64])
+        x0, x1, x2, x3 = ptx.e4m3x4_to_f32(storage[page, slot, c // 2])
+        if c % 2:
+            return pack(x2 * sc, x3 * sc)
+        return pack(x0 * sc, x1 * sc)
+
     @cuda.jit(device=True, **INLINE)
     def copy_tile(words, storage, block_table, b, k0, k1, warp, lane):
         """Keys [k0, k1) of sequence b into Ks as words, zeros past k1 (P is 0 there, but
         0 * NaN is NaN): warp w copies keys w, w + 4, ..., its lanes along the row (a load
-        reads 128 contiguous bytes), STAGE loads before their stores."""
+        reads 128 contiguous bytes; FP8 rows, 64), STAGE loads before their stores."""
         for kk in range(BLOCK_N // NW):
             n = NW * kk + warp
             valid = k0 + n < k1
@@ -129,15 +161,16 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
                                 k0 + n if valid else k0)
             w = cuda.local.array(STAGE, int32)
             for j in range(STAGE):
-                w[j] = storage[page, slot, lane + 32 * j] if valid else 0
+                w[j] = row_word(storage, page, slot, lane + 32 * j) if valid else 0
             for j in range(STAGE):
                 words[K_OFF + n * ROWW + lane + 32 * j] = w[j]
 
     @cuda.jit(**JIT)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse):
-        # q [T, H, 288] and storage [pages, page_size, 288]: int32 words of 16-bit pairs;
-        # q_offsets [B+1], chunk: tiles a partition, part_out [T, H, P, 512], part_lse [T, H, P].
+        # q [T, H, 288] and storage [pages, page_size, 288]: int32 words of 16-bit pairs (FP8
+        # rows: of four codes); q_offsets [B+1], chunk: tiles a partition, part_out [T, H, P,
+        # 512], part_lse [T, H, P]; FP8 caches: scale + 1j * kv_scale (simt.py's convention).
         p, nparts, b = cuda.blockIdx.x, cuda.gridDim.x, cuda.blockIdx.z
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
@@ -176,7 +209,8 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
             l_run[half] = float32(0.0)
 
         gr, tq = lane // 4, lane % 4
-        sm_scale = float32(scale)
+        sm_scale, kv_scale = float32(scale.real), float32(scale.imag)
+        folded = kv_scale if FOLD else float32(1.0)  # the scale the tiles leave out
         fold = float32(sm_scale * LOG2E)
         # This lane's ldmatrix addresses (bytes). A fragments (Q, P): row l % 8 + 8 (l // 8 % 2),
         # 16-bit column 8 (l // 16) of the step. B of S (K, not transposed): key l % 8 +
@@ -218,7 +252,8 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
                     key = k0 + 16 * warp + 8 * (k // 2) + 2 * tq + k % 2
                     x = float32(NEG_INF)
                     if i < nrows and key < k1:
-                        x = log2_score(s[e], fold, sm_scale, cls, b, h, qi, q_pos, key, bias)
+                        x = log2_score(s[e] * folded, fold, sm_scale, cls, b, h, qi, q_pos,
+                                       key, bias)
                     s[e] = x
                     row_max = max(row_max, x)
                 row_max = max(row_max, ptx.shfl_xor(row_max, 1, tid))  # the quad's 4 lanes
@@ -242,8 +277,7 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
                     x0 = math.exp2(s[4 * j + 2 * half] - m_ref)
                     x1 = math.exp2(s[4 * j + 2 * half + 1] - m_ref)
                     row_sum += x0 + x1
-                    words[P_OFF + i * PROWW + 8 * warp + 4 * j + tq] = (
-                        (int32(to16(x0)) & 0xFFFF) | (int32(to16(x1)) << 16))
+                    words[P_OFF + i * PROWW + 8 * warp + 4 * j + tq] = pack(x0, x1)
                 row_sum += ptx.shfl_xor(row_sum, 1, tid)
                 row_sum += ptx.shfl_xor(row_sum, 2, tid)
                 if tq == 0:
@@ -269,7 +303,7 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
             if i < nrows:
                 t_row, h = row0 + (r0 + i) // H, (r0 + i) % H
                 l = l_run[half]
-                inv = float32(0.0) if l == 0.0 else float32(1.0) / l
+                inv = float32(0.0) if l == 0.0 else folded / l
                 for j in range(NACC // 4):
                     d = O_DIMS * warp + 8 * j + 2 * tq
                     part_out[t_row, h, p, d] = store(acc[4 * j + 2 * half] * inv)
