@@ -64,9 +64,10 @@ MMA_SYNC_CASES = [  # (mask, score mod, dtype tag, cache, rows per block, heads)
 ]
 
 
-def mma_sync_signature(tag, direct):
-    """The warp tensor-core kernel's: q as int32 words of two 16-bit values, no tensor maps."""
-    sig = list(simt_signature(tag, direct))
+def mma_sync_signature(tag, direct, fp8=None):
+    """The warp tensor-core kernel's: q as int32 words of two 16-bit values, no tensor maps;
+    with ``fp8``, the FP8 kernels' cache and scale."""
+    sig = list(fp8_signature(tag, direct) if fp8 else simt_signature(tag, direct))
     sig[0] = types.Array(types.int32, 3, "C")
     return tuple(sig)
 
@@ -213,42 +214,30 @@ def main():
         print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
               f"direct={direct!s:5} fp8={layout} regs={regs} spills={spills} "
               f"calls={calls}  {'ok' if ok else 'FAIL'}")
-    for cc in ((8, 0), (8, 9)):
-        for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES:
-            for direct in (False, True):
-                kern = factory.mma_sync_partition_kernel(mask, mod, tag, cache, block_m, heads,
-                                                         direct)
-                ptx, _ = cuda.compile_ptx(kern.py_func, mma_sync_signature(tag, direct), cc=cc,
-                                          launch_bounds=kern.targetoptions.get("launch_bounds"))
-                sass, log = build_sass(ptx, f"sm_{cc[0]}{cc[1]}")
-                regs, spills, calls = _resources(ptx, log)
-                mmas = ptx.count("mma.sync.aligned.m16n8k16")
-                hmma = len(re.findall(r"HMMA\.16816", sass))
-                # 2 a step of S's loop (unrolled as the compiler likes), 32 a step of P V's,
-                # every one an HMMA in the SASS
-                ok = not spills and calls == 0 and mmas >= 34 and hmma >= mmas
-                bad += not ok
-                print(f"msync  {mask!r:40.40} {tag} {cache.kind:10} M={block_m:<2} H={heads:<3} "
-                      f"direct={direct!s:5} sm_{cc[0]}{cc[1]} regs={regs} spills={spills} "
-                      f"calls={calls} mma.sync={mmas} HMMA={hmma}  {'ok' if ok else 'FAIL'}")
-    # ... and reading FP8 rows (sm_89: the e4m3 conversions), both layouts
-    for layout, tag in (("e4m3", "bf16"), ("v32", "f16")):
-        for direct in (False, True):
-            kern = factory.mma_sync_partition_kernel(nm.CausalMask(), nm.SoftCapScoreMod(2.0),
-                                                     tag, nm.PagedKVCache, 16, 16, direct, layout)
-            sig = list(fp8_signature(tag, direct))
-            sig[0] = types.Array(types.int32, 3, "C")  # q as words, as for 16-bit caches
-            ptx, _ = cuda.compile_ptx(kern.py_func, tuple(sig), cc=(8, 9),
-                                      launch_bounds=kern.targetoptions.get("launch_bounds"))
-            sass, log = build_sass(ptx, "sm_89")
-            regs, spills, calls = _resources(ptx, log)
-            mmas = ptx.count("mma.sync.aligned.m16n8k16")
-            hmma = len(re.findall(r"HMMA\.16816", sass))
-            ok = not spills and calls == 0 and mmas >= 34 and hmma >= mmas
-            bad += not ok
-            print(f"msync  {'CausalMask()':40.40} {tag} paged      M=16 H=16  direct={direct!s:5} "
-                  f"sm_89 fp8={layout} regs={regs} spills={spills} calls={calls} "
-                  f"mma.sync={mmas} HMMA={hmma}  {'ok' if ok else 'FAIL'}")
+    # The warp tensor-core kernel for Ampere and Ada, then reading FP8 rows (sm_89: the e4m3
+    # conversions), both layouts
+    builds = [(cc, mask, mod, tag, cache, block_m, heads, direct, None)
+              for cc in ((8, 0), (8, 9)) for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES
+              for direct in (False, True)]
+    builds += [((8, 9), nm.CausalMask(), nm.SoftCapScoreMod(2.0), tag, nm.PagedKVCache, 16, 16,
+                direct, layout)
+               for layout, tag in (("e4m3", "bf16"), ("v32", "f16")) for direct in (False, True)]
+    for cc, mask, mod, tag, cache, block_m, heads, direct, layout in builds:
+        kern = factory.mma_sync_partition_kernel(mask, mod, tag, cache, block_m, heads, direct,
+                                                 layout)
+        ptx, _ = cuda.compile_ptx(kern.py_func, mma_sync_signature(tag, direct, layout), cc=cc,
+                                  launch_bounds=kern.targetoptions.get("launch_bounds"))
+        sass, log = build_sass(ptx, f"sm_{cc[0]}{cc[1]}")
+        regs, spills, calls = _resources(ptx, log)
+        mmas = ptx.count("mma.sync.aligned.m16n8k16")
+        hmma = len(re.findall(r"HMMA\.16816", sass))
+        # 2 a step of S's loop (unrolled as the compiler likes), 32 a step of P V's, every
+        # one an HMMA in the SASS
+        ok = not spills and calls == 0 and mmas >= 34 and hmma >= mmas
+        bad += not ok
+        print(f"msync  {mask!r:40.40} {tag} {cache.kind:10} M={block_m:<2} H={heads:<3} "
+              f"direct={direct!s:5} sm_{cc[0]}{cc[1]} fp8={layout} regs={regs} spills={spills} "
+              f"calls={calls} mma.sync={mmas} HMMA={hmma}  {'ok' if ok else 'FAIL'}")
     return 1 if bad else 0
 
 
