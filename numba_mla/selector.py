@@ -190,7 +190,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     elif backend == "mma_sync":
         from .kernels import mma_sync
 
-        block_m, block_n = mma_sync.BLOCK_MS[-1], mma_sync.BLOCK_N
+        block_m, block_n = mma_sync.BLOCK_M, mma_sync.BLOCK_N
     else:
         from .kernels import simt
 
@@ -232,8 +232,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     if backend == "mma_sync":
         disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
                                                  fp8)
-        return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),
-                          mma_sync.smem_bytes(block_m), q_pairs=True, tma=False, **common)
+        return KernelSpec("mma_sync", disp, mma_sync.NTHREADS, mma_sync.smem_bytes(),
+                          q_pairs=True, tma=False, **common)
     # (a ragged cache is one page: its tiles never straddle pages either)
     tma = ((call.cache.kind in ("contiguous", "ragged")
             or call.cache.page_size % mma.BLOCK_N == 0) and facts.packed_rows)

@@ -53,8 +53,7 @@ from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles)
 
-BLOCK_MS = (16,)  # query rows a block: one m16 tile (64 rows: docs/kernels/mma_sync.md)
-BLOCK_M = 16
+BLOCK_M = 16  # query rows a block: one m16 tile (64 rows: docs/kernels/mma_sync.md)
 BLOCK_N = 64  # keys a tile: 16 a warp in S, four k16 steps of P V
 NW = 4  # warps a block
 NTHREADS = 32 * NW
@@ -69,11 +68,7 @@ STAGE = WORDS // 32  # words of a key row a lane loads before storing them (9)
 JIT = JIT_OPTIONS if SIMULATOR else dict(JIT_OPTIONS, launch_bounds=(NTHREADS, 2))
 
 
-def threads(block_m):
-    return NTHREADS
-
-
-def layout(block_m=BLOCK_M):
+def layout():
     """Word offsets of Qs, Ks, Ps, Mx, Sx in dynamic shared memory, and its size in words
     (every offset a multiple of 4 words: 16-byte aligned for ldmatrix)."""
     sizes = (BLOCK_M * ROWW, BLOCK_N * ROWW, BLOCK_M * PROWW, NW * BLOCK_M, NW * BLOCK_M)
@@ -84,8 +79,8 @@ def layout(block_m=BLOCK_M):
     return tuple(offs), at
 
 
-def smem_bytes(block_m=BLOCK_M):
-    return 4 * layout(block_m)[1]
+def smem_bytes():
+    return 4 * layout()[1]
 
 
 def _make_pv(tag):
