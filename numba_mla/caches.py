@@ -61,7 +61,8 @@ def _host_int32(name, x, ndim):
     if len(shape_of(x)) != ndim:
         raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {list(shape_of(x))}")
     h = np.asarray(to_host(x))
-    if h.size and (h.min() < np.iinfo(np.int32).min or h.max() > np.iinfo(np.int32).max):
+    if h.size and h.dtype != np.int32 and (h.min() < np.iinfo(np.int32).min
+                                           or h.max() > np.iinfo(np.int32).max):
         raise ValueError(f"{name}: values do not fit int32")
     return np.ascontiguousarray(h, dtype=np.int32)
 
@@ -97,6 +98,13 @@ def _check_pages(bt, lengths, page_size, num_pages):
         )
 
 
+def _lengths_layout(lengths):
+    """The lengths' part of a cache's layout key (plans.py)."""
+    from .plans import layout
+
+    return layout(lengths) if is_device(lengths) else "host"
+
+
 class KVCache:
     """Common interface. ``storage`` is 3-D ``[pages, page_size, 576]``; ``lengths_host`` int32.
 
@@ -127,7 +135,7 @@ class KVCache:
         self.layout_key = (self.kind, self.page_size, layout(self.storage),
                            layout(self.block_table) if is_device(self.block_table) else
                            ("host", getattr(self, "block_table_host", np.empty(0)).shape),
-                           layout(self.lengths) if is_device(self.lengths) else "host")
+                           _lengths_layout(self.lengths))
         if self.fp8_layout:  # (the scale is a kernel argument: plans differ by it)
             self.layout_key += ((self.fp8_layout, self.kv_scale),)
 
@@ -273,6 +281,10 @@ class PagedKVCache(KVCache):
         self.lengths_host = check_lengths(lengths, batch, max_pages * page_size)
         self.lengths = lengths if is_device(lengths) else self.lengths_host
         _check_pages(bt, self.lengths_host, page_size, num_pages)
+        # Per sequence, how many leading block-table entries name a real page: what a new
+        # length may use without the whole table being checked again (with_lengths)
+        ok = (bt >= 0) & (bt < num_pages)
+        self._readable_pages = np.where(ok.all(axis=1), max_pages, np.argmin(ok, axis=1))
         self._finish()
 
     def with_lengths(self, lengths):
@@ -280,8 +292,14 @@ class PagedKVCache(KVCache):
         new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_memo", "_device")})
         new.lengths_host = check_lengths(lengths, self.batch, self.capacity)
         new.lengths = lengths if is_device(lengths) else new.lengths_host
-        _check_pages(self.block_table_host, new.lengths_host, self.page_size, self.num_pages)
-        new._finish()
+        used = (new.lengths_host.astype(np.int64) + self.page_size - 1) // self.page_size
+        if (used > self._readable_pages).any():  # (the full check names the entry)
+            _check_pages(self.block_table_host, new.lengths_host, self.page_size, self.num_pages)
+        # The layout key changes only in its lengths part (the storage and the table are
+        # the same arrays)
+        new._device, new._memo = {}, {}
+        lengths_layout = _lengths_layout(new.lengths)
+        new.layout_key = self.layout_key[:4] + (lengths_layout,) + self.layout_key[5:]
         if "block_table" in self._device:  # the device copy of a host block table is shared
             new._device["block_table"] = self._device["block_table"]
         return new

@@ -479,6 +479,24 @@ def test_block_table_unused_entries_are_accepted(unused, rng):
     np.testing.assert_array_equal(out, want.astype(np.float32))
 
 
+def test_with_lengths_checks_the_pages_it_reaches(rng):
+    """``with_lengths`` checks only the table entries the new lengths reach that the old ones
+    did not (the per-sequence count of leading real pages is kept), with the same message
+    as construction; its layout key equals that of a cache built anew with those lengths."""
+    pages = randn(rng, (3, 4, 576), np.float32)
+    bt = np.array([[0, 1, -1], [2, 7, 0]], np.int32)  # 2 and 1 leading real pages
+    cache = nm.PagedKVCache(pages, bt, np.array([8, 4], np.int32))
+    moved = cache.with_lengths(np.array([5, 3], np.int64))
+    assert moved.lengths_host.tolist() == [5, 3]
+    assert moved.layout_key == nm.PagedKVCache(pages, bt, np.array([5, 3])).layout_key
+    for lengths, entry in (([1, 5], "block_table[1, 1] = 7"), ([9, 0], "block_table[0, 2] = -1")):
+        with pytest.raises(ValueError, match="^block_table\\b") as info:
+            cache.with_lengths(np.array(lengths, np.int32))
+        assert entry in str(info.value)
+    with pytest.raises(ValueError, match="exceeds the cache capacity of 12"):
+        cache.with_lengths(np.array([13, 0], np.int32))
+
+
 def test_block_table_and_page_size(rng):
     lengths = np.array([2, 1], np.int32)
     with pytest.raises(ValueError, match="^page_size\\b") as info:
