@@ -59,39 +59,47 @@ def longest_key_range(mask, lengths, counts, positions=None):
 
 
 #: A block's fixed cost (queries in, the pipeline filled, output out), in key tiles. With
-#: WORKSPACE_TILES, fitted to the tensor-core backend's 15 timings of the H200 bench at c54d4db
-#: (6 equal-length shapes, 9 spread ones; docs/performance.md): the model's time is within 5%
-#: of the measured one on average, 22% at worst. The earlier guess (2 tiles, no workspace
-#: term) was 21% off on average and split 64 x 128 heads spread lengths into 3-5 partitions
-#: that took 1.7x the time of one.
-BLOCK_OVERHEAD_TILES = 4
-#: A split block's partial output (its rows x 512 fp32, 128 KB for 64 rows) written to the
-#: workspace and read back by the combine, in key tiles (64 keys x 576 x 2 bytes): moved at
-#: the whole device's bandwidth, so a launch of n split blocks adds n x this / sms.
-WORKSPACE_TILES = 3.6
+#: WORKSPACE_TILES, fitted to the tensor-core backend's 30 timings of two H200 benches
+#: (c54d4db and a2e8613: 6 equal-length shapes, 9 spread ones, each twice, with different
+#: splits of the spread 64 x 128 ones; docs/performance.md): the model's time is within 2.4%
+#: of the measured one on average, 9% at worst, a time per tile fitted for each shape.
+#: Earlier fits: 2 tiles and no workspace term (21% off on average; 64 x 128 heads with
+#: spread lengths split 3-5 ways, 1.7x the time of one partition), then 4 tiles and a
+#: workspace term that did not depend on the rows (4% on average, 15% at worst; it still
+#: split 64 x 128 heads at spread 0.5 four ways, 243 us where one partition takes ~220).
+BLOCK_OVERHEAD_TILES = 5
+#: A split block's partial output written to the workspace and read back by the combine, in
+#: key tiles (64 keys x 576 x 2 bytes), for a block of 64 real query rows (64 x 512 fp32,
+#: 128 KB), in proportion for fewer (H = 16 fills 16 of a 64-row block): moved at the whole
+#: device's bandwidth, so a launch of n split blocks adds n x this / sms.
+WORKSPACE_TILES = 8.8
+WORKSPACE_ROWS = 64  # the rows WORKSPACE_TILES is given for
 #: The cost of a block whose partition is empty (it reads its sequence's length and offsets,
 #: writes LSE -inf and leaves), in key tiles: an estimate (a dependent pair of global loads
 #: against about 2 us of HBM time a 64-key tile takes a multiprocessor), not a measurement.
 EMPTY_BLOCK_TILES = 0.5
 
 
-def num_partitions(batch, row_groups, max_keys, block_n, sms=None, max_parts=256):
+def num_partitions(batch, row_groups, max_keys, block_n, sms=None, max_parts=256, rows=None):
     """Split-K factor P for a kernel with one resident block per multiprocessor (both
     kernels' shared memory allows no more): the blocks run in waves of ``sms``, so the time is
     about (waves) x (tiles per partition + a block's fixed cost, ``BLOCK_OVERHEAD_TILES``:
     loading the queries, writing the output), plus for P > 1 the workspace's round trip
-    (``WORKSPACE_TILES`` a block, at the device's bandwidth). Pick the P that minimises it, the
-    smallest on ties (fewer partitions: a cheaper combine, none at all for P = 1)."""
+    (``WORKSPACE_TILES`` a block of 64 real rows, at the device's bandwidth; ``rows``: a
+    sequence's query rows, all its row groups together, 64 a group when not given). Pick the
+    P that minimises it, the smallest on ties (fewer partitions: a cheaper combine, none at
+    all for P = 1)."""
     sms = sm_count() if sms is None else sms
     tiles = math.ceil(max_keys / block_n)
     if tiles <= 1:
         return 1
     blocks = max(1, batch * row_groups)
+    workspace = WORKSPACE_TILES * _row_share(rows, row_groups)
     best, best_cost = 1, None
     for P in range(1, min(tiles, max_parts) + 1):
         cost = math.ceil(blocks * P / sms) * (math.ceil(tiles / P) + BLOCK_OVERHEAD_TILES)
         if P > 1:
-            cost += WORKSPACE_TILES * blocks * P / sms
+            cost += workspace * blocks * P / sms
         if best_cost is None or cost < best_cost:
             best, best_cost = P, cost
     return best
@@ -105,7 +113,14 @@ def partition_range(ntiles, p, nparts, chunk):
     return t0, min(t0 + per_part, ntiles)
 
 
-def balanced_split(keys, block_n, row_groups, sms=None, max_parts=256):
+def _row_share(rows, row_groups):
+    """A block's real query rows over WORKSPACE_ROWS (``rows``: a sequence's, all its groups;
+    None: full 64-row blocks)."""
+    groups = max(1, row_groups)
+    return 1.0 if rows is None else rows / groups / WORKSPACE_ROWS
+
+
+def balanced_split(keys, block_n, row_groups, sms=None, max_parts=256, rows=None):
     """The balanced split-K schedule for sequences of ``keys`` keys (``key_counts``): returns
     ``(chunk, P)``, every partition walking ``chunk`` tiles of ``block_n`` keys
     (kernels/common.partition_tiles), a sequence of ``n`` tiles using the first
@@ -121,7 +136,8 @@ def balanced_split(keys, block_n, row_groups, sms=None, max_parts=256):
     at all for P = 1): with ``W`` the total work (kept tiles, plus ``BLOCK_OVERHEAD_TILES`` a
     block with work and ``EMPTY_BLOCK_TILES`` an empty one) and ``L = chunk +
     BLOCK_OVERHEAD_TILES`` the longest block, the time is ``ceil(W / (sms L))`` waves of
-    ``L``, plus the workspace's round trip for P > 1 (``WORKSPACE_TILES`` a block with work):
+    ``L``, plus the workspace's round trip for P > 1 (``WORKSPACE_TILES`` a block with work
+    and 64 real rows, in proportion for fewer; ``rows``: a sequence's query rows, Sq x H):
     for equal lengths exactly ``num_partitions``' model (the blocks come in waves of
     ``sms``), for unequal ones the work packed into waves of the longest block. Candidates
     are the distinct ``ceil(longest / P)`` for P = 1 ... ``max_parts`` (about
@@ -141,6 +157,7 @@ def balanced_split(keys, block_n, row_groups, sms=None, max_parts=256):
     work = groups * (total + BLOCK_OVERHEAD_TILES * used + EMPTY_BLOCK_TILES * empty)
     longest_block = chunks + BLOCK_OVERHEAD_TILES
     cost = np.ceil(work / (sms * longest_block)) * longest_block
-    cost += np.where(parts > 1, WORKSPACE_TILES * groups * used / sms, 0.0)
+    workspace = WORKSPACE_TILES * _row_share(rows, groups)
+    cost += np.where(parts > 1, workspace * groups * used / sms, 0.0)
     best = int(np.argmin(cost))  # the first of equal minima: the fewest partitions
     return int(chunks[best]), int(parts[best])

@@ -48,6 +48,7 @@ class KernelSpec:
     num_partitions: int  # split-K factor P: the grid's x
     chunk: int  # tiles a partition (kernels/common.partition_tiles); 0: an even split
     direct: bool  # one partition: writes out and lse itself, no combine
+    rows: int  # query rows of the longest sequence (Sq x H): the split model's workspace term
     q_pairs: bool  # q read as int32 words of two 16-bit values
     tma: bool  # two tensor maps (q, cache) follow the arguments
 
@@ -208,12 +209,13 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         chunk, P = 0, fixed
     elif backend == "warpsplit":  # an even split: its warps share out each partition's tiles
         chunk = 0
-        P = heuristics.num_partitions(call.batch, groups, int(np.max(keys, initial=0)), block_n)
+        P = heuristics.num_partitions(call.batch, groups, int(np.max(keys, initial=0)), block_n,
+                                      rows=rows)
     else:
-        chunk, P = heuristics.balanced_split(keys, block_n, groups)
+        chunk, P = heuristics.balanced_split(keys, block_n, groups, rows=rows)
     direct = P == 1
     common = dict(block_m=block_m, block_n=block_n, groups=groups, num_partitions=P,
-                  chunk=chunk, direct=direct)
+                  chunk=chunk, direct=direct, rows=rows)
 
     if backend == "simt":
         disp = factory.partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,

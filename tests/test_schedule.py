@@ -104,10 +104,14 @@ def test_schedule_examples():
     runs = walked(tiles, P, chunk)
     assert len(runs[0]) == P and all(len(r) == 1 for r in runs[1:])
 
-    keys = list(range(2048, 6145, 64))  # 65 sequences in [L/2, 3L/2]
-    chunk, P = heuristics.balanced_split(keys, 64, 2, H200_SMS)
-    assert P > heuristics.num_partitions(len(keys), 2, max(keys), 64, H200_SMS)
+    keys = list(range(2048, 6145, 64))  # 65 sequences in [L/2, 3L/2], 16 query rows each
+    chunk, P = heuristics.balanced_split(keys, 64, 1, H200_SMS, rows=16)
+    assert P > heuristics.num_partitions(len(keys), 1, max(keys), 64, H200_SMS, rows=16)
     assert len(walked([2048 // 64], P, chunk)[0]) < P
+    # 128 query rows (two full row groups) a sequence: a split block's partial output costs
+    # four times as much, and one partition wins (measured on the H200 at a2e8613, 64 x 128
+    # heads at spread 0.5: 243 us in four partitions, ~220 us expected in one)
+    assert heuristics.balanced_split(keys, 64, 2, H200_SMS, rows=128)[1] == 1
 
 
 def test_masks_count_kept_keys():
@@ -191,8 +195,8 @@ def test_same_inputs_same_bits(rng, monkeypatch):
 
     monkeypatch.setattr(heuristics, "sm_count", lambda: 4)  # (on a GPU too)
     first_lengths, lengths = [64, 60, 9], [64, 20, 9]
-    assert (heuristics.balanced_split(first_lengths, simple.BLOCK_N, 1)
-            != heuristics.balanced_split(lengths, simple.BLOCK_N, 1))
+    assert (heuristics.balanced_split(first_lengths, simple.BLOCK_N, 1, rows=1)
+            != heuristics.balanced_split(lengths, simple.BLOCK_N, 1, rows=1))  # (H = Sq = 1)
     plans.clear()
     p = make_problem(rng, 3, 1, 1, first_lengths, np.float32, "contiguous")
     q = cuda.to_device(p.q)
@@ -220,7 +224,7 @@ def test_lengths_grown_on_the_device_are_covered(rng, monkeypatch):
 
     monkeypatch.setattr(heuristics, "sm_count", lambda: 4)  # (on a GPU too)
     checked, real = [64, 20, 9], [64, 90, 9]  # 8 | 3 | 2 tiles of 8 keys, then 8 | 12 | 2
-    chunk, P = heuristics.balanced_split(checked, simple.BLOCK_N, 1)
+    chunk, P = heuristics.balanced_split(checked, simple.BLOCK_N, 1, rows=1)  # (H = Sq = 1)
     assert (chunk, P) == (4, 2) and -(-90 // simple.BLOCK_N) > chunk * P
     p = make_problem(rng, 3, 1, 1, real, np.float32, "contiguous")
     lengths = cuda.to_device(np.array(checked, np.int32))
