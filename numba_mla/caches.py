@@ -83,26 +83,26 @@ def check_lengths(lengths, batch, capacity, name="lengths"):
     return lh
 
 
-def _check_pages(bt, lengths, page_size, num_pages):
+def _readable_pages(bt, num_pages):
+    """Per sequence, how many leading block-table entries name a page in [0, num_pages)."""
+    ok = (bt >= 0) & (bt < num_pages)
+    return np.where(ok.all(axis=1), bt.shape[1], np.argmin(ok, axis=1))
+
+
+def _check_pages(bt, lengths, page_size, num_pages, readable):
     """Every block-table entry a sequence reads (its first ceil(length / page_size)) names a
-    page in [0, num_pages); the others may hold anything."""
+    page in [0, num_pages) (``readable``: ``_readable_pages(bt, num_pages)``); the others may
+    hold anything."""
     # Pages each sequence reads (int64: a length near 2^31 plus page_size - 1 overflows int32)
     used = (lengths.astype(np.int64) + page_size - 1) // page_size
-    read = np.arange(bt.shape[1])[None, :] < used[:, None]
-    bad = read & ((bt < 0) | (bt >= num_pages))
-    if bad.any():
-        b, j = (int(i) for i in np.argwhere(bad)[0])
+    bad = np.flatnonzero(used > readable)
+    if bad.size:  # the first sequence that reads a bad entry, and its first bad entry
+        b = int(bad[0])
+        j = int(readable[b])
         raise ValueError(
             f"block_table: block_table[{b}, {j}] = {bt[b, j]} is outside [0, {num_pages}) "
             f"(page {j} of sequence {b} holds tokens it uses)"
         )
-
-
-def _lengths_layout(lengths):
-    """The lengths' part of a cache's layout key (plans.py)."""
-    from .plans import layout
-
-    return layout(lengths) if is_device(lengths) else "host"
 
 
 class KVCache:
@@ -125,17 +125,22 @@ class KVCache:
     fp8_layout: Optional[str] = None  # FP8 storage: "e4m3" (per-tensor scale) or "v32"
     kv_scale: Optional[float] = None  # the "e4m3" layout's per-tensor scale
 
-    def _finish(self):
+    def _finish(self, arrays_key=None):
         """What every call reads of the cache, computed once: the layout key of its arrays
-        (plans.py) and the device copies of host lengths / block table (made on first use)."""
+        (plans.py) and the device copies of host lengths / block table (made on first use).
+        ``arrays_key``: the key's part for storage and block table, when the caller has it
+        (``with_lengths``: the same arrays)."""
         from .plans import layout
 
         self._device = {}
         self._memo = {}
-        self.layout_key = (self.kind, self.page_size, layout(self.storage),
-                           layout(self.block_table) if is_device(self.block_table) else
-                           ("host", getattr(self, "block_table_host", np.empty(0)).shape),
-                           _lengths_layout(self.lengths))
+        if arrays_key is None:
+            arrays_key = (self.kind, self.page_size, layout(self.storage),
+                          layout(self.block_table) if is_device(self.block_table) else
+                          ("host", getattr(self, "block_table_host", np.empty(0)).shape))
+        self._arrays_key = arrays_key
+        self.layout_key = arrays_key + (layout(self.lengths) if is_device(self.lengths)
+                                        else "host",)
         if self.fp8_layout:  # (the scale is a kernel argument: plans differ by it)
             self.layout_key += ((self.fp8_layout, self.kv_scale),)
 
@@ -280,11 +285,9 @@ class PagedKVCache(KVCache):
         self.num_pages = num_pages
         self.lengths_host = check_lengths(lengths, batch, max_pages * page_size)
         self.lengths = lengths if is_device(lengths) else self.lengths_host
-        _check_pages(bt, self.lengths_host, page_size, num_pages)
-        # Per sequence, how many leading block-table entries name a real page: what a new
-        # length may use without the whole table being checked again (with_lengths)
-        ok = (bt >= 0) & (bt < num_pages)
-        self._readable_pages = np.where(ok.all(axis=1), max_pages, np.argmin(ok, axis=1))
+        # (kept: a new length is checked against it, not the whole table again: with_lengths)
+        self._readable_pages = _readable_pages(bt, num_pages)
+        _check_pages(bt, self.lengths_host, page_size, num_pages, self._readable_pages)
         self._finish()
 
     def with_lengths(self, lengths):
@@ -292,14 +295,9 @@ class PagedKVCache(KVCache):
         new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_memo", "_device")})
         new.lengths_host = check_lengths(lengths, self.batch, self.capacity)
         new.lengths = lengths if is_device(lengths) else new.lengths_host
-        used = (new.lengths_host.astype(np.int64) + self.page_size - 1) // self.page_size
-        if (used > self._readable_pages).any():  # (the full check names the entry)
-            _check_pages(self.block_table_host, new.lengths_host, self.page_size, self.num_pages)
-        # The layout key changes only in its lengths part (the storage and the table are
-        # the same arrays)
-        new._device, new._memo = {}, {}
-        lengths_layout = _lengths_layout(new.lengths)
-        new.layout_key = self.layout_key[:4] + (lengths_layout,) + self.layout_key[5:]
+        _check_pages(self.block_table_host, new.lengths_host, self.page_size, self.num_pages,
+                     self._readable_pages)
+        new._finish(self._arrays_key)  # (the same storage and table: only the lengths' part)
         if "block_table" in self._device:  # the device copy of a host block table is shared
             new._device["block_table"] = self._device["block_table"]
         return new
