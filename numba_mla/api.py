@@ -52,15 +52,15 @@ def _plan_key(family, cache, mask, counts, num_partitions, sq=None):
         return None
     if num_partitions:
         return family + ((0, int(num_partitions)),)
-    block_n, groups, rows = geometry
+    block_n, groups, rows, slots = geometry
     counted = ("sq", sq) if counts is None else counts.tobytes()  # (None: Sq rows a sequence)
     schedule = cache.memo(
-        ("schedule", mask.cache_key(), counted, block_n, groups, rows),
+        ("schedule", mask.cache_key(), counted, block_n, groups, rows, slots),
         lambda: heuristics.balanced_split(
             heuristics.key_counts(mask, cache.lengths_host,
                                   np.full(cache.batch, sq) if counts is None else counts,
                                   getattr(cache, "position_map", None)), block_n, groups,
-            rows=rows))
+            sms=slots, rows=rows))
     return family + (schedule,)
 
 
@@ -130,7 +130,7 @@ def _run(call, family):
     if plan is None:
         plan = launch.Plan(call)
         spec = plan.spec
-        plans.remember(family, (spec.block_n, spec.groups, spec.rows))
+        plans.remember(family, (spec.block_n, spec.groups, spec.rows, spec.slots))
         plans.store(family + ((spec.chunk, spec.num_partitions),), plan)
     offsets = None
     if call.ragged:

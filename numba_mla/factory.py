@@ -173,20 +173,22 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
 
 
 def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False,
-                              fp8=None):
+                              fp8=None, wide=True):
     """The stage-1 kernel on warp tensor cores (kernels/mma_sync.py: mma.sync, sm_80 on) for
     this configuration (``tag`` bf16 or f16: q's; ``block_m`` its 16 rows); ``direct`` as for
-    the others; ``fp8`` the cache's FP8 layout ("e4m3", "v32") or None."""
+    the others; ``fp8`` the cache's FP8 layout ("e4m3", "v32") or None; ``wide`` whether the
+    cache starts 16-byte aligned (16-byte copies; FP8 rows are loaded, so it is moot there)."""
+    wide = bool(wide or fp8)
 
     def build():
         from .kernels.mma_sync import make_partition_kernel
 
         return make_partition_kernel(tag=tag, to16=converters(tag)[1],
                                      store=_output_store(tag, direct), block_m=block_m,
-                                     heads=heads, fp8=fp8,
+                                     heads=heads, fp8=fp8, wide=wide,
                                      **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(("mma_sync", tag, block_m, heads, direct, fp8)
+    return _cached(("mma_sync", tag, block_m, heads, direct, fp8, wide)
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -25,6 +25,29 @@ def sm_count():
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
+def resident_blocks(smem_bytes, bound, per_sm=None, reserved=None):
+    """Blocks of a kernel one multiprocessor holds at once: as many as its shared memory
+    takes (``smem_bytes`` each, plus the ``reserved`` bytes the driver keeps a block: 1 KB
+    from sm_80 on), at most ``bound`` (the kernel's launch bound, for which its registers were
+    budgeted). ``per_sm`` and ``reserved`` default to the current device's; 1 in the simulator
+    or where the device does not say. The split model's waves are this many blocks a
+    multiprocessor (the warp tensor-core kernel's 94 KB: 2 on an H100 or H200, whose
+    multiprocessors have 228 KB; 1 on an A100, 164 KB, or an RTX 30xx/40xx or L40S, 100 KB)."""
+    if per_sm is None:
+        if SIMULATOR:
+            return 1
+        from numba import cuda
+
+        try:
+            dev = cuda.get_current_device()
+            per_sm = dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+            reserved = dev.RESERVED_SHARED_MEMORY_PER_BLOCK if reserved is None else reserved
+        except Exception:  # (an attribute this driver does not know)
+            return 1
+    reserved = 1024 if reserved is None else reserved
+    return max(1, min(bound, per_sm // (smem_bytes + reserved)))
+
+
 def key_counts(mask, lengths, counts, positions=None):
     """Per sequence, the keys its queries may keep: its length cut to the mask's key range (a
     sliding window of 256 over 65536 keys counts 256; a sequence without keys or queries, 0).

@@ -40,7 +40,7 @@ MAX_PLANS = 64
 
 _lock = threading.Lock()
 _plans = OrderedDict()
-_geometry = {}  # family -> (keys a tile, row groups, rows) of the kernel its plans run
+_geometry = {}  # family -> (keys a tile, row groups, rows, slots) of the kernel its plans run
 _stream_queries = {}
 
 
@@ -82,9 +82,9 @@ def aligned16(x):
 
 
 def geometry(family):
-    """(keys a tile, row groups, query rows of the longest sequence) of the kernel a family's
-    plans run, once one was built: what the split-K schedule of a new call of the family is
-    computed from."""
+    """(keys a tile, row groups, query rows of the longest sequence, blocks that run at once)
+    of the kernel a family's plans run, once one was built: what the split-K schedule of a new
+    call of the family is computed from (as the selector computes it)."""
     return _geometry.get(family)
 
 

@@ -49,6 +49,7 @@ class KernelSpec:
     chunk: int  # tiles a partition (kernels/common.partition_tiles); 0: an even split
     direct: bool  # one partition: writes out and lse itself, no combine
     rows: int  # query rows of the longest sequence (Sq x H): the split model's workspace term
+    slots: int  # blocks that run at once (the split model's wave)
     q_pairs: bool  # q read as int32 words of two 16-bit values
     tma: bool  # two tensor maps (q, cache) follow the arguments
 
@@ -96,7 +97,7 @@ class ArrayFacts:
     """What the selector needs to know of the call's device arrays."""
 
     aligned16: bool  # q and the cache both start 16-byte aligned
-    cache_aligned16: bool  # the cache does (16-byte copies in the FMA kernel)
+    cache_aligned16: bool  # the cache does (16-byte copies in the FMA and mma_sync kernels)
     packed_rows: bool  # q and the cache are C-contiguous (TMA sees them as [rows, 576])
 
 
@@ -204,6 +205,13 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         block_n = simt.block_n(block_m, sixteen, fp8)
     _check_config(config, backend, block_m, block_n)
     groups = max(1, math.ceil(rows / block_m))
+    # The split model's waves: blocks that run at once (one a multiprocessor, but two of the
+    # warp tensor-core kernel's where shared memory allows)
+    slots = heuristics.sm_count()
+    if backend == "mma_sync":
+        from .kernels import mma_sync
+
+        slots *= heuristics.resident_blocks(mma_sync.smem_bytes(), mma_sync.MIN_BLOCKS)
     fixed = call.num_partitions or (config.num_partitions if config is not None else None)
     if fixed:
         chunk, P = 0, fixed
@@ -212,10 +220,10 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         P = heuristics.num_partitions(call.batch, groups, int(np.max(keys, initial=0)), block_n,
                                       rows=rows)
     else:
-        chunk, P = heuristics.balanced_split(keys, block_n, groups, rows=rows)
+        chunk, P = heuristics.balanced_split(keys, block_n, groups, sms=slots, rows=rows)
     direct = P == 1
     common = dict(block_m=block_m, block_n=block_n, groups=groups, num_partitions=P,
-                  chunk=chunk, direct=direct, rows=rows)
+                  chunk=chunk, direct=direct, rows=rows, slots=slots)
 
     if backend == "simt":
         disp = factory.partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
@@ -233,7 +241,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                           q_pairs=False, tma=False, **common)
     if backend == "mma_sync":
         disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
-                                                 fp8)
+                                                 fp8, facts.cache_aligned16)
         return KernelSpec("mma_sync", disp, mma_sync.NTHREADS, mma_sync.smem_bytes(),
                           q_pairs=True, tma=False, **common)
     # (a ragged cache is one page: its tiles never straddle pages either)

@@ -50,3 +50,22 @@ def test_combine_split():
     assert combine.split(1024, 2, 132) == 1
     assert combine.split(128, 2 * combine.UNROLL, 132) == 2
     assert combine.split(1, 1, 132) == 1
+
+
+def test_resident_blocks():
+    """Blocks a multiprocessor holds, by shared memory (plus the driver's 1 KB a block) and
+    the launch bound: the warp tensor-core kernel's 96,256 bytes fit twice in an H200's or an
+    A100's multiprocessor, once in an Ada or sm_86 one; and the split model then sees two
+    slots a multiprocessor: 128 sequences of 128 tiles, one row group, split in two on the
+    H200's 264 slots, not on its 132."""
+    from numba_mla.kernels import mma_sync
+
+    smem = mma_sync.smem_bytes()
+    assert smem == 96256
+    assert heuristics.resident_blocks(smem, 2, per_sm=233472, reserved=1024) == 2  # H200
+    assert heuristics.resident_blocks(smem, 2, per_sm=167936, reserved=1024) == 1  # A100: 164 KB
+    assert heuristics.resident_blocks(smem, 2, per_sm=102400, reserved=1024) == 1  # sm_86/89
+    assert heuristics.resident_blocks(smem, 1, per_sm=233472, reserved=1024) == 1  # the bound
+    assert heuristics.resident_blocks(300_000, 2, per_sm=233472, reserved=1024) == 1  # at least 1
+    assert heuristics.balanced_split([8192] * 128, 64, 1, sms=132)[1] == 1
+    assert heuristics.balanced_split([8192] * 128, 64, 1, sms=264)[1] == 2

@@ -296,7 +296,7 @@ def test_mma_kernel_each_factor(case, rng):
 @KERNEL
 @pytest.mark.parametrize("case", MMA_SIM_CASES, ids=str)
 def test_mma_sync_kernel_each_factor(case, rng):
-    """The warp tensor-core kernel (kernels/mma_sync.py) on the tensor-core cases: its 16-key
+    """The warp tensor-core kernel (kernels/mma_sync.py) on the tensor-core cases: its 64-key
     tiles make the partitions runs of several tiles."""
     p = case.problem(rng)
     mask = MASKS[case.mask].make(p, rng)
@@ -818,6 +818,19 @@ def test_one_partition_of_several_tiles(rows, wide, rng, monkeypatch):
     n = simt_tile(rows, BF16)
     p = make_problem(rng, 1, 1, rows, [2 * n + 5], BF16, "paged", 16)
     check_kernel(p, nm.NullMask(), nm.IdentityScoreMod(), num_partitions=1)
+
+
+@KERNEL
+@pytest.mark.parametrize("wide", [True, False], ids=["16B", "4B"])
+def test_mma_sync_tile_copies(wide, rng, monkeypatch):
+    """The warp tensor-core kernel's cp.async tile copy, 16- or 4-byte pieces: one partition
+    of three tiles whose rows cross 16-key pages, the last tile partial (zeros past the end;
+    the slots past each length hold NaN), two sequences of different lengths."""
+    from numba_mla.kernels import mma_sync
+
+    monkeypatch.setattr(launch, "_aligned16", lambda dev: wide)
+    p = make_problem(rng, 2, 1, 3, [2 * mma_sync.BLOCK_N + 21, 40], BF16, "paged", 16)
+    check_kernel(p, nm.NullMask(), nm.IdentityScoreMod(), 1, "mma_sync")
 
 
 @pytest.mark.gpu

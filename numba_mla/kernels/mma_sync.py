@@ -5,9 +5,9 @@ wgmma, TMA or mbarriers. This kernel uses only sm_80 instructions: ``mma.sync`` 
 (16-bit inputs, fp32 accumulators) and ``ldmatrix`` (ptx/mma_sync.py, fragments there).
 
 Second version (FlashAttention-2's structure within a tile): the scores stay in registers,
-split over the warps by keys, and the softmax runs on them there. The tiles are copied by
-plain loads (no cp.async pipeline yet): docs/kernels/mma_sync.md says what that costs and
-the next steps.
+split over the warps by keys, and the softmax runs on them there. A 16-bit tile is copied by
+``cp.async`` in one stage (all of it in flight at once, one wait a tile); FP8 rows by loads
+that convert them. docs/kernels/mma_sync.md says what each costs and the next steps.
 
 Notation
 --------
@@ -25,7 +25,10 @@ Notation
   A row of Qs and Ks is 1168 bytes, of Ps 144: odd multiples of 16 bytes, so the 8 rows an
   ``ldmatrix`` reads fall in 8 different groups of 4 banks (no bank conflict).
 - A tile of 64 keys, four phases with a barrier between them:
-  1. copy: each warp copies every fourth key row, 32 lanes along a row (zeros past the end);
+  1. copy: 16-bit rows by ``cp.async``, 8 lanes a row (a warp's instruction reads 128
+     contiguous bytes of each of 4 rows), 16 rows a pass, 4 passes, 36 16-byte pieces a
+     thread (4-byte pieces when the cache does not start 16-byte aligned); FP8 rows by
+     loads, each warp every fourth key row, 32 lanes along it; zeros past the end;
   2. S = Q K^T: warp w takes keys [16 w, 16 w + 16) over all 576 dims, 36 steps of two
      m16n8k16, the scores in its registers (s[8]: rows gr, gr + 8, keys 2 tq, 2 tq + 1 of
      each n8 tile); mask and score mod applied there; the row maxima of its keys to Mx;
@@ -64,8 +67,10 @@ PROWW = BLOCK_N // 2 + 4  # words a row of Ps (144 bytes)
 P_ROW_BYTES = 4 * PROWW
 O_DIMS = D_V // NW  # output dims a warp owns (128: 16 n8 tiles)
 NACC = O_DIMS // 8 * 4  # accumulators a lane (64)
-STAGE = WORDS // 32  # words of a key row a lane loads before storing them (9)
-JIT = JIT_OPTIONS if SIMULATOR else dict(JIT_OPTIONS, launch_bounds=(NTHREADS, 2))
+STAGE = WORDS // 32  # words of a key row a lane loads before storing them (9; FP8 rows)
+ROWS_A_PASS = NTHREADS // 8  # key rows a cp.async pass copies (8 lanes a row: 16)
+MIN_BLOCKS = 2  # blocks a multiprocessor the registers are budgeted for (launch bound)
+JIT = JIT_OPTIONS if SIMULATOR else dict(JIT_OPTIONS, launch_bounds=(NTHREADS, MIN_BLOCKS))
 
 
 def layout():
@@ -100,10 +105,11 @@ def _make_pv(tag):
 
 def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify,
                           mask_key_range, score_mod, fold_scale, block_m, heads, fp8=None,
-                          key_count=None):
+                          wide=True, key_count=None):
     """The kernel for one configuration (factory.py): ``tag`` "bf16" or "f16" (q's type, and
     the tiles' in shared memory), ``to16`` fp32 -> that type (P, and FP8 rows), ``store`` fp32
-    -> ``part_out``, ``fp8`` the cache's FP8 layout (docs/fp8.md) or None."""
+    -> ``part_out``, ``fp8`` the cache's FP8 layout (docs/fp8.md) or None, ``wide`` whether
+    the cache starts 16-byte aligned (16-byte copies; else 4-byte ones)."""
     assert block_m == BLOCK_M and STAGE * 32 == WORDS and O_DIMS % 16 == 0
     (Q_OFF, K_OFF, P_OFF, MX_OFF, SX_OFF), _ = layout()
     H = heads
@@ -143,6 +149,27 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
         if c % 2:
             return pack(x2 * sc, x3 * sc)
         return pack(x0 * sc, x1 * sc)
+
+    PIECE = 16 if wide else 4  # bytes a cp.async
+    PIECES = 4 * WORDS // PIECE // 8  # a thread's pieces of a row (9 or 36)
+    assert PIECES * PIECE * 8 == 4 * WORDS and BLOCK_N % ROWS_A_PASS == 0
+    cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
+
+    @cuda.jit(device=True, **INLINE)
+    def issue_tile(words, base, storage, block_table, b, k0, k1, tid):
+        """Start the copy of keys [k0, k1) of sequence b (16-bit rows) into Ks, zeros past k1
+        (P is 0 there, but 0 * NaN is NaN): thread tid copies pieces tid % 8, + 8, ... of
+        rows tid // 8 + 16 j; one page lookup a row (keys past k1 look up key k1 - 1, a real
+        one, and copy nothing)."""
+        npages, page_size = storage.shape[0], storage.shape[1]
+        for j in range(BLOCK_N // ROWS_A_PASS):
+            n = tid // 8 + ROWS_A_PASS * j
+            page, slot = locate(block_table, page_size, npages, b, min(k0 + n, k1 - 1))
+            src = ptx.global_addr(storage, page, slot, 0) + PIECE * (tid % 8)
+            dst = base + 4 * (K_OFF + n * ROWW) + PIECE * (tid % 8)
+            for u in range(PIECES):
+                cp_async(words, dst + 8 * PIECE * u, src + 8 * PIECE * u, k0 + n < k1)
+        ptx.cp_async_commit()
 
     @cuda.jit(device=True, **INLINE)
     def copy_tile(words, storage, block_table, b, k0, k1, warp, lane):
@@ -225,7 +252,11 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
             cuda.syncthreads()  # every warp is done with the previous tile (Ks, Ps, Mx, Sx)
 
             # -- phase 1: the key tile into Ks --
-            copy_tile(words, storage, block_table, b, k0, k1, warp, lane)
+            if fp8:
+                copy_tile(words, storage, block_table, b, k0, k1, warp, lane)
+            else:
+                issue_tile(words, base, storage, block_table, b, k0, k1, tid)
+                ptx.cp_async_wait_all()  # this thread's pieces; the barrier: everyone's
             cuda.syncthreads()  # the whole tile (on the first, Qs too)
 
             # -- phase 2: this warp's 16 keys of S, in registers; mask, score mod, maxima --
