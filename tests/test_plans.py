@@ -73,6 +73,27 @@ def test_plain_call_reuses_its_plan(backend, rng):
     np.testing.assert_array_equal(host(step()), expected)
 
 
+def test_plan_found_when_blocks_share_a_multiprocessor(rng, monkeypatch):
+    """The warp tensor-core kernel's schedule counts two blocks a multiprocessor where shared
+    memory allows (heuristics.resident_blocks; 1 in the simulator, made 2 here): a plain call's
+    plan key is computed from the same count, so repeated calls find their plan instead of
+    building a new one each time. (The kernels are not run: plans.run is replaced.)"""
+    from numba_mla import heuristics, launch
+
+    monkeypatch.setattr(heuristics, "resident_blocks", lambda smem, bound, **kw: 2)
+    monkeypatch.setattr(plans, "run", lambda *args: None)
+    built = []
+    make = launch.Plan
+    monkeypatch.setattr(launch, "Plan", lambda call: built.append(call) or make(call))
+    plans.clear()
+    p = make_problem(rng, 3, 1, 16, [3000, 200, 900], BF16, "paged", 16)
+    q, cache = on_device(p)
+    for _ in range(3):
+        nm.mla_decode(q, cache, p.scale, backend="mma_sync")
+    assert len(built) == 1 and plans.size() == 1
+    plans.clear()
+
+
 @KERNEL
 def test_no_stale_plan(rng):
     """Calls that differ in one thing each (heads, dtype, mask, cache kind, lengths) after a
