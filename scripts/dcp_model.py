@@ -28,6 +28,7 @@ Usage: python scripts/dcp_model.py [--shapes 1x131072,1x1048576,8x65536] [--head
        [--out plots/dcp_model_h200.json] [--tiny]
 """
 import argparse
+import datetime
 import json
 import math
 import os
@@ -103,6 +104,7 @@ def main(argv=None):
     ap.add_argument("--local-q", action="store_true",
                     help="model q's all-gather (q_heads='local')")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
+    ap.add_argument("--commit", default=None, help="commit to record (default: git's)")
     ap.add_argument("--tiny", action="store_true", help="a tiny sweep (the simulator)")
     args = ap.parse_args(argv)
 
@@ -110,6 +112,7 @@ def main(argv=None):
     from numba import cuda
     from numba_mla import factory, heuristics
     from numba_mla.bench.timing import Device, time_gpu
+    from numba_mla.bench import report
     from numba_mla.kernels import combine
     from numba_mla.positions import PositionMap
     from numba_mla.sharding import shard_cache
@@ -167,7 +170,10 @@ def main(argv=None):
             rows.append(row)
             print(f"{B:>3} {L:>8} {n:>2} {whole_us:>9.1f} {rank_us:>8.1f} {merge_us:>8.1f} "
                   f"{c_us:>8.1f} {model_us:>9.1f} {row['speedup_model']:>8.2f}")
-    meta = dict(device=dev.name, mask=args.mask, page_size=args.page_size,
+    meta = dict(device=dev.name,
+                date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+                commit=args.commit or report.git_commit(), mask=args.mask,
+                page_size=args.page_size,
                 model=dict(latency_us=args.latency_us, busbw_gbs=args.busbw_gbs,
                            out_heads="local" if args.local_out else "all",
                            q_heads="local" if args.local_q else "all",
