@@ -1,11 +1,13 @@
 """Which kernel runs a call: every backend decision and fallback in one place.
 
 A call names a backend (``"auto"``, ``"simt"``, ``"mma"``, ``"mma_sync"``, ``"simple"``); what
-runs is decided here, from the call and a few facts about its arrays (``"mma_sync"``, the warp
-tensor-core kernel, runs only when named, on 16-bit data, compute capability 8.0 or later):
+runs is decided here, from the call and a few facts about its arrays:
 
-1. ``"auto"`` is the tensor-core backend for 16-bit data where wgmma exists (sm_90, or the
-   simulator), the FMA kernel (``"simt"``) otherwise.
+1. ``"auto"`` is a tensor-core backend for 16-bit data: the wgmma kernels (``"mma"``) where
+   wgmma exists (sm_90, or the simulator), the warp tensor-core kernel (``"mma_sync"``) on
+   other GPUs of compute capability 8.0 or later (Ampere, Ada, and later ones without wgmma);
+   the FMA kernel (``"simt"``) for fp32, FP8 caches and older GPUs. (On the H200 "mma" takes
+   0.3-0.8x "mma_sync"'s time on every benchmark shape, so it is the one there.)
 2. The tensor-core kernels copy 16-byte pieces: q and the cache must start 16-byte aligned.
    ``"auto"`` falls back to ``"simt"``; an explicit ``"mma"`` is refused.
 3. ``decoding_warp_split_k`` runs the simple kernel's warp split-K variant
@@ -63,11 +65,25 @@ def mma_supported():
     return cuda.get_current_device().compute_capability == (9, 0)
 
 
+def auto_backend(tag, capability):
+    """What ``"auto"`` runs for data of type ``tag`` on a GPU of compute ``capability``
+    (None: the simulator, which runs the wgmma kernels' twins)."""
+    if tag == "f32":
+        return "simt"
+    if capability is None or capability == (9, 0):
+        return "mma"
+    return "mma_sync" if capability >= (8, 0) else "simt"
+
+
 def resolve_backend(backend, tag):
-    """The backend family a call asks for, before the arrays are seen: ``"auto"`` is the
-    tensor-core kernel for 16-bit data where wgmma exists, the FMA kernel otherwise."""
+    """The backend family a call asks for, before the arrays are seen (``"auto"``:
+    ``auto_backend``)."""
     if backend == "auto":
-        return "mma" if tag != "f32" and mma_supported() else "simt"
+        if tag == "f32" or _compat.SIMULATOR:
+            return auto_backend(tag, None)
+        from numba import cuda
+
+        return auto_backend(tag, cuda.get_current_device().compute_capability)
     if backend == "mma_sync":
         if tag == "f32":
             raise ValueError("backend: 'mma_sync' (tensor cores) needs bfloat16 or float16 data, "
@@ -116,15 +132,16 @@ def check_warp_split(warp_split_k, backend):
 PIPELINE_STAGES = {"simt": 2, "mma": 2, "mma_sync": 1, "simple": 1, "warpsplit": 1}
 
 
-def _mma_honours(config):
-    """Whether a config leaves the tensor-core kernels' fixed tiles alone (``"auto"`` runs
-    the FMA kernel for one that asks otherwise)."""
-    from .kernels import mma
+def _tensor_core_honours(config, backend):
+    """Whether a config leaves a tensor-core kernel's fixed tiles alone (``"auto"`` runs the
+    FMA kernel for one that asks otherwise)."""
+    from .kernels import mma, mma_sync
 
+    kernel = mma if backend == "mma" else mma_sync
     return config is None or (
-        config.num_queries_per_block in (None, mma.BLOCK_M)
-        and config.num_keys_per_block in (None, mma.BLOCK_N)
-        and config.num_pipeline_stages in (None, PIPELINE_STAGES["mma"]))
+        config.num_queries_per_block in (None, kernel.BLOCK_M)
+        and config.num_keys_per_block in (None, kernel.BLOCK_N)
+        and config.num_pipeline_stages in (None, PIPELINE_STAGES[backend]))
 
 
 def _check_config(config, backend, block_m, block_n):
@@ -174,7 +191,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         # Warp split-K exists in the simple kernel only: "auto" runs it there, "simt" and
         # "mma" were refused by the checks (check_warp_split)
         backend = "warpsplit"
-    elif backend == "mma" and call.backend == "auto" and not _mma_honours(config):
+    elif (backend in ("mma", "mma_sync") and call.backend == "auto"
+          and not _tensor_core_honours(config, backend)):
         backend = "simt"  # the FMA kernel runs what the config asks (or refuses it below)
 
     if backend == "warpsplit":

@@ -420,16 +420,35 @@ def test_num_partitions_beyond_tiles(rng):
     check_kernel(p, nm.CausalMask(), nm.AlibiScoreMod(2), num_partitions=6)
 
 
+def test_auto_backend_by_capability():
+    """"auto": wgmma's kernels on sm_90 (and in the simulator, capability None), the warp
+    tensor-core kernel on the other GPUs from sm_80 on (A100, Ada, and later ones without
+    wgmma), the FMA kernel before sm_80 and for fp32."""
+    from numba_mla.selector import auto_backend
+
+    for tag in ("bf16", "f16"):
+        assert auto_backend(tag, None) == "mma" and auto_backend(tag, (9, 0)) == "mma"
+        for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0)):
+            assert auto_backend(tag, cc) == "mma_sync", cc
+        for cc in ((7, 0), (7, 5), (6, 1)):
+            assert auto_backend(tag, cc) == "simt", cc
+    for cc in (None, (7, 5), (8, 0), (9, 0)):
+        assert auto_backend("f32", cc) == "simt"
+
+
 @KERNEL
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 def test_auto_picks_a_kernel_and_return_lse(dtype, rng):
-    """backend="auto" is the tensor-core kernel for 16-bit data (where wgmma exists: sm_90, or
-    the simulator) and the FMA kernel for fp32: the same bits as that backend. Without
-    ``return_lse`` and ``out`` the result is a new array of q's dtype and out shape; with it,
-    (out, lse [B, Sq, H])."""
-    from numba_mla import launch
+    """backend="auto" is a tensor-core kernel for 16-bit data (wgmma's on sm_90 and in the
+    simulator, the warp one on other GPUs from sm_80 on) and the FMA kernel for fp32: the same
+    bits as that backend. Without ``return_lse`` and ``out`` the result is a new array of q's
+    dtype and out shape; with it, (out, lse [B, Sq, H])."""
+    from numba import cuda
 
-    expected = "mma" if dtype != "fp32" and launch.mma_supported() else "simt"
+    from numba_mla import _compat, launch, selector
+
+    cc = None if _compat.SIMULATOR else cuda.get_current_device().compute_capability
+    expected = selector.auto_backend(factory.dtype_tag(DTYPES[dtype]), cc)
     assert launch.resolve_backend("auto", factory.dtype_tag(DTYPES[dtype])) == expected
     p = make_problem(rng, 2, 2, 3, [0, 29], DTYPES[dtype], "paged", 5)
     kw = dict(mask=nm.SlidingWindowCausalMask(20), score_mod=nm.SoftCapScoreMod(4.0))
