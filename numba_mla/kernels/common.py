@@ -92,6 +92,21 @@ def make_tile_walk(mask_classify, mask_key_range, block_n, heads, align=1, key_c
     return key_tiles, next_tile
 
 
+def make_partition_walk(key_tiles, next_tile):
+    """``first_tiles(length, nq, r0, nrows, p, nparts, chunk)``: where a block of split-K
+    partition ``p`` starts (``make_tile_walk``'s functions, then ``partition_tiles``): the
+    query positions and key range of its rows (``q_lo, q_hi, kstart, kend``), its first tile
+    the mask keeps (``t``; ``t_end`` when there is none) and the end of its run (``t_end``)."""
+
+    @cuda.jit(device=True)
+    def first_tiles(length, nq, r0, nrows, p, nparts, chunk):
+        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
+        t, t_end = partition_tiles(ntiles, p, nparts, chunk)
+        return q_lo, q_hi, kstart, kend, next_tile(t, t_end, kstart, kend, q_lo, q_hi), t_end
+
+    return first_tiles
+
+
 @cuda.jit(device=True)
 def partition_tiles(ntiles, p, nparts, chunk):
     """The tiles ``[t0, t1)`` of a row block's ``ntiles`` that split-K partition ``p`` of

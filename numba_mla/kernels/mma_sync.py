@@ -53,8 +53,8 @@ from numba import cuda, float32, int32
 
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
-from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
-                     partition_tiles)
+from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
+                     make_tile_walk, mark_empty)
 
 BLOCK_M = 16  # query rows a block: one m16 tile (64 rows: docs/kernels/mma_sync.md)
 BLOCK_N = 64  # keys a tile: 16 a warp in S, four k16 steps of P V
@@ -115,6 +115,7 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
     H = heads
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
+    first_tiles = make_partition_walk(key_tiles, next_tile)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     mma = ptx.mma_m16n8k16(tag)
     pv = _make_pv(tag)
@@ -208,9 +209,8 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
         if nrows <= 0:
             return  # the whole block leaves: no barrier is skipped
 
-        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
-        t, t_end = partition_tiles(ntiles, p, nparts, chunk)
-        t = next_tile(t, t_end, kstart, kend, q_lo, q_hi)
+        q_lo, q_hi, kstart, kend, t, t_end = first_tiles(length, nq, r0, nrows, p, nparts,
+                                                            chunk)
         if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
             mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
             return  # uniform in the block, before any barrier

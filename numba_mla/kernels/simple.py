@@ -35,8 +35,8 @@ from numba import cuda, float32
 
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
-from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
-                     partition_tiles)
+from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
+                     make_tile_walk, mark_empty)
 
 NTHREADS = 128  # 4 warps
 BLOCK_M = 8  # query rows a block (the launcher's choice; Qs and Ks must fit in 48 KB)
@@ -70,6 +70,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     H = heads
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
+    first_tiles = make_partition_walk(key_tiles, next_tile)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
     if fp8:  # FP8 rows as int32 words: dims 2c, 2c + 1 are half of word c // 2, times a scale
@@ -139,10 +140,10 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         if nrows <= 0:
             return  # every thread of the block leaves: no barrier is skipped
 
-        # This partition's tiles: [t, t_end) of the block's ntiles.
-        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
-        t, t_end = partition_tiles(ntiles, p, nparts, chunk)
-        t = next_tile(t, t_end, kstart, kend, q_lo, q_hi)
+        # This partition's tiles: [t, t_end), t the first the mask keeps (key_tiles, then
+        # partition_tiles, then next_tile: common.make_partition_walk).
+        q_lo, q_hi, kstart, kend, t, t_end = first_tiles(length, nq, r0, nrows, p, nparts,
+                                                            chunk)
         if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
             mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
             return  # the same in every thread, as above

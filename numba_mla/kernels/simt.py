@@ -80,8 +80,8 @@ from numba import cuda, float32, int32
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS
 from ..fp8 import ROW_BYTES as FP8_ROW_BYTES
-from .common import (D_QK, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
-                     partition_tiles)
+from .common import (D_QK, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
+                     make_tile_walk, mark_empty)
 
 NWARPS = 8
 NTHREADS = 32 * NWARPS
@@ -216,6 +216,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     assert not STAGED or (BLOCK_N == 32 and (FP8 or ROW_WORDS % (4 * NWARPS) == 0))
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
+    first_tiles = make_partition_walk(key_tiles, next_tile)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
     @cuda.jit(device=True, **INLINE)
@@ -571,9 +572,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         if nrows <= 0:
             return  # every thread of the block leaves: no barrier is skipped
 
-        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
-        t, t_end = partition_tiles(ntiles, p, nparts, chunk)
-        t = next_tile(t, t_end, kstart, kend, q_lo, q_hi)
+        q_lo, q_hi, kstart, kend, t, t_end = first_tiles(length, nq, r0, nrows, p, nparts,
+                                                            chunk)
         if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
             mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
             return  # uniform in the block: no barrier is skipped
