@@ -3,7 +3,11 @@ default: the GPU work is a few microseconds, so the host's share is what shows).
 
 Paths, all on the same inputs (torch bf16 tensors on a GPU; Numba device arrays without torch):
 - ``mla_decode``: the plain call, the same cache object every call;
-- ``mla_decode_new_lengths``: the step whose lengths changed, by the fast idiom:
+- ``mla_decode_lengths_in_place``: the step whose lengths changed, the cache's device lengths
+  tensor updated in place before each call (a device-to-device copy of the next lengths, then
+  the plain call on the same cache object: what the README calls the fastest idiom; on a GPU
+  only: the simulator's lengths are host arrays, which a cache copies);
+- ``mla_decode_new_lengths``: the step whose lengths changed, host lengths given each call:
   ``cache.with_lengths(host_lengths)`` (the block table is not copied back or checked again);
 - ``mla_decode_new_cache``: a new ``PagedKVCache`` over the same pages and block table every
   call, its lengths a device array (construction copies lengths and block table to the host
@@ -30,8 +34,8 @@ import argparse
 import os
 import sys
 
-PATHS = ("mla_decode", "mla_decode_new_lengths", "mla_decode_new_cache", "prepare", "flash_mla",
-         "torch")
+PATHS = ("mla_decode", "mla_decode_lengths_in_place", "mla_decode_new_lengths",
+         "mla_decode_new_cache", "prepare", "flash_mla", "torch")
 
 
 def _spin_while_synchronizing():
@@ -86,6 +90,24 @@ def calls_by_path(p, dev):
     calls = {"mla_decode": lambda: nm.mla_decode(q, cache, p.scale),
              "mla_decode_new_lengths": new_lengths, "mla_decode_new_cache": new_cache}
     missing = {}
+    if dev.simulator:
+        missing["mla_decode_lengths_in_place"] = "needs device lengths (not the simulator's)"
+    else:  # a cache of its own over a copy of the lengths, which each call overwrites
+        own = (dev.torch.empty_like(lengths) if dev.torch is not None else
+               dev.cuda.device_array_like(lengths))
+        own[:] = lengths
+        in_place = nm.PagedKVCache(pages, block_table, own)
+
+        def lengths_in_place():
+            turn[0] ^= 1
+            src = both[turn[0]]
+            if dev.torch is not None:
+                own.copy_(src)
+            else:
+                own.copy_to_device(src)
+            return nm.mla_decode(q, in_place, p.scale)
+
+        calls["mla_decode_lengths_in_place"] = lengths_in_place
     try:
         calls["prepare"] = nm.prepare(q, cache, p.scale)
     except TypeError as e:  # host arrays (the simulator)
