@@ -235,3 +235,21 @@ def test_the_checks_see_something():
         {"PERFORMANCE.md", "docs/x.md"}
     assert slug("Your first kernel") == "your-first-kernel"
     assert slug("`mla_decode`: the API") == "mla_decode-the-api"
+
+
+def test_readme_layout_names_every_module_and_script():
+    """The README's layout block names every module of the package and its subpackages' and
+    every script: a file added without a word there fails here."""
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    block = text.split("## Layout", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    named = set(re.findall(r"[\w.]+\.(?:py|sh|md|toml|cfg)", block))
+    missing = []
+    for folder in ("numba_mla", "scripts", "examples"):
+        for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+            if name.endswith((".py", ".sh")) and name != "__init__.py" and name not in named:
+                missing.append(f"{folder}/{name}")
+    for sub in ("kernels",):  # the subpackage whose modules the block lists one by one
+        for name in sorted(os.listdir(os.path.join(ROOT, "numba_mla", sub))):
+            if name.endswith(".py") and name != "__init__.py" and name not in named:
+                missing.append(f"numba_mla/{sub}/{name}")
+    assert not missing, f"README's layout does not name: {missing}"
