@@ -18,6 +18,8 @@ LSE -inf and leave; the combine reads only partitions that kept a key).
 """
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import numba_mla as nm
 from helpers import BF16, assert_three_way, fp32_floor, make_problem, references
@@ -257,3 +259,21 @@ def test_varlen_shapes_on_gpu(B, H, L, backend, rng):
     assert_three_way(lse, same[1], golden[1], floor=fp32_floor(golden[1], backend), what="lse")
     again, _ = p.run(nm, return_lse=True, backend=backend)
     np.testing.assert_array_equal(again, out)
+
+
+@settings(max_examples=400, deadline=None)
+@given(keys=st.lists(st.integers(0, 128 * 64), min_size=1, max_size=heuristics.SMALL_BATCH),
+       block_n=st.sampled_from([8, 16, 32, 64]), groups=st.integers(0, 9),
+       sms=st.sampled_from([1, 16, 108, 132, 264]), max_parts=st.sampled_from([1, 7, 256]),
+       rows=st.one_of(st.none(), st.integers(1, 1024)))
+def test_small_batches_schedule_as_the_vectorised_form(keys, block_n, groups, sms, max_parts,
+                                                       rows):
+    """A few short sequences take balanced_split's plain-Python form; it gives the NumPy
+    form's schedule exactly (the same candidates, order and floating-point operations)."""
+    small = heuristics.balanced_split(keys, block_n, groups, sms, max_parts, rows)
+    assert small == heuristics._balanced_split_small(keys, block_n, groups, sms, max_parts,
+                                                     rows)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(heuristics, "SMALL_BATCH", 0)  # every batch through NumPy
+        assert heuristics.balanced_split(np.array(keys), block_n, groups, sms, max_parts,
+                                         rows) == small
