@@ -7,7 +7,7 @@ runs is decided here, from the call and a few facts about its arrays:
    wgmma exists (sm_90, or the simulator), the warp tensor-core kernel (``"mma_sync"``) on
    other GPUs of compute capability 8.0 or later (Ampere, Ada, and later ones without wgmma);
    the FMA kernel (``"simt"``) for fp32, FP8 caches and older GPUs. (On the H200 "mma" takes
-   0.3-0.8x "mma_sync"'s time on every benchmark shape, so it is the one there.)
+   0.25-0.87x "mma_sync"'s time on every benchmark shape, so it is the one there.)
 2. The tensor-core kernels copy 16-byte pieces: q and the cache must start 16-byte aligned.
    ``"auto"`` falls back to ``"simt"``; an explicit ``"mma"`` is refused.
 3. ``decoding_warp_split_k`` runs the simple kernel's warp split-K variant

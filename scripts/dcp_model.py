@@ -111,8 +111,8 @@ def main(argv=None):
     import numba_mla as nm
     from numba import cuda
     from numba_mla import factory, heuristics
-    from numba_mla.bench.timing import Device, time_gpu
     from numba_mla.bench import report
+    from numba_mla.bench.timing import Device, time_gpu
     from numba_mla.kernels import combine
     from numba_mla.positions import PositionMap
     from numba_mla.sharding import shard_cache

@@ -93,9 +93,11 @@ def calls_by_path(p, dev):
     if dev.simulator:
         missing["mla_decode_lengths_in_place"] = "needs device lengths (not the simulator's)"
     else:  # a cache of its own over a copy of the lengths, which each call overwrites
-        own = (dev.torch.empty_like(lengths) if dev.torch is not None else
-               dev.cuda.device_array_like(lengths))
-        own[:] = lengths
+        if dev.torch is not None:
+            own = lengths.clone()
+        else:
+            own = dev.cuda.device_array_like(lengths)
+            own.copy_to_device(lengths)
         in_place = nm.PagedKVCache(pages, block_table, own)
 
         def lengths_in_place():
