@@ -840,6 +840,29 @@ def test_one_partition_of_several_tiles(rows, wide, rng, monkeypatch):
 
 
 @KERNEL
+@pytest.mark.parametrize("case", [
+    # (B, Sq, H, lengths, dtype, cache, page, mask, mod, P): the second m16 tile holding one
+    # row (17), a partition of two tiles (the stages swap) beside one of one, the window's
+    # first keys cut (CI's case)
+    (1, 1, 17, [130], "bf16", "paged", 16, "window100", "identity", 2),
+    # two row groups (32 rows, then 8), one partition of four tiles, ALiBi
+    (1, 2, 20, [200], "fp16", "contiguous", 0, "causal", "alibi", 1),
+], ids=str)
+def test_mma_sync_32_rows(case, rng):
+    """The warp tensor-core kernel's 32-row block (8 warps, two key tiles in flight), which
+    the selector takes where a sequence has more than 16 query rows and the device gives a
+    block 188 KB (the simulator counts as an H100)."""
+    from numba_mla import heuristics
+
+    B, Sq, H, lengths, dtype, kind, page, mask_id, mod_id, P = case
+    assert heuristics.mma_sync_block_m(Sq * H) == 32
+    p = make_problem(rng, B, Sq, H, lengths, DTYPES[dtype], kind, page)
+    mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100" else
+            MASKS[mask_id].make(p, rng))
+    check_kernel(p, mask, SCORE_MODS[mod_id].make(p), P, "mma_sync")
+
+
+@KERNEL
 def test_mma_sync_tile_copies_in_words(rng, monkeypatch):
     """The warp tensor-core kernel's cp.async tile copy in 4-byte pieces (a cache that does
     not start 16-byte aligned; the 16-byte pieces are every other mma_sync case's): one
