@@ -610,10 +610,11 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
                                                   type(p.cache), p.heads, direct)
                   for direct in (False, True)]
     elif backend == "mma_sync":
+        # 16 or 32 query rows a block (heuristics.mma_sync_block_m), direct or workspace
         dispatchers = [factory.mma_sync_partition_kernel(as_mask(mask), as_score_mod(score_mod),
-                                                         tag, type(p.cache), 16, p.heads,
+                                                         tag, type(p.cache), block_m, p.heads,
                                                          direct)
-                       for direct in (False, True)]
+                       for block_m in (16, 32) for direct in (False, True)]
     elif backend == "simple":
         dispatchers = [factory.simple_partition_kernel(as_mask(mask), as_score_mod(score_mod),
                                                        tag, type(p.cache), simple.BLOCK_M,
@@ -626,6 +627,10 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
                        for direct in (False, True)]  # workspace or one-partition output
     kernels = [k for d in dispatchers + seesaw for k in d.overloads.values()]
     assert kernels, "the partition kernel for this configuration was never compiled"
+    if backend == "mma_sync":
+        block_m = heuristics.mma_sync_block_m(int(p.counts.max()) * p.heads)
+        used = dispatchers[:2] if block_m == 16 else dispatchers[2:]
+        assert any(d.overloads for d in used), f"expected the {block_m}-row mma_sync block"
     if backend == "mma":  # the copy engine brings the tiles wherever a tile fits one page
         tma = p.cache.kind == "contiguous" or p.cache.page_size % 64 == 0
         used = seesaw + dispatchers[1::2] if tma else dispatchers[0::2]
