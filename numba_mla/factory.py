@@ -175,7 +175,7 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
 def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False,
                               fp8=None, wide=True):
     """The stage-1 kernel on warp tensor cores (kernels/mma_sync.py: mma.sync, sm_80 on) for
-    this configuration (``tag`` bf16 or f16: q's; ``block_m`` its 16 rows); ``direct`` as for
+    this configuration (``tag`` bf16 or f16: q's; ``block_m`` 16 or 32 rows); ``direct`` as for
     the others; ``fp8`` the cache's FP8 layout ("e4m3", "v32") or None; ``wide`` whether the
     cache starts 16-byte aligned (16-byte copies; FP8 rows are loaded, so it is moot there)."""
     wide = bool(wide or fp8)

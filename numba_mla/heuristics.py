@@ -25,6 +25,33 @@ def sm_count():
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
+#: Dynamic shared memory a block may take, assumed in the simulator (an H100's or H200's).
+FALLBACK_SMEM_PER_BLOCK = 227 * 1024
+
+
+def smem_per_block():
+    """The most dynamic shared memory the current device gives one block (opted in)."""
+    if SIMULATOR:
+        return FALLBACK_SMEM_PER_BLOCK
+    from numba import cuda
+
+    try:
+        return cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    except Exception:  # (an attribute this driver does not know)
+        return 48 * 1024
+
+
+def mma_sync_block_m(rows, limit=None):
+    """Query rows a block of the warp tensor-core kernel: 32 (8 warps, two key tiles in
+    flight, 188 KB) where a sequence has more than 16 rows and the device gives a block that
+    much shared memory (``limit``, default the current device's: an H100 or H200, not an A100
+    or an Ada GPU); else 16 (4 warps, one tile, 94 KB)."""
+    from .kernels import mma_sync
+
+    limit = smem_per_block() if limit is None else limit
+    return 32 if rows > 16 and mma_sync.smem_bytes(32) <= limit else 16
+
+
 def resident_blocks(smem_bytes, bound, per_sm=None, reserved=None):
     """Blocks of a kernel one multiprocessor holds at once: as many as its shared memory
     takes (``smem_bytes`` each, plus the ``reserved`` bytes the driver keeps a block: 1 KB

@@ -137,22 +137,28 @@ def _tensor_core_honours(config, backend):
     FMA kernel for one that asks otherwise)."""
     from .kernels import mma, mma_sync
 
-    kernel = mma if backend == "mma" else mma_sync
-    return config is None or (
-        config.num_queries_per_block in (None, kernel.BLOCK_M)
-        and config.num_keys_per_block in (None, kernel.BLOCK_N)
-        and config.num_pipeline_stages in (None, PIPELINE_STAGES[backend]))
+    if config is None:
+        return True
+    if backend == "mma":
+        rows, stages = (mma.BLOCK_M,), (PIPELINE_STAGES["mma"],)
+        block_n = mma.BLOCK_N
+    else:
+        rows, block_n = mma_sync.BLOCK_MS, mma_sync.BLOCK_N
+        stages = tuple(mma_sync.geometry(m)[3] for m in rows)
+    return (config.num_queries_per_block in (None,) + rows
+            and config.num_keys_per_block in (None, block_n)
+            and config.num_pipeline_stages in (None,) + stages)
 
 
-def _check_config(config, backend, block_m, block_n):
+def _check_config(config, backend, block_m, block_n, stages=None):
     """Refuse a config value the chosen kernel cannot run (config.py); the FMA kernel's rows
-    per block were chosen from the config already."""
+    per block (and the warp tensor-core kernel's) were chosen from the config already."""
     if config is None:
         return
+    stages = PIPELINE_STAGES[backend] if stages is None else stages
     for field, value, runs in (("num_queries_per_block", config.num_queries_per_block, block_m),
                                ("num_keys_per_block", config.num_keys_per_block, block_n),
-                               ("num_pipeline_stages", config.num_pipeline_stages,
-                                PIPELINE_STAGES[backend])):
+                               ("num_pipeline_stages", config.num_pipeline_stages, stages)):
         if value is not None and value != runs:
             raise refuse(field, value, backend, (runs,))
 
@@ -210,7 +216,11 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     elif backend == "mma_sync":
         from .kernels import mma_sync
 
-        block_m, block_n = mma_sync.BLOCK_M, mma_sync.BLOCK_N
+        block_m, block_n = heuristics.mma_sync_block_m(rows), mma_sync.BLOCK_N
+        if config is not None and config.num_queries_per_block is not None:
+            block_m = config.num_queries_per_block
+            if block_m not in mma_sync.BLOCK_MS:
+                raise refuse("num_queries_per_block", block_m, "mma_sync", mma_sync.BLOCK_MS)
     else:
         from .kernels import simt
 
@@ -221,7 +231,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                 raise refuse("num_queries_per_block", block_m, "simt",
                              (16, 32) if sixteen else (16,))
         block_n = simt.block_n(block_m, sixteen, fp8)
-    _check_config(config, backend, block_m, block_n)
+    _check_config(config, backend, block_m, block_n,
+                  mma_sync.geometry(block_m)[3] if backend == "mma_sync" else None)
     groups = max(1, math.ceil(rows / block_m))
     # The split model's waves: blocks that run at once (one a multiprocessor, but two of the
     # warp tensor-core kernel's where shared memory allows)
@@ -229,7 +240,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     if backend == "mma_sync":
         from .kernels import mma_sync
 
-        slots *= heuristics.resident_blocks(mma_sync.smem_bytes(), mma_sync.MIN_BLOCKS)
+        slots *= heuristics.resident_blocks(mma_sync.smem_bytes(block_m),
+                                            mma_sync.min_blocks(block_m))
     fixed = call.num_partitions or (config.num_partitions if config is not None else None)
     if fixed:
         chunk, P = 0, fixed
@@ -260,7 +272,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     if backend == "mma_sync":
         disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
                                                  fp8, facts.cache_aligned16)
-        return KernelSpec("mma_sync", disp, mma_sync.NTHREADS, mma_sync.smem_bytes(),
+        return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),
+                          mma_sync.smem_bytes(block_m),
                           q_pairs=True, tma=False, **common)
     # (a ragged cache is one page: its tiles never straddle pages either)
     tma = ((call.cache.kind in ("contiguous", "ragged")

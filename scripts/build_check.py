@@ -61,6 +61,10 @@ MMA_SYNC_CASES = [  # (mask, score mod, dtype tag, cache, rows per block, heads)
     (nm.CausalMask(), nm.SoftCapScoreMod(2.0), "f16", nm.ContiguousKVCache, 16, 128),
     (nm.ChunkedMask(4) | nm.SlidingWindowCausalMask(2), nm.AlibiScoreMod(8), "bf16",
      nm.PagedKVCache, 16, 8),
+    # the 32-row block (8 warps, two tiles: chosen on GPUs that give a block 188 KB, sm_90 and
+    # sm_100 on; built here for the same instructions)
+    (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 32, 128),
+    (nm.CausalMask(), nm.SoftCapScoreMod(2.0), "f16", nm.ContiguousKVCache, 32, 24),
 ]
 
 
@@ -219,9 +223,10 @@ def main():
     builds = [(cc, mask, mod, tag, cache, block_m, heads, direct, None)
               for cc in ((8, 0), (8, 9)) for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES
               for direct in (False, True)]
-    builds += [((8, 9), nm.CausalMask(), nm.SoftCapScoreMod(2.0), tag, nm.PagedKVCache, 16, 16,
-                direct, layout)
-               for layout, tag in (("e4m3", "bf16"), ("v32", "f16")) for direct in (False, True)]
+    builds += [((8, 9), nm.CausalMask(), nm.SoftCapScoreMod(2.0), tag, nm.PagedKVCache, rows,
+                heads, direct, layout)
+               for layout, tag in (("e4m3", "bf16"), ("v32", "f16")) for direct in (False, True)
+               for rows, heads in ((16, 16), (32, 20))]
     for cc, mask, mod, tag, cache, block_m, heads, direct, layout in builds:
         kern = factory.mma_sync_partition_kernel(mask, mod, tag, cache, block_m, heads, direct,
                                                  layout)

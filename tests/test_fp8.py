@@ -254,6 +254,14 @@ def test_fp8_mma_sync_kernel(layout, cache, mask_id, mod_id, rng):
 
 
 @KERNEL
+def test_fp8_mma_sync_32_rows(rng):
+    """FP8 rows into the warp tensor-core kernel's 32-row block (20 heads: rows of both m16
+    tiles), one partition of two tiles."""
+    p = fp8_problem(rng, "e4m3", 1, 1, 20, [100], BF16, "paged5")
+    check(p, MASKS["causal"].make(p, rng), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
+
+
+@KERNEL
 def test_fp8_nan_code_in_a_kept_key(rng):
     """A NaN code in a kept key's V makes its rows' outputs NaN, as a NaN in a 16-bit cache
     does; the reference and the kernel agree on where."""

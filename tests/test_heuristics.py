@@ -52,6 +52,22 @@ def test_combine_split():
     assert combine.split(1, 1, 132) == 1
 
 
+def test_mma_sync_block_m():
+    """The warp tensor-core kernel's 32-row block where a sequence has more than 16 query
+    rows and a block may take its 188 KB (an H100 or H200: 227 KB), else 16 rows (an A100:
+    163 KB; Ada and sm_86: 99 KB)."""
+    from numba_mla.kernels import mma_sync
+
+    assert mma_sync.smem_bytes(32) == 192512 and mma_sync.threads(32) == 256
+    assert heuristics.mma_sync_block_m(128, limit=232448) == 32
+    assert heuristics.mma_sync_block_m(17, limit=232448) == 32
+    assert heuristics.mma_sync_block_m(16, limit=232448) == 16
+    assert heuristics.mma_sync_block_m(128, limit=166912) == 16  # A100
+    assert heuristics.mma_sync_block_m(128, limit=101376) == 16  # sm_86 / sm_89
+    assert heuristics.resident_blocks(mma_sync.smem_bytes(32), mma_sync.min_blocks(32),
+                                      per_sm=233472, reserved=1024) == 1
+
+
 def test_resident_blocks():
     """Blocks a multiprocessor holds, by shared memory (plus the driver's 1 KB a block) and
     the launch bound: the warp tensor-core kernel's 96,256 bytes fit twice in an H200's or an

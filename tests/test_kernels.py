@@ -610,10 +610,11 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
                                                   type(p.cache), p.heads, direct)
                   for direct in (False, True)]
     elif backend == "mma_sync":
+        # 16 or 32 query rows a block (heuristics.mma_sync_block_m), direct or workspace
         dispatchers = [factory.mma_sync_partition_kernel(as_mask(mask), as_score_mod(score_mod),
-                                                         tag, type(p.cache), 16, p.heads,
+                                                         tag, type(p.cache), block_m, p.heads,
                                                          direct)
-                       for direct in (False, True)]
+                       for block_m in (16, 32) for direct in (False, True)]
     elif backend == "simple":
         dispatchers = [factory.simple_partition_kernel(as_mask(mask), as_score_mod(score_mod),
                                                        tag, type(p.cache), simple.BLOCK_M,
@@ -626,6 +627,10 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
                        for direct in (False, True)]  # workspace or one-partition output
     kernels = [k for d in dispatchers + seesaw for k in d.overloads.values()]
     assert kernels, "the partition kernel for this configuration was never compiled"
+    if backend == "mma_sync":
+        block_m = heuristics.mma_sync_block_m(int(p.counts.max()) * p.heads)
+        used = dispatchers[:2] if block_m == 16 else dispatchers[2:]
+        assert any(d.overloads for d in used), f"expected the {block_m}-row mma_sync block"
     if backend == "mma":  # the copy engine brings the tiles wherever a tile fits one page
         tma = p.cache.kind == "contiguous" or p.cache.page_size % 64 == 0
         used = seesaw + dispatchers[1::2] if tma else dispatchers[0::2]
@@ -837,6 +842,29 @@ def test_one_partition_of_several_tiles(rows, wide, rng, monkeypatch):
     n = simt_tile(rows, BF16)
     p = make_problem(rng, 1, 1, rows, [2 * n + 5], BF16, "paged", 16)
     check_kernel(p, nm.NullMask(), nm.IdentityScoreMod(), num_partitions=1)
+
+
+@KERNEL
+@pytest.mark.parametrize("case", [
+    # (B, Sq, H, lengths, dtype, cache, page, mask, mod, P): the second m16 tile holding one
+    # row (17), a partition of two tiles (the stages swap) beside one of one, the window's
+    # first keys cut (CI's case)
+    (1, 1, 17, [130], "bf16", "paged", 16, "window100", "identity", 2),
+    # two row groups (32 rows, then 8), one partition of four tiles, ALiBi
+    (1, 2, 20, [200], "fp16", "contiguous", 0, "causal", "alibi", 1),
+], ids=str)
+def test_mma_sync_32_rows(case, rng):
+    """The warp tensor-core kernel's 32-row block (8 warps, two key tiles in flight), which
+    the selector takes where a sequence has more than 16 query rows and the device gives a
+    block 188 KB (the simulator counts as an H100)."""
+    from numba_mla import heuristics
+
+    B, Sq, H, lengths, dtype, kind, page, mask_id, mod_id, P = case
+    assert heuristics.mma_sync_block_m(Sq * H) == 32
+    p = make_problem(rng, B, Sq, H, lengths, DTYPES[dtype], kind, page)
+    mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100" else
+            MASKS[mask_id].make(p, rng))
+    check_kernel(p, mask, SCORE_MODS[mod_id].make(p), P, "mma_sync")
 
 
 @KERNEL

@@ -4,44 +4,54 @@ Ampere and Ada GPUs (A100, L40S, RTX 30xx/40xx) have warp-level ``mma.sync`` but
 wgmma, TMA or mbarriers. This kernel uses only sm_80 instructions: ``mma.sync`` m16n8k16
 (16-bit inputs, fp32 accumulators) and ``ldmatrix`` (ptx/mma_sync.py, fragments there).
 
-Second version (FlashAttention-2's structure within a tile): the scores stay in registers,
-split over the warps by keys, and the softmax runs on them there. A 16-bit tile is copied by
-``cp.async`` in one stage (all of it in flight at once, one wait a tile); FP8 rows by loads
-that convert them. docs/kernels/mma_sync.md says what each costs and the next steps.
+FlashAttention-2's structure within a tile: the scores stay in registers, split over the warps
+by keys, and the softmax runs on them there. A 16-bit tile is copied by ``cp.async`` (all of
+it in flight at once, one wait a tile); FP8 rows by loads that convert them. Two block shapes
+(``block_m``): 16 query rows, 4 warps and one tile in shared memory (96 KB: two blocks a
+multiprocessor on an H100/H200); 32 rows, 8 warps and two tiles, the next one's copy in flight
+while this one's products run (188 KB: one block, on GPUs that give a block that much).
+docs/kernels/mma_sync.md says what each costs and the next steps.
 
 Notation
 --------
 - Rows, grid and partitions as in simple.py: block (p, g, b) owns sequence b, query rows
-  ``[g*BLOCK_M, (g+1)*BLOCK_M)`` (r = i * H + h; BLOCK_M = 16, one m16 tile) and partition p
-  of their key tiles (common.partition_tiles), skipping the tiles the mask drops entirely.
-- NW = 4 warps; lane l = 4 gr + tq (gr = l // 4, tq = l % 4), as in the fragment tables: a
-  lane holds rows gr and gr + 8 of every fragment.
+  ``[g*BM, (g+1)*BM)`` (r = i * H + h; BM = 16 MT rows, MT = 1 or 2 m16 tiles) and
+  partition p of their key tiles (common.partition_tiles), skipping the tiles the mask drops.
+- NW = 4 MT warps; lane l = 4 gr + tq (gr = l // 4, tq = l % 4), as in the fragment tables: a
+  lane holds rows gr and gr + 8 of every m16 tile. Warp w computes S for m16 tile
+  sm = w // 4 and keys [16 kg, 16 kg + 16), kg = w % 4; it owns output dims [OD w, OD w + OD)
+  of all BM rows, OD = 512 / NW (128 or 64: 64 fp32 accumulators a lane either way).
 - Shared memory, dynamic, at word offsets (``layout``; no array views, whose shapes would
-  take registers), int32 words of two 16-bit values unless said (96,256 bytes):
-      Qs [BLOCK_M][ROWW]     the block's queries (288 words a row + 4 padding)
-      Ks [BLOCK_N][ROWW]     the key tile (64 keys); its first 256 words (512 dims) are V
-      Ps [BLOCK_M][PROWW]    the tile's probabilities, 16-bit (32 words + 4 padding)
-      Mx, Sx [NW][BLOCK_M]   fp32: each warp's row maxima and row sums over its 16 keys
+  take registers), int32 words of two 16-bit values unless said:
+      Qs [BM][ROWW]             the block's queries (288 words a row + 4 padding)
+      Ks [STAGES][BLOCK_N][ROWW] the key tiles (64 keys; STAGES = MT); the first 256 words
+                                (512 dims) of a row are V
+      Ps [BM][PROWW]            the tile's probabilities, 16-bit (32 words + 4 padding)
+      Mx, Sx [4][BM]            fp32: each key group's row maxima and row sums (its 16 keys)
   A row of Qs and Ks is 1168 bytes, of Ps 144: odd multiples of 16 bytes, so the 8 rows an
   ``ldmatrix`` reads fall in 8 different groups of 4 banks (no bank conflict).
-- A tile of 64 keys, four phases with a barrier between them:
+- A tile of 64 keys, in phases with a barrier between them:
   1. copy: 16-bit rows by ``cp.async``, 8 lanes a row (a warp's instruction reads 128
-     contiguous bytes of each of 4 rows), 16 rows a pass, 4 passes, 36 16-byte pieces a
-     thread (4-byte pieces when the cache does not start 16-byte aligned); FP8 rows by
-     loads, each warp every fourth key row, 32 lanes along it; zeros past the end;
-  2. S = Q K^T: warp w takes keys [16 w, 16 w + 16) over all 576 dims, 36 steps of two
-     m16n8k16, the scores in its registers (s[8]: rows gr, gr + 8, keys 2 tq, 2 tq + 1 of
-     each n8 tile); mask and score mod applied there; the row maxima of its keys to Mx;
-  3. softmax: every lane reads the 4 warps' maxima of its rows, so each warp computes the same
-     new running max m and rescale alpha; P = 2^(s - m) rounded to 16 bits into Ps (a lane's
-     two keys are one word), the row sums of its keys to Sx;
-  4. O = alpha O + P V: warp w owns output dims [128 w, 128 w + 128) (16 n8 tiles, 64 fp32
-     accumulators a lane) over all 64 keys, 4 steps of 16; A = P (ldmatrix from Ps), B = V
-     (ldmatrix .trans from Ks); the running sum l = alpha l + (the 4 warps' sums).
-  The running max and sum of a lane's two rows live in its registers, the same in every warp.
-- Accumulator element k of n8 tile j (acc[4j + k]) is O[gr + 8 (k // 2), 128 w + 8 j +
-  2 tq + k % 2]; score element k of n8 tile j (s[4j + k]) is S[gr + 8 (k // 2), 16 w + 8 j +
-  2 tq + k % 2].
+     contiguous bytes of each of 4 rows), 16 MT rows a pass, 36 16-byte pieces a row's 8
+     lanes share (4-byte pieces when the cache does not start 16-byte aligned); FP8 rows by
+     loads, each warp every NW-th key row, 32 lanes along it; zeros past the end. With one
+     stage: a barrier (every warp done with the previous tile), the copy, its wait, a
+     barrier. With two: wait for this tile (issued during the previous one), a barrier
+     (every warp done with the previous tile, in the other stage), then issue the next
+     tile's copy into the other stage;
+  2. S = Q K^T: warp w over all 576 dims, 36 steps of two m16n8k16, the scores in its
+     registers (s[8]: rows gr, gr + 8 of m16 tile sm, keys 2 tq, 2 tq + 1 of each n8 tile);
+     mask and score mod applied there; the row maxima of its keys to Mx[kg];
+  3. softmax: every lane reads the 4 key groups' maxima of its 2 MT rows, so each warp
+     computes the same new running max m and rescale alpha; P = 2^(s - m) rounded to 16 bits
+     into Ps (a lane's two keys are one word), the row sums of its keys to Sx[kg];
+  4. O = alpha O + P V: warp w's OD dims of every row, 4 steps of 16 keys; A = P (ldmatrix
+     from Ps, one a m16 tile), B = V (ldmatrix .trans from the tile); the running sum
+     l = alpha l + (the 4 key groups' sums).
+  The running max and sum of a lane's 2 MT rows live in its registers, the same in every warp.
+- Accumulator element k of n8 tile j of m16 tile u (acc[32 u + 4j + k] with MT = 2, acc[4j +
+  k] with MT = 1) is O[16 u + gr + 8 (k // 2), OD w + 8 j + 2 tq + k % 2]; score element k of
+  n8 tile j (s[4j + k]) is S[16 sm + gr + 8 (k // 2), 16 kg + 8 j + 2 tq + k % 2].
 
 Output: the partition's normalised ``part_out[t, h, p, :512]`` and natural-log LSE
 ``part_lse[t, h, p]`` (-inf when it kept no key), merged by the combine kernel; with one
@@ -56,27 +66,40 @@ from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
                      make_tile_walk, mark_empty)
 
-BLOCK_M = 16  # query rows a block: one m16 tile (64 rows: docs/kernels/mma_sync.md)
-BLOCK_N = 64  # keys a tile: 16 a warp in S, four k16 steps of P V
-NW = 4  # warps a block
-NTHREADS = 32 * NW
+BLOCK_M = 16  # query rows a block where 32 do not fit (docs/kernels/mma_sync.md)
+BLOCK_MS = (16, 32)  # the block shapes: 16 rows (4 warps, one tile), 32 (8 warps, two tiles)
+BLOCK_N = 64  # keys a tile: 16 a key group in S, four k16 steps of P V
 WORDS = D_QK // 2  # a row as int32 words of two 16-bit values (288)
 ROWW = WORDS + 4  # words a row of Qs / Ks (1168 bytes)
 ROW_BYTES = 4 * ROWW
 PROWW = BLOCK_N // 2 + 4  # words a row of Ps (144 bytes)
 P_ROW_BYTES = 4 * PROWW
-O_DIMS = D_V // NW  # output dims a warp owns (128: 16 n8 tiles)
-NACC = O_DIMS // 8 * 4  # accumulators a lane (64)
+NACC = 64  # accumulators a lane (16 rows x 128 dims or 32 rows x 64 dims a warp)
 STAGE = WORDS // 32  # words of a key row a lane loads before storing them (9; FP8 rows)
-ROWS_A_PASS = NTHREADS // 8  # key rows a cp.async pass copies (8 lanes a row: 16)
-MIN_BLOCKS = 2  # blocks a multiprocessor the registers are budgeted for (launch bound)
-JIT = JIT_OPTIONS if SIMULATOR else dict(JIT_OPTIONS, launch_bounds=(NTHREADS, MIN_BLOCKS))
+KEY_GROUPS = 4  # warps sharing a m16 tile's S, 16 keys each
+MIN_BLOCKS = 2  # blocks of 16 rows a multiprocessor the registers are budgeted for
 
 
-def layout():
+def geometry(block_m=BLOCK_M):
+    """(MT, NW, threads, stages) of a block of ``block_m`` rows."""
+    assert block_m in BLOCK_MS, block_m
+    mt = block_m // 16
+    return mt, KEY_GROUPS * mt, 32 * KEY_GROUPS * mt, mt
+
+
+def threads(block_m=BLOCK_M):
+    return geometry(block_m)[2]
+
+
+NTHREADS = threads()  # (the 16-row block's)
+
+
+def layout(block_m=BLOCK_M):
     """Word offsets of Qs, Ks, Ps, Mx, Sx in dynamic shared memory, and its size in words
     (every offset a multiple of 4 words: 16-byte aligned for ldmatrix)."""
-    sizes = (BLOCK_M * ROWW, BLOCK_N * ROWW, BLOCK_M * PROWW, NW * BLOCK_M, NW * BLOCK_M)
+    stages = geometry(block_m)[3]
+    sizes = (block_m * ROWW, stages * BLOCK_N * ROWW, block_m * PROWW, KEY_GROUPS * block_m,
+             KEY_GROUPS * block_m)
     offs, at = [], 0
     for n in sizes:
         offs.append(at)
@@ -84,20 +107,30 @@ def layout():
     return tuple(offs), at
 
 
-def smem_bytes():
-    return 4 * layout()[1]
+def smem_bytes(block_m=BLOCK_M):
+    return 4 * layout(block_m)[1]
 
 
-def _make_pv(tag):
-    """``pv(acc, sm, kaddr, a0, a1, a2, a3, tid)``: acc += P . V over one 16-key step for the
-    warp's 16 n8 tiles; ``kaddr`` is this lane's ldmatrix address for the first pair of tiles
-    (each pair is 16 dims = 32 bytes further). Written out: ``mma`` takes its accumulator
-    offset as a compile-time constant, so that the accumulators stay in registers."""
-    lines = ["def pv(acc, sm, kaddr, a0, a1, a2, a3, tid):"]
-    for pair in range(O_DIMS // 16):
-        lines += [f"    m0, m1, m2, m3 = ldsm_t(sm, kaddr + {32 * pair}, tid)",
-                  f"    mma(acc, {8 * pair}, a0, a1, a2, a3, m0, m1, tid)",
-                  f"    mma(acc, {8 * pair + 4}, a0, a1, a2, a3, m2, m3, tid)"]
+def min_blocks(block_m=BLOCK_M):
+    """Blocks a multiprocessor the launch bound budgets registers for."""
+    return MIN_BLOCKS if block_m == 16 else 1
+
+
+def _make_pv(tag, mt, od):
+    """``pv(acc, sm, vaddr, a, tid)`` with ``a`` the 4 MT words of P's A fragments (m16 tile
+    u's at 4u): acc += P . V over one 16-key step for the warp's od / 8 n8 tiles of each m16
+    tile; ``vaddr`` is this lane's ldmatrix address for the first pair of tiles (each pair is
+    16 dims = 32 bytes further). Written out: ``mma`` takes its accumulator offset as a
+    compile-time constant, so that the accumulators stay in registers."""
+    names = ", ".join(f"a{k}" for k in range(4 * mt))
+    lines = [f"def pv(acc, sm, vaddr, {names}, tid):"]
+    for pair in range(od // 16):
+        lines.append(f"    m0, m1, m2, m3 = ldsm_t(sm, vaddr + {32 * pair}, tid)")
+        for u in range(mt):
+            a = ", ".join(f"a{4 * u + k}" for k in range(4))
+            at = u * (od // 8 * 4) + 8 * pair
+            lines += [f"    mma(acc, {at}, {a}, m0, m1, tid)",
+                      f"    mma(acc, {at + 4}, {a}, m2, m3, tid)"]
     scope = {"ldsm_t": ptx.ldmatrix_x4_trans, "mma": ptx.mma_m16n8k16(tag)}
     exec("\n".join(lines), scope)  # (generated here, from the lines above: no outside input)
     return cuda.jit(device=True, **INLINE)(scope["pv"])
@@ -108,18 +141,27 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
                           wide=True, key_count=None):
     """The kernel for one configuration (factory.py): ``tag`` "bf16" or "f16" (q's type, and
     the tiles' in shared memory), ``to16`` fp32 -> that type (P, and FP8 rows), ``store`` fp32
-    -> ``part_out``, ``fp8`` the cache's FP8 layout (docs/fp8.md) or None, ``wide`` whether
-    the cache starts 16-byte aligned (16-byte copies; else 4-byte ones)."""
-    assert block_m == BLOCK_M and STAGE * 32 == WORDS and O_DIMS % 16 == 0
-    (Q_OFF, K_OFF, P_OFF, MX_OFF, SX_OFF), _ = layout()
+    -> ``part_out``, ``block_m`` 16 or 32 query rows a block, ``fp8`` the cache's FP8 layout
+    (docs/fp8.md) or None, ``wide`` whether the cache starts 16-byte aligned (16-byte copies;
+    else 4-byte ones)."""
+    MT, NW, NT, STAGES = geometry(block_m)
+    BM = block_m
+    OD = D_V // NW  # output dims a warp owns
+    LANE_ROWS = 2 * MT  # rows a lane holds: gr + 8 j
+    assert MT * OD // 8 * 4 == NACC and STAGE * 32 == WORDS and OD % 16 == 0
+    (Q_OFF, K_OFF, P_OFF, MX_OFF, SX_OFF), _ = layout(block_m)
+    KS_BYTES = 4 * BLOCK_N * ROWW  # a stage
+    ROWS_A_PASS = NT // 8  # key rows a cp.async pass copies (8 lanes a row)
+    JIT = (JIT_OPTIONS if SIMULATOR else
+           dict(JIT_OPTIONS, launch_bounds=(NT, min_blocks(block_m))))
     H = heads
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
     first_tiles = make_partition_walk(key_tiles, next_tile)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     mma = ptx.mma_m16n8k16(tag)
-    pv = _make_pv(tag)
-    scale_acc = ptx.acc_scale(NACC)
+    pv = _make_pv(tag, MT, OD)
+    scale_acc = ptx.acc_scale(NACC) if MT == 1 else ptx.acc_scale_halves(NACC)
 
     V32 = fp8 == "v32"
     # "e4m3" (one scale for the cache): the codes go into the tiles exactly (e4m3 values are
@@ -157,26 +199,27 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
     cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
 
     @cuda.jit(device=True, **INLINE)
-    def issue_tile(words, base, storage, block_table, b, k0, k1, tid):
-        """Start the copy of keys [k0, k1) of sequence b (16-bit rows) into Ks, zeros past k1
-        (P is 0 there, but 0 * NaN is NaN): thread tid copies pieces tid % 8, + 8, ... of
-        rows tid // 8 + 16 j; one page lookup a row (keys past k1 look up key k1 - 1, a real
-        one, and copy nothing)."""
+    def issue_tile(words, base, ks, storage, block_table, b, k0, k1, tid):
+        """Start the copy of keys [k0, k1) of sequence b (16-bit rows) into the stage at byte
+        ``ks`` of Ks, zeros past k1 (P is 0 there, but 0 * NaN is NaN): thread tid copies
+        pieces tid % 8, + 8, ... of rows tid // 8 + ROWS_A_PASS j; one page lookup a row (keys
+        past k1 look up key k1 - 1, a real one, and copy nothing)."""
         npages, page_size = storage.shape[0], storage.shape[1]
         for j in range(BLOCK_N // ROWS_A_PASS):
             n = tid // 8 + ROWS_A_PASS * j
             page, slot = locate(block_table, page_size, npages, b, min(k0 + n, k1 - 1))
             src = ptx.global_addr(storage, page, slot, 0) + PIECE * (tid % 8)
-            dst = base + 4 * (K_OFF + n * ROWW) + PIECE * (tid % 8)
+            dst = base + 4 * K_OFF + ks + n * ROW_BYTES + PIECE * (tid % 8)
             for u in range(PIECES):
                 cp_async(words, dst + 8 * PIECE * u, src + 8 * PIECE * u, k0 + n < k1)
         ptx.cp_async_commit()
 
     @cuda.jit(device=True, **INLINE)
-    def copy_tile(words, storage, block_table, b, k0, k1, warp, lane):
-        """Keys [k0, k1) of sequence b into Ks as words, zeros past k1 (P is 0 there, but
-        0 * NaN is NaN): warp w copies keys w, w + 4, ..., its lanes along the row (a load
-        reads 128 contiguous bytes; FP8 rows, 64), STAGE loads before their stores."""
+    def copy_tile(words, ks, storage, block_table, b, k0, k1, warp, lane):
+        """Keys [k0, k1) of sequence b into the stage at byte ``ks`` of Ks as words, zeros past
+        k1 (P is 0 there, but 0 * NaN is NaN): warp w copies keys w, w + NW, ..., its lanes
+        along the row (a load reads 128 contiguous bytes; FP8 rows, 64), STAGE loads before
+        their stores."""
         for kk in range(BLOCK_N // NW):
             n = NW * kk + warp
             valid = k0 + n < k1
@@ -186,7 +229,7 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
             for j in range(STAGE):
                 w[j] = row_word(storage, page, slot, lane + 32 * j) if valid else 0
             for j in range(STAGE):
-                words[K_OFF + n * ROWW + lane + 32 * j] = w[j]
+                words[K_OFF + ks // 4 + n * ROWW + lane + 32 * j] = w[j]
 
     @cuda.jit(**JIT)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
@@ -204,78 +247,96 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
         row0 = q_offsets[b]
         nq = q_offsets[b + 1] - row0
         length = lengths[b]
-        r0 = cuda.blockIdx.y * BLOCK_M
-        nrows = min(BLOCK_M, nq * H - r0)
+        r0 = cuda.blockIdx.y * BM
+        nrows = min(BM, nq * H - r0)
         if nrows <= 0:
             return  # the whole block leaves: no barrier is skipped
 
         q_lo, q_hi, kstart, kend, t, t_end = first_tiles(length, nq, r0, nrows, p, nparts,
                                                             chunk)
         if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
-            mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+            mark_empty(part_lse, row0, r0, nrows, p, H, tid, NT)
             return  # uniform in the block, before any barrier
 
         # -- the block's queries into Qs (zeros past nrows) --
-        for c in range(tid, BLOCK_M * WORDS, NTHREADS):
+        for c in range(tid, BM * WORDS, NT):
             i, d = c // WORDS, c % WORDS
             words[Q_OFF + i * ROWW + d] = (q[row0 + (r0 + i) // H, (r0 + i) % H, d]
                                            if i < nrows else 0)
-        acc = cuda.local.array(NACC, float32)  # O: 16 rows x this warp's 128 dims
+        acc = cuda.local.array(NACC, float32)  # O: BM rows x this warp's OD dims
         for k in range(NACC):
             acc[k] = float32(0.0)
-        s = cuda.local.array(8, float32)  # S: this warp's 16 keys, rows gr and gr + 8
-        m_run = cuda.local.array(2, float32)  # running max, sum of rows gr, gr + 8
-        l_run = cuda.local.array(2, float32)
-        for half in range(2):
-            m_run[half] = float32(NEG_INF)
-            l_run[half] = float32(0.0)
+        s = cuda.local.array(8, float32)  # S: this warp's 16 keys, rows gr and gr + 8 of sm
+        m_run = cuda.local.array(LANE_ROWS, float32)  # running max, sum of rows gr + 8 j (j < 2 MT)
+        l_run = cuda.local.array(LANE_ROWS, float32)
+        for j in range(LANE_ROWS):
+            m_run[j] = float32(NEG_INF)
+            l_run[j] = float32(0.0)
 
         gr, tq = lane // 4, lane % 4
+        sm, kg = warp // KEY_GROUPS, warp % KEY_GROUPS  # this warp's m16 tile and keys in S
         sm_scale, kv_scale = float32(scale.real), float32(scale.imag)
         folded = kv_scale if FOLD else float32(1.0)  # the scale the tiles leave out
         fold = float32(sm_scale * LOG2E)
-        # This lane's ldmatrix addresses (bytes). A fragments (Q, P): row l % 8 + 8 (l // 8 % 2),
-        # 16-bit column 8 (l // 16) of the step. B of S (K, not transposed): key l % 8 +
-        # 8 (l // 16) of the warp's 16, column 8 (l // 8 % 2). B of P V (V, .trans): key
-        # l % 8 + 8 (l // 8 % 2) of the step, column 8 (l // 16) of the warp's 128 dims.
+        # This lane's ldmatrix addresses (bytes). A fragments (Q, P): row l % 8 + 8 (l // 8 % 2)
+        # of the m16 tile, 16-bit column 8 (l // 16) of the step. B of S (K, not transposed):
+        # key l % 8 + 8 (l // 16) of the warp's 16, column 8 (l // 8 % 2). B of P V (V,
+        # .trans): key l % 8 + 8 (l // 8 % 2) of the step, column 8 (l // 16) of the warp's
+        # OD dims. K and V in stage 0 (+ ks for the tile's stage).
         a_row, a_col = lane % 8 + 8 * (lane // 8 % 2), 8 * (lane // 16)
-        q_addr = base + 4 * Q_OFF + a_row * ROW_BYTES + 2 * a_col
+        q_addr = base + 4 * Q_OFF + (16 * sm + a_row) * ROW_BYTES + 2 * a_col
         p_addr = base + 4 * P_OFF + a_row * P_ROW_BYTES + 2 * a_col
-        k_addr = (base + 4 * K_OFF + (16 * warp + lane % 8 + 8 * (lane // 16)) * ROW_BYTES
+        k_addr = (base + 4 * K_OFF + (16 * kg + lane % 8 + 8 * (lane // 16)) * ROW_BYTES
                   + 2 * 8 * (lane // 8 % 2))
-        v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + O_DIMS * warp)
+        v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + OD * warp)
+        ks = 0  # this tile's stage (bytes from Ks)
+        if STAGES == 2 and not fp8 and t < t_end:  # the first tile's copy
+            k0 = kstart + t * BLOCK_N
+            issue_tile(words, base, 0, storage, block_table, b, k0, min(k0 + BLOCK_N, kend),
+                       tid)
 
         while t < t_end:
             k0 = kstart + t * BLOCK_N
             k1 = min(k0 + BLOCK_N, kend)
             cls = mask_classify(k0, k1, q_lo, q_hi)
-            cuda.syncthreads()  # every warp is done with the previous tile (Ks, Ps, Mx, Sx)
+            t_next = t + 1  # (one stage: the next tile is found at the end, fewer registers)
+            if STAGES == 2:
+                t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
 
-            # -- phase 1: the key tile into Ks --
+            # -- phase 1: the key tile in its stage --
+            if STAGES == 1:
+                cuda.syncthreads()  # every warp is done with the previous tile (Ks, Ps, Mx, Sx)
             if fp8:
-                copy_tile(words, storage, block_table, b, k0, k1, warp, lane)
+                copy_tile(words, ks, storage, block_table, b, k0, k1, warp, lane)
             else:
-                issue_tile(words, base, storage, block_table, b, k0, k1, tid)
+                if STAGES == 1:
+                    issue_tile(words, base, ks, storage, block_table, b, k0, k1, tid)
                 ptx.cp_async_wait_all()  # this thread's pieces; the barrier: everyone's
-            cuda.syncthreads()  # the whole tile (on the first, Qs too)
+            # The whole tile (on the first, Qs too); with two stages, also: every warp is done
+            # with the previous tile (the other stage, Ps, Mx, Sx)
+            cuda.syncthreads()
+            if STAGES == 2 and not fp8 and t_next < t_end:  # the next tile, in flight from here
+                n0 = kstart + t_next * BLOCK_N
+                issue_tile(words, base, KS_BYTES - ks, storage, block_table, b, n0,
+                           min(n0 + BLOCK_N, kend), tid)
 
             # -- phase 2: this warp's 16 keys of S, in registers; mask, score mod, maxima --
             for k in range(8):
                 s[k] = float32(0.0)
             for step in range(D_QK // 16):
                 a0, a1, a2, a3 = ptx.ldmatrix_x4(words, q_addr + 32 * step, tid)
-                b0, b1, b2, b3 = ptx.ldmatrix_x4(words, k_addr + 32 * step, tid)
-                mma(s, 0, a0, a1, a2, a3, b0, b1, tid)  # keys 16 w + 0..7
-                mma(s, 4, a0, a1, a2, a3, b2, b3, tid)  # keys 16 w + 8..15
+                b0, b1, b2, b3 = ptx.ldmatrix_x4(words, k_addr + ks + 32 * step, tid)
+                mma(s, 0, a0, a1, a2, a3, b0, b1, tid)  # keys 16 kg + 0..7
+                mma(s, 4, a0, a1, a2, a3, b2, b3, tid)  # keys 16 kg + 8..15
             for half in range(2):
-                i = gr + 8 * half  # the block's row
+                i = 16 * sm + gr + 8 * half  # the block's row
                 r = r0 + i
                 qi, h = r // H, r % H
                 q_pos = length - nq + qi
                 row_max = float32(NEG_INF)
                 for k in range(4):  # this row's 4 scores: n8 tile k // 2, key 2 tq + k % 2
                     e = 4 * (k // 2) + 2 * half + k % 2
-                    key = k0 + 16 * warp + 8 * (k // 2) + 2 * tq + k % 2
+                    key = k0 + 16 * kg + 8 * (k // 2) + 2 * tq + k % 2
                     x = float32(NEG_INF)
                     if i < nrows and key < k1:
                         x = log2_score(s[e] * folded, fold, sm_scale, cls, b, h, qi, q_pos,
@@ -285,57 +346,76 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
                 row_max = max(row_max, ptx.shfl_xor(row_max, 1, tid))  # the quad's 4 lanes
                 row_max = max(row_max, ptx.shfl_xor(row_max, 2, tid))
                 if tq == 0:
-                    floats[MX_OFF + warp * BLOCK_M + i] = row_max
+                    floats[MX_OFF + kg * BM + i] = row_max
             cuda.syncthreads()  # every warp's maxima
 
             # -- phase 3: the new running max (the same in every warp), P, the row sums --
-            alpha = cuda.local.array(2, float32)
-            for half in range(2):
-                i = gr + 8 * half
-                m_new = m_run[half]
-                for u in range(NW):
-                    m_new = max(m_new, floats[MX_OFF + u * BLOCK_M + i])
-                m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
-                alpha[half] = math.exp2(m_run[half] - m_ref)
-                m_run[half] = m_new
+            alpha = cuda.local.array(LANE_ROWS, float32)
+            for j in range(LANE_ROWS):  # row gr + 8 j of the block (m16 tile j // 2)
+                m_new = m_run[j]
+                for u in range(KEY_GROUPS):
+                    m_new = max(m_new, floats[MX_OFF + u * BM + gr + 8 * j])
+                alpha[j] = math.exp2(m_run[j] - (m_new if m_new != float32(NEG_INF) else
+                                                 float32(0.0)))
+                m_run[j] = m_new
+            for half in range(2):  # this warp's rows of S: 16 sm + gr + 8 half
+                i = 16 * sm + gr + 8 * half
+                m_ref = m_run[half]
+                if MT == 2 and sm == 1:  # (a select: no branch around the shuffles below)
+                    m_ref = m_run[2 + half]
+                m_ref = m_ref if m_ref != float32(NEG_INF) else float32(0.0)
                 row_sum = float32(0.0)
-                for j in range(2):  # n8 tile j: keys 16 w + 8 j + 2 tq, + 1 -> one word
-                    x0 = math.exp2(s[4 * j + 2 * half] - m_ref)
-                    x1 = math.exp2(s[4 * j + 2 * half + 1] - m_ref)
+                for n8 in range(2):  # keys 16 kg + 8 n8 + 2 tq, + 1 -> one word
+                    x0 = math.exp2(s[4 * n8 + 2 * half] - m_ref)
+                    x1 = math.exp2(s[4 * n8 + 2 * half + 1] - m_ref)
                     row_sum += x0 + x1
-                    words[P_OFF + i * PROWW + 8 * warp + 4 * j + tq] = pack(x0, x1)
+                    words[P_OFF + i * PROWW + 8 * kg + 4 * n8 + tq] = pack(x0, x1)
                 row_sum += ptx.shfl_xor(row_sum, 1, tid)
                 row_sum += ptx.shfl_xor(row_sum, 2, tid)
                 if tq == 0:
-                    floats[SX_OFF + warp * BLOCK_M + i] = row_sum
+                    floats[SX_OFF + kg * BM + i] = row_sum
             cuda.syncthreads()  # P and every warp's sums
 
-            # -- phase 4: O = alpha O + P V on this warp's 128 dims, 4 steps of 16 keys --
-            for half in range(2):
-                i = gr + 8 * half
+            # -- phase 4: O = alpha O + P V on this warp's OD dims, 4 steps of 16 keys --
+            for j in range(LANE_ROWS):
+                i = gr + 8 * j
                 tile_sum = float32(0.0)
-                for u in range(NW):
-                    tile_sum += floats[SX_OFF + u * BLOCK_M + i]
-                l_run[half] = l_run[half] * alpha[half] + tile_sum
-            scale_acc(acc, alpha[0], alpha[1])
-            for step in range(BLOCK_N // 16):
-                a0, a1, a2, a3 = ptx.ldmatrix_x4(words, p_addr + 32 * step, tid)
-                pv(acc, words, v_addr + 16 * ROW_BYTES * step, a0, a1, a2, a3, tid)
-            t = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+                for u in range(KEY_GROUPS):
+                    tile_sum += floats[SX_OFF + u * BM + i]
+                l_run[j] = l_run[j] * alpha[j] + tile_sum
+            if MT == 1:
+                scale_acc(acc, alpha[0], alpha[1])
+                for step in range(BLOCK_N // 16):
+                    a0, a1, a2, a3 = ptx.ldmatrix_x4(words, p_addr + 32 * step, tid)
+                    pv(acc, words, v_addr + ks + 16 * ROW_BYTES * step, a0, a1, a2, a3, tid)
+            else:
+                scale_acc(acc, alpha[0], alpha[1], alpha[2], alpha[3])
+                for step in range(BLOCK_N // 16):
+                    a0, a1, a2, a3 = ptx.ldmatrix_x4(words, p_addr + 32 * step, tid)
+                    c0, c1, c2, c3 = ptx.ldmatrix_x4(words, p_addr + 16 * P_ROW_BYTES
+                                                     + 32 * step, tid)
+                    pv(acc, words, v_addr + ks + 16 * ROW_BYTES * step, a0, a1, a2, a3, c0, c1,
+                       c2, c3, tid)
+            if STAGES == 2:
+                ks = KS_BYTES - ks
+            else:
+                t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+            t = t_next
 
         # -- the partition's normalised output and LSE, from registers --
-        for half in range(2):
-            i = gr + 8 * half
+        for j in range(LANE_ROWS):
+            i = gr + 8 * j
             if i < nrows:
                 t_row, h = row0 + (r0 + i) // H, (r0 + i) % H
-                l = l_run[half]
+                l = l_run[j]
                 inv = float32(0.0) if l == 0.0 else folded / l
-                for j in range(NACC // 4):
-                    d = O_DIMS * warp + 8 * j + 2 * tq
-                    part_out[t_row, h, p, d] = store(acc[4 * j + 2 * half] * inv)
-                    part_out[t_row, h, p, d + 1] = store(acc[4 * j + 2 * half + 1] * inv)
+                at = (j // 2) * (OD // 8 * 4) + 2 * (j % 2)  # n8 tile 0 of its m16 tile
+                for n8 in range(OD // 8):
+                    d = OD * warp + 8 * n8 + 2 * tq
+                    part_out[t_row, h, p, d] = store(acc[at + 4 * n8] * inv)
+                    part_out[t_row, h, p, d + 1] = store(acc[at + 4 * n8 + 1] * inv)
                 if warp == 0 and tq == 0:
                     part_lse[t_row, h, p] = (float32(NEG_INF) if l == 0.0 else
-                                             (m_run[half] + math.log2(l)) * float32(LN2))
+                                             (m_run[j] + math.log2(l)) * float32(LN2))
 
     return partition_kernel

@@ -23,7 +23,7 @@ Modules, by topic (each opens with the list of its primitives):
 
 Every primitive is importable from ``numba_mla.ptx`` itself (``ptx.lds128(...)``).
 """
-from .accumulators import acc_col, acc_row, acc_scale, acc_store, acc_zero
+from .accumulators import acc_col, acc_row, acc_scale, acc_scale_halves, acc_store, acc_zero
 from .arith import divmod_u32, rcp
 from .barriers import (bar_arrive, bar_sync, mbar_expect_tx, mbar_fence_init, mbar_init,
                        mbar_try_wait)
@@ -51,7 +51,7 @@ __all__ = [
     # barriers
     "bar_sync", "bar_arrive", "mbar_init", "mbar_fence_init", "mbar_expect_tx", "mbar_try_wait",
     # accumulators
-    "acc_row", "acc_col", "acc_zero", "acc_scale", "acc_store",
+    "acc_row", "acc_col", "acc_zero", "acc_scale", "acc_scale_halves", "acc_store",
     # wgmma
     "wgmma_desc", "desc_advance", "wgmma", "wgmma_rs", "wgmma_fence", "wgmma_commit",
     "wgmma_wait", "wgmma_wait2", "fence_proxy_async",

@@ -15,7 +15,8 @@ would then live in local memory), hence the written-out forms.
   ``wtid`` (its index in the warpgroup).
 - ``acc_zero(n)`` -> ``zero(acc)``: acc[:n] = 0.
 - ``acc_scale(n)`` -> ``scale(acc, a0, a1)``: rows of the fragment's upper and lower 8 times
-  a0 and a1.
+  a0 and a1; ``acc_scale_halves(n)`` -> ``scale(acc, a0, a1, a2, a3)``: the same with a0, a1
+  for acc[:n/2] and a2, a3 for acc[n/2:] (two m16 tiles of mma.sync accumulators).
 - ``acc_store(n)`` -> ``store(acc, arr, addr, row_bytes)``: element i to ``addr +
   8*((i//2)%2)*row_bytes + 4*(8*(i//4) + i%2)``, i.e. the fragment into a float32 row-major
   shared array whose thread-dependent origin is the shared address ``addr``.
@@ -83,6 +84,29 @@ def acc_scale(n):
             return ctx.get_dummy_value()
 
         return types.void(acc, a0, a1), cg
+
+    return scale
+
+
+def _acc_scale_halves_twin(n):
+    def scale(acc, a0, a1, a2, a3):
+        for i in range(n):
+            acc[i] *= (a0, a1, a2, a3)[2 * (i // (n // 2)) + (i // 2) % 2]
+
+    return scale
+
+
+@with_twin(_acc_scale_halves_twin)
+def acc_scale_halves(n):
+    @intrinsic
+    def scale(typingctx, acc, a0, a1, a2, a3):
+        def cg(ctx, b, sig, args):
+            a = [ctx.cast(b, v, t, types.float32) for v, t in zip(args[1:], sig.args[1:])]
+            for i, p in enumerate(acc_pointers(ctx, b, sig.args[0], args[0], n)):
+                b.store(b.fmul(b.load(p), a[2 * (i // (n // 2)) + (i // 2) % 2]), p)
+            return ctx.get_dummy_value()
+
+        return types.void(acc, a0, a1, a2, a3), cg
 
     return scale
 
