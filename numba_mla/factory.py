@@ -173,22 +173,25 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
 
 
 def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False,
-                              fp8=None, wide=True):
+                              fp8=None, wide=True, staged=False):
     """The stage-1 kernel on warp tensor cores (kernels/mma_sync.py: mma.sync, sm_80 on) for
     this configuration (``tag`` bf16 or f16: q's; ``block_m`` 16 or 32 rows); ``direct`` as for
-    the others; ``fp8`` the cache's FP8 layout ("e4m3", "v32") or None; ``wide`` whether the
-    cache starts 16-byte aligned (16-byte copies; FP8 rows are loaded, so it is moot there)."""
-    wide = bool(wide or fp8)
+    the others; ``fp8`` the cache's FP8 layout ("e4m3", "v32") or None; ``staged`` whether FP8
+    rows are copied as they are into shared memory (heuristics.mma_sync_shape); ``wide``
+    whether the cache starts 16-byte aligned (16-byte copies; moot for FP8 rows that are
+    loaded, not copied)."""
+    staged = bool(staged and fp8)
+    wide = bool(wide or (fp8 and not staged))
 
     def build():
         from .kernels.mma_sync import make_partition_kernel
 
         return make_partition_kernel(tag=tag, to16=converters(tag)[1],
                                      store=_output_store(tag, direct), block_m=block_m,
-                                     heads=heads, fp8=fp8, wide=wide,
+                                     heads=heads, fp8=fp8, wide=wide, staged=staged,
                                      **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(("mma_sync", tag, block_m, heads, direct, fp8, wide)
+    return _cached(("mma_sync", tag, block_m, heads, direct, fp8, wide, staged)
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -41,15 +41,27 @@ def smem_per_block():
         return 48 * 1024
 
 
-def mma_sync_block_m(rows, limit=None):
+def mma_sync_block_m(rows, limit=None, fp8=None):
     """Query rows a block of the warp tensor-core kernel: 32 (8 warps, two key tiles in
-    flight, 188 KB) where a sequence has more than 16 rows and the device gives a block that
-    much shared memory (``limit``, default the current device's: an H100 or H200, not an A100
-    or an Ada GPU); else 16 (4 warps, one tile, 94 KB)."""
+    flight, 188 KB; FP8 rows staged: 151-156 KB) where a sequence has more than 16 rows and the
+    device gives a block that much shared memory (``limit``, default the current device's: an
+    H100 or H200, not an A100 or an Ada GPU); else 16 (4 warps, one tile, 94 KB)."""
+    return mma_sync_shape(rows, fp8, limit)[0]
+
+
+def mma_sync_shape(rows, fp8=None, limit=None):
+    """``(block_m, staged)`` of the warp tensor-core kernel: its rows a block
+    (``mma_sync_block_m``) and, for an FP8 cache, whether its rows are copied as they are by
+    ``cp.async`` and converted in shared memory (the next tile's copy in flight while this one
+    is multiplied; 130-135 KB at 16 rows: an H100/H200 or A100, not an Ada GPU's 99 KB) or
+    loaded and converted by the warps (no copy in flight)."""
     from .kernels import mma_sync
 
     limit = smem_per_block() if limit is None else limit
-    return 32 if rows > 16 and mma_sync.smem_bytes(32) <= limit else 16
+    staged = fp8 is not None
+    if rows > 16 and mma_sync.smem_bytes(32, fp8, staged) <= limit:
+        return 32, staged
+    return 16, staged and mma_sync.smem_bytes(16, fp8, True) <= limit
 
 
 def resident_blocks(smem_bytes, bound, per_sm=None, reserved=None):

@@ -412,6 +412,44 @@ def varlen_markdown(meta, rows):
     return "\n".join(lines) + "\n"
 
 
+def fp8_markdown(meta, rows):
+    """A Markdown table of the fp8 sweep: per shape, each provider's median us with the cache
+    in bf16 and in each FP8 layout, and in brackets FlashMLA's bf16 time over that row's (the
+    speed-up over FlashMLA) where the run has FlashMLA."""
+    sel = [r for r in rows if r.get("sweep") == "fp8"]
+    if not sel:
+        return None
+    cols = []
+    for r in sorted(sel, key=lambda r: (not _who(r).startswith("numba_mla"), _who(r))):
+        col = (_who(r), r.get("kv", "same"))
+        if col not in cols:
+            cols.append(col)
+    shapes = []
+    for r in sel:
+        if _shape(r) not in shapes:
+            shapes.append(_shape(r))
+    cell = {(_who(r), r.get("kv", "same"), _shape(r)): r for r in sel}
+    name = lambda w, kv: f"{w} {'(q dtype)' if kv == 'same' else kv}"  # noqa: E731
+    lines = [f"{_stamp(meta)}; median GPU microseconds and the cache's GB/s (its bytes: 576 a "
+             "token in e4m3, 656 in v32, 1152 in bf16); in brackets, FlashMLA's bf16 time over "
+             "the row's (above 1: faster than FlashMLA)", "",
+             "| B x H x L | " + " | ".join(name(w, kv) for w, kv in cols) + " |",
+             "| --- |" + " --- |" * len(cols)]
+    for shape in shapes:
+        flash = cell.get(("flash_mla", "same", shape))
+        cells = []
+        for w, kv in cols:
+            r = cell.get((w, kv, shape))
+            if r is None:
+                cells.append("-")
+                continue
+            ratio = (f" [{flash['us'] / r['us']:.2f}x]"
+                     if flash is not None and w.startswith("numba_mla") else "")
+            cells.append(f"{r['us']:.1f} ({r['gbps']:.0f} GB/s){ratio}")
+        lines.append(f"| {shape} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 PLOTTERS = {"latency_vs_length": latency_vs_length, "roofline": roofline, "splitk": splitk,
             "latency_vs_spread": latency_vs_spread, "host_overhead": host_overhead}
 
@@ -436,14 +474,14 @@ def main(json_path=None, out_dir="plots", log=print):
             else f"numba-mla plot: wrote {path}")
         return [] if why else [path]
     written = []
-    # The varlen sweep's rows have a figure and a table of their own; the other figures and
-    # the headline table leave them out (plotting a varlen run into plots/ then replaces
-    # nothing else there).
-    base = [r for r in rows if r.get("sweep") != "varlen"]
+    # The varlen and fp8 sweeps' rows have tables (varlen also a figure) of their own; the
+    # other figures and the headline table leave them out (plotting such a run into plots/
+    # then replaces nothing else there).
+    base = [r for r in rows if r.get("sweep") not in ("varlen", "fp8")]
     for name in FIGURES:
         path = os.path.join(out_dir, f"{name}.png")
         if name != "latency_vs_spread" and not base:
-            log(f"numba-mla plot: skipped {name}: the file has only rows of the varlen sweep")
+            log(f"numba-mla plot: skipped {name}: the file has only rows of the varlen or fp8 sweeps")
             continue
         why = PLOTTERS[name](meta, rows if name == "latency_vs_spread" else base, path, plt)
         if why:
@@ -454,7 +492,8 @@ def main(json_path=None, out_dir="plots", log=print):
     for name, table, what in (
             ("headline.md", headline_markdown(meta, base),
              "the README's table of headline figures"),
-            ("varlen.md", varlen_markdown(meta, rows), "the varlen sweep's table")):
+            ("varlen.md", varlen_markdown(meta, rows), "the varlen sweep's table"),
+            ("fp8.md", fp8_markdown(meta, rows), "the fp8 sweep's table")):
         if table:
             path = os.path.join(out_dir, name)
             with open(path, "w") as f:

@@ -216,11 +216,13 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     elif backend == "mma_sync":
         from .kernels import mma_sync
 
-        block_m, block_n = heuristics.mma_sync_block_m(rows), mma_sync.BLOCK_N
+        (block_m, staged), block_n = heuristics.mma_sync_shape(rows, fp8), mma_sync.BLOCK_N
         if config is not None and config.num_queries_per_block is not None:
             block_m = config.num_queries_per_block
             if block_m not in mma_sync.BLOCK_MS:
                 raise refuse("num_queries_per_block", block_m, "mma_sync", mma_sync.BLOCK_MS)
+            staged = staged and (mma_sync.smem_bytes(block_m, fp8, True)
+                                 <= heuristics.smem_per_block())
     else:
         from .kernels import simt
 
@@ -240,7 +242,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     if backend == "mma_sync":
         from .kernels import mma_sync
 
-        slots *= heuristics.resident_blocks(mma_sync.smem_bytes(block_m),
+        slots *= heuristics.resident_blocks(mma_sync.smem_bytes(block_m, fp8, staged),
                                             mma_sync.min_blocks(block_m))
     fixed = call.num_partitions or (config.num_partitions if config is not None else None)
     if fixed:
@@ -271,9 +273,9 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                           q_pairs=False, tma=False, **common)
     if backend == "mma_sync":
         disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
-                                                 fp8, facts.cache_aligned16)
+                                                 fp8, facts.cache_aligned16, staged)
         return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),
-                          mma_sync.smem_bytes(block_m),
+                          mma_sync.smem_bytes(block_m, fp8, staged),
                           q_pairs=True, tma=False, **common)
     # (a ragged cache is one page: its tiles never straddle pages either)
     tma = ((call.cache.kind in ("contiguous", "ragged")

@@ -219,17 +219,17 @@ def main():
               f"direct={direct!s:5} fp8={layout} regs={regs} spills={spills} "
               f"calls={calls}  {'ok' if ok else 'FAIL'}")
     # The warp tensor-core kernel for Ampere and Ada, then reading FP8 rows (sm_89: the e4m3
-    # conversions), both layouts
-    builds = [(cc, mask, mod, tag, cache, block_m, heads, direct, None)
+    # conversions), both layouts, loaded by the warps (Ada) or staged through shared memory
+    builds = [(cc, mask, mod, tag, cache, block_m, heads, direct, None, False)
               for cc in ((8, 0), (8, 9)) for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES
               for direct in (False, True)]
     builds += [((8, 9), nm.CausalMask(), nm.SoftCapScoreMod(2.0), tag, nm.PagedKVCache, rows,
-                heads, direct, layout)
+                heads, direct, layout, staged)
                for layout, tag in (("e4m3", "bf16"), ("v32", "f16")) for direct in (False, True)
-               for rows, heads in ((16, 16), (32, 20))]
-    for cc, mask, mod, tag, cache, block_m, heads, direct, layout in builds:
+               for rows, heads in ((16, 16), (32, 20)) for staged in (False, True)]
+    for cc, mask, mod, tag, cache, block_m, heads, direct, layout, staged in builds:
         kern = factory.mma_sync_partition_kernel(mask, mod, tag, cache, block_m, heads, direct,
-                                                 layout)
+                                                 layout, True, staged)
         ptx, _ = cuda.compile_ptx(kern.py_func, mma_sync_signature(tag, direct, layout), cc=cc,
                                   launch_bounds=kern.targetoptions.get("launch_bounds"))
         sass, log = build_sass(ptx, f"sm_{cc[0]}{cc[1]}")
@@ -241,7 +241,8 @@ def main():
         ok = not spills and calls == 0 and mmas >= 34 and hmma >= mmas
         bad += not ok
         print(f"msync  {mask!r:40.40} {tag} {cache.kind:10} M={block_m:<2} H={heads:<3} "
-              f"direct={direct!s:5} sm_{cc[0]}{cc[1]} fp8={layout} regs={regs} spills={spills} "
+              f"direct={direct!s:5} sm_{cc[0]}{cc[1]} fp8={layout}{'/staged' if staged else ''} "
+              f"regs={regs} spills={spills} "
               f"calls={calls} mma.sync={mmas} HMMA={hmma}  {'ok' if ok else 'FAIL'}")
     return 1 if bad else 0
 

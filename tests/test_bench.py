@@ -199,6 +199,28 @@ def test_varlen_lengths_are_seeded_and_in_range():
 
 @pytest.mark.kernel
 @SIMULATOR_ONLY
+def test_fp8_rows_beside_bf16_rows():
+    """The fp8 sweep's rows on a tiny shape: the cache quantized into each layout (NaN bytes
+    past the length), checked against the reference on its exact values, its bytes counted at
+    576 / 656 a token; peers skip FP8 rows; plot's table puts them side by side."""
+    configs = [bench.Config(1, 2, 20, page_size=8, kv=kv, sweep="fp8")
+               for kv in ("same", "e4m3", "v32")]
+    doc = bench.run(configs, "numba_mla:simt,torch_bmm", progress=False, log=lambda *a: None)
+    rows = doc["rows"]
+    assert [(r["provider"], r["kv"]) for r in rows] == [
+        ("numba_mla", "same"), ("numba_mla", "e4m3"), ("numba_mla", "v32")]
+    for r, row_bytes in zip(rows, (1152, 576, 656)):
+        assert r["row_bytes"] == row_bytes
+        assert r["bytes"] == 20 * row_bytes + 2 * 2 * (576 + 512)
+        assert 0 < r["rel_err"] < 2e-2
+    assert doc["meta"]["errors"] == []
+    table = plot.fp8_markdown(doc["meta"], rows)
+    assert "numba_mla:simt e4m3" in table and "numba_mla:simt v32" in table
+    assert table.count("| 1x2x20 |") == 1
+
+
+@pytest.mark.kernel
+@SIMULATOR_ONLY
 def test_varlen_sweep_cli(tmp_path, capsys):
     """``bench --sweep varlen`` on a tiny shape: one row a spread, the spread and the lengths'
     range in each row, then its figure and table from ``plot`` (and nothing else)."""

@@ -242,15 +242,39 @@ def test_fp8_simple_kernel(layout, cache, mask_id, mod_id, rng):
     check(p, MASKS[mask_id].make(p, rng), SCORE_MODS[mod_id].make(p), 2, "simple")
 
 
+def spy_mma_sync_staged(monkeypatch, smem_per_block=None):
+    """Record the ``staged`` of every mma_sync kernel the selector asks for; with
+    ``smem_per_block``, the device's limit seen as that many bytes."""
+    from numba_mla import factory, heuristics
+
+    seen, real = [], factory.mma_sync_partition_kernel
+
+    def spy(*args, **kwargs):
+        seen.append(bool(args[9] if len(args) > 9 else kwargs.get("staged", False)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(factory, "mma_sync_partition_kernel", spy)
+    if smem_per_block is not None:
+        monkeypatch.setattr(heuristics, "smem_per_block", lambda: smem_per_block)
+    return seen
+
+
 @KERNEL
-@pytest.mark.parametrize("layout,cache,mask_id,mod_id", [
-    ("e4m3", "paged5", "causal", "alibi"), ("v32", "contiguous", "bias_B_H_Sq_S", "softcap")])
-def test_fp8_mma_sync_kernel(layout, cache, mask_id, mod_id, rng):
-    """The warp tensor-core kernel (backend "mma_sync") dequantizes to q's 16-bit type as it
-    copies a tile; split-K in 2 partitions beside an empty sequence."""
+@pytest.mark.parametrize("layout,cache,mask_id,mod_id,smem", [
+    ("e4m3", "paged5", "causal", "alibi", None),
+    ("v32", "contiguous", "bias_B_H_Sq_S", "softcap", None),
+    ("e4m3", "contiguous", "window3", "softcap", 101376),
+    ("v32", "paged16", "causal", "alibi", 101376)])
+def test_fp8_mma_sync_kernel(layout, cache, mask_id, mod_id, smem, rng, monkeypatch):
+    """The warp tensor-core kernel (backend "mma_sync") converts FP8 rows to q's 16-bit type:
+    copied as they are into shared memory and converted there where a block has room (an
+    H100/H200, and the simulator), else (``smem``: an Ada GPU's 99 KB a block) loaded and
+    converted by the warps; split-K in 2 partitions beside an empty sequence."""
+    seen = spy_mma_sync_staged(monkeypatch, smem)
     p = fp8_problem(rng, layout, 2, 1, 3, [0, 13], np.float16 if layout == "e4m3" else BF16,
                     cache)
     check(p, MASKS[mask_id].make(p, rng), SCORE_MODS[mod_id].make(p), 2, "mma_sync")
+    assert seen and set(seen) == {smem is None}
 
 
 @KERNEL

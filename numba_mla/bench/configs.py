@@ -11,6 +11,7 @@ from typing import Optional
 import numpy as np
 
 from ..arrays import BF16
+from ..constants import D_QK
 
 #: DeepSeek V3's softmax scale: mscale^2 / sqrt(192).
 SCALE = 0.1352
@@ -18,6 +19,8 @@ DTYPES = {"bfloat16": BF16, "float16": np.dtype(np.float16), "float32": np.dtype
 #: Largest accepted ``rel_err`` (max |out - ref| / max |ref|) of a numba_mla row, per dtype.
 TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 1e-3}
 MASK_NAMES = ("null", "causal", "window256")
+#: The cache's storage: "same" (q's dtype) or an FP8 layout (docs/fp8.md), quantized from it.
+KV_NAMES = ("same", "e4m3", "v32")
 
 
 def make_mask(name):
@@ -35,7 +38,8 @@ class Config:
     (at least ``sq``), from a generator seeded by the run's seed and the configuration, so
     every provider and every run with that seed sees the same lengths. ``num_partitions``:
     None lets the library choose the split-K factor; an int forces it (providers without a
-    split-K knob are not run then)."""
+    split-K knob are not run then). ``kv``: the cache in q's dtype ("same") or quantized from
+    it into an FP8 layout ("e4m3", "v32"; only numba_mla's kernels read those)."""
 
     batch: int
     heads: int
@@ -47,6 +51,7 @@ class Config:
     spread: float = 0.0
     num_partitions: Optional[int] = None
     sweep: str = "default"
+    kv: str = "same"
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -55,6 +60,10 @@ class Config:
             raise ValueError(f"mask: expected one of {list(MASK_NAMES)}, got {self.mask!r}")
         if not 1 <= self.sq <= self.seqlen:
             raise ValueError(f"sq: expected 1 <= sq <= seqlen = {self.seqlen}, got {self.sq}")
+        if self.kv not in KV_NAMES:
+            raise ValueError(f"kv: expected one of {list(KV_NAMES)}, got {self.kv!r}")
+        if self.kv != "same" and self.dtype == "float32":
+            raise ValueError("kv: an FP8 cache needs q in bfloat16 or float16")
         if not 0.0 <= self.spread < 1.0:
             raise ValueError(f"spread: expected 0 <= spread < 1, got {self.spread}")
 
@@ -79,7 +88,14 @@ class Config:
             s += f" spread={self.spread:g}"
         if self.num_partitions is not None:
             s += f" P={self.num_partitions}"
+        if self.kv != "same":
+            s += f" kv={self.kv}"
         return s
+
+    @property
+    def row_bytes(self):
+        """Bytes of one cache row (token)."""
+        return {"same": D_QK * DTYPES[self.dtype].itemsize, "e4m3": 576, "v32": 656}[self.kv]
 
 
 #: docs/performance.md's shapes (B, H, L).
@@ -116,6 +132,12 @@ def varlen_sweep(shapes=VARLEN_SHAPES, spreads=SPREADS, page_size=64):
             for B, H, L in shapes for s in spreads]
 
 
+def fp8_sweep(shapes=PERF_SHAPES[:4], kvs=KV_NAMES):
+    """The first four shapes with the cache in bf16 and in each FP8 layout: FP8 rows beside
+    the bf16 rows (ours and the peers') of the same shape."""
+    return [Config(B, H, L, kv=kv, sweep="fp8") for B, H, L in shapes for kv in kvs]
+
+
 def tiny_sweep():
     """Simulator-sized: a paged cache with more than one page, two query tokens under a causal
     mask with NaN past the length, spread lengths, and an explicit split-K factor."""
@@ -130,6 +152,7 @@ SWEEPS = {
     "lengths": lengths_sweep,
     "splitk": splitk_sweep,
     "varlen": varlen_sweep,
+    "fp8": fp8_sweep,
     "all": lambda: default_sweep() + lengths_sweep() + splitk_sweep(),
     "tiny": tiny_sweep,
 }

@@ -15,12 +15,13 @@ from ..testing import D_QK, D_V, UNUSED_PAGE, paged_layout  # noqa: F401  (UNUSE
 from .configs import DTYPES, SCALE, make_mask
 
 
-def count(lengths, sq, heads, mask, itemsize=2):
+def count(lengths, sq, heads, mask, itemsize=2, row_bytes=None):
     """(bytes, flops) of one call, counted as docs/performance.md says: the fewest bytes that
     must move (each kept cache row read once, q read, out written) and ``2 * (576 + 512)``
     FLOPs per kept (query row, key) pair, per head. The keys a query keeps are the mask's key
     range cut to the length (exact for the built-in masks). With the null mask and Sq = 1
-    this is ``B*L*576*2 + B*H*576*2 + B*H*512*2`` bytes and ``2*B*H*L*(576+512)`` FLOPs."""
+    this is ``B*L*576*2 + B*H*576*2 + B*H*512*2`` bytes and ``2*B*H*L*(576+512)`` FLOPs.
+    ``row_bytes``: a cache row's bytes (default 576 x ``itemsize``; an FP8 row's 576 or 656)."""
     keys_read = pairs = 0
     for L in np.asarray(lengths).tolist():
         if L <= 0:
@@ -31,7 +32,8 @@ def count(lengths, sq, heads, mask, itemsize=2):
             k0, k1 = mask.key_range(L - sq + i, L - sq + i)
             pairs += max(0, min(k1, L) - max(k0, 0))
     B = len(lengths)
-    nbytes = itemsize * (keys_read * D_QK + B * sq * heads * (D_QK + D_V))
+    row_bytes = itemsize * D_QK if row_bytes is None else row_bytes
+    nbytes = keys_read * row_bytes + itemsize * B * sq * heads * (D_QK + D_V)
     flops = 2 * heads * pairs * (D_QK + D_V)
     return int(nbytes), int(flops)
 
@@ -52,7 +54,9 @@ def draw_lengths(cfg, seed=0):
 class Problem:
     """One configuration's inputs. ``q``, ``pages``, ``block_table``, ``lengths`` live on the
     device as torch tensors when torch is used, else as NumPy arrays (numba_mla copies those
-    in). ``cache`` is the numba_mla PagedKVCache over them."""
+    in). ``cache`` is the numba_mla PagedKVCache over them: over ``pages`` in q's dtype, or
+    over ``codes`` (``pages`` quantized into the configuration's FP8 layout, scale
+    ``kv_scale``)."""
 
     config: Any
     device: Any
@@ -66,6 +70,8 @@ class Problem:
     mask: Any
     scale: float = SCALE
     ref_seqs: int = 2
+    codes: Any = None           # [P, page_size, 576 or 656] FP8 rows (cfg.kv != "same")
+    kv_scale: Any = None
     _reference: Any = field(default=None, repr=False)
 
     @property
@@ -93,7 +99,8 @@ class Problem:
     def counts(self):
         """(bytes, flops) of one call on these lengths (``count``)."""
         cfg = self.config
-        return count(self.lengths_host, cfg.sq, cfg.heads, self.mask, self.dtype.itemsize)
+        return count(self.lengths_host, cfg.sq, cfg.heads, self.mask, self.dtype.itemsize,
+                     cfg.row_bytes)
 
     def token_index(self):
         """[B, Lmax] int64 flat row of each token in ``pages.reshape(-1, 576)``; positions past a
@@ -122,23 +129,32 @@ class Problem:
         return np.where(keep, 0.0, -np.inf).astype(np.float32)[:, :, None, :]
 
     def reference(self):
-        """float64 out [n, Sq, H, 512] of the first ``n_ref`` sequences (computed once)."""
+        """float64 out [n, Sq, H, 512] of the first ``n_ref`` sequences (computed once); of an
+        FP8 cache, on its rows' exact values, as the library defines it."""
         if self._reference is None:
             import numba_mla as nm
 
             n, page = self.n_ref, self.page_size
             qh = np.asarray(to_host(self.q[:n]))
             lengths = self.lengths_host[:n]
-            kv = np.zeros((n, max(1, int(lengths.max())), D_QK), self.dtype)
+            stored = self.pages if self.codes is None else self.codes
+            width = D_QK if self.codes is None else self.config.row_bytes
+            kv = np.zeros((n, max(1, int(lengths.max())), width),
+                          self.dtype if self.codes is None else np.uint8)
             for b in range(n):
                 used = -(-int(lengths[b]) // page)
                 rows = np.asarray(self.block_table_host[b, :used], np.int64)
                 if self.device.torch is not None:
-                    sel = self.pages[self.device.torch.as_tensor(rows, device=self.pages.device)]
+                    sel = stored[self.device.torch.as_tensor(rows, device=stored.device)]
                 else:
-                    sel = self.pages[rows]
-                kv[b, :lengths[b]] = np.asarray(to_host(sel)).reshape(-1, D_QK)[:lengths[b]]
-            cache = nm.ContiguousKVCache(kv, lengths)
+                    sel = stored[rows]
+                sel = np.asarray(to_host(sel))
+                if self.codes is not None:
+                    sel = sel.view(np.uint8)
+                kv[b, :lengths[b]] = sel.reshape(-1, width)[:lengths[b]]
+            fp8 = {} if self.codes is None else dict(kv_scale=self.kv_scale,
+                                                     fp8_layout=self.config.kv)
+            cache = nm.ContiguousKVCache(kv, lengths, **fp8)
             self._reference = nm.reference.mla_decode(qh, cache, self.scale, mask=self.mask)
         return self._reference
 
@@ -147,7 +163,8 @@ def make_problem(cfg, dev, rng, settings, seed=0):
     """Random inputs for ``cfg`` (lengths from ``draw_lengths(cfg, seed)``, data from ``rng``):
     pages in a shuffled order with one spare page, unused block-table entries UNUSED_PAGE;
     with ``settings.nan_unused`` NaN in every slot past a length and in the spare page
-    (numba_mla never reads them; a peer may)."""
+    (numba_mla never reads them; a peer may; FP8 rows: all bytes 0xFF, a NaN code, scale and
+    rope value)."""
     import numba_mla as nm
 
     B, H, sq, page = cfg.batch, cfg.heads, cfg.sq, cfg.page_size
@@ -171,9 +188,23 @@ def make_problem(cfg, dev, rng, settings, seed=0):
         pages = rng.standard_normal((num_pages, page, D_QK), dtype=np.float32).astype(dtype)
         q = rng.standard_normal((B, sq, H, D_QK), dtype=np.float32).astype(dtype)
         block_table, lengths_dev = bt, lengths
+    codes = kv_scale = None
+    if cfg.kv != "same":
+        from .. import fp8
+
+        codes, kv_scale, _ = fp8.quantize(pages, cfg.kv, error=False)
     if settings.nan_unused:
         for p, s in unread:
-            pages[p, s:] = float("nan")
-    cache = nm.PagedKVCache(pages, block_table, lengths_dev)
+            if codes is None:
+                pages[p, s:] = float("nan")
+            elif torch is not None:  # (device codes are uint8 bytes)
+                codes[p, s:] = 0xFF
+            else:
+                codes.view(np.uint8)[p, s:] = 0xFF
+    if codes is None:
+        cache = nm.PagedKVCache(pages, block_table, lengths_dev)
+    else:
+        cache = nm.PagedKVCache(codes, block_table, lengths_dev, kv_scale=kv_scale,
+                                fp8_layout=cfg.kv)
     return Problem(cfg, dev, q, pages, block_table, lengths_dev, lengths, bt, cache,
-                   make_mask(cfg.mask), SCALE, settings.ref_seqs)
+                   make_mask(cfg.mask), SCALE, settings.ref_seqs, codes, kv_scale)

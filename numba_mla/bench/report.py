@@ -43,7 +43,8 @@ def make_row(prov, problem, timing, err, info, dev_name, ceilings, host, warm_us
     lengths = problem.lengths_host
     row = dict(
         provider=prov.name, backend=prov.backend, batch=cfg.batch, heads=cfg.heads,
-        seqlen=cfg.seqlen, sq=cfg.sq, dtype=cfg.dtype, page_size=cfg.page_size, mask=cfg.mask,
+        seqlen=cfg.seqlen, sq=cfg.sq, dtype=cfg.dtype, kv=cfg.kv, row_bytes=cfg.row_bytes,
+        page_size=cfg.page_size, mask=cfg.mask,
         varlen=cfg.varlen, spread=cfg.spread, length_min=int(lengths.min()),
         length_max=int(lengths.max()), mean_seqlen=float(lengths.mean()), sweep=cfg.sweep,
         num_partitions_requested=cfg.num_partitions, num_partitions=None,
@@ -213,6 +214,8 @@ def format_table(rows):
             shape += f" +-{r['spread']:g}L"
         elif r.get("varlen"):
             shape += "~"
+        if r.get("kv", "same") != "same":
+            shape += f" {r['kv']}"
         tol = r.get("tolerance") or TOLERANCE.get(r.get("dtype"), 2e-2)
         err = r.get("rel_err")
         ok = "ok" if err is not None and err <= tol else ("FAIL" if r["provider"] == "numba_mla"

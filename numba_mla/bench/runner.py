@@ -79,6 +79,9 @@ def run(configs, providers=None, settings=None, seed=0, commit=None, progress=Tr
             if unavailable[prov.key]:
                 skip(prov, cfg, unavailable[prov.key])
                 continue
+            if cfg.kv != "same" and prov.name != "numba_mla":
+                skip(prov, cfg, "reads 16-bit caches only (rows with an FP8 cache)")
+                continue
             if cfg.num_partitions is not None and not prov.splits:
                 skip(prov, cfg, "no split-K factor to set (rows with a forced num_partitions)")
                 continue

@@ -94,12 +94,19 @@ def threads(block_m=BLOCK_M):
 NTHREADS = threads()  # (the 16-row block's)
 
 
-def layout(block_m=BLOCK_M):
-    """Word offsets of Qs, Ks, Ps, Mx, Sx in dynamic shared memory, and its size in words
-    (every offset a multiple of 4 words: 16-byte aligned for ldmatrix)."""
-    stages = geometry(block_m)[3]
+def fp8_row_words(fp8):
+    """int32 words of an FP8 row: 576 codes ("e4m3"), or 512 codes, 4 scales, 64 bf16
+    ("v32")."""
+    return {"e4m3": 144, "v32": 164}[fp8]
+
+
+def layout(block_m=BLOCK_M, fp8=None, staged=False):
+    """Word offsets of Qs, Ks, Ps, Mx, Sx and Fs in dynamic shared memory, and its size in
+    words (every offset a multiple of 4 words: 16-byte aligned for ldmatrix and cp.async).
+    ``staged``: FP8 rows copied as they are into Fs, then converted into one Ks stage."""
+    stages = 1 if staged else geometry(block_m)[3]
     sizes = (block_m * ROWW, stages * BLOCK_N * ROWW, block_m * PROWW, KEY_GROUPS * block_m,
-             KEY_GROUPS * block_m)
+             KEY_GROUPS * block_m, BLOCK_N * fp8_row_words(fp8) if staged else 0)
     offs, at = [], 0
     for n in sizes:
         offs.append(at)
@@ -107,8 +114,8 @@ def layout(block_m=BLOCK_M):
     return tuple(offs), at
 
 
-def smem_bytes(block_m=BLOCK_M):
-    return 4 * layout(block_m)[1]
+def smem_bytes(block_m=BLOCK_M, fp8=None, staged=False):
+    return 4 * layout(block_m, fp8, staged)[1]
 
 
 def min_blocks(block_m=BLOCK_M):
@@ -138,18 +145,23 @@ def _make_pv(tag, mt, od):
 
 def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify,
                           mask_key_range, score_mod, fold_scale, block_m, heads, fp8=None,
-                          wide=True, key_count=None):
+                          wide=True, staged=False, key_count=None):
     """The kernel for one configuration (factory.py): ``tag`` "bf16" or "f16" (q's type, and
     the tiles' in shared memory), ``to16`` fp32 -> that type (P, and FP8 rows), ``store`` fp32
     -> ``part_out``, ``block_m`` 16 or 32 query rows a block, ``fp8`` the cache's FP8 layout
     (docs/fp8.md) or None, ``wide`` whether the cache starts 16-byte aligned (16-byte copies;
-    else 4-byte ones)."""
+    else 4-byte ones), ``staged`` (FP8 only) whether FP8 rows are copied as they are by
+    ``cp.async`` and converted in shared memory (else loaded and converted by each warp)."""
+    assert not staged or fp8
     MT, NW, NT, STAGES = geometry(block_m)
     BM = block_m
     OD = D_V // NW  # output dims a warp owns
     LANE_ROWS = 2 * MT  # rows a lane holds: gr + 8 j
     assert MT * OD // 8 * 4 == NACC and STAGE * 32 == WORDS and OD % 16 == 0
-    (Q_OFF, K_OFF, P_OFF, MX_OFF, SX_OFF), _ = layout(block_m)
+    (Q_OFF, K_OFF, P_OFF, MX_OFF, SX_OFF, F_OFF), _ = layout(block_m, fp8, staged)
+    STAGED = staged
+    TWO_K = STAGES == 2 and not STAGED  # two Ks stages, taken in turn
+    EARLY = STAGES == 2 or STAGED  # the next tile found before this one's products
     KS_BYTES = 4 * BLOCK_N * ROWW  # a stage
     ROWS_A_PASS = NT // 8  # key rows a cp.async pass copies (8 lanes a row)
     JIT = (JIT_OPTIONS if SIMULATOR else
@@ -194,25 +206,60 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
         return pack(x0 * sc, x1 * sc)
 
     PIECE = 16 if wide else 4  # bytes a cp.async
-    PIECES = 4 * WORDS // PIECE // 8  # a thread's pieces of a row (9 or 36)
-    assert PIECES * PIECE * 8 == 4 * WORDS and BLOCK_N % ROWS_A_PASS == 0
+    assert BLOCK_N % ROWS_A_PASS == 0
     cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
 
+    def make_issue(region, row_bytes, src_bytes):
+        """``issue(words, base, ks, storage, block_table, b, k0, k1, tid)``: start the copy of
+        keys [k0, k1) of sequence b (``src_bytes`` of each row, as they are) into rows of
+        ``row_bytes`` from byte ``ks`` of the region at word ``region``, zeros past k1 (P is
+        0 there, but 0 * NaN is NaN): thread tid copies pieces tid % 8, + 8, ... of rows
+        tid // 8 + ROWS_A_PASS j; one page lookup a row (keys past k1 look up key k1 - 1, a
+        real one, and copy nothing)."""
+        pieces = src_bytes // PIECE  # a row's
+        assert pieces * PIECE == src_bytes
+        passes = -(-pieces // 8)  # a thread's pieces of a row, the last maybe not all threads'
+
+        @cuda.jit(device=True, **INLINE)
+        def issue(words, base, ks, storage, block_table, b, k0, k1, tid):
+            npages, page_size = storage.shape[0], storage.shape[1]
+            for j in range(BLOCK_N // ROWS_A_PASS):
+                n = tid // 8 + ROWS_A_PASS * j
+                page, slot = locate(block_table, page_size, npages, b, min(k0 + n, k1 - 1))
+                src = ptx.global_addr(storage, page, slot, 0) + PIECE * (tid % 8)
+                dst = base + 4 * region + ks + n * row_bytes + PIECE * (tid % 8)
+                for u in range(passes):
+                    if pieces % 8 == 0 or 8 * u + tid % 8 < pieces:
+                        cp_async(words, dst + 8 * PIECE * u, src + 8 * PIECE * u, k0 + n < k1)
+            ptx.cp_async_commit()
+
+        return issue
+
+    # 16-bit rows into a Ks stage; FP8 rows as they are into Fs
+    issue_tile = make_issue(K_OFF, ROW_BYTES, 4 * WORDS)
+    FW = fp8_row_words(fp8) if fp8 else 0  # words of an FP8 row
+    issue_raw = make_issue(F_OFF, 4 * FW, 4 * FW) if STAGED else None
+    # Units of an FP8 row the conversion takes: a word of 4 codes (-> 2 words of Ks), or in
+    # "v32" past the 128 code words, a word of 2 bf16 rope values (-> 1 word)
+    UNITS = 160 if V32 else 144
+
     @cuda.jit(device=True, **INLINE)
-    def issue_tile(words, base, ks, storage, block_table, b, k0, k1, tid):
-        """Start the copy of keys [k0, k1) of sequence b (16-bit rows) into the stage at byte
-        ``ks`` of Ks, zeros past k1 (P is 0 there, but 0 * NaN is NaN): thread tid copies
-        pieces tid % 8, + 8, ... of rows tid // 8 + ROWS_A_PASS j; one page lookup a row (keys
-        past k1 look up key k1 - 1, a real one, and copy nothing)."""
-        npages, page_size = storage.shape[0], storage.shape[1]
-        for j in range(BLOCK_N // ROWS_A_PASS):
-            n = tid // 8 + ROWS_A_PASS * j
-            page, slot = locate(block_table, page_size, npages, b, min(k0 + n, k1 - 1))
-            src = ptx.global_addr(storage, page, slot, 0) + PIECE * (tid % 8)
-            dst = base + 4 * K_OFF + ks + n * ROW_BYTES + PIECE * (tid % 8)
-            for u in range(PIECES):
-                cp_async(words, dst + 8 * PIECE * u, src + 8 * PIECE * u, k0 + n < k1)
-        ptx.cp_async_commit()
+    def convert_tile(words, tid):
+        """Fs's FP8 rows into Ks's stage 0 as 16-bit words (row_word's values), all threads
+        over the tile's units in turn."""
+        for at in range(tid, BLOCK_N * UNITS, NT):
+            n, r = at // UNITS, at % UNITS
+            src, dst = F_OFF + n * FW, K_OFF + n * ROWW
+            if V32 and r >= D_V // 4:  # a rope word (bf16 pair) after the 4 scales
+                x0, x1 = ptx.bf16x2_to_f32(words[src + r + 4])
+                words[dst + r + D_V // 4] = pack(x0, x1)
+            else:
+                sc = float32(1.0)
+                if V32:
+                    sc = ptx.i32_as_f32(words[src + D_V // 4 + r // 32])
+                x0, x1, x2, x3 = ptx.e4m3x4_to_f32(words[src + r])
+                words[dst + 2 * r] = pack(x0 * sc, x1 * sc)
+                words[dst + 2 * r + 1] = pack(x2 * sc, x3 * sc)
 
     @cuda.jit(device=True, **INLINE)
     def copy_tile(words, ks, storage, block_table, b, k0, k1, warp, lane):
@@ -290,35 +337,47 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
                   + 2 * 8 * (lane // 8 % 2))
         v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + OD * warp)
         ks = 0  # this tile's stage (bytes from Ks)
-        if STAGES == 2 and not fp8 and t < t_end:  # the first tile's copy
+        if (TWO_K and not fp8 or STAGED) and t < t_end:  # the first tile's copy
             k0 = kstart + t * BLOCK_N
-            issue_tile(words, base, 0, storage, block_table, b, k0, min(k0 + BLOCK_N, kend),
-                       tid)
+            if STAGED:
+                issue_raw(words, base, 0, storage, block_table, b, k0,
+                          min(k0 + BLOCK_N, kend), tid)
+            else:
+                issue_tile(words, base, 0, storage, block_table, b, k0,
+                           min(k0 + BLOCK_N, kend), tid)
 
         while t < t_end:
             k0 = kstart + t * BLOCK_N
             k1 = min(k0 + BLOCK_N, kend)
             cls = mask_classify(k0, k1, q_lo, q_hi)
             t_next = t + 1  # (one stage: the next tile is found at the end, fewer registers)
-            if STAGES == 2:
+            if EARLY:
                 t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
 
             # -- phase 1: the key tile in its stage --
-            if STAGES == 1:
+            if STAGES == 1 and not STAGED:
                 cuda.syncthreads()  # every warp is done with the previous tile (Ks, Ps, Mx, Sx)
-            if fp8:
+            if STAGED:
+                ptx.cp_async_wait_all()  # this thread's pieces of the FP8 rows
+                cuda.syncthreads()  # everyone's; every warp is done with the previous tile
+                convert_tile(words, tid)
+            elif fp8:
                 copy_tile(words, ks, storage, block_table, b, k0, k1, warp, lane)
             else:
                 if STAGES == 1:
                     issue_tile(words, base, ks, storage, block_table, b, k0, k1, tid)
                 ptx.cp_async_wait_all()  # this thread's pieces; the barrier: everyone's
             # The whole tile (on the first, Qs too); with two stages, also: every warp is done
-            # with the previous tile (the other stage, Ps, Mx, Sx)
+            # with the previous tile (the other stage, Ps, Mx, Sx); staged, Fs is free again
             cuda.syncthreads()
-            if STAGES == 2 and not fp8 and t_next < t_end:  # the next tile, in flight from here
+            if (TWO_K and not fp8 or STAGED) and t_next < t_end:  # the next tile's copy
                 n0 = kstart + t_next * BLOCK_N
-                issue_tile(words, base, KS_BYTES - ks, storage, block_table, b, n0,
-                           min(n0 + BLOCK_N, kend), tid)
+                if STAGED:
+                    issue_raw(words, base, 0, storage, block_table, b, n0,
+                              min(n0 + BLOCK_N, kend), tid)
+                else:
+                    issue_tile(words, base, KS_BYTES - ks, storage, block_table, b, n0,
+                               min(n0 + BLOCK_N, kend), tid)
 
             # -- phase 2: this warp's 16 keys of S, in registers; mask, score mod, maxima --
             for k in range(8):
@@ -396,9 +455,9 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
                                                      + 32 * step, tid)
                     pv(acc, words, v_addr + ks + 16 * ROW_BYTES * step, a0, a1, a2, a3, c0, c1,
                        c2, c3, tid)
-            if STAGES == 2:
+            if TWO_K:
                 ks = KS_BYTES - ks
-            else:
+            if not EARLY:
                 t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
             t = t_next
 
