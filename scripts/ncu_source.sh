@@ -1,6 +1,6 @@
 #!/bin/bash
 # Per-instruction (SASS) stall samples of the partition kernel for one shape, with Nsight Compute.
-# Usage: scripts/ncu_source.sh OUTDIR B H L [dtype] [backend]
+# Usage: scripts/ncu_source.sh OUTDIR B H L [dtype] [backend] [kv]
 # Writes OUTDIR/ncu_B_H_L.csv (source page: one row per SASS instruction with its samples)
 # and OUTDIR/ncu_B_H_L.txt (the summary sections).
 set -e

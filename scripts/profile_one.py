@@ -4,7 +4,8 @@ profiles the second partition-kernel launch).
 The inputs are the benchmark's (``numba_mla.bench.make_problem``: bf16 by default, page size
 64, a shuffled block table, every sequence of length L).
 
-Usage: python scripts/profile_one.py B H L [dtype: bf16|fp16|fp32] [backend: auto|simt|mma]
+Usage: python scripts/profile_one.py B H L [dtype: bf16|fp16|fp32] [backend: auto|simt|mma|...]
+                                     [kv: same|e4m3|v32 (the cache quantized into FP8)]
 """
 import os
 import sys
@@ -23,8 +24,9 @@ def main(argv):
     B, H, L = (int(a) for a in argv[:3])
     dtype = DTYPES[argv[3] if len(argv) > 3 else "bf16"]
     backend = argv[4] if len(argv) > 4 else "auto"
+    kv = argv[5] if len(argv) > 5 else "same"
     dev = bench.Device()
-    cfg = bench.Config(B, H, L, dtype=dtype, sweep="profile")
+    cfg = bench.Config(B, H, L, dtype=dtype, kv=kv, sweep="profile")
     p = bench.make_problem(cfg, dev, np.random.default_rng(0), bench.Settings.gpu())
     for _ in range(3):
         nm.mla_decode(p.q, p.cache, p.scale, backend=backend)

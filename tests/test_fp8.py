@@ -286,15 +286,17 @@ def test_fp8_mma_sync_32_rows(rng):
 
 
 @KERNEL
-def test_fp8_nan_code_in_a_kept_key(rng):
+@pytest.mark.parametrize("backend", ["simt", "mma_sync"])
+def test_fp8_nan_code_in_a_kept_key(backend, rng):
     """A NaN code in a kept key's V makes its rows' outputs NaN, as a NaN in a 16-bit cache
-    does; the reference and the kernel agree on where."""
+    does; the reference and the kernel agree on where (the warp tensor-core kernel's words
+    with a NaN code take the float32 conversion)."""
     p = fp8_problem(rng, "e4m3", 1, 1, 2, [9], BF16, "contiguous")
     codes = np.array(p.cache.storage)
     codes.view(np.uint8)[0, 4, 100] = 0x7F
     c = nm.ContiguousKVCache(codes, p.lengths, kv_scale=p.cache.kv_scale)
     p = dataclasses.replace(p, cache=c)
-    check(p, nm.NullMask(), nm.IdentityScoreMod(), 1)
+    check(p, nm.NullMask(), nm.IdentityScoreMod(), 1, backend)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,6 +331,56 @@ def test_e4m3_primitives_match_their_twins(rng):
     assert np.array_equal(out.copy_to_host(), want, equal_nan=True)
     want_p = np.array([conversions._pack_e4m3x4_twin(*f) for f in floats], np.int32)
     assert np.array_equal(packed.copy_to_host(), want_p)
+
+
+def _code_words():
+    """Every e4m3 code in every byte of a word (256 words)."""
+    codes = np.arange(256, dtype=np.uint8)
+    words = np.stack([codes, np.roll(codes, 1), np.roll(codes, 2), np.roll(codes, 3)], 1)
+    return np.ascontiguousarray(words).view(np.int32).ravel()
+
+
+@pytest.mark.parametrize("tag,dtype", [("bf16", BF16), ("f16", np.float16)])
+def test_e4m3_bit_move_twin_is_the_exact_value(tag, dtype):
+    """The twin of the bit-moving conversion gives each code's exact value as a 16-bit
+    pair; a NaN code gives NaN (the kernel sends such words the other way)."""
+    from numba_mla.ptx import conversions
+
+    twin = conversions._e4m3x4_to_16x4_twin(dtype)
+    for w in _code_words():
+        got = np.array(twin(w), np.int32).view(dtype).astype(np.float64)
+        want = np.array([w], np.int32).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+        assert np.array_equal(got, want, equal_nan=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tag,dtype", [("bf16", BF16), ("f16", np.float16)])
+def test_e4m3_bit_move_matches_its_twin(tag, dtype):
+    """The bit-moving conversion on the GPU gives every code's exact value (subnormal codes,
+    zeros and both signs included: the packed multiply keeps subnormals) for every word
+    without a NaN code."""
+    from numba import cuda
+
+    from numba_mla import ptx
+    from numba_mla.ptx import conversions
+
+    convert16 = ptx.e4m3x4_to_bf16x4 if tag == "bf16" else ptx.e4m3x4_to_f16x4
+
+    @cuda.jit
+    def convert(words, out):
+        i = cuda.grid(1)
+        if i < words.shape[0]:
+            out[i, 0], out[i, 1] = convert16(words[i])
+
+    words = _code_words()
+    out = cuda.device_array((256, 2), np.int32)
+    convert[2, 128](cuda.to_device(words), out)
+    got = out.copy_to_host()
+    twin = conversions._e4m3x4_to_16x4_twin(dtype)
+    has_nan = (words.view(np.uint8).reshape(-1, 4) & 0x7F == 0x7F).any(1)
+    assert has_nan.sum() == 8  # (two NaN codes, in each of the 4 bytes)
+    for k in np.flatnonzero(~has_nan):
+        assert tuple(got[k]) == twin(words[k]), (hex(words[k]), got[k])
 
 
 @pytest.mark.gpu

@@ -186,6 +186,19 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
     def pack(x0, x1):
         return (int32(to16(x0)) & 0xFFFF) | (int32(to16(x1)) << 16)
 
+    e4m3x4_to_16 = ptx.e4m3x4_to_bf16x4 if tag == "bf16" else ptx.e4m3x4_to_f16x4
+
+    @cuda.jit(device=True, **INLINE)
+    def code_pairs(w, sc):
+        """The 4 codes of word w as two words of 16-bit pairs of the tiles' type (codes 0, 1
+        first), times ``sc`` in "v32": in "e4m3" by moving bits (exact) unless a code is NaN
+        (a cache's rare case), else through float32."""
+        mag = ~w & 0x7F7F7F7F  # a zero byte where a code is NaN (magnitude 0x7F): none?
+        if FOLD and (mag - 0x01010101) & ~mag & int32(-0x7F7F7F80) == 0:  # (0x80808080)
+            return e4m3x4_to_16(w)
+        x0, x1, x2, x3 = ptx.e4m3x4_to_f32(w)
+        return int32(pack(x0 * sc, x1 * sc)), int32(pack(x2 * sc, x3 * sc))
+
     @cuda.jit(device=True, **INLINE)
     def row_word(storage, page, slot, c):
         """Word c (dims 2c, 2c + 1) of a key row as two 16-bit values of the tiles' type: the
@@ -200,10 +213,8 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
         sc = float32(1.0)
         if V32:
             sc = ptx.i32_as_f32(storage[page, slot, D_V // 4 + c // 64])
-        x0, x1, x2, x3 = ptx.e4m3x4_to_f32(storage[page, slot, c // 2])
-        if c % 2:
-            return pack(x2 * sc, x3 * sc)
-        return pack(x0 * sc, x1 * sc)
+        lo, hi = code_pairs(storage[page, slot, c // 2], sc)
+        return hi if c % 2 else lo
 
     PIECE = 16 if wide else 4  # bytes a cp.async
     assert BLOCK_N % ROWS_A_PASS == 0
@@ -257,9 +268,9 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
                 sc = float32(1.0)
                 if V32:
                     sc = ptx.i32_as_f32(words[src + D_V // 4 + r // 32])
-                x0, x1, x2, x3 = ptx.e4m3x4_to_f32(words[src + r])
-                words[dst + 2 * r] = pack(x0 * sc, x1 * sc)
-                words[dst + 2 * r + 1] = pack(x2 * sc, x3 * sc)
+                lo, hi = code_pairs(words[src + r], sc)
+                words[dst + 2 * r] = lo
+                words[dst + 2 * r + 1] = hi
 
     @cuda.jit(device=True, **INLINE)
     def copy_tile(words, ks, storage, block_table, b, k0, k1, warp, lane):

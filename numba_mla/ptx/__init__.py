@@ -28,8 +28,8 @@ from .arith import divmod_u32, rcp
 from .barriers import (bar_arrive, bar_sync, mbar_expect_tx, mbar_fence_init, mbar_init,
                        mbar_try_wait)
 from .conversions import (bf16_to_f32, bf16x2_to_f32, f16_to_f32, f16x2_to_f32, f32_to_bf16,
-                          f32_to_f16, pack_bf16x2, pack_e4m3x4, pack_f16x2, e4m3x4_to_f32,
-                          i32_as_f32)
+                          f32_to_f16, pack_bf16x2, pack_e4m3x4, pack_f16x2, e4m3x4_to_bf16x4,
+                          e4m3x4_to_f16x4, e4m3x4_to_f32, i32_as_f32)
 from .mma_sync import ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16
 from .shared import (cp_async4_at, cp_async16_at, cp_async_commit, cp_async_wait_all,
                      global_addr, lds32, lds64, lds128, smem_addr, sts32, sts128)
@@ -41,7 +41,8 @@ from .wgmma import (desc_advance, fence_proxy_async, wgmma, wgmma_commit, wgmma_
 __all__ = [
     # conversions
     "bf16_to_f32", "f16_to_f32", "f32_to_bf16", "f32_to_f16", "bf16x2_to_f32", "f16x2_to_f32",
-    "pack_bf16x2", "pack_f16x2", "e4m3x4_to_f32", "pack_e4m3x4",
+    "pack_bf16x2", "pack_f16x2", "e4m3x4_to_f32", "pack_e4m3x4", "e4m3x4_to_bf16x4",
+    "e4m3x4_to_f16x4",
     "i32_as_f32",
     # shared memory and asynchronous copies
     "smem_addr", "lds32", "sts32", "lds64", "lds128", "sts128",

@@ -14,6 +14,14 @@ pairs, "x2") of the same memory: every array library can make one (torch has no 
   floats, exactly (a NaN code gives NaN). ``pack_e4m3x4(x0, x1, x2, x3)``: four floats -> one
   word of codes, round to nearest even, saturating at +-448 (NaN stays NaN). PTX
   ``cvt.rn.f16x2.e4m3x2`` / ``cvt.rn.satfinite.e4m3x2.f32``: sm_89 and later.
+- ``e4m3x4_to_bf16x4(w)``, ``e4m3x4_to_f16x4(w)``: the four codes of ``w`` as two words of
+  16-bit pairs (codes 0, 1 in the first), exactly, for words without a NaN code: integer
+  moves, no conversion instruction. A code's sign, 4
+  exponent and 3 mantissa bits move into the 16-bit pattern's sign and the low bits of its
+  exponent and its top mantissa bits: the pattern is the code's value times 2^-120 (bf16) or
+  2^-8 (f16), e4m3's subnormals becoming the 16-bit type's, and one packed multiply by 2^120
+  or 2^8 (exact) gives the value. sm_80 and later (``fma.rn.bf16x2``). A NaN code would come
+  out a finite value: words with one take ``e4m3x4_to_f32``.
 """
 import ml_dtypes
 import numpy as np
@@ -194,3 +202,47 @@ def pack_e4m3x4(typingctx, x0, x1, x2, x3):
         return b.call(asm, xs)
 
     return types.int32(x0, x1, x2, x3), cg
+
+
+def _e4m3x4_to_16x4_twin(dtype):
+    def convert(w):
+        x = np.array([w], np.int32).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        pairs = x.astype(dtype).view(np.int32)
+        return int(pairs[0]), int(pairs[1])
+
+    return convert
+
+
+def _e4m3x4_to_16x4(shift, factor):
+    # y = codes 2k and 2k + 1 in the low bytes of the two halves (prmt: 0x4140 / 0x4342 pick
+    # bytes 0, 1 / 2, 3 of w and zeros); magnitude << shift, sign << 8; times the factor (and
+    # plus -0, which leaves every product as it is).
+    return ("{.reg .b32 y, m, s, r, z, f, nz;"
+            f" mov.b32 z, 0; mov.b32 f, {factor}; mov.b32 nz, 0x80008000;"
+            + "".join(f" prmt.b32 y, $2, z, {sel}; and.b32 m, y, 0x007F007F;"
+                      f" shl.b32 m, m, {shift}; and.b32 s, y, 0x00800080; shl.b32 s, s, 8;"
+                      f" or.b32 r, m, s; fma.rn.{{t}}x2 ${k}, r, f, nz;"
+                      for k, sel in ((0, "0x4140"), (1, "0x4342")))
+            + "}")
+
+
+def _make_e4m3x4_to_16x4(tag, dtype, shift, factor):
+    text = _e4m3x4_to_16x4(shift, factor).replace("{t}", tag)
+
+    @intrinsic_with_twin(_e4m3x4_to_16x4_twin(dtype))
+    def convert(typingctx, w):
+        def cg(ctx, b, sig, args):
+            v = ctx.cast(b, args[0], sig.args[0], types.int32)
+            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 2), [i32]), text,
+                               "=r,=r,r")
+            r = b.call(asm, [v])
+            return ctx.make_tuple(b, sig.return_type, [b.extract_value(r, k) for k in range(2)])
+
+        return types.UniTuple(types.int32, 2)(w), cg
+
+    return convert
+
+
+# 2^120 in bfloat16 (exponent 247), 2^8 in float16 (exponent 23)
+e4m3x4_to_bf16x4 = _make_e4m3x4_to_16x4("bf16", ml_dtypes.bfloat16, 4, "0x7B807B80")
+e4m3x4_to_f16x4 = _make_e4m3x4_to_16x4("f16", np.float16, 7, "0x5C005C00")
