@@ -73,6 +73,8 @@ def _add_bench(sub):
                "  splitk   B=1 H=128 L=65536: the library's split-K choice, then P = 1 .. 64\n"
                "  varlen   the default shapes with lengths uniform in [L(1-s), L(1+s)],\n"
                "           s = 0, 0.25, 0.5 (seeded; s and the lengths' range in each row)\n"
+               "  fp8      64x16x4096 128x16x8192 64x128x4096 128x128x1024 with the cache\n"
+               "           in bf16, then quantized: e4m3 (576 bytes a token), v32 (656)\n"
                "  all      default + lengths + splitk\n"
                "  tiny     simulator-sized shapes (the default without a GPU, where the\n"
                "           other sweeps run only with --shapes)\n\n"
@@ -90,7 +92,8 @@ def _add_bench(sub):
                         "backend), numba_mla:simt, numba_mla:mma, torch_bmm, torch_gather, "
                         "flash_mla, flashinfer, vllm_triton")
     b.add_argument("--shapes", default=None, metavar="BxHxL,...",
-                   help="replace the sweep's shapes (default and varlen sweeps), e.g. 2x1x12")
+                   help="replace the sweep's shapes (default, varlen, fp8 and tiny sweeps), "
+                        "e.g. 2x1x12")
     b.add_argument("--page-size", type=int, default=None,
                    help="page size of every configuration (default 64; tiny: its own)")
     b.add_argument("--iters", type=int, default=None,
@@ -148,10 +151,12 @@ def _configs(args, simulator):
         shapes = _parse_shapes(args.shapes)
         if sweep == "varlen":
             configs = bench.varlen_sweep(shapes)
+        elif sweep == "fp8":
+            configs = bench.fp8_sweep(shapes)
         elif sweep in ("default", "tiny"):
             configs = [bench.Config(B, H, L, sweep=sweep) for B, H, L in shapes]
         else:
-            raise ValueError(f"--shapes: applies to the default, varlen and tiny sweeps, "
+            raise ValueError(f"--shapes: applies to the default, varlen, fp8 and tiny sweeps, "
                              f"not {sweep!r}")
     else:
         if simulator and sweep != "tiny":

@@ -18,7 +18,7 @@ docs/performance.md.
 from .configs import (  # noqa: F401
     DTYPES, LENGTHS, MASK_NAMES, PERF_SHAPES, SCALE, SPLITS, SPREADS, SWEEPS, TOLERANCE,
     VARLEN_SHAPES, Config, Settings, default_sweep, lengths_sweep, make_mask, splitk_sweep,
-    tiny_sweep, varlen_sweep)
+    fp8_sweep, tiny_sweep, varlen_sweep)
 from .problems import (  # noqa: F401
     D_QK, D_V, UNUSED_PAGE, Problem, count, draw_lengths, make_problem)
 from .providers import (  # noqa: F401
