@@ -35,23 +35,39 @@ BACKENDS = ("simt", "mma", "mma_sync", "simple")
 CASES = [(backend, *c[:4],
           "bf16" if backend in ("mma", "mma_sync") and c[4] == "fp32" else c[4], *c[5:])
          for backend in BACKENDS for c in _SHAPES]
+#: FP8 caches (the last field: the layout) in the kernels that read them: both layouts, the
+#: warp tensor-core kernel's 16- and 32-row blocks, a split, a partial last tile.
+_FP8_SHAPES = [
+    (2, 16, 97, 1, "bf16", "paged", 64, "causal", None, False, "e4m3"),
+    (2, 20, 130, 1, "fp16", "contiguous", 0, "window", 2, False, "v32"),
+    (1, 16, 300, 2, "bf16", "paged", 16, "null", 3, False, "e4m3"),
+]
+CASES += [(backend, *c) for backend in ("simt", "mma_sync", "simple") for c in _FP8_SHAPES]
 
 
 def run_cases(only=None):
+    import dataclasses
+
     import numpy as np
 
     import numba_mla as nm
-    from numba_mla import testing, validate
+    from numba_mla import fp8, testing, validate
 
     rng = np.random.default_rng(0)
     bad = 0
-    for backend, B, H, L, Sq, dt, cache, page, mask, P, ragged in CASES:
+    for backend, B, H, L, Sq, dt, cache, page, mask, P, ragged, *kv in CASES:
         if only and backend != only:
             continue
         lengths = testing.random_lengths(rng, B, Sq, L)
         lengths[-1] = L
         p = testing.make_problem(rng, B, Sq, H, lengths, testing.DTYPES[dt], cache, page or 16,
                                  ragged=ragged)
+        if kv:  # the cache quantized: the reference reads its codes' exact values
+            codes, kv_scale = fp8.quantize_host(p.cache.storage, kv[0])
+            kw = dict(kv_scale=kv_scale, fp8_layout=kv[0])
+            c = (nm.ContiguousKVCache(codes, p.lengths, **kw) if cache == "contiguous" else
+                 nm.PagedKVCache(codes, p.cache.block_table_host, p.lengths, **kw))
+            p = dataclasses.replace(p, cache=c)
         m = validate.MASKS[mask](p, rng)
         out = np.full(p.out_shape, np.nan, p.dtype)
         res = p.run(nm, mask=m, return_lse=True, num_partitions=P, out=out, backend=backend)
@@ -59,7 +75,8 @@ def run_cases(only=None):
         err = float(np.nanmax(np.abs(res[0].astype(np.float64) - ref[0])))
         ok = np.array_equal(np.isfinite(res[0]), np.isfinite(ref[0])) and err < 0.05
         bad += not ok
-        print(f"case {backend} B={B} H={H} L={L} Sq={Sq} {dt} {cache}/{page} {mask} P={P}: "
+        print(f"case {backend} B={B} H={H} L={L} Sq={Sq} {dt}{'/' + kv[0] if kv else ''} "
+              f"{cache}/{page} {mask} P={P}: "
               f"max err {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
     return bad
 
@@ -98,7 +115,8 @@ def main():
     lines += [f"{t:<10} {str(e):>7} {w:>6} {rc:>3} {s:8.0f}" for t, e, w, rc, s in rows]
     cases = [c for c in CASES if args.backend in (None, c[0])]
     lines.append(f"{len(cases)} cases per tool: " + "; ".join(
-        f"{c[0]} B={c[1]} H={c[2]} L={c[3]} Sq={c[4]} {c[5]} {c[6]}/{c[7]} {c[8]} P={c[9]}"
+        f"{c[0]} B={c[1]} H={c[2]} L={c[3]} Sq={c[4]} {c[5]}{'/' + c[11] if len(c) > 11 else ''} "
+        f"{c[6]}/{c[7]} {c[8]} P={c[9]}"
         for c in cases))
     print("\n".join(lines))
     if args.out:

@@ -250,27 +250,27 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
     issue_tile = make_issue(K_OFF, ROW_BYTES, 4 * WORDS)
     FW = fp8_row_words(fp8) if fp8 else 0  # words of an FP8 row
     issue_raw = make_issue(F_OFF, 4 * FW, 4 * FW) if STAGED else None
-    # Units of an FP8 row the conversion takes: a word of 4 codes (-> 2 words of Ks), or in
-    # "v32" past the 128 code words, a word of 2 bf16 rope values (-> 1 word)
-    UNITS = 160 if V32 else 144
+    CODE_WORDS = D_V // 4 if V32 else WORDS // 2  # words of codes a row (128 or 144)
 
     @cuda.jit(device=True, **INLINE)
-    def convert_tile(words, tid):
-        """Fs's FP8 rows into Ks's stage 0 as 16-bit words (row_word's values), all threads
-        over the tile's units in turn."""
-        for at in range(tid, BLOCK_N * UNITS, NT):
-            n, r = at // UNITS, at % UNITS
-            src, dst = F_OFF + n * FW, K_OFF + n * ROWW
-            if V32 and r >= D_V // 4:  # a rope word (bf16 pair) after the 4 scales
-                x0, x1 = ptx.bf16x2_to_f32(words[src + r + 4])
-                words[dst + r + D_V // 4] = pack(x0, x1)
-            else:
-                sc = float32(1.0)
-                if V32:
-                    sc = ptx.i32_as_f32(words[src + D_V // 4 + r // 32])
-                lo, hi = code_pairs(words[src + r], sc)
-                words[dst + 2 * r] = lo
-                words[dst + 2 * r + 1] = hi
+    def convert_tile(words, base, warp, lane):
+        """Fs's FP8 rows into Ks's stage 0 as 16-bit words (row_word's values): warp w takes
+        rows w, w + NW, ..., its lanes a word of 4 codes each along the row (-> 2 words of
+        Ks, one 8-byte store), then in "v32" a rope word each (-> 1 word)."""
+        for n in range(warp, BLOCK_N, NW):
+            src = base + 4 * (F_OFF + n * FW)
+            dst = base + 4 * (K_OFF + n * ROWW)
+            for j in range(-(-CODE_WORDS // 32)):
+                r = lane + 32 * j
+                if CODE_WORDS % 32 == 0 or r < CODE_WORDS:
+                    sc = float32(1.0)
+                    if V32:  # the scale of the row's group of 128 dims (32 words)
+                        sc = ptx.i32_as_f32(ptx.lds32(words, src + 4 * (D_V // 4 + j)))
+                    lo, hi = code_pairs(ptx.lds32(words, src + 4 * r), sc)
+                    ptx.sts64(words, dst + 8 * r, lo, hi)
+            if V32:  # the 32 rope words (bf16 pairs) after the codes and 4 scales
+                x0, x1 = ptx.bf16x2_to_f32(ptx.lds32(words, src + 4 * (D_V // 4 + 4 + lane)))
+                ptx.sts32(words, dst + 4 * (D_V // 2 + lane), pack(x0, x1))
 
     @cuda.jit(device=True, **INLINE)
     def copy_tile(words, ks, storage, block_table, b, k0, k1, warp, lane):
@@ -371,7 +371,7 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
             if STAGED:
                 ptx.cp_async_wait_all()  # this thread's pieces of the FP8 rows
                 cuda.syncthreads()  # everyone's; every warp is done with the previous tile
-                convert_tile(words, tid)
+                convert_tile(words, base, warp, lane)
             elif fp8:
                 copy_tile(words, ks, storage, block_table, b, k0, k1, warp, lane)
             else:

@@ -9,7 +9,8 @@
 - ``lds64(arr, addr)``, ``lds128(arr, addr)``: two or four consecutive elements of ``arr``
   (float32 or int32) in one 8- or 16-byte load (``ld.shared.v2``/``.v4``; addr aligned to
   the load's size). Lanes at one address share a broadcast. ``sts128(arr, addr, v0, v1,
-  v2, v3)`` stores four floats at a 16-byte aligned ``addr`` of a float32 shared array.
+  v2, v3)`` stores four floats at a 16-byte aligned ``addr`` of a float32 shared array;
+  ``sts64(arr, addr, v0, v1)`` two int32 values at an 8-byte aligned ``addr`` of an int32 one.
 - ``global_addr(src, i0, i1, i2)``: the global address of ``src[i0, i1, i2]`` (an int64 on
   the GPU). ``cp_async16_at(arr, addr, gaddr, valid)`` starts copying the 16 bytes at
   ``gaddr`` (an address plus a byte offset: a row's address computed once serves all its
@@ -145,6 +146,24 @@ def sts128(typingctx, arr, addr, v0, v1, v2, v3):
         return ctx.get_dummy_value()
 
     return types.void(arr, addr, v0, v1, v2, v3), cg
+
+
+def _sts64_twin(arr, addr, v0, v1):
+    i = _aligned(addr, 8, "sts64")
+    arr[i], arr[i + 1] = v0, v1
+
+
+@intrinsic_with_twin(_sts64_twin)
+def sts64(typingctx, arr, addr, v0, v1):
+    def cg(ctx, b, sig, args):
+        xs = [ctx.cast(b, x, t, types.int32) for x, t in zip(args[2:], sig.args[2:])]
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32] * 3),
+                           "st.shared.v2.b32 [$0], {$1, $2};", "r,r,r,~{memory}",
+                           side_effect=True)
+        b.call(asm, [addr32(ctx, b, args[1], sig.args[1])] + xs)
+        return ctx.get_dummy_value()
+
+    return types.void(arr, addr, v0, v1), cg
 
 
 # -- asynchronous copies (cp.async) ------------------------------------------------------------
