@@ -191,10 +191,10 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
     @cuda.jit(device=True, **INLINE)
     def code_pairs(w, sc):
         """The 4 codes of word w as two words of 16-bit pairs of the tiles' type (codes 0, 1
-        first), times ``sc`` in "v32": in "e4m3" by moving bits (exact) unless a code is NaN
-        (a cache's rare case), else through float32."""
-        mag = ~w & 0x7F7F7F7F  # a zero byte where a code is NaN (magnitude 0x7F): none?
-        if FOLD and (mag - 0x01010101) & ~mag & int32(-0x7F7F7F80) == 0:  # (0x80808080)
+        first), times ``sc`` in "v32" (through float32 and rounded to the tiles' type); in
+        "e4m3" exact, with no branch (a branch a word, with its reconvergence, cost more than
+        the conversion)."""
+        if FOLD:
             return e4m3x4_to_16(w)
         x0, x1, x2, x3 = ptx.e4m3x4_to_f32(w)
         return int32(pack(x0 * sc, x1 * sc)), int32(pack(x2 * sc, x3 * sc))

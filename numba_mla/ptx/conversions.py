@@ -15,13 +15,10 @@ pairs, "x2") of the same memory: every array library can make one (torch has no 
   word of codes, round to nearest even, saturating at +-448 (NaN stays NaN). PTX
   ``cvt.rn.f16x2.e4m3x2`` / ``cvt.rn.satfinite.e4m3x2.f32``: sm_89 and later.
 - ``e4m3x4_to_bf16x4(w)``, ``e4m3x4_to_f16x4(w)``: the four codes of ``w`` as two words of
-  16-bit pairs (codes 0, 1 in the first), exactly, for words without a NaN code: integer
-  moves, no conversion instruction. A code's sign, 4
-  exponent and 3 mantissa bits move into the 16-bit pattern's sign and the low bits of its
-  exponent and its top mantissa bits: the pattern is the code's value times 2^-120 (bf16) or
-  2^-8 (f16), e4m3's subnormals becoming the 16-bit type's, and one packed multiply by 2^120
-  or 2^8 (exact) gives the value. sm_80 and later (``fma.rn.bf16x2``). A NaN code would come
-  out a finite value: words with one take ``e4m3x4_to_f32``.
+  16-bit pairs (codes 0, 1 in the first), exactly (a NaN code gives NaN), without a round
+  trip through a rounding step: ``cvt.rn.f16x2.e4m3x2`` (float16 pairs as they come;
+  bfloat16 through float32 and ``cvt.rn.bf16x2.f32``, exact since every e4m3 value is a
+  bfloat16 value).
 """
 import ml_dtypes
 import numpy as np
@@ -213,21 +210,19 @@ def _e4m3x4_to_16x4_twin(dtype):
     return convert
 
 
-def _e4m3x4_to_16x4(shift, factor):
-    # y = codes 2k and 2k + 1 in the low bytes of the two halves (prmt: 0x4140 / 0x4342 pick
-    # bytes 0, 1 / 2, 3 of w and zeros); magnitude << shift, sign << 8; times the factor (and
-    # plus -0, which leaves every product as it is).
-    return ("{.reg .b32 y, m, s, r, z, f, nz;"
-            f" mov.b32 z, 0; mov.b32 f, {factor}; mov.b32 nz, 0x80008000;"
-            + "".join(f" prmt.b32 y, $2, z, {sel}; and.b32 m, y, 0x007F007F;"
-                      f" shl.b32 m, m, {shift}; and.b32 s, y, 0x00800080; shl.b32 s, s, 8;"
-                      f" or.b32 r, m, s; fma.rn.{{t}}x2 ${k}, r, f, nz;"
-                      for k, sel in ((0, "0x4140"), (1, "0x4342")))
-            + "}")
+def _e4m3x4_to_16x4_text(tag):
+    # Each half word (two codes) to a half2 (exact), kept (float16) or through two floats into
+    # a bfloat16 pair (exact: every e4m3 value is a bfloat16 value).
+    head = "{.reg .b16 q0, q1, h0, h1; .reg .b32 p; .reg .f32 f0, f1; mov.b32 {q0, q1}, $2;"
+    if tag == "f16":
+        return head + " cvt.rn.f16x2.e4m3x2 $0, q0; cvt.rn.f16x2.e4m3x2 $1, q1;}"
+    return head + "".join(
+        f" cvt.rn.f16x2.e4m3x2 p, q{k}; mov.b32 {{h0, h1}}, p; cvt.f32.f16 f0, h0;"
+        f" cvt.f32.f16 f1, h1; cvt.rn.bf16x2.f32 ${k}, f1, f0;" for k in range(2)) + "}"
 
 
-def _make_e4m3x4_to_16x4(tag, dtype, shift, factor):
-    text = _e4m3x4_to_16x4(shift, factor).replace("{t}", tag)
+def _make_e4m3x4_to_16x4(tag, dtype):
+    text = _e4m3x4_to_16x4_text(tag)
 
     @intrinsic_with_twin(_e4m3x4_to_16x4_twin(dtype))
     def convert(typingctx, w):
@@ -243,6 +238,5 @@ def _make_e4m3x4_to_16x4(tag, dtype, shift, factor):
     return convert
 
 
-# 2^120 in bfloat16 (exponent 247), 2^8 in float16 (exponent 23)
-e4m3x4_to_bf16x4 = _make_e4m3x4_to_16x4("bf16", ml_dtypes.bfloat16, 4, "0x7B807B80")
-e4m3x4_to_f16x4 = _make_e4m3x4_to_16x4("f16", np.float16, 7, "0x5C005C00")
+e4m3x4_to_bf16x4 = _make_e4m3x4_to_16x4("bf16", ml_dtypes.bfloat16)
+e4m3x4_to_f16x4 = _make_e4m3x4_to_16x4("f16", np.float16)
