@@ -430,9 +430,9 @@ def fp8_markdown(meta, rows):
             shapes.append(_shape(r))
     cell = {(_who(r), r.get("kv", "same"), _shape(r)): r for r in sel}
     name = lambda w, kv: f"{w} {'(q dtype)' if kv == 'same' else kv}"  # noqa: E731
-    lines = [f"{_stamp(meta)}; median GPU microseconds and the cache's GB/s (its bytes: 576 a "
-             "token in e4m3, 656 in v32, 1152 in bf16); in brackets, FlashMLA's bf16 time over "
-             "the row's (above 1: faster than FlashMLA)", "",
+    lines = [f"{_stamp(meta)}; median GPU microseconds and GB/s (the bytes that must move: "
+             "cache rows at 576 a token in e4m3, 656 in v32, 1152 in bf16, plus q and out); in "
+             "brackets, FlashMLA's bf16 time over the row's (above 1: faster than FlashMLA)", "",
              "| B x H x L | " + " | ".join(name(w, kv) for w, kv in cols) + " |",
              "| --- |" + " --- |" * len(cols)]
     for shape in shapes:

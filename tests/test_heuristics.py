@@ -68,6 +68,22 @@ def test_mma_sync_block_m():
                                       per_sm=233472, reserved=1024) == 1
 
 
+def test_mma_sync_shape_for_fp8_rows():
+    """FP8 rows: staged through shared memory where a block may take it (151-156 KB at 32
+    rows, 130-135 at 16), the rows a block as for 16-bit caches; loaded by the warps on an
+    Ada GPU (99 KB a block: neither staged block fits)."""
+    from numba_mla.kernels import mma_sync
+
+    assert mma_sync.smem_bytes(32, "e4m3", True) == 154624
+    assert mma_sync.smem_bytes(16, "v32", True) == 138240
+    for fp8 in ("e4m3", "v32"):
+        assert heuristics.mma_sync_shape(16, fp8, limit=232448) == (16, True)
+        assert heuristics.mma_sync_shape(20, fp8, limit=166912) == (32, True)  # A100-sized
+        assert heuristics.mma_sync_shape(128, fp8, limit=140000) == (16, True)
+        assert heuristics.mma_sync_shape(128, fp8, limit=101376) == (16, False)  # Ada
+    assert heuristics.mma_sync_shape(16, None, limit=232448) == (16, False)
+
+
 def test_resident_blocks():
     """Blocks a multiprocessor holds, by shared memory (plus the driver's 1 KB a block) and
     the launch bound: the warp tensor-core kernel's 96,256 bytes fit twice in an H200's or an
