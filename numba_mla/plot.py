@@ -377,6 +377,18 @@ def headline_markdown(meta, rows):
     return "\n".join(lines) + "\n"
 
 
+def _timed_cell(r, who, flash, speedup=False, rate=False):
+    """A table cell: "-" without a row, else its median us (and GB/s with ``rate``) and, for
+    numba_mla's rows where the run has FlashMLA, in brackets the time over FlashMLA's (or with
+    ``speedup`` FlashMLA's over the row's)."""
+    if r is None:
+        return "-"
+    text = f"{r['us']:.1f}" + (f" ({r['gbps']:.0f} GB/s)" if rate else "")
+    if flash is not None and who.startswith("numba_mla"):
+        text += f" [{flash['us'] / r['us'] if speedup else r['us'] / flash['us']:.2f}x]"
+    return text
+
+
 def varlen_markdown(meta, rows):
     """A Markdown table of the varlen sweep: per shape and spread, each provider's median us
     and, beside numba_mla's rows, their time over FlashMLA's when the run has FlashMLA."""
@@ -399,14 +411,7 @@ def varlen_markdown(meta, rows):
         rs = [cell.get((w, shape, spread)) for w in who]
         any_row = next(r for r in rs if r is not None)
         flash = cell.get(("flash_mla", shape, spread))
-        cells = []
-        for w, r in zip(who, rs):
-            if r is None:
-                cells.append("-")
-                continue
-            ratio = (f" [{r['us'] / flash['us']:.2f}x]"
-                     if flash is not None and w.startswith("numba_mla") else "")
-            cells.append(f"{r['us']:.1f}{ratio}")
+        cells = [_timed_cell(r, w, flash) for w, r in zip(who, rs)]
         span = f"{any_row.get('length_min', '?')}..{any_row.get('length_max', '?')}"
         lines.append(f"| {shape} | {spread:g} | {span} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -437,15 +442,8 @@ def fp8_markdown(meta, rows):
              "| --- |" + " --- |" * len(cols)]
     for shape in shapes:
         flash = cell.get(("flash_mla", "same", shape))
-        cells = []
-        for w, kv in cols:
-            r = cell.get((w, kv, shape))
-            if r is None:
-                cells.append("-")
-                continue
-            ratio = (f" [{flash['us'] / r['us']:.2f}x]"
-                     if flash is not None and w.startswith("numba_mla") else "")
-            cells.append(f"{r['us']:.1f} ({r['gbps']:.0f} GB/s){ratio}")
+        cells = [_timed_cell(cell.get((w, kv, shape)), w, flash, speedup=True, rate=True)
+                 for w, kv in cols]
         lines.append(f"| {shape} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

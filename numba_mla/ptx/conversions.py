@@ -171,14 +171,20 @@ def e4m3x4_to_f32(typingctx, w):
             " mov.b32 {h0, h1}, p0; mov.b32 {h2, h3}, p1;"
             " cvt.f32.f16 $0, h0; cvt.f32.f16 $1, h1; cvt.f32.f16 $2, h2; cvt.f32.f16 $3, h3;}")
 
+    return types.UniTuple(types.float32, 4)(w), _word_to_tuple(text, f32, "f", 4)
+
+
+def _word_to_tuple(text, ty, letter, n):
+    """The codegen of an asm ``text`` that takes one int32 word (``$n``) and gives ``n``
+    values of LLVM type ``ty`` (constraint ``letter``), returned as a tuple."""
     def cg(ctx, b, sig, args):
         v = ctx.cast(b, args[0], sig.args[0], types.int32)
-        asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32]), text,
-                           "=f,=f,=f,=f,r")
+        asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([ty] * n), [i32]), text,
+                           ",".join([f"={letter}"] * n + ["r"]))
         r = b.call(asm, [v])
-        return ctx.make_tuple(b, sig.return_type, [b.extract_value(r, k) for k in range(4)])
+        return ctx.make_tuple(b, sig.return_type, [b.extract_value(r, k) for k in range(n)])
 
-    return types.UniTuple(types.float32, 4)(w), cg
+    return cg
 
 
 def _pack_e4m3x4_twin(x0, x1, x2, x3):
@@ -226,14 +232,7 @@ def _make_e4m3x4_to_16x4(tag, dtype):
 
     @intrinsic_with_twin(_e4m3x4_to_16x4_twin(dtype))
     def convert(typingctx, w):
-        def cg(ctx, b, sig, args):
-            v = ctx.cast(b, args[0], sig.args[0], types.int32)
-            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 2), [i32]), text,
-                               "=r,=r,r")
-            r = b.call(asm, [v])
-            return ctx.make_tuple(b, sig.return_type, [b.extract_value(r, k) for k in range(2)])
-
-        return types.UniTuple(types.int32, 2)(w), cg
+        return types.UniTuple(types.int32, 2)(w), _word_to_tuple(text, i32, "r", 2)
 
     return convert
 
