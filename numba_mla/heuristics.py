@@ -53,8 +53,8 @@ def mma_sync_shape(rows, fp8=None, limit=None):
     """``(block_m, staged)`` of the warp tensor-core kernel: its rows a block
     (``mma_sync_block_m``) and, for an FP8 cache, whether its rows are copied as they are by
     ``cp.async`` and converted in shared memory (the next tile's copy in flight while this one
-    is multiplied; 151-156 KB at 32 rows, 130-135 at 16: an H100/H200 or A100, not an Ada
-    GPU's 99 KB) or loaded and converted by the warps (no copy in flight). (The 32-row block
+    is multiplied; 151-156 KB at 32 rows, 130-135 at 16: an H100/H200, not an Ada GPU's
+    99 KB; an A100 would take them, but FP8 needs sm_89) or loaded and converted by the warps (no copy in flight). (The 32-row block
     on 16 rows of FP8, whose 8 warps would share the conversion that bounds this kernel, timed
     faster on the H200, docs/fp8.md; not the choice until the GPU suite has run with it.)"""
     from .kernels import mma_sync

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _compat, factory, heuristics
-from .config import refuse
+from .config import MHAConfig, refuse
 
 
 @dataclass(frozen=True)
@@ -132,22 +132,37 @@ def check_warp_split(warp_split_k, backend):
 PIPELINE_STAGES = {"simt": 2, "mma": 2, "mma_sync": 1, "simple": 1, "warpsplit": 1}
 
 
-def _tensor_core_honours(config, backend):
-    """Whether a config leaves a tensor-core kernel's fixed tiles alone (``"auto"`` runs the
-    FMA kernel for one that asks otherwise)."""
+def _mma_sync_shape(config, rows, fp8):
+    """``(block_m, staged, fits)``: the warp tensor-core kernel's rows a block for this call
+    (the config's, else heuristics.mma_sync_shape's), whether FP8 rows are staged through
+    shared memory, and whether the block's shared memory fits the device's."""
+    from .kernels import mma_sync
+
+    block_m, staged = heuristics.mma_sync_shape(rows, fp8)
+    limit = heuristics.smem_per_block()
+    if config is not None and config.num_queries_per_block is not None:
+        block_m = config.num_queries_per_block
+        if block_m not in mma_sync.BLOCK_MS:
+            return block_m, False, False
+        staged = fp8 is not None and mma_sync.smem_bytes(block_m, fp8, True) <= limit
+    return block_m, staged, mma_sync.smem_bytes(block_m, fp8, staged) <= limit
+
+
+def _tensor_core_honours(config, backend, rows, fp8):
+    """Whether a config leaves a tensor-core kernel's fixed tiles alone, on this device
+    (``"auto"`` runs the FMA kernel for one that asks otherwise)."""
     from .kernels import mma, mma_sync
 
     if config is None:
         return True
     if backend == "mma":
-        rows, stages = (mma.BLOCK_M,), (PIPELINE_STAGES["mma"],)
-        block_n = mma.BLOCK_N
-    else:
-        rows, block_n = mma_sync.BLOCK_MS, mma_sync.BLOCK_N
-        stages = tuple(mma_sync.geometry(m)[3] for m in rows)
-    return (config.num_queries_per_block in (None,) + rows
-            and config.num_keys_per_block in (None, block_n)
-            and config.num_pipeline_stages in (None,) + stages)
+        return (config.num_queries_per_block in (None, mma.BLOCK_M)
+                and config.num_keys_per_block in (None, mma.BLOCK_N)
+                and config.num_pipeline_stages in (None, PIPELINE_STAGES["mma"]))
+    block_m, staged, fits = _mma_sync_shape(config, rows, fp8)
+    return (fits and config.num_keys_per_block in (None, mma_sync.BLOCK_N)
+            and config.num_pipeline_stages in (None, mma_sync.pipeline_stages(block_m, fp8,
+                                                                               staged)))
 
 
 def _check_config(config, backend, block_m, block_n, stages=None):
@@ -200,7 +215,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         # "mma" were refused by the checks (check_warp_split)
         backend = "warpsplit"
     elif (backend in ("mma", "mma_sync") and call.backend == "auto"
-          and not _tensor_core_honours(config, backend)):
+          and not _tensor_core_honours(config, backend, rows, fp8)):
         backend = "simt"  # the FMA kernel runs what the config asks (or refuses it below)
 
     if backend == "warpsplit":
@@ -218,13 +233,13 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     elif backend == "mma_sync":
         from .kernels import mma_sync
 
-        (block_m, staged), block_n = heuristics.mma_sync_shape(rows, fp8), mma_sync.BLOCK_N
-        if config is not None and config.num_queries_per_block is not None:
-            block_m = config.num_queries_per_block
-            if block_m not in mma_sync.BLOCK_MS:
-                raise refuse("num_queries_per_block", block_m, "mma_sync", mma_sync.BLOCK_MS)
-            staged = staged and (mma_sync.smem_bytes(block_m, fp8, True)
-                                 <= heuristics.smem_per_block())
+        block_m, staged, fits = _mma_sync_shape(config, rows, fp8)
+        block_n = mma_sync.BLOCK_N
+        if not fits:  # the config's rows: no such block, or more shared memory than a block gets
+            runs = [m for m in mma_sync.BLOCK_MS
+                    if m == 16 or _mma_sync_shape(MHAConfig(num_queries_per_block=m), rows,
+                                                  fp8)[2]]
+            raise refuse("num_queries_per_block", block_m, "mma_sync", runs)
     else:
         from .kernels import simt
 
@@ -236,7 +251,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                              (16, 32) if sixteen else (16,))
         block_n = simt.block_n(block_m, sixteen, fp8)
     _check_config(config, backend, block_m, block_n,
-                  mma_sync.geometry(block_m)[3] if backend == "mma_sync" else None)
+                  mma_sync.pipeline_stages(block_m, fp8, staged) if backend == "mma_sync"
+                  else None)
     groups = max(1, math.ceil(rows / block_m))
     # The split model's waves: blocks that run at once (one a multiprocessor, but two of the
     # warp tensor-core kernel's where shared memory allows)

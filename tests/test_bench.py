@@ -12,6 +12,7 @@ negative overhead as a cost, and that the command line prints its simulator bann
 the commands that run kernels. The GPU sweep itself is ``@pytest.mark.gpu``.
 """
 import csv
+import dataclasses
 import importlib.util
 import json
 import os
@@ -23,6 +24,7 @@ import pytest
 
 import numba_mla as nm
 from numba_mla import _compat, bench, cli, plot
+from numba_mla.bench import providers
 
 #: The tiny sweep's code path on the simulator (host arrays, NaN past each length); on a GPU
 #: the same code runs with torch tensors, checked by the real run (plots/bench_h200.json).
@@ -205,10 +207,18 @@ def test_fp8_rows_beside_bf16_rows():
     576 / 656 a token; peers skip FP8 rows; plot's table puts them side by side."""
     configs = [bench.Config(1, 2, 20, page_size=8, kv=kv, sweep="fp8")
                for kv in ("same", "e4m3", "v32")]
-    doc = bench.run(configs, "numba_mla:simt,torch_bmm", progress=False, log=lambda *a: None)
+    def peer(problem):  # a peer that runs wherever it is asked to, here: the 16-bit row
+        prep = providers.numba_mla(problem, "simt")
+        return dataclasses.replace(prep, host_call=None, info={})
+
+    provs = providers.select_providers("numba_mla:simt") + [providers.Provider("peer", peer)]
+    doc = bench.run(configs, provs, progress=False, log=lambda *a: None)
     rows = doc["rows"]
     assert [(r["provider"], r["kv"]) for r in rows] == [
-        ("numba_mla", "same"), ("numba_mla", "e4m3"), ("numba_mla", "v32")]
+        ("numba_mla", "same"), ("peer", "same"), ("numba_mla", "e4m3"), ("numba_mla", "v32")]
+    assert [(s["provider"], s["count"]) for s in doc["meta"]["skipped"]] == [("peer", 2)]
+    assert "reads 16-bit caches only" in doc["meta"]["skipped"][0]["reason"]
+    rows = [r for r in rows if r["provider"] == "numba_mla"]
     for r, row_bytes in zip(rows, (1152, 576, 656)):
         assert r["row_bytes"] == row_bytes
         assert r["bytes"] == 20 * row_bytes + 2 * 2 * (576 + 512)

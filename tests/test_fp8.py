@@ -243,15 +243,18 @@ def test_fp8_simple_kernel(layout, cache, mask_id, mod_id, rng):
     check(p, MASKS[mask_id].make(p, rng), SCORE_MODS[mod_id].make(p), 2, "simple")
 
 
-def spy_mma_sync_staged(monkeypatch, smem_per_block=None):
-    """Record the ``staged`` of every mma_sync kernel the selector asks for; with
-    ``smem_per_block``, the device's limit seen as that many bytes."""
+def spy_mma_sync_staged(monkeypatch, smem_per_block=None, shapes=None):
+    """Record the ``staged`` of every mma_sync kernel the selector asks for (and in ``shapes``,
+    if given, its ``(block_m, wide, staged)``); with ``smem_per_block``, the device's limit
+    seen as that many bytes."""
     from numba_mla import factory, heuristics
 
     seen, real = [], factory.mma_sync_partition_kernel
 
     def spy(*args, **kwargs):
         seen.append(bool(args[9] if len(args) > 9 else kwargs.get("staged", False)))
+        if shapes is not None:
+            shapes.append((args[4], bool(args[8]), seen[-1]))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(factory, "mma_sync_partition_kernel", spy)
@@ -280,19 +283,36 @@ def test_fp8_mma_sync_kernel(layout, cache, mask_id, mod_id, smem, backend, rng,
 
 
 @KERNEL
-def test_fp8_mma_sync_32_rows(rng):
+def test_fp8_mma_sync_32_rows(rng, monkeypatch):
     """FP8 rows into the warp tensor-core kernel's 32-row block (20 heads: rows of both m16
-    tiles), one partition of two tiles."""
+    tiles), staged through shared memory, one partition of two tiles."""
+    shapes = []
+    spy_mma_sync_staged(monkeypatch, shapes=shapes)
     p = fp8_problem(rng, "e4m3", 1, 1, 20, [100], BF16, "paged5")
     check(p, MASKS["causal"].make(p, rng), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
+    assert shapes and {(m, staged) for m, _, staged in shapes} == {(32, True)}
+
+
+@KERNEL
+def test_fp8_mma_sync_4_byte_copies(rng, monkeypatch):
+    """FP8 rows staged by 4-byte cp.async where the cache does not start 16-byte aligned: a
+    "v32" row is 164 pieces, not a multiple of the 8 threads that copy a row."""
+    from numba_mla import launch
+
+    monkeypatch.setattr(launch, "_aligned16", lambda dev: False)
+    shapes = []
+    spy_mma_sync_staged(monkeypatch, shapes=shapes)
+    p = fp8_problem(rng, "v32", 2, 1, 2, [0, 27], BF16, "paged16")
+    check(p, nm.CausalMask(), nm.IdentityScoreMod(), 1, "mma_sync")
+    assert shapes and set(shapes) == {(16, False, True)}
 
 
 @KERNEL
 @pytest.mark.parametrize("backend", ["simt", "mma_sync"])
 def test_fp8_nan_code_in_a_kept_key(backend, rng):
     """A NaN code in a kept key's V makes its rows' outputs NaN, as a NaN in a 16-bit cache
-    does; the reference and the kernel agree on where (the warp tensor-core kernel's words
-    with a NaN code take the float32 conversion)."""
+    does; the reference and the kernel agree on where (on a GPU the conversions' cvt makes
+    the NaN; here their twins)."""
     p = fp8_problem(rng, "e4m3", 1, 1, 2, [9], BF16, "contiguous")
     codes = np.array(p.cache.storage)
     codes.view(np.uint8)[0, 4, 100] = 0x7F
@@ -342,10 +362,10 @@ def _code_words():
     return np.ascontiguousarray(words).view(np.int32).ravel()
 
 
-@pytest.mark.parametrize("tag,dtype", [("bf16", BF16), ("f16", np.float16)])
-def test_e4m3_to_16_bit_twin_is_the_exact_value(tag, dtype):
-    """The twin of the 4-code conversion to 16-bit pairs gives each code's exact value; a NaN
-    code gives NaN."""
+@pytest.mark.parametrize("dtype", [BF16, np.float16])
+def test_e4m3_to_16_bit_twin_is_the_exact_value(dtype):
+    """The twin of the 4-code conversion packs each code's exact value into 16-bit pairs in
+    the kernel's order (codes 0, 1 in the first word, code 0 low); a NaN code gives NaN."""
     from numba_mla.ptx import conversions
 
     twin = conversions._e4m3x4_to_16x4_twin(dtype)

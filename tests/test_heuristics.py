@@ -78,7 +78,7 @@ def test_mma_sync_shape_for_fp8_rows():
     assert mma_sync.smem_bytes(16, "v32", True) == 138240
     for fp8 in ("e4m3", "v32"):
         assert heuristics.mma_sync_shape(16, fp8, limit=232448) == (16, True)
-        assert heuristics.mma_sync_shape(20, fp8, limit=166912) == (32, True)  # A100-sized
+        assert heuristics.mma_sync_shape(20, fp8, limit=166912) == (32, True)  # 163 KB
         assert heuristics.mma_sync_shape(128, fp8, limit=140000) == (16, True)
         assert heuristics.mma_sync_shape(128, fp8, limit=101376) == (16, False)  # Ada
     assert heuristics.mma_sync_shape(16, None, limit=232448) == (16, False)

@@ -189,6 +189,36 @@ def test_config_selects(rng):
     assert _spec(p, nm.MHAConfig()) == _spec(p, None)
 
 
+def test_mma_sync_config_fits_the_device(rng, monkeypatch):
+    """The warp tensor-core kernel's config is read against the device's shared memory a
+    block: its 32-row block (188 KB) is refused by name on an A100-sized one, and ``"auto"``
+    runs the FMA kernel for it on an Ada-sized one; FP8 rows staged through shared memory run
+    two tiles in flight at 16 rows too (``num_pipeline_stages=2`` is honoured there, 1 only
+    where they are loaded by the warps)."""
+    from numba_mla import fp8, heuristics
+
+    p = make_problem(rng, 1, 1, 20, [40], BF16, "contiguous")  # 20 query rows
+    monkeypatch.setattr(heuristics, "smem_per_block", lambda: 166912)  # an A100's
+    with pytest.raises(ValueError, match=r"config\.num_queries_per_block: the 'mma_sync' "
+                                         r"kernel for this call runs 16, got 32"):
+        _spec(p, nm.MHAConfig(num_queries_per_block=32), "mma_sync")
+    assert _spec(p, None, "mma_sync").block_m == 16
+
+    codes, kv_scale = fp8.quantize_host(p.cache.storage, "e4m3")
+    for H, rows in ((20, 32), (16, 16)):
+        q = dataclasses.replace(p, q=p.q[:, :, :H]) if H != 20 else p
+        pf = dataclasses.replace(q, cache=nm.ContiguousKVCache(codes, p.lengths,
+                                                               kv_scale=kv_scale))
+        monkeypatch.setattr(heuristics, "smem_per_block", lambda: 232448)  # an H200's
+        spec = _spec(pf, nm.MHAConfig(num_pipeline_stages=2))  # "auto": mma_sync for FP8
+        assert (spec.backend, spec.block_m) == ("mma_sync", rows)
+        with pytest.raises(ValueError, match=r"config\.num_pipeline_stages"):  # nor simt's 2
+            _spec(pf, nm.MHAConfig(num_pipeline_stages=1))
+        monkeypatch.setattr(heuristics, "smem_per_block", lambda: 101376)  # an Ada GPU's
+        assert _spec(pf, nm.MHAConfig(num_queries_per_block=32)).backend == "simt"
+        assert _spec(pf, nm.MHAConfig(num_pipeline_stages=1)).backend == "mma_sync"
+
+
 @KERNEL
 def test_config_runs(rng):
     """A call with a config gives the reference's result (FMA kernel, 32 rows a block)."""

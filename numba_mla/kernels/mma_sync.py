@@ -6,7 +6,9 @@ wgmma, TMA or mbarriers. This kernel uses only sm_80 instructions: ``mma.sync`` 
 
 FlashAttention-2's structure within a tile: the scores stay in registers, split over the warps
 by keys, and the softmax runs on them there. A 16-bit tile is copied by ``cp.async`` (all of
-it in flight at once, one wait a tile); FP8 rows by loads that convert them. Two block shapes
+it in flight at once, one wait a tile); FP8 rows too, as they are, into a buffer Fs, then
+converted into the tile by all warps ("staged"), or, where Fs does not fit (an Ada GPU), by
+loads that convert them. Two block shapes
 (``block_m``): 16 query rows, 4 warps and one tile in shared memory (96 KB: two blocks a
 multiprocessor on an H100/H200); 32 rows, 8 warps and two tiles, the next one's copy in flight
 while this one's products run (188 KB: one block, on GPUs that give a block that much).
@@ -24,21 +26,25 @@ Notation
 - Shared memory, dynamic, at word offsets (``layout``; no array views, whose shapes would
   take registers), int32 words of two 16-bit values unless said:
       Qs [BM][ROWW]             the block's queries (288 words a row + 4 padding)
-      Ks [STAGES][BLOCK_N][ROWW] the key tiles (64 keys; STAGES = MT); the first 256 words
-                                (512 dims) of a row are V
+      Ks [STAGES][BLOCK_N][ROWW] the key tiles (64 keys; STAGES = MT, 1 when staged); the
+                                first 256 words (512 dims) of a row are V
       Ps [BM][PROWW]            the tile's probabilities, 16-bit (32 words + 4 padding)
       Mx, Sx [4][BM]            fp32: each key group's row maxima and row sums (its 16 keys)
+      Fs [BLOCK_N][FW]          staged FP8 rows as they are (FW = 144 or 164 words)
   A row of Qs and Ks is 1168 bytes, of Ps 144: odd multiples of 16 bytes, so the 8 rows an
   ``ldmatrix`` reads fall in 8 different groups of 4 banks (no bank conflict).
 - A tile of 64 keys, in phases with a barrier between them:
   1. copy: 16-bit rows by ``cp.async``, 8 lanes a row (a warp's instruction reads 128
      contiguous bytes of each of 4 rows), 16 MT rows a pass, 36 16-byte pieces a row's 8
-     lanes share (4-byte pieces when the cache does not start 16-byte aligned); FP8 rows by
-     loads, each warp every NW-th key row, 32 lanes along it; zeros past the end. With one
-     stage: a barrier (every warp done with the previous tile), the copy, its wait, a
-     barrier. With two: wait for this tile (issued during the previous one), a barrier
-     (every warp done with the previous tile, in the other stage), then issue the next
-     tile's copy into the other stage;
+     lanes share (4-byte pieces when the cache does not start 16-byte aligned); staged FP8
+     rows the same way into Fs (issued a tile ahead), then, after a wait and a barrier, each
+     warp converts every NW-th row of Fs into Ks, a lane a word of 4 codes, a barrier, and
+     the next tile's copy is issued into Fs; FP8 rows not staged by loads, each warp every
+     NW-th key row, 32 lanes along it; zeros past the end. With one stage: a barrier (every
+     warp done with the previous tile), the copy, its wait, a barrier. With two: wait for
+     this tile (issued during the previous one), a barrier (every warp done with the
+     previous tile, in the other stage), then issue the next tile's copy into the other
+     stage;
   2. S = Q K^T: warp w over all 576 dims, 36 steps of two m16n8k16, the scores in its
      registers (s[8]: rows gr, gr + 8 of m16 tile sm, keys 2 tq, 2 tq + 1 of each n8 tile);
      mask and score mod applied there; the row maxima of its keys to Mx[kg];
@@ -116,6 +122,13 @@ def layout(block_m=BLOCK_M, fp8=None, staged=False):
 
 def smem_bytes(block_m=BLOCK_M, fp8=None, staged=False):
     return 4 * layout(block_m, fp8, staged)[1]
+
+
+def pipeline_stages(block_m=BLOCK_M, fp8=None, staged=False):
+    """Key tiles in flight (``MHAConfig.num_pipeline_stages``): 2 where the next tile's copy
+    runs under this tile's products (32 rows of 16-bit rows, two Ks stages; FP8 rows staged
+    through Fs), else 1."""
+    return 2 if staged or (block_m == 32 and not fp8) else 1
 
 
 def min_blocks(block_m=BLOCK_M):
