@@ -263,6 +263,8 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
     issue_tile = make_issue(K_OFF, ROW_BYTES, 4 * WORDS)
     FW = fp8_row_words(fp8) if fp8 else 0  # words of an FP8 row
     issue_raw = make_issue(F_OFF, 4 * FW, 4 * FW) if STAGED else None
+    # a tile ahead: staged FP8 rows into Fs (its ks is 0), else 16-bit rows into a Ks stage
+    issue_ahead = issue_raw if STAGED else issue_tile
     CODE_WORDS = D_V // 4 if V32 else WORDS // 2  # words of codes a row (128 or 144)
 
     @cuda.jit(device=True, **INLINE)
@@ -363,12 +365,8 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
         ks = 0  # this tile's stage (bytes from Ks)
         if (TWO_K and not fp8 or STAGED) and t < t_end:  # the first tile's copy
             k0 = kstart + t * BLOCK_N
-            if STAGED:
-                issue_raw(words, base, 0, storage, block_table, b, k0,
-                          min(k0 + BLOCK_N, kend), tid)
-            else:
-                issue_tile(words, base, 0, storage, block_table, b, k0,
-                           min(k0 + BLOCK_N, kend), tid)
+            issue_ahead(words, base, 0, storage, block_table, b, k0, min(k0 + BLOCK_N, kend),
+                        tid)
 
         while t < t_end:
             k0 = kstart + t * BLOCK_N
@@ -396,12 +394,8 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
             cuda.syncthreads()
             if (TWO_K and not fp8 or STAGED) and t_next < t_end:  # the next tile's copy
                 n0 = kstart + t_next * BLOCK_N
-                if STAGED:
-                    issue_raw(words, base, 0, storage, block_table, b, n0,
-                              min(n0 + BLOCK_N, kend), tid)
-                else:
-                    issue_tile(words, base, KS_BYTES - ks, storage, block_table, b, n0,
-                               min(n0 + BLOCK_N, kend), tid)
+                issue_ahead(words, base, 0 if STAGED else KS_BYTES - ks, storage, block_table,
+                            b, n0, min(n0 + BLOCK_N, kend), tid)
 
             # -- phase 2: this warp's 16 keys of S, in registers; mask, score mod, maxima --
             for k in range(8):
