@@ -49,21 +49,32 @@ def mma_sync_block_m(rows, limit=None, fp8=None):
     return mma_sync_shape(rows, fp8, limit)[0]
 
 
-def mma_sync_shape(rows, fp8=None, limit=None):
-    """``(block_m, staged)`` of the warp tensor-core kernel: its rows a block
-    (``mma_sync_block_m``) and, for an FP8 cache, whether its rows are copied as they are by
-    ``cp.async`` and converted in shared memory (the next tile's copy in flight while this one
-    is multiplied; 151-156 KB at 32 rows, 130-135 at 16: an H100/H200, not an Ada GPU's
-    99 KB; an A100 would take them, but FP8 needs sm_89) or loaded and converted by the warps (no copy in flight). (The 32-row block
-    on 16 rows of FP8, whose 8 warps would share the conversion that bounds this kernel, timed
-    faster on the H200, docs/fp8.md; not the choice until the GPU suite has run with it.)"""
+def mma_sync_fits(block_m, fp8=None, limit=None):
+    """``(staged, fits)`` of the warp tensor-core kernel's block of ``block_m`` rows: whether
+    FP8 rows are copied as they are by ``cp.async`` and converted in shared memory (where that
+    fits: the next tile's copy in flight while this one is multiplied; 151-156 KB at 32 rows,
+    130-135 at 16: an H100/H200, not an Ada GPU's 99 KB; an A100 would take them, but FP8 needs
+    sm_89), else loaded and converted by the warps (no copy in flight); and whether the block
+    fits the shared memory a block may take (``limit``, default the current device's)."""
     from .kernels import mma_sync
 
     limit = smem_per_block() if limit is None else limit
-    staged = fp8 is not None
-    if rows > 16 and mma_sync.smem_bytes(32, fp8, staged) <= limit:
-        return 32, staged
-    return 16, staged and mma_sync.smem_bytes(16, fp8, True) <= limit
+    staged = fp8 is not None and mma_sync.smem_bytes(block_m, fp8, True) <= limit
+    return staged, mma_sync.smem_bytes(block_m, fp8, staged) <= limit
+
+
+def mma_sync_shape(rows, fp8=None, limit=None):
+    """``(block_m, staged)`` of the warp tensor-core kernel: its rows a block
+    (``mma_sync_block_m``) and whether FP8 rows are staged (``mma_sync_fits``). (The 32-row
+    block on 16 rows of FP8, whose 8 warps would share the conversion that bounds this kernel,
+    timed faster on the H200, docs/fp8.md; not the choice until the GPU suite has run with
+    it.)"""
+    limit = smem_per_block() if limit is None else limit
+    if rows > 16:
+        staged, fits = mma_sync_fits(32, fp8, limit)
+        if fits:
+            return 32, staged
+    return 16, mma_sync_fits(16, fp8, limit)[0]
 
 
 def resident_blocks(smem_bytes, bound, per_sm=None, reserved=None):

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _compat, factory, heuristics
-from .config import MHAConfig, refuse
+from .config import refuse
 
 
 @dataclass(frozen=True)
@@ -134,18 +134,17 @@ PIPELINE_STAGES = {"simt": 2, "mma": 2, "mma_sync": 1, "simple": 1, "warpsplit":
 
 def _mma_sync_shape(config, rows, fp8):
     """``(block_m, staged, fits)``: the warp tensor-core kernel's rows a block for this call
-    (the config's, else heuristics.mma_sync_shape's), whether FP8 rows are staged through
+    (the config's, else heuristics.mma_sync_block_m's), whether FP8 rows are staged through
     shared memory, and whether the block's shared memory fits the device's."""
     from .kernels import mma_sync
 
-    block_m, staged = heuristics.mma_sync_shape(rows, fp8)
-    limit = heuristics.smem_per_block()
-    if config is not None and config.num_queries_per_block is not None:
+    if config is None or config.num_queries_per_block is None:
+        block_m = heuristics.mma_sync_block_m(rows, fp8=fp8)
+    else:
         block_m = config.num_queries_per_block
         if block_m not in mma_sync.BLOCK_MS:
             return block_m, False, False
-        staged = fp8 is not None and mma_sync.smem_bytes(block_m, fp8, True) <= limit
-    return block_m, staged, mma_sync.smem_bytes(block_m, fp8, staged) <= limit
+    return (block_m,) + heuristics.mma_sync_fits(block_m, fp8)
 
 
 def _tensor_core_honours(config, backend, rows, fp8):
@@ -237,8 +236,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         block_n = mma_sync.BLOCK_N
         if not fits:  # the config's rows: no such block, or more shared memory than a block gets
             runs = [m for m in mma_sync.BLOCK_MS
-                    if m == 16 or _mma_sync_shape(MHAConfig(num_queries_per_block=m), rows,
-                                                  fp8)[2]]
+                    if m == 16 or heuristics.mma_sync_fits(m, fp8)[1]]
             raise refuse("num_queries_per_block", block_m, "mma_sync", runs)
     else:
         from .kernels import simt

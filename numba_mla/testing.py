@@ -7,7 +7,7 @@ block table whose unused entries hold a huge out-of-range page index, and NaN in
 materialized bias that no valid (query, key) pair reads. Any out-of-bounds read then shows up
 in the result.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional
 
 import ml_dtypes
@@ -100,6 +100,19 @@ class Problem:
         if self.ragged:
             return api.mla_decode_ragged(self.q, self.q_offsets, self.cache, **kwargs)
         return api.mla_decode(self.q, self.cache, **kwargs)
+
+
+def with_fp8_cache(p, layout, kv_scale=None):
+    """``p`` with its cache's rows quantized into the FP8 ``layout`` (fp8.quantize_host, the
+    given ``kv_scale`` or its own), the same kind of cache over the same pages; NaN slots stay
+    NaN codes."""
+    from . import fp8
+
+    codes, kv_scale = fp8.quantize_host(p.cache.storage, layout, kv_scale)
+    kw = dict(kv_scale=kv_scale, fp8_layout=layout)
+    if p.cache_kind == "contiguous":
+        return replace(p, cache=nm.ContiguousKVCache(codes, p.lengths, **kw))
+    return replace(p, cache=nm.PagedKVCache(codes, p.cache.block_table_host, p.lengths, **kw))
 
 
 def random_lengths(rng, B, Sq, max_len, *, zero=True):

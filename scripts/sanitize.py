@@ -46,12 +46,10 @@ CASES += [(backend, *c) for backend in ("simt", "mma_sync", "simple") for c in _
 
 
 def run_cases(only=None):
-    import dataclasses
-
     import numpy as np
 
     import numba_mla as nm
-    from numba_mla import fp8, testing, validate
+    from numba_mla import testing, validate
 
     rng = np.random.default_rng(0)
     bad = 0
@@ -63,11 +61,7 @@ def run_cases(only=None):
         p = testing.make_problem(rng, B, Sq, H, lengths, testing.DTYPES[dt], cache, page or 16,
                                  ragged=ragged)
         if kv:  # the cache quantized: the reference reads its codes' exact values
-            codes, kv_scale = fp8.quantize_host(p.cache.storage, kv[0])
-            kw = dict(kv_scale=kv_scale, fp8_layout=kv[0])
-            c = (nm.ContiguousKVCache(codes, p.lengths, **kw) if cache == "contiguous" else
-                 nm.PagedKVCache(codes, p.cache.block_table_host, p.lengths, **kw))
-            p = dataclasses.replace(p, cache=c)
+            p = testing.with_fp8_cache(p, kv[0])
         m = validate.MASKS[mask](p, rng)
         out = np.full(p.out_shape, np.nan, p.dtype)
         res = p.run(nm, mask=m, return_lse=True, num_partitions=P, out=out, backend=backend)

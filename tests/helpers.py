@@ -23,7 +23,7 @@ import numba_mla as nm
 from numba_mla.testing import (  # noqa: F401  (re-exported for the tests)
     BF16, D_QK, D_V, DEEPSEEK_SCALE, DTYPES, UNUSED_PAGE, Problem, assert_close, fp32_floor,
     assert_same_nonfinite, assert_three_way, f64, make_bias, make_problem, randn,
-    random_counts, random_lengths)
+    random_counts, random_lengths, with_fp8_cache)
 
 
 def simt_tile(rows, dtype):

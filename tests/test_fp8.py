@@ -15,7 +15,7 @@ import pytest
 
 import numba_mla as nm
 from helpers import (BF16, MASK_CASES, MASKS, SCORE_MOD_CASES, SCORE_MODS, assert_three_way,
-                     fp32_floor, make_problem, references)
+                     fp32_floor, make_problem, references, with_fp8_cache)
 from numba_mla import fp8
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -175,13 +175,7 @@ def fp8_problem(rng, layout, B, Sq, H, lengths, dtype, cache, ragged=False):
         counts[0] = min(counts[0], 1)
     p = make_problem(rng, B, Sq, H, np.asarray(lengths, np.int32), dtype, kind, page,
                      ragged=ragged, q_counts=counts)
-    codes, kv_scale = fp8.quantize_host(p.cache.storage, layout)
-    kw = dict(kv_scale=kv_scale, fp8_layout=layout)
-    if kind == "contiguous":
-        c = nm.ContiguousKVCache(codes, p.lengths, **kw)
-    else:
-        c = nm.PagedKVCache(codes, p.cache.block_table_host, p.lengths, **kw)
-    return dataclasses.replace(p, cache=c)
+    return with_fp8_cache(p, layout)
 
 
 def check(p, mask, score_mod, num_partitions, backend="simt"):
@@ -481,9 +475,9 @@ def test_fp8_shards_merge_to_the_whole_cache(rng):
     from numba_mla.sharding import shard_cache
     from test_dcp import local_cache, positions_of
 
-    p = make_problem(rng, 1, 1, 2, np.array([9], np.int32), BF16, "contiguous")
-    codes, kv_scale = fp8.quantize_host(p.cache.storage, "e4m3")
-    p = dataclasses.replace(p, cache=nm.ContiguousKVCache(codes, p.lengths, kv_scale=kv_scale))
+    p = with_fp8_cache(make_problem(rng, 1, 1, 2, np.array([9], np.int32), BF16,
+                                    "contiguous"), "e4m3")
+    kv_scale = p.cache.kv_scale
     golden, same = references(p)
     outs, lses = [], []
     for rank in range(2):

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import numba_mla as nm
-from helpers import BF16, assert_three_way, fp32_floor, make_problem, references
+from helpers import (BF16, assert_three_way, fp32_floor, make_problem, references,
+                     with_fp8_cache)
 from numba_mla import checks, launch
 
 KERNEL = pytest.mark.kernel
@@ -195,7 +196,7 @@ def test_mma_sync_config_fits_the_device(rng, monkeypatch):
     runs the FMA kernel for it on an Ada-sized one; FP8 rows staged through shared memory run
     two tiles in flight at 16 rows too (``num_pipeline_stages=2`` is honoured there, 1 only
     where they are loaded by the warps)."""
-    from numba_mla import fp8, heuristics
+    from numba_mla import heuristics
 
     p = make_problem(rng, 1, 1, 20, [40], BF16, "contiguous")  # 20 query rows
     monkeypatch.setattr(heuristics, "smem_per_block", lambda: 166912)  # an A100's
@@ -204,11 +205,8 @@ def test_mma_sync_config_fits_the_device(rng, monkeypatch):
         _spec(p, nm.MHAConfig(num_queries_per_block=32), "mma_sync")
     assert _spec(p, None, "mma_sync").block_m == 16
 
-    codes, kv_scale = fp8.quantize_host(p.cache.storage, "e4m3")
     for H, rows in ((20, 32), (16, 16)):
-        q = dataclasses.replace(p, q=p.q[:, :, :H]) if H != 20 else p
-        pf = dataclasses.replace(q, cache=nm.ContiguousKVCache(codes, p.lengths,
-                                                               kv_scale=kv_scale))
+        pf = with_fp8_cache(dataclasses.replace(p, q=p.q[:, :, :H]), "e4m3")
         monkeypatch.setattr(heuristics, "smem_per_block", lambda: 232448)  # an H200's
         spec = _spec(pf, nm.MHAConfig(num_pipeline_stages=2))  # "auto": mma_sync for FP8
         assert (spec.backend, spec.block_m) == ("mma_sync", rows)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..arrays import BF16
 from ..constants import D_QK
+from ..fp8 import LAYOUTS, ROW_BYTES
 
 #: DeepSeek V3's softmax scale: mscale^2 / sqrt(192).
 SCALE = 0.1352
@@ -20,7 +21,7 @@ DTYPES = {"bfloat16": BF16, "float16": np.dtype(np.float16), "float32": np.dtype
 TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 1e-3}
 MASK_NAMES = ("null", "causal", "window256")
 #: The cache's storage: "same" (q's dtype) or an FP8 layout (docs/fp8.md), quantized from it.
-KV_NAMES = ("same", "e4m3", "v32")
+KV_NAMES = ("same",) + LAYOUTS
 
 
 def make_mask(name):
@@ -95,7 +96,7 @@ class Config:
     @property
     def row_bytes(self):
         """Bytes of one cache row (token)."""
-        return {"same": D_QK * DTYPES[self.dtype].itemsize, "e4m3": 576, "v32": 656}[self.kv]
+        return D_QK * DTYPES[self.dtype].itemsize if self.kv == "same" else ROW_BYTES[self.kv]
 
 
 #: docs/performance.md's shapes (B, H, L).

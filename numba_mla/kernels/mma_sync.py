@@ -69,6 +69,7 @@ from numba import cuda, float32, int32
 
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
+from ..fp8 import ROW_BYTES as FP8_ROW_BYTES
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
                      make_tile_walk, mark_empty)
 
@@ -103,7 +104,7 @@ NTHREADS = threads()  # (the 16-row block's)
 def fp8_row_words(fp8):
     """int32 words of an FP8 row: 576 codes ("e4m3"), or 512 codes, 4 scales, 64 bf16
     ("v32")."""
-    return {"e4m3": 144, "v32": 164}[fp8]
+    return FP8_ROW_BYTES[fp8] // 4
 
 
 def layout(block_m=BLOCK_M, fp8=None, staged=False):
