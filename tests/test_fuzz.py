@@ -171,6 +171,17 @@ entries = st.sampled_from(ENTRIES)
 backends = st.sampled_from(BACKENDS)
 
 
+def draw_problem(data, among=entries, **kw):
+    """An entry point drawn from ``among`` and a problem for it (``problems``' keywords)."""
+    entry = data.draw(among, "entry")
+    return entry, data.draw(problems(entry, **kw), "problem")
+
+
+def draw_fault(data, faults):
+    """``draw_problem``'s entry and problem, and one of ``faults`` to plant in the call."""
+    return (*draw_problem(data), data.draw(st.sampled_from(faults), "fault"))
+
+
 # ---------------------------------------------------------------------------------------------
 # q
 # ---------------------------------------------------------------------------------------------
@@ -180,9 +191,7 @@ Q_FAULTS = ("head_dim", "rank", "batch_or_rows", "sq", "heads", "dtype", "kind")
 @fuzz(250)
 @given(data=st.data())
 def test_fuzz_bad_q(no_launch, data):
-    entry = data.draw(entries, "entry")
-    p = data.draw(problems(entry), "problem")
-    fault = data.draw(st.sampled_from(Q_FAULTS), "fault")
+    entry, p, fault = draw_fault(data, Q_FAULTS)
     shape, names, exc = list(p.q.shape), ["q"], ValueError
     if fault == "head_dim":
         shape[-1] = data.draw(st.integers(0, 1200).filter(lambda d: d != 576))
@@ -225,8 +234,7 @@ def test_fuzz_bad_q(no_launch, data):
 @fuzz(80)
 @given(data=st.data())
 def test_fuzz_length_below_query_rows(no_launch, data):
-    entry = data.draw(entries, "entry")
-    p = data.draw(problems(entry, min_sq=2, min_len=3), "problem")
+    entry, p = draw_problem(data, min_sq=2, min_len=3)
     counts = p.counts
     candidates = [b for b in range(p.batch) if counts[b] >= 2]
     if not candidates:                            # ragged with at most 1 row per sequence
@@ -265,8 +273,7 @@ NOT_NUMBERS = st.one_of(
 def test_fuzz_bad_scale(no_launch, data):
     """SPEC: a non-finite scale is an error (finite means finite in float32, where the kernels
     multiply); a non-number is a TypeError. 0 and negative scales are allowed (below)."""
-    entry = data.draw(entries, "entry")
-    p = data.draw(problems(entry), "problem")
+    entry, p = draw_problem(data)
     bad, exc = data.draw(st.one_of(
         st.tuples(st.one_of(NONFINITE, BEYOND_F32, HUGE_INTS), st.just(ValueError)),
         st.tuples(NOT_NUMBERS, st.just(TypeError))), "scale")
@@ -276,8 +283,7 @@ def test_fuzz_bad_scale(no_launch, data):
 @fuzz(100)
 @given(data=st.data())
 def test_fuzz_bad_num_partitions(no_launch, data):
-    entry = data.draw(entries, "entry")
-    p = data.draw(problems(entry), "problem")
+    entry, p = draw_problem(data)
     bad, exc = data.draw(st.one_of(
         st.tuples(st.integers(max_value=0).flatmap(
             lambda n: st.sampled_from([n, np.int64(max(n, -2**63)), np.int32(max(n, -2**31))])),
@@ -291,8 +297,7 @@ def test_fuzz_bad_num_partitions(no_launch, data):
 @fuzz(100)
 @given(data=st.data())
 def test_fuzz_bad_backend(no_launch, data):
-    entry = data.draw(entries, "entry")
-    p = data.draw(problems(entry), "problem")
+    entry, p = draw_problem(data)
     bad = data.draw(st.one_of(
         st.text(max_size=8).filter(lambda s: s not in BACKENDS),
         st.sampled_from(BACKENDS).map(str.upper), st.sampled_from(BACKENDS).map(" {}".format),
@@ -304,8 +309,7 @@ def test_fuzz_bad_backend(no_launch, data):
 @fuzz(50)
 @given(data=st.data())
 def test_fuzz_bad_return_lse(no_launch, data):
-    entry = data.draw(st.sampled_from(["decode", "ragged"]), "entry")
-    p = data.draw(problems(entry), "problem")
+    entry, p = draw_problem(data, st.sampled_from(["decode", "ragged"]))
     bad = data.draw(st.one_of(st.integers(), st.text(max_size=3), st.none(), st.floats(),
                               st.just(np.array(True)), st.just([True])))
     refuse(entry, p, TypeError, "return_lse", return_lse=bad, backend=data.draw(backends))
@@ -360,9 +364,7 @@ OUT_FAULTS = ("shape", "rank", "dtype", "kind", "read_only", "device_vs_host",
 @fuzz(250)
 @given(data=st.data())
 def test_fuzz_bad_out(no_launch, data):
-    entry = data.draw(entries, "entry")
-    p = data.draw(problems(entry), "problem")
-    fault = data.draw(st.sampled_from(OUT_FAULTS), "fault")
+    entry, p, fault = draw_fault(data, OUT_FAULTS)
     name, kw = out_name(entry), {"backend": data.draw(backends)}
     shape = list(p.out_shape)
     if fault == "shape":
@@ -418,8 +420,7 @@ OFFSET_FAULTS = ("decreasing", "too_many_rows", "end", "start", "size", "dtype",
 @fuzz(200)
 @given(data=st.data())
 def test_fuzz_bad_row_offsets(no_launch, data):
-    entry = data.draw(st.sampled_from(RAGGED), "entry")
-    p = data.draw(problems(entry), "problem")
+    entry, p = draw_problem(data, st.sampled_from(RAGGED))
     fault = data.draw(st.sampled_from(OFFSET_FAULTS), "fault")
     offs, q, exc = p.q_offsets.astype(np.int64), p.q, ValueError
     B, T = p.batch, int(p.q_offsets[-1])
@@ -492,9 +493,7 @@ MOD_FAULTS = ("mask_kind", "mask_is_score_mod", "score_mod_kind", "score_mod_is_
 @fuzz(200)
 @given(data=st.data())
 def test_fuzz_bad_mask_and_score_mod(no_launch, data):
-    entry = data.draw(entries, "entry")
-    p = data.draw(problems(entry), "problem")
-    fault = data.draw(st.sampled_from(MOD_FAULTS), "fault")
+    entry, p, fault = draw_fault(data, MOD_FAULTS)
     kw = {"backend": data.draw(backends)}
     if fault == "mask_kind":
         kw["mask"] = data.draw(st.sampled_from([3, 2.5, "causal", b"x", np.zeros(3, bool), [1]]))
@@ -711,8 +710,7 @@ GOOD_SCALES = st.one_of(
 def test_fuzz_unusual_valid_arguments_are_accepted(no_launch, data):
     """The checks accept the call (the tripwire stops it there, with the normalised
     arguments), and the reference backend runs it, writing ``out``."""
-    entry = data.draw(st.sampled_from(["decode", "ragged"]), "entry")
-    p = data.draw(problems(entry), "problem")
+    entry, p = draw_problem(data, st.sampled_from(["decode", "ragged"]))
     scale = data.draw(GOOD_SCALES, "scale")
     num_partitions = data.draw(st.one_of(st.none(), st.integers(1, 2**62),
                                          st.just(np.int64(3)), st.just(np.uint8(200))))
@@ -823,20 +821,23 @@ def check_valid_call(p, mask, num_partitions, backend="simt"):
     assert_three_way(lse, low[1], golden[1], floor=fp32_floor(golden[1]), what="lse")
 
 
+#: Simulator-sized valid calls, three each, the same three for every backend.
+SIMULATOR_SETTINGS = settings(max_examples=3, deadline=None, derandomize=True, database=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+SIMULATOR_CALLS = valid_calls(max_b=2, max_h=2, long_lengths=st.integers(33, 40), max_other=20,
+                              max_sq=2)
+
+
 @pytest.mark.kernel
-@settings(max_examples=3, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(case=valid_calls(max_b=2, max_h=2, long_lengths=st.integers(33, 40), max_other=20,
-                        max_sq=2))
+@SIMULATOR_SETTINGS
+@given(case=SIMULATOR_CALLS)
 def test_fuzz_valid_calls_simt(case):
     check_valid_call(*case)
 
 
 @pytest.mark.kernel
-@settings(max_examples=3, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(case=valid_calls(max_b=2, max_h=2, long_lengths=st.integers(33, 40), max_other=20,
-                        max_sq=2))
+@SIMULATOR_SETTINGS
+@given(case=SIMULATOR_CALLS)
 def test_fuzz_valid_calls_simple(case):
     check_valid_call(*case, backend="simple")
 

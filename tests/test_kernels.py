@@ -103,6 +103,13 @@ def check_kernel(p, mask, score_mod, num_partitions=None, backend="simt"):
     return out, lse
 
 
+def check_case(case, rng, backend="simt"):
+    """check_kernel on an all-pairs case: its problem, mask, score mod and partitions."""
+    p = case.problem(rng)
+    mask = MASKS[case.mask].make(p, rng)
+    return check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, backend)
+
+
 # ---------------------------------------------------------------------------------------------
 # All-pairs selection
 # ---------------------------------------------------------------------------------------------
@@ -280,17 +287,13 @@ def test_all_pairs_generator(factors):
 @KERNEL
 @pytest.mark.parametrize("case", SIM_CASES, ids=str)
 def test_kernel_pairwise(case, rng):
-    p = case.problem(rng)
-    mask = MASKS[case.mask].make(p, rng)
-    check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions)
+    check_case(case, rng)
 
 
 @KERNEL
 @pytest.mark.parametrize("case", MMA_SIM_CASES, ids=str)
 def test_mma_kernel_each_factor(case, rng):
-    p = case.problem(rng)
-    mask = MASKS[case.mask].make(p, rng)
-    check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, "mma")
+    check_case(case, rng, "mma")
 
 
 @KERNEL
@@ -298,17 +301,13 @@ def test_mma_kernel_each_factor(case, rng):
 def test_mma_sync_kernel_each_factor(case, rng):
     """The warp tensor-core kernel (kernels/mma_sync.py) on the tensor-core cases: its 64-key
     tiles make the partitions runs of several tiles."""
-    p = case.problem(rng)
-    mask = MASKS[case.mask].make(p, rng)
-    check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, "mma_sync")
+    check_case(case, rng, "mma_sync")
 
 
 @KERNEL
 @pytest.mark.parametrize("case", SIMPLE_SIM_CASES, ids=str)
 def test_simple_kernel_each_factor(case, rng):
-    p = case.problem(rng)
-    mask = MASKS[case.mask].make(p, rng)
-    check_kernel(p, mask, SCORE_MODS[case.score_mod].make(p), case.num_partitions, "simple")
+    check_case(case, rng, "simple")
 
 
 @KERNEL
