@@ -20,26 +20,33 @@ from .mods import MaskLike, ScoreModLike, as_mask, as_score_mod
 from .selector import check_warp_split
 
 
-def _family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend, entry,
-            rows, q_layout=None):
-    """What a kept plan depends on apart from the lengths (plans.py): the entry point, thread,
-    stream, options as (type, value) pairs, the mods' keys, the arrays' layouts and whether q
-    and the cache start 16-byte aligned (the tensor-core kernels need it). None when the call
+def _call_key(q, scale, mask, score_mod, num_partitions, return_lse, out, backend, entry, rows,
+              q_layout=None):
+    """What a kept plan depends on apart from the cache and the lengths (plans.py): the entry
+    point, thread, stream, options as (type, value) pairs, the mods' keys, the arrays' layouts
+    and whether q starts 16-byte aligned (the tensor-core kernels need it). None when the call
     cannot reuse a plan (host arrays, the reference backend). ``q_layout``: plans.layout(q),
     when the caller has it already."""
-    if backend == "reference" or not isinstance(cache, KVCache):
+    if backend == "reference":
         return None
     q_layout, out_layout = q_layout or plans.layout(q), plans.layout(out)
-    if not q_layout or out_layout is False or not cache.layout_key[2]:
+    if not q_layout or out_layout is False:
         return None
     bias_layout = plans.layout(mask.bias_array())
     if bias_layout is False:
         return None
-    aligned = plans.aligned16(q) and plans.aligned16(cache.storage)
     return (entry, threading.get_ident(), plans.stream_of(q), backend,
             (type(num_partitions), num_partitions), (type(return_lse), return_lse),
             (type(scale), scale), mask.cache_key(), score_mod.cache_key(), q_layout,
-            out_layout, bias_layout, aligned, cache.layout_key, rows)
+            out_layout, bias_layout, plans.aligned16(q), rows)
+
+
+def _family(call_key, cache):
+    """A plan's family (plans.py): ``_call_key`` and the cache's layouts and alignment; None
+    when either cannot reuse a plan."""
+    if call_key is None or not isinstance(cache, KVCache) or not cache.layout_key[2]:
+        return None
+    return call_key + (cache.aligned16(), cache.layout_key)
 
 
 def _plan_key(family, cache, mask, counts, num_partitions, sq=None):
@@ -69,32 +76,35 @@ def _ragged_family(call):
     the row offsets live on the device)."""
     rows = (int(np.diff(call.q_offsets_host).max(initial=0)),
             plans.layout(call.q_offsets) or "host")
-    family = _family(call.q, call.cache, call.scale, call.mask, call.score_mod,
-                     call.num_partitions, call.return_lse, call.out, call.backend, "ragged", rows)
+    family = _family(_call_key(call.q, call.scale, call.mask, call.score_mod,
+                               call.num_partitions, call.return_lse, call.out, call.backend,
+                               "ragged", rows), call.cache)
     config, warp_split_k = getattr(call, "config", None), getattr(call, "warp_split_k", False)
     if family and (config is not None or warp_split_k):
         family += ((config, warp_split_k),)
     return family
 
 
-def _fast_family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend):
-    """``_family`` of an ``mla_decode`` call, from its raw arguments before any check, with the
-    mods made of them; None (the checked path) for anything unexpected. A family equals a
-    stored one only if every argument's kind, layout and value equals that of an earlier
-    call that passed every check."""
+def _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend):
+    """``_call_key`` of an ``mla_decode`` call, from its raw arguments before any check, with
+    the mods made of them and the plan the cache object keeps for it (or None); None (the
+    checked path) for anything unexpected. A key equals a stored one only if every argument's
+    kind, layout and value equals that of an earlier call that passed every check."""
     try:
+        if not isinstance(cache, KVCache):
+            return None
         mask, score_mod = as_mask(mask), as_score_mod(score_mod)
         q_layout = plans.layout(q)
         if not q_layout:
             return None
-        family = _family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out,
-                         backend, "decode", q_layout[1][1], q_layout)
-        if family is None:
+        key = _call_key(q, scale, mask, score_mod, num_partitions, return_lse, out, backend,
+                        "decode", q_layout[1][1], q_layout)
+        if key is None:
             return None
-        hash(family)
+        plan = plans.kept(cache, key)  # (hashes the key: an unhashable argument goes below)
     except Exception:  # anything odd: the checked path says what is wrong
         return None
-    return family, mask, score_mod
+    return key, mask, score_mod, plan
 
 
 def _values_ok(cache, mask, sq, heads, lengths_name="lengths"):
@@ -107,9 +117,10 @@ def _values_ok(cache, mask, sq, heads, lengths_name="lengths"):
                    lambda: _check_bias(mask, cache.batch, heads, sq, cache) or True)
 
 
-def _run(call, family):
+def _run(call, family, call_key=None):
     """Run a checked call: the reference, a kept or new plan (device arrays: ``family``), or a
-    plan of its own (host arrays: copied in and out on every call anyway)."""
+    plan of its own (host arrays: copied in and out on every call anyway). ``call_key``: the
+    plain call's ``_call_key``, under which the cache object remembers the plan."""
     if call.backend == "reference":  # checked once: the reference runs the checked call
         out, lse = reference.compute(call)
         if call.out is not None:
@@ -132,6 +143,8 @@ def _run(call, family):
         spec = plan.spec
         plans.remember(family, (spec.block_n, spec.groups, spec.rows, spec.slots))
         plans.store(family + ((spec.chunk, spec.num_partitions),), plan)
+    if call_key is not None:
+        plans.keep(call.cache, call_key, plan)
     offsets = None
     if call.ragged:
         offsets = call.q_offsets if is_device(call.q_offsets) else call.q_offsets_host
@@ -148,18 +161,20 @@ def mla_decode(q: Any, cache: KVCache, scale: float, mask: MaskLike = None,
                return_lse: bool = False, out: Any = None, backend: str = "auto") -> Any:
     """MLA decode: q [B, Sq, H, 576] against ``cache`` -> out [B, Sq, H, 512] in q's dtype
     (with ``return_lse``: ``(out, lse [B, Sq, H] float32)``). See SPEC.md for the semantics."""
-    fast = _fast_family(q, cache, scale, mask, score_mod, num_partitions, return_lse, out,
-                        backend)
+    fast = _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
     if fast is not None:
-        family, mask_, _ = fast
-        sq = family[-1]
-        key = _plan_key(family, cache, mask_, None, num_partitions, sq)
-        plan = None if key is None else plans.lookup(key)
+        key, mask_, _, plan = fast  # plan: this cache object's plan for such calls
+        if plan is None:
+            family, sq = _family(key, cache), key[-1]
+            plan_key = family and _plan_key(family, cache, mask_, None, num_partitions, sq)
+            plan = plan_key and plans.lookup(plan_key)
+            if plan is not None:
+                _values_ok(cache, mask_, sq, plan.call.heads)
+                plans.keep(cache, key, plan)
         if plan is not None:  # the plain call's fast path: see plans.py
-            _values_ok(cache, mask_, sq, plan.call.heads)
-            return plans.run(plan, q, cache, mask_.bias_array(), out, None, family[2])
+            return plans.run(plan, q, cache, mask_.bias_array(), out, None, key[2])
     call = check_decode(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend)
-    return _run(call, fast and fast[0])
+    return _run(call, fast and _family(fast[0], call.cache), fast and fast[0])
 
 
 def prepare(q: Any, cache: KVCache, scale: float, mask: MaskLike = None,
@@ -327,9 +342,9 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
         _check_q_max_seq_len(q_max_seq_len, call.sq)
         check_warp_split(warp_split_k, call.backend)
         call.config, call.warp_split_k = config, warp_split_k
-        fast = _fast_family(q, cache, scale, mask, score_mod, num_partitions, False, output,
-                            backend)
-        family = fast and fast[0]
+        fast = _fast_key(q, cache, scale, mask, score_mod, num_partitions, False, output,
+                         backend)
+        family = fast and _family(fast[0], cache)
         if family and (config is not None or warp_split_k):  # (mla_decode's have neither)
             family += ((config, warp_split_k),)
         _run(call, family)

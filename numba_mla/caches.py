@@ -134,6 +134,7 @@ class KVCache:
 
         self._device = {}
         self._memo = {}
+        self._plans = {}  # api._call_key -> (generation, plan): plans.kept
         if arrays_key is None:
             arrays_key = (self.kind, self.page_size, layout(self.storage),
                           layout(self.block_table) if is_device(self.block_table) else
@@ -173,6 +174,15 @@ class KVCache:
 
     def device_block_table(self):
         return self._device_copy("block_table", self.block_table, self.block_table_host)
+
+    def aligned16(self):
+        """Whether the storage starts 16-byte aligned (device storage; once per object)."""
+        a = self._memo.get("aligned16")
+        if a is None:
+            from .plans import aligned16
+
+            a = self._memo["aligned16"] = aligned16(self.storage)
+        return a
 
     def memo(self, key, compute):
         """A value derived from this cache's (immutable) host copies, computed once per key."""

@@ -72,17 +72,23 @@ def _empty_lse_like_caller(q, shape):
     return cuda.device_array(shape, dtype=np.float32)
 
 
-def _empty_like_caller(q, shape, dtype):
-    """Output storage of the caller's kind: torch for torch q, else a Numba device array."""
+def _out_allocator(q, shape, dtype):
+    """A zero-argument callable that allocates output storage of the caller's kind: torch for
+    torch q (on q's device), else a Numba device array."""
     if is_torch(q):
         import torch
 
         tdt = {BF16: torch.bfloat16, np.dtype(np.float16): torch.float16,
                np.dtype(np.float32): torch.float32}[np.dtype(dtype)]
-        return torch.empty(shape, dtype=tdt, device=q.device)
+        return functools.partial(torch.empty, shape, dtype=tdt, device=q.device)
     if np.dtype(dtype).itemsize == 2:  # allocated as int16 (any dtype Numba knows), seen as dtype
-        return cuda.device_array(shape, dtype=np.int16).view(dtype)
-    return cuda.device_array(shape, dtype=dtype)
+        return lambda: cuda.device_array(shape, dtype=np.int16).view(dtype)
+    return functools.partial(cuda.device_array, shape, dtype=dtype)
+
+
+def _empty_like_caller(q, shape, dtype):
+    """Output storage of the caller's kind: torch for torch q, else a Numba device array."""
+    return _out_allocator(q, shape, dtype)()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,6 +326,8 @@ class Plan:
 
         _compat.notice_simulator()
         self.call = call
+        self.cache = call.cache  # the cache object whose arrays are bound (plans.run)
+        self._alloc_out = None
         self.stream = current_stream(call.q)
         tag = factory.dtype_tag(call.dtype)
         sixteen = self.sixteen = tag != "f32"
@@ -484,6 +492,12 @@ class Plan:
             v = _as_device(array, False, (T, H))
             return v.reshape((T, H, 1)) if self.spec.direct else v
         return _as_device(array, False)
+
+    def new_out(self, q):
+        """A new output for a call on ``q``, of the caller's kind (plans.run)."""
+        if self._alloc_out is None:
+            self._alloc_out = _out_allocator(q, self.call.out_shape, self.call.dtype)
+        return self._alloc_out()
 
     def launch(self, stream=None):
         """Enqueue the kernels on ``stream`` (default: the stream current at construction)."""

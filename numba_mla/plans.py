@@ -16,9 +16,14 @@ by a key of what the plan depends on:
   same inputs always run the same schedule (bit-identical results, whatever plans were kept
   before). The schedule is computed once per cache object (its host lengths).
 
+A cache object remembers the plans its own calls found (``kept``, at most PLANS_PER_CACHE),
+keyed by the call's other arguments alone: a decode loop's repeated call finds its plan in
+one dict lookup, without rebuilding the family or the schedule.
+
 On a hit the plan's array arguments are re-pointed at this call's arrays (launch.Plan.rebind:
-on a GPU a few integers in the packed parameters), a new output is allocated (unless ``out``
-was given), and the kernels are enqueued: no device-to-host copy, no synchronisation. Checks
+on a GPU a few integers in the packed parameters; the cache's arrays only when the cache
+object is not the one the plan ran last), a new output is allocated (unless ``out`` was
+given), and the kernels are enqueued: no device-to-host copy, no synchronisation. Checks
 that depend on values (lengths against query counts, a bias against the lengths) still run on
 every call, on the host copies the cache object made when it was built.
 
@@ -37,8 +42,11 @@ from .arrays import data_ptr, is_torch
 
 #: Plans kept (each holds its compiled kernels' parameters and, split-K, a workspace view).
 MAX_PLANS = 64
+#: Plans a cache object remembers for its own calls (``kept``), most recent last.
+PLANS_PER_CACHE = 4
 
 _lock = threading.Lock()
+_generation = [0]  # bumped by clear(): what cache objects remember from before is dropped
 _plans = OrderedDict()
 _geometry = {}  # family -> (keys a tile, row groups, rows, slots) of the kernel its plans run
 _stream_queries = {}
@@ -111,11 +119,33 @@ def store(key, plan):
             _plans.popitem(last=False)
 
 
+def kept(cache, key):
+    """The plan a call of ``key`` (api._call_key) on this cache object found last, if any:
+    everything else a plan depends on (the cache's layouts, the split-K schedule of its
+    lengths, the value checks) is fixed for the cache object, so one dict lookup finds it."""
+    hit = cache._plans.get(key)
+    if hit is not None and hit[0] == _generation[0]:
+        return hit[1]
+    return None
+
+
+def keep(cache, key, plan):
+    """Remember ``plan`` for this cache object's calls of ``key`` (at most PLANS_PER_CACHE, the
+    oldest dropped first; they go with the cache object)."""
+    with _lock:
+        mine = cache._plans
+        mine.pop(key, None)
+        while len(mine) >= PLANS_PER_CACHE:
+            del mine[next(iter(mine))]
+        mine[key] = (_generation[0], plan)
+
+
 def clear():
     """Drop every kept plan (their kernels stay compiled)."""
     with _lock:
         _plans.clear()
         _geometry.clear()
+        _generation[0] += 1
 
 
 def size():
@@ -129,15 +159,17 @@ def run(plan, q, cache, bias, out, offsets, stream):
 
     call = plan.call
     plan.rebind("q", q)
-    plan.rebind("storage", cache.storage)
-    plan.rebind("lengths", cache.device_lengths())
-    if cache.block_table is not None:
-        plan.rebind("block_table", cache.device_block_table())
+    if plan.cache is not cache:  # (a cache object's arrays never change)
+        plan.rebind("storage", cache.storage)
+        plan.rebind("lengths", cache.device_lengths())
+        if cache.block_table is not None:
+            plan.rebind("block_table", cache.device_block_table())
+        plan.cache = cache
     if bias is not None:
         plan.rebind("bias", bias)
     if offsets is not None:
         plan.rebind("offsets", offsets)
-    result = out if out is not None else launch._empty_like_caller(q, call.out_shape, call.dtype)
+    result = out if out is not None else plan.new_out(q)
     plan.rebind("out", result)
     lse = None
     if call.return_lse:

@@ -183,6 +183,30 @@ def test_plan_cache_is_bounded(rng, monkeypatch):
     assert plans.size() == 2
 
 
+@KERNEL
+def test_cache_object_remembers_its_plans(rng, monkeypatch):
+    """A cache object remembers the plans of its own calls (plans.kept), at most
+    PLANS_PER_CACHE, the oldest dropped; each of them a plan of the shared cache, found again
+    for the same call; plans.clear() makes it forget them; results stay right."""
+    monkeypatch.setattr(plans, "PLANS_PER_CACHE", 2)
+    plans.clear()
+    p = make_problem(rng, 1, 1, 1, [5], np.float32, "contiguous")
+    _, cache = on_device(p)
+    for H in (1, 2, 3, 2):
+        q = rng.standard_normal((1, 1, H, 576)).astype(np.float32)
+        got = nm.mla_decode(to_device(q), cache, p.scale, backend="simt")
+        expected = nm.mla_decode(q, p.cache, p.scale, backend="reference")
+        np.testing.assert_allclose(host(got), expected, rtol=2e-5, atol=2e-6)
+        assert len(cache._plans) <= 2
+    remembered = [plan for _, plan in cache._plans.values()]
+    assert len(remembered) == 2 and all(r in plans._plans.values() for r in remembered)
+    assert [key[9][1][2] for key in cache._plans] == [2, 3]  # H = 1, the first kept, dropped
+    key = next(iter(cache._plans))
+    assert plans.kept(cache, key) is remembered[0]
+    plans.clear()
+    assert plans.kept(cache, key) is None
+
+
 @pytest.mark.gpu
 def test_gpu_threads_share_the_plan_cache(rng):
     """Six threads, three configurations, four calls each, at once: every result right."""
