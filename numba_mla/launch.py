@@ -73,22 +73,24 @@ def _empty_lse_like_caller(q, shape):
 
 
 def _out_allocator(q, shape, dtype):
-    """A zero-argument callable that allocates output storage of the caller's kind: torch for
-    torch q (on q's device), else a Numba device array."""
+    """A callable ``alloc(q)`` for output storage of the caller's kind: torch for torch q (on
+    q's device), else a Numba device array."""
     if is_torch(q):
         import torch
 
         tdt = {BF16: torch.bfloat16, np.dtype(np.float16): torch.float16,
                np.dtype(np.float32): torch.float32}[np.dtype(dtype)]
-        return functools.partial(torch.empty, shape, dtype=tdt, device=q.device)
+        if tdt == q.dtype:  # (new_empty: q's dtype and device, without parsing them again)
+            return lambda q: q.new_empty(shape)
+        return lambda q: torch.empty(shape, dtype=tdt, device=q.device)
     if np.dtype(dtype).itemsize == 2:  # allocated as int16 (any dtype Numba knows), seen as dtype
-        return lambda: cuda.device_array(shape, dtype=np.int16).view(dtype)
-    return functools.partial(cuda.device_array, shape, dtype=dtype)
+        return lambda q: cuda.device_array(shape, dtype=np.int16).view(dtype)
+    return lambda q: cuda.device_array(shape, dtype=dtype)
 
 
 def _empty_like_caller(q, shape, dtype):
     """Output storage of the caller's kind: torch for torch q, else a Numba device array."""
-    return _out_allocator(q, shape, dtype)()
+    return _out_allocator(q, shape, dtype)(q)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -497,7 +499,7 @@ class Plan:
         """A new output for a call on ``q``, of the caller's kind (plans.run)."""
         if self._alloc_out is None:
             self._alloc_out = _out_allocator(q, self.call.out_shape, self.call.dtype)
-        return self._alloc_out()
+        return self._alloc_out(q)
 
     def launch(self, stream=None):
         """Enqueue the kernels on ``stream`` (default: the stream current at construction)."""

@@ -60,7 +60,7 @@ def layout(x):
     if is_torch(x):
         if not x.is_cuda:
             return False
-        return ("torch", tuple(x.shape), x.stride(), x.dtype, x.device.index)
+        return ("torch", x.shape, x.stride(), x.dtype, x.get_device())  # (Size: a tuple)
     if isinstance(x, np.ndarray) or not hasattr(x, "strides"):
         return False
     # Numba device arrays (the simulator's too) and CuPy arrays
@@ -155,8 +155,6 @@ def size():
 
 def run(plan, q, cache, bias, out, offsets, stream):
     """Run a kept plan on this call's arrays; returns out (and lse) as ``mla_decode`` does."""
-    from . import launch
-
     call = plan.call
     plan.rebind("q", q)
     if plan.cache is not cache:  # (a cache object's arrays never change)
@@ -173,6 +171,8 @@ def run(plan, q, cache, bias, out, offsets, stream):
     plan.rebind("out", result)
     lse = None
     if call.return_lse:
+        from . import launch
+
         lse = launch._empty_lse_like_caller(q, call.out_shape[:-1])
         plan.rebind("lse", lse)
     plan.launch(stream)
