@@ -340,9 +340,7 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
         acc = cuda.local.array(NACC, float32)  # O: BM rows x this warp's OD dims
         for k in range(NACC):
             acc[k] = float32(0.0)
-        # S: this warp's 16 keys, rows gr and gr + 8 of sm (s[8:]: the odd steps' partial sums,
-        # a second pair of accumulator chains beside the first)
-        s = cuda.local.array(16, float32)
+        s = cuda.local.array(8, float32)  # S: this warp's 16 keys, rows gr and gr + 8 of sm
         m_run = cuda.local.array(LANE_ROWS, float32)  # running max, sum of rows gr + 8 j (j < 2 MT)
         l_run = cuda.local.array(LANE_ROWS, float32)
         for j in range(LANE_ROWS):
@@ -401,19 +399,13 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
                             b, n0, min(n0 + BLOCK_N, kend), tid)
 
             # -- phase 2: this warp's 16 keys of S, in registers; mask, score mod, maxima --
-            for k in range(16):
+            for k in range(8):
                 s[k] = float32(0.0)
-            for step in range(0, D_QK // 16, 2):  # even steps into s[:8], odd into s[8:]
+            for step in range(D_QK // 16):
                 a0, a1, a2, a3 = ptx.ldmatrix_x4(words, q_addr + 32 * step, tid)
                 b0, b1, b2, b3 = ptx.ldmatrix_x4(words, k_addr + ks + 32 * step, tid)
                 mma(s, 0, a0, a1, a2, a3, b0, b1, tid)  # keys 16 kg + 0..7
                 mma(s, 4, a0, a1, a2, a3, b2, b3, tid)  # keys 16 kg + 8..15
-                a0, a1, a2, a3 = ptx.ldmatrix_x4(words, q_addr + 32 * step + 32, tid)
-                b0, b1, b2, b3 = ptx.ldmatrix_x4(words, k_addr + ks + 32 * step + 32, tid)
-                mma(s, 8, a0, a1, a2, a3, b0, b1, tid)
-                mma(s, 12, a0, a1, a2, a3, b2, b3, tid)
-            for k in range(8):
-                s[k] += s[8 + k]
             for half in range(2):
                 i = 16 * sm + gr + 8 * half  # the block's row
                 r = r0 + i
