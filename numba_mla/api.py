@@ -147,11 +147,8 @@ def _run(call, family, call_key=None):
         plans.keep(call.cache, call_key, plan)
     offsets = None
     if call.ragged:
-        offsets = call.q_offsets if is_device(call.q_offsets) else call.q_offsets_host
-        if not is_device(offsets):
-            from numba import cuda
-
-            offsets = cuda.to_device(offsets)
+        offsets = (call.q_offsets if is_device(call.q_offsets)
+                   else plan.device_offsets(call.q_offsets_host, call.q))
     return plans.run(plan, call.q, call.cache, call.mask.bias_array(), call.out, offsets,
                      family[2])
 

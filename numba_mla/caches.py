@@ -67,6 +67,24 @@ def _host_int32(name, x, ndim):
     return np.ascontiguousarray(h, dtype=np.int32)
 
 
+def to_device_like(like, host):
+    """A device copy of a small host array, made the way ``like``'s kind allows: for torch
+    tensors by torch's caching allocator (no cudaMalloc a step) from pinned memory, so the copy
+    is enqueued on the current stream (the one the kernels run on) and the call returns at
+    once (a pageable copy would wait for the GPU to drain first; torch keeps the pinned block
+    until the copy is done); else by Numba."""
+    if is_torch(like):
+        import torch
+
+        h = torch.from_numpy(np.ascontiguousarray(host))
+        if like.is_cuda:
+            h = h.pin_memory()
+        return h.to(like.device, non_blocking=True)
+    from numba import cuda
+
+    return cuda.to_device(host)
+
+
 def check_lengths(lengths, batch, capacity, name="lengths"):
     """Validated host int32 copy of per-sequence lengths: [batch], 0 <= length <= capacity."""
     lh = _host_int32(name, lengths, 1)
@@ -150,21 +168,7 @@ class KVCache:
             return given
         d = self._device.get(name)
         if d is None:
-            if is_torch(self.storage):  # torch's caching allocator: no cudaMalloc a step
-                import torch
-
-                h = torch.from_numpy(np.ascontiguousarray(host))
-                if self.storage.is_cuda:
-                    # From pinned memory the copy is enqueued on the current stream (the one the
-                    # kernels run on) and the call returns at once; a pageable copy would wait
-                    # for the GPU to drain first. Torch keeps the pinned block until it is done.
-                    h = h.pin_memory()
-                d = h.to(self.storage.device, non_blocking=True)
-            else:
-                from numba import cuda
-
-                d = cuda.to_device(host)
-            self._device[name] = d
+            d = self._device[name] = to_device_like(self.storage, host)
         return d
 
     def device_lengths(self):

@@ -15,7 +15,7 @@ import numpy as np
 from . import _compat, _numba
 from . import factory, heuristics, ptx, selector
 from .arrays import BF16, data_ptr, is_device, is_torch
-from .caches import D_QK, D_V
+from .caches import D_QK, D_V, to_device_like
 from numba import cuda
 
 _SMEM_STATIC_LIMIT = 48 * 1024
@@ -330,6 +330,7 @@ class Plan:
         self.call = call
         self.cache = call.cache  # the cache object whose arrays are bound (plans.run)
         self._alloc_out = None
+        self._offsets = None  # (host offsets' bytes, their device copy): device_offsets
         self.stream = current_stream(call.q)
         tag = factory.dtype_tag(call.dtype)
         sixteen = self.sixteen = tag != "f32"
@@ -494,6 +495,15 @@ class Plan:
             v = _as_device(array, False, (T, H))
             return v.reshape((T, H, 1)) if self.spec.direct else v
         return _as_device(array, False)
+
+    def device_offsets(self, host, q):
+        """A device copy of a ragged call's host row offsets, for a call on ``q``: the last one
+        made while the values stay the same (a decode loop's seldom change), else a new one,
+        enqueued on q's stream for torch q (caches.to_device_like: no wait for the GPU)."""
+        key = host.tobytes()
+        if self._offsets is None or self._offsets[0] != key:
+            self._offsets = (key, to_device_like(q, host))
+        return self._offsets[1]
 
     def new_out(self, q):
         """A new output for a call on ``q``, of the caller's kind (plans.run)."""

@@ -114,6 +114,30 @@ def test_no_stale_plan(rng):
 
 
 @KERNEL
+def test_ragged_host_offsets_copied_once(rng):
+    """mla_decode_ragged on device q with host row offsets: the plan copies the offsets to the
+    device once and reuses the copy while they stay the same; new offsets (the same plan: same
+    longest run and schedule) get a new copy; every result equals the host-array call's."""
+    plans.clear()
+    p = make_problem(rng, 2, 2, 1, [9, 6], np.float32, "contiguous", ragged=True,
+                     q_counts=[2, 1])
+    q, cache = on_device(p)
+    expected = p.run(nm, backend="simt")
+    firsts = []
+    for _ in range(2):
+        got = nm.mla_decode_ragged(q, p.q_offsets, cache, p.scale, backend="simt")
+        np.testing.assert_array_equal(host(got), expected)
+        (plan,) = plans._plans.values()
+        firsts.append(plan._offsets[1])
+    assert firsts[0] is firsts[1]
+    other = np.array([0, 1, 3], np.int32)  # sequence 0 one row, sequence 1 two
+    got = nm.mla_decode_ragged(q, other, cache, p.scale, backend="simt")
+    np.testing.assert_array_equal(
+        host(got), nm.mla_decode_ragged(p.q, other, p.cache, p.scale, backend="simt"))
+    assert plans.size() == 1 and plan._offsets[1] is not firsts[0]
+
+
+@KERNEL
 def test_in_place_changes_are_honoured(rng):
     """q, the cache's rows and its lengths rewritten in device memory between two calls: the
     second call sees them (lengths in place are the decode loop's fast idiom)."""
