@@ -16,9 +16,12 @@ by a key of what the plan depends on:
   same inputs always run the same schedule (bit-identical results, whatever plans were kept
   before). The schedule is computed once per cache object (its host lengths).
 
-A cache object remembers the plans its own calls found (``kept``, at most PLANS_PER_CACHE),
-keyed by the call's other arguments alone: a decode loop's repeated call finds its plan in
-one dict lookup, without rebuilding the family or the schedule.
+A cache object remembers the plans its own calls found (``kept``, at most PLANS_PER_CACHE,
+weakly: a plan the shared store dropped is gone from there too), keyed by the call's other
+arguments alone: a decode loop's repeated call finds its plan in one dict lookup, without
+rebuilding the family or the schedule. (Such a hit does not refresh the plan's place in the
+shared store's order: a plan used only through its cache object is dropped first there when
+more than MAX_PLANS are made, and is made again by the next call.)
 
 On a hit the plan's array arguments are re-pointed at this call's arrays (launch.Plan.rebind:
 on a GPU a few integers in the packed parameters; the cache's arrays only when the cache
@@ -33,6 +36,7 @@ one thread at a time). NumPy inputs do not come here: they are copied to the dev
 on every call anyway.
 """
 import threading
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -120,24 +124,27 @@ def store(key, plan):
 
 
 def kept(cache, key):
-    """The plan a call of ``key`` (api._call_key) on this cache object found last, if any:
-    everything else a plan depends on (the cache's layouts, the split-K schedule of its
-    lengths, the value checks) is fixed for the cache object, so one dict lookup finds it."""
+    """The plan a call of ``key`` (api._call_key) on this cache object found last, if it is
+    still kept: everything else a plan depends on (the cache's layouts, the split-K schedule
+    of its lengths, the value checks) is fixed for the cache object, so one dict lookup finds
+    it."""
     hit = cache._plans.get(key)
     if hit is not None and hit[0] == _generation[0]:
-        return hit[1]
+        return hit[1]()  # (None once the plan was dropped)
     return None
 
 
 def keep(cache, key, plan):
     """Remember ``plan`` for this cache object's calls of ``key`` (at most PLANS_PER_CACHE, the
-    oldest dropped first; they go with the cache object)."""
+    first remembered dropped first). Weakly: the shared store alone keeps plans alive (its
+    bound, MAX_PLANS, bounds their memory), and a cache object does not keep itself alive
+    through the plans that hold it."""
     with _lock:
         mine = cache._plans
         mine.pop(key, None)
         while len(mine) >= PLANS_PER_CACHE:
             del mine[next(iter(mine))]
-        mine[key] = (_generation[0], plan)
+        mine[key] = (_generation[0], weakref.ref(plan))
 
 
 def clear():
@@ -158,6 +165,7 @@ def run(plan, q, cache, bias, out, offsets, stream):
     call = plan.call
     plan.rebind("q", q)
     if plan.cache is not cache:  # (a cache object's arrays never change)
+        plan.cache = None  # until all three are bound (a failure between leaves them mixed)
         plan.rebind("storage", cache.storage)
         plan.rebind("lengths", cache.device_lengths())
         if cache.block_table is not None:

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -217,13 +218,40 @@ def test_cache_object_remembers_its_plans(rng, monkeypatch):
         expected = nm.mla_decode(q, p.cache, p.scale, backend="reference")
         np.testing.assert_allclose(host(got), expected, rtol=2e-5, atol=2e-6)
         assert len(cache._plans) <= 2
-    remembered = [plan for _, plan in cache._plans.values()]
+    remembered = [ref() for _, ref in cache._plans.values()]
     assert len(remembered) == 2 and all(r in plans._plans.values() for r in remembered)
     assert [key[9][1][2] for key in cache._plans] == [2, 3]  # H = 1, the first kept, dropped
     key = next(iter(cache._plans))
     assert plans.kept(cache, key) is remembered[0]
+    del remembered
     plans.clear()
     assert plans.kept(cache, key) is None
+    # The plans and the cache object are freed at once (no cycle through the remembered ones)
+    alive = weakref.ref(cache)
+    del cache
+    assert alive() is None
+
+
+@KERNEL
+def test_failed_rebind_leaves_no_mixed_arrays(rng):
+    """A call on another cache object that fails while its arrays are being bound (here its
+    lengths' device copy) does not leave the plan believing the first cache's arrays are
+    bound: the next call on the first cache gives its own result again."""
+    plans.clear()
+    p1 = make_problem(rng, 1, 1, 1, [5], np.float32, "contiguous")
+    p2 = make_problem(rng, 1, 1, 1, [5], np.float32, "contiguous")
+    q, c1 = on_device(p1)
+    _, c2 = on_device(p2)
+    first = host(nm.mla_decode(q, c1, p1.scale, backend="simt"))
+
+    def fail():
+        raise RuntimeError("no memory for the lengths")
+
+    c2.device_lengths = fail
+    with pytest.raises(RuntimeError, match="no memory"):
+        nm.mla_decode(q, c2, p1.scale, backend="simt")
+    assert plans.size() == 1  # the same plan, its storage now c2's
+    np.testing.assert_array_equal(host(nm.mla_decode(q, c1, p1.scale, backend="simt")), first)
 
 
 @pytest.mark.gpu
