@@ -266,6 +266,15 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
                          "(it runs only when set): pass use_score_mod=True, or no score_mod")
     config, num_partitions = check_config(config, num_partitions)
     valid_length = _index_array("valid_length", valid_length)
+    plain = (not ragged and config is None and not warp_split_k and valid_length is None
+             and kv_input_row_offsets is None and isinstance(k, KVCache))
+    if plain:  # mla_decode(q, k, ..., out=output) in MAX's words: its fast path (plans.py)
+        fast = _fast_key(q, k, scale, mask, score_mod, num_partitions, False, output, backend)
+        if fast is not None and fast[3] is not None:
+            _check_q_max_seq_len(q_max_seq_len, shape_of(q)[1])
+            key, mask_, _, plan = fast
+            plans.run(plan, q, k, mask_.bias_array(), output, None, key[2])
+            return output
     lengths_name = "lengths"  # where the key counts came from, for the errors
     if kv_input_row_offsets is not None:
         if isinstance(k, KVCache):
@@ -344,5 +353,5 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
         family = fast and _family(fast[0], cache)
         if family and (config is not None or warp_split_k):  # (mla_decode's have neither)
             family += ((config, warp_split_k),)
-        _run(call, family)
+        _run(call, family, fast[0] if fast and plain else None)
     return output

@@ -134,6 +134,33 @@ def test_ragged_host_offsets_copied_once(rng):
 
 
 @KERNEL
+def test_flare_reuses_the_plain_calls_plan(rng, monkeypatch):
+    """flare_mla_decoding(output, q, cache, ...) is mla_decode(q, cache, ..., out=output) in
+    MAX's words: a second call on the same cache object takes the plain call's fast path
+    (no check_decode), writes the same bits, and still refuses a q_max_seq_len below Sq."""
+    from numba_mla import api
+
+    plans.clear()
+    p = make_problem(rng, 2, 2, 1, [6, 9], np.float32, "paged", 4)
+    q, cache = on_device(p)
+    outputs = [to_device(np.full(p.out_shape, np.nan, np.float32)) for _ in range(2)]
+    nm.flare_mla_decoding(outputs[0], q, cache, None, None, None, p.scale, backend="simt")
+    expected = p.run(nm, backend="reference")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("check_decode ran on a kept plan's call")
+
+    monkeypatch.setattr(api, "check_decode", refuse)
+    nm.flare_mla_decoding(outputs[1], q, cache, None, None, None, p.scale, backend="simt",
+                          q_max_seq_len=2)
+    np.testing.assert_array_equal(host(outputs[1]), host(outputs[0]))
+    np.testing.assert_allclose(host(outputs[0]), expected, rtol=2e-5, atol=2e-6)
+    with pytest.raises(ValueError, match="q_max_seq_len"):
+        nm.flare_mla_decoding(outputs[1], q, cache, None, None, None, p.scale, backend="simt",
+                              q_max_seq_len=1)
+
+
+@KERNEL
 def test_in_place_changes_are_honoured(rng):
     """q, the cache's rows and its lengths rewritten in device memory between two calls: the
     second call sees them (lengths in place are the decode loop's fast idiom)."""
