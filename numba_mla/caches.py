@@ -152,7 +152,7 @@ class KVCache:
 
         self._device = {}
         self._memo = {}
-        self._plans = {}  # api._call_key -> (generation, plan): plans.kept
+        self._plans = {}  # api._call_key -> (generation, weakref to the plan): plans.kept
         if arrays_key is None:
             arrays_key = (self.kind, self.page_size, layout(self.storage),
                           layout(self.block_table) if is_device(self.block_table) else
@@ -181,12 +181,9 @@ class KVCache:
 
     def aligned16(self):
         """Whether the storage starts 16-byte aligned (device storage; once per object)."""
-        a = self._memo.get("aligned16")
-        if a is None:
-            from .plans import aligned16
+        from .plans import aligned16
 
-            a = self._memo["aligned16"] = aligned16(self.storage)
-        return a
+        return self.memo("aligned16", lambda: aligned16(self.storage))
 
     def memo(self, key, compute):
         """A value derived from this cache's (immutable) host copies, computed once per key."""

@@ -88,11 +88,6 @@ def _out_allocator(q, shape, dtype):
     return lambda q: cuda.device_array(shape, dtype=dtype)
 
 
-def _empty_like_caller(q, shape, dtype):
-    """Output storage of the caller's kind: torch for torch q, else a Numba device array."""
-    return _out_allocator(q, shape, dtype)(q)
-
-
 # ---------------------------------------------------------------------------------------------
 # Workspace: per-partition results, reused between calls (stream-ordered on the default stream)
 # ---------------------------------------------------------------------------------------------
@@ -387,7 +382,7 @@ class Plan:
             self.out_dev = _as_device(call.out, sixteen, out_shape3)
             self.result_array = call.out
         elif is_device(call.q):
-            self.result_array = _empty_like_caller(call.q, call.out_shape, call.dtype)
+            self.result_array = self.new_out(call.q)
             self.out_dev = _as_device(self.result_array, sixteen, out_shape3)
         else:
             self.result_array = None  # host caller: copied back in result()

@@ -27,8 +27,9 @@ On a hit the plan's array arguments are re-pointed at this call's arrays (launch
 on a GPU a few integers in the packed parameters; the cache's arrays only when the cache
 object is not the one the plan ran last), a new output is allocated (unless ``out`` was
 given), and the kernels are enqueued: no device-to-host copy, no synchronisation. Checks
-that depend on values (lengths against query counts, a bias against the lengths) still run on
-every call, on the host copies the cache object made when it was built.
+that depend on values (lengths against query counts, a bias against the lengths) run once
+per cache object, on the host copies it made when it was built, before any plan is kept for
+it.
 
 The cache holds at most ``MAX_PLANS`` plans (least recently used dropped first) and is shared
 by all threads (the thread is part of the key: a plan's workspace and parameters are used by
