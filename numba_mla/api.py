@@ -74,7 +74,8 @@ def _plan_key(family, cache, mask, counts, num_partitions, sq=None):
 def _ragged_family(call):
     """``_family`` of a checked ragged call (its rows: the most a sequence has, and whether
     the row offsets live on the device)."""
-    rows = (int(np.diff(call.q_offsets_host).max(initial=0)),
+    host = call.q_offsets_host  # (None: device offsets, unread; planned for call.sq rows)
+    rows = (int(np.diff(host).max(initial=0)) if host is not None else ("at most", call.sq),
             plans.layout(call.q_offsets) or "host")
     family = _family(_call_key(call.q, call.scale, call.mask, call.score_mod,
                                call.num_partitions, call.return_lse, call.out, call.backend,
@@ -133,7 +134,10 @@ def _run(call, family, call_key=None):
 
     if family is None:
         return launch.run(call)
-    counts = np.diff(call.q_offsets_host) if call.ragged else None
+    counts = None
+    if call.ragged:
+        host = call.q_offsets_host
+        counts = np.diff(host) if host is not None else np.full(call.batch, call.sq)
     config = getattr(call, "config", None)
     fixed = call.num_partitions or (config.num_partitions if config is not None else None)
     key = _plan_key(family, call.cache, call.mask, counts, fixed, call.sq)
@@ -335,10 +339,14 @@ def flare_mla_decoding(output, q, k, mask, score_mod, valid_length, scale, num_p
     if ragged:
         if valid_length is None:
             raise ValueError("valid_length: ragged q [T, H, 576] needs the B+1 row offsets, got None")
+        _check_q_max_seq_len(q_max_seq_len, 0)  # (its kind and range, before it sizes a plan)
         call = check_ragged(q, valid_length, cache, scale, mask, score_mod, num_partitions,
                             False, output, backend, out_name="output", offsets_name="valid_length",
-                            lengths_name=lengths_name)
+                            lengths_name=lengths_name, rows_bound=q_max_seq_len)
         _check_q_max_seq_len(q_max_seq_len, call.sq)
+        if call.q_offsets_host is None and q_max_seq_len is not None and q_max_seq_len < 1:
+            raise ValueError("q_max_seq_len: expected at least 1 with device row offsets "
+                             "(they are not read: it sizes the grid), got 0")
         check_warp_split(warp_split_k, call.backend)
         call.config, call.warp_split_k = config, warp_split_k
         _run(call, _ragged_family(call))

@@ -36,7 +36,8 @@ class Call:
     sq: int  # query rows per sequence (the largest, for ragged calls)
     dtype: np.dtype
     out_shape: tuple
-    # Ragged calls: row offsets [B+1] (host int32); None for padded q [B, Sq, H, 576].
+    # Ragged calls: row offsets [B+1] as given, and their checked host int32 copy (None for
+    # device offsets a kernel backend reads unread: check_ragged); None for padded q.
     q_offsets: Optional[Any] = None
     q_offsets_host: Optional[np.ndarray] = None
     # flare_mla_decoding's tuning (config.MHAConfig) and warp split-K; selector.py reads them
@@ -45,7 +46,7 @@ class Call:
 
     @property
     def ragged(self):
-        return self.q_offsets_host is not None
+        return self.q_offsets is not None
 
     def rows_of(self, b):
         """(first row, row count) of sequence b's queries."""
@@ -201,16 +202,43 @@ def check_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None
                 batch, heads, sq, dtype, out_shape)
 
 
+def _unread_offsets(offsets, backend, mask):
+    """Whether a ragged call's row offsets stay unread: int32 offsets in device memory, for a
+    kernel backend, without a materialized bias (whose rows the host checks against the
+    sequences' row counts). Reading them would wait for the GPU on every call; the kernels
+    clamp them instead (kernels/common.query_run)."""
+    return (is_array(offsets) and is_device(offsets) and dtype_of(offsets) == np.int32
+            and backend != "reference" and mask.bias_array() is None)
+
+
 def check_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None, num_partitions=None,
                  return_lse=False, out=None, backend="auto", out_name="out",
-                 offsets_name="q_row_offsets", lengths_name="lengths"):
+                 offsets_name="q_row_offsets", lengths_name="lengths", rows_bound=None):
     """Checks for ``mla_decode_ragged``: q ``[T, H, 576]``, row offsets ``[B+1]``; the names
-    as ``check_decode``'s (``flare_mla_decoding`` passes its offsets as ``valid_length``)."""
+    as ``check_decode``'s (``flare_mla_decoding`` passes its offsets as ``valid_length``).
+
+    Device int32 offsets (kernel backends, no materialized bias) are checked for shape and
+    dtype only, not read: the values' checks (from 0 to T, non-decreasing, at most MAX_SQ
+    rows a sequence, lengths at least the rows) do not run, and the kernels clamp the offsets
+    into q's rows. The call is then planned for ``rows_bound`` rows a sequence (MAX_SQ, or
+    ``flare_mla_decoding``'s ``q_max_seq_len``)."""
     scale, mask, score_mod, num_partitions, return_lse = _check_common(
         cache, scale, mask, score_mod, num_partitions, return_lse, backend)
     rows, heads, _ = _check_q_shape(q, ("T",))
-    offs = _host_int32(offsets_name, q_row_offsets, 1)
     batch = cache.batch
+    if _unread_offsets(q_row_offsets, backend, mask):
+        shape = shape_of(q_row_offsets)
+        if shape != (batch + 1,):
+            raise ValueError(f"{offsets_name}: expected shape [{batch + 1}] (B+1), got "
+                             f"{list(shape)}")
+        dtype = _check_q_dtype(q, cache)
+        sq = min(MAX_SQ, rows, MAX_SQ if rows_bound is None else rows_bound)
+        score_mod.check_heads(heads)
+        out_shape = (rows, heads, D_V)
+        _check_out(out, q, out_shape, dtype, out_name)
+        return Call(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend,
+                    batch, heads, sq, dtype, out_shape, q_row_offsets, None)
+    offs = _host_int32(offsets_name, q_row_offsets, 1)
     if offs.shape[0] != batch + 1:
         raise ValueError(f"{offsets_name}: expected shape [{batch + 1}] (B+1), got {list(offs.shape)}")
     if offs[0] != 0 or offs[-1] != rows:

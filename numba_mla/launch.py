@@ -336,8 +336,10 @@ class Plan:
             offs_host, offs_src = call.q_offsets_host, call.q_offsets
         else:
             offs_host = offs_src = (np.arange(B + 1) * call.sq).astype(np.int32)
-        T = int(offs_host[-1])
-        counts = np.diff(offs_host)
+        if offs_host is None:  # device offsets, not read: every sequence up to call.sq rows
+            T, counts = call.out_shape[0], np.full(B, call.sq)
+        else:
+            T, counts = int(offs_host[-1]), np.diff(offs_host)
         self.q_shape3 = None if call.ragged else (B * call.sq, H, D_QK)
         inputs = dict(
             offsets=_int32_device(offs_src, offs_host),

@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import numba_mla as nm
 from helpers import BF16, make_bias, make_problem
@@ -199,6 +201,68 @@ def test_values_changed_on_the_device_stay_in_bounds(backend, bias, rng):
     got = host(nm.mla_decode(q, cache, p.scale, mask=dev_mask, backend=backend))
     expected = p.run(nm, mask=mask, backend=backend)
     np.testing.assert_array_equal(got[1], expected[1])
+
+
+@KERNEL
+@pytest.mark.parametrize("backend", ["simt", "simple", "mma_sync", "mma"])
+def test_ragged_device_offsets_are_not_read(backend, rng, monkeypatch):
+    """mla_decode_ragged with int32 row offsets in device memory never copies them to the
+    host (that would wait for the GPU): the call is planned for up to 8 rows a sequence and
+    the kernels read the offsets themselves. Results are the reference's; with
+    flare_mla_decoding's q_max_seq_len the plan is sized by it."""
+    from numba_mla import caches
+
+    p = make_problem(rng, 3, 3, 2, [7, 5, 9], BF16, "paged", 4, ragged=True,
+                     q_counts=[2, 0, 3])
+    q, cache = on_device(p)
+    offsets = to_device(p.q_offsets)
+    read = caches.to_host
+
+    def to_host(x):
+        assert x is not offsets, "the device row offsets were copied to the host"
+        return read(x)
+
+    monkeypatch.setattr(caches, "to_host", to_host)
+    expected = nm.mla_decode_ragged(p.q, p.q_offsets, p.cache, p.scale, backend="reference")
+    got = nm.mla_decode_ragged(q, offsets, cache, p.scale, backend=backend)
+    np.testing.assert_allclose(host(got).astype(np.float32), expected.astype(np.float32),
+                               rtol=2e-2, atol=2e-2)
+    output = np.full(p.out_shape, np.nan, BF16)
+    out_dev = to_device(output)
+    nm.flare_mla_decoding(out_dev, q, cache, None, None, offsets, p.scale, backend=backend,
+                          q_max_seq_len=3)
+    np.testing.assert_array_equal(host(out_dev), host(got))
+
+
+@KERNEL
+@pytest.mark.parametrize("backend", ["simt", "simple", "mma_sync", "mma"])
+def test_device_offsets_out_of_range_stay_in_bounds(backend, rng):
+    """Row offsets in device memory that the host checks would refuse (negative, decreasing,
+    past T, 9+ rows a sequence) are not read on the host; the kernels clamp them into q's
+    rows: no read or write outside q, out or the workspace (the simulator raises IndexError
+    on any). (What the rows hold is then undefined: a clamped run may overlap another's.)"""
+    p = make_problem(rng, 2, 3, 2, [7, 5], BF16, "paged", 4, ragged=True, q_counts=[3, 3])
+    q, cache = on_device(p)
+    bad = np.array([-7, 40, 45], np.int32)  # negative, past T (6)
+    got = host(nm.mla_decode_ragged(q, to_device(bad), cache, p.scale, backend=backend))
+    assert got.shape == (6, 2, 512)  # (9+ rows a sequence: test_query_run_clamps_into_q)
+
+
+@pytest.mark.simulator
+@settings(max_examples=300, deadline=None)
+@given(offsets=st.lists(st.integers(-2**31, 2**31 - 1), min_size=2, max_size=6),
+       total=st.integers(0, 40))
+def test_query_run_clamps_into_q(offsets, total):
+    """kernels/common.query_run (called as Python): whatever the offsets, sequence b's run
+    lies within q's rows and holds at most MAX_SQ; offsets a check accepts are unchanged."""
+    from numba_mla.kernels import common
+
+    offs = np.array(offsets, np.int32)
+    for b in range(len(offs) - 1):
+        row0, nq = common.query_run(offs, b, total)
+        assert 0 <= row0 <= total and 0 <= nq <= min(8, total - row0)
+        if 0 <= offs[b] <= offs[b + 1] <= total and offs[b + 1] - offs[b] <= 8:
+            assert (row0, nq) == (offs[b], offs[b + 1] - offs[b])
 
 
 @KERNEL
