@@ -205,8 +205,8 @@ def check_decode(q, cache, scale, mask=None, score_mod=None, num_partitions=None
 def _unread_offsets(offsets, backend, mask):
     """Whether a ragged call's row offsets stay unread: int32 offsets in device memory, for a
     kernel backend, without a materialized bias (whose rows the host checks against the
-    sequences' row counts). Reading them would wait for the GPU on every call; the kernels
-    clamp them instead (kernels/common.query_run)."""
+    sequences' row counts). Reading them would wait for the GPU on every call; a first kernel
+    clamps them instead (kernels/offsets.py)."""
     return (is_array(offsets) and is_device(offsets) and dtype_of(offsets) == np.int32
             and backend != "reference" and mask.bias_array() is None)
 
@@ -219,8 +219,8 @@ def check_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None, num_
 
     Device int32 offsets (kernel backends, no materialized bias) are checked for shape and
     dtype only, not read: the values' checks (from 0 to T, non-decreasing, at most MAX_SQ
-    rows a sequence, lengths at least the rows) do not run, and the kernels clamp the offsets
-    into q's rows. The call is then planned for ``rows_bound`` rows a sequence (MAX_SQ, or
+    rows a sequence, lengths at least the rows) do not run, and a first kernel clamps the
+    offsets into q's rows (kernels/offsets.py). The call is then planned for ``rows_bound`` rows a sequence (MAX_SQ, or
     ``flare_mla_decoding``'s ``q_max_seq_len``)."""
     scale, mask, score_mod, num_partitions, return_lse = _check_common(
         cache, scale, mask, score_mod, num_partitions, return_lse, backend)

@@ -341,8 +341,16 @@ class Plan:
         else:
             T, counts = int(offs_host[-1]), np.diff(offs_host)
         self.q_shape3 = None if call.ragged else (B * call.sq, H, D_QK)
+        # Device offsets the host did not read go through kernels/offsets.py's clamp into a
+        # buffer of the plan's, which the partition kernel reads (guard: that launch)
+        guard = None
+        if offs_host is None:
+            offsets = cuda.device_array(B + 1, np.int32)
+            guard = (_as_device(offs_src, False), offsets, np.int32(T))
+        else:
+            offsets = _int32_device(offs_src, offs_host)
         inputs = dict(
-            offsets=_int32_device(offs_src, offs_host),
+            offsets=offsets,
             # rows contiguous; FP8 rows as int32 words of four codes
             storage=_as_device(cache.storage, sixteen or bool(cache.fp8_layout), pairs=True),
             lengths=_as_device(cache.device_lengths(), False),
@@ -414,6 +422,12 @@ class Plan:
                             spec.threads, spec.smem)
         self.launches.append(partition)
         self.slots.update({role: (partition, i) for i, role in enumerate(INPUT_ROLES)})
+        if guard is not None:  # first, and the caller's offsets are its argument 0
+            from .kernels import offsets as offsets_kernel
+
+            clamp = _Launch(offsets_kernel.clamp_offsets, guard, 1, offsets_kernel.NTHREADS)
+            self.launches.insert(0, clamp)
+            self.slots["offsets"] = (clamp, 0)
         if spec.tma:
             self.slots["q_map"] = (partition, len(args) + 2)
             self.slots["storage_map"] = (partition, len(args) + 3)

@@ -264,6 +264,18 @@ def main():
               f"direct={direct!s:5} sm_{cc[0]}{cc[1]} fp8={layout}{'/staged' if staged else ''} "
               f"regs={regs} spills={spills} "
               f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
+    # The clamp of device row offsets that runs before a ragged call's partition kernel
+    from numba_mla.kernels import offsets
+
+    sig = (types.Array(types.int32, 1, "C"),) * 2 + (types.int32,)
+    for cc in ((8, 0), (9, 0, "a")):
+        ptx, _ = cuda.compile_ptx(offsets.clamp_offsets.py_func, sig, cc=cc)
+        _, log = build_sass(ptx, "sm_" + "".join(map(str, cc)))
+        regs, spills, calls = _resources(ptx, log)
+        ok = not spills and calls == 0
+        bad += not ok
+        print(f"clamp_offsets sm_{''.join(map(str, cc))} regs={regs} spills={spills} "
+              f"calls={calls}  {verdict(ok)}")
     return 1 if bad and not HASHES["on"] else 0
 
 

@@ -238,31 +238,38 @@ def test_ragged_device_offsets_are_not_read(backend, rng, monkeypatch):
 @pytest.mark.parametrize("backend", ["simt", "simple", "mma_sync", "mma"])
 def test_device_offsets_out_of_range_stay_in_bounds(backend, rng):
     """Row offsets in device memory that the host checks would refuse (negative, decreasing,
-    past T, 9+ rows a sequence) are not read on the host; the kernels clamp them into q's
-    rows: no read or write outside q, out or the workspace (the simulator raises IndexError
-    on any). (What the rows hold is then undefined: a clamped run may overlap another's.)"""
+    past T, 9+ rows a sequence) are not read on the host; a first kernel clamps them into
+    q's rows (kernels/offsets.py): no read or write outside q, out or the workspace (the
+    simulator raises IndexError on any). (What the rows hold is then undefined: a clamped run may overlap another's.)"""
     p = make_problem(rng, 2, 3, 2, [7, 5], BF16, "paged", 4, ragged=True, q_counts=[3, 3])
     q, cache = on_device(p)
     bad = np.array([-7, 40, 45], np.int32)  # negative, past T (6)
     got = host(nm.mla_decode_ragged(q, to_device(bad), cache, p.scale, backend=backend))
-    assert got.shape == (6, 2, 512)  # (9+ rows a sequence: test_query_run_clamps_into_q)
+    assert got.shape == (6, 2, 512)  # (9+ rows a sequence: test_clamped_offsets_are_valid)
 
 
-@pytest.mark.simulator
-@settings(max_examples=300, deadline=None)
-@given(offsets=st.lists(st.integers(-2**31, 2**31 - 1), min_size=2, max_size=6),
+@KERNEL
+@settings(max_examples=25, deadline=None)
+@given(offsets=st.lists(st.integers(-2**31, 2**31 - 9), min_size=1, max_size=300),
        total=st.integers(0, 40))
-def test_query_run_clamps_into_q(offsets, total):
-    """kernels/common.query_run (called as Python): whatever the offsets, sequence b's run
-    lies within q's rows and holds at most MAX_SQ; offsets a check accepts are unchanged."""
-    from numba_mla.kernels import common
+def test_clamped_offsets_are_valid(offsets, total):
+    """kernels/offsets.clamp_offsets, run as a kernel (several chunks of 128 offsets when
+    B > 127): whatever the offsets, the copy is non-decreasing from >= 0 to <= T with at most
+    MAX_SQ rows a run; offsets a check accepts come out unchanged."""
+    from numba import cuda
 
-    offs = np.array(offsets, np.int32)
-    for b in range(len(offs) - 1):
-        row0, nq = common.query_run(offs, b, total)
-        assert 0 <= row0 <= total and 0 <= nq <= min(8, total - row0)
-        if 0 <= offs[b] <= offs[b + 1] <= total and offs[b + 1] - offs[b] <= 8:
-            assert (row0, nq) == (offs[b], offs[b + 1] - offs[b])
+    from numba_mla.kernels import offsets as offsets_kernel
+
+    src = np.array(offsets, np.int32)
+    dst = cuda.device_array(len(src), np.int32)
+    offsets_kernel.clamp_offsets[1, offsets_kernel.NTHREADS](cuda.to_device(src), dst, total)
+    got = dst.copy_to_host()
+    steps = np.diff(got)
+    assert 0 <= got[0] and got[-1] <= total and steps.min(initial=0) >= 0
+    assert steps.max(initial=0) <= 8
+    if src[0] == 0 and np.all(np.diff(src) >= 0) and np.all(np.diff(src) <= 8) and \
+            src[-1] <= total:
+        np.testing.assert_array_equal(got, src)
 
 
 @KERNEL

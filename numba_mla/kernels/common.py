@@ -5,10 +5,10 @@ partition takes), and the constants of the softmax. The row widths D_QK and D_V 
 re-exported from ``numba_mla.constants`` for the kernels."""
 import math
 
-from numba import cuda, float32, int32
+from numba import cuda, float32
 
 from .. import ptx
-from ..constants import D_QK, D_V, MAX_SQ  # noqa: F401  (576-wide rows; V = the first 512)
+from ..constants import D_QK, D_V  # noqa: F401  (576-wide rows; V = the first 512 dims)
 from ..mods import EMPTY, PARTIAL
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
@@ -105,19 +105,6 @@ def make_partition_walk(key_tiles, next_tile):
         return q_lo, q_hi, kstart, kend, next_tile(t, t_end, kstart, kend, q_lo, q_hi), t_end
 
     return first_tiles
-
-
-@cuda.jit(device=True)
-def query_run(q_offsets, b, total_rows):
-    """(first row, row count) of sequence b's queries, from the row offsets, clamped into q's
-    ``total_rows`` rows and to at most MAX_SQ: row offsets in device memory are not checked on
-    the host (that would wait for the GPU), so values a check would refuse (decreasing, past
-    T, more than MAX_SQ rows a sequence) make a block compute wrong rows, never read or write
-    outside q, out and the workspace."""
-    rows = int32(total_rows)  # (int32 like the offsets: the row arithmetic stays 32-bit)
-    row0 = min(max(q_offsets[b], int32(0)), rows)
-    end = min(max(q_offsets[b + 1], row0), rows)  # (no subtraction that could wrap)
-    return row0, min(end - row0, int32(MAX_SQ))
 
 
 @cuda.jit(device=True)

@@ -44,7 +44,7 @@ from numba import cuda, float32, int32, uint64
 from .. import ptx
 from .._compat import JIT_OPTIONS
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_walk, mark_empty, query_run)
+                     make_tile_walk, mark_empty)
 
 BLOCK_M = 64  # query rows per block: wgmma's M
 BLOCK_N = 64  # keys per tile
@@ -180,7 +180,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         smf = cuda.shared.array(0, float32)  # ... and as floats
         sb = ptx.smem_addr(smk)
 
-        row0, nq = query_run(q_offsets, b, q.shape[0])  # its q rows
+        row0 = q_offsets[b]
+        nq = q_offsets[b + 1] - row0
         length = lengths[b]
         page_size = storage.shape[1]
         npages = storage.shape[0]

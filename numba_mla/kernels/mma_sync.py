@@ -71,7 +71,7 @@ from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from ..fp8 import ROW_BYTES as FP8_ROW_BYTES
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_walk, mark_empty, query_run)
+                     make_tile_walk, mark_empty)
 
 BLOCK_M = 16  # query rows a block where 32 do not fit (docs/kernels/mma_sync.md)
 BLOCK_MS = (16, 32)  # the block shapes: 16 rows (4 warps, one tile), 32 (8 warps, two tiles)
@@ -318,7 +318,8 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
         floats = cuda.shared.array(0, float32)  # the same memory, seen as fp32
         base = ptx.smem_addr(words)
 
-        row0, nq = query_run(q_offsets, b, q.shape[0])  # its q rows
+        row0 = q_offsets[b]
+        nq = q_offsets[b + 1] - row0
         length = lengths[b]
         r0 = cuda.blockIdx.y * BM
         nrows = min(BM, nq * H - r0)

@@ -42,7 +42,7 @@ from numba import cuda, float32, int32, uint64
 from .. import ptx
 from .._compat import JIT_OPTIONS
 from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
-                     partition_tiles, query_run)
+                     partition_tiles)
 from .mma import BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, ROWS_BYTES
 
 NS = BLOCK_N // 2  # score accumulators per thread: m64n64 (32)
@@ -239,7 +239,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         smf = cuda.shared.array(0, float32)
         sb = ptx.smem_addr(smk)
 
-        row0, nq = query_run(q_offsets, b, q.shape[0])  # its q rows
+        row0 = q_offsets[b]
+        nq = q_offsets[b + 1] - row0
         length = lengths[b]
         page_size = storage.shape[1]
         npages = storage.shape[0]

@@ -36,7 +36,7 @@ from numba import cuda, float32
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_walk, mark_empty, query_run)
+                     make_tile_walk, mark_empty)
 
 NTHREADS = 128  # 4 warps
 BLOCK_M = 8  # query rows a block (the launcher's choice; Qs and Ks must fit in 48 KB)
@@ -132,7 +132,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         Ls = cuda.shared.array(block_m, float32)
         As = cuda.shared.array(block_m, float32)
 
-        row0, nq = query_run(q_offsets, b, q.shape[0])  # its q rows
+        row0 = q_offsets[b]  # first q row of sequence b
+        nq = q_offsets[b + 1] - row0  # its query tokens
         length = lengths[b]
         r0 = cuda.blockIdx.y * block_m  # first row of this block
         nrows = min(block_m, nq * H - r0)  # rows this block owns (the same in every thread)

@@ -81,7 +81,7 @@ from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS
 from ..fp8 import ROW_BYTES as FP8_ROW_BYTES
 from .common import (D_QK, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_walk, mark_empty, query_run)
+                     make_tile_walk, mark_empty)
 
 NWARPS = 8
 NTHREADS = 32 * NWARPS
@@ -563,7 +563,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         smt = cuda.shared.array(0, TWORD)  # ... and as the words of the tiles the loops read
         sb = ptx.smem_addr(smf)  # its 32-bit address: byte offsets below are added to it
 
-        row0, nq = query_run(q_offsets, b, q.shape[0])  # its q rows
+        row0 = q_offsets[b]  # first q row of sequence b
+        nq = q_offsets[b + 1] - row0  # its query tokens
         length = lengths[b]
         page_size = storage.shape[1]
         r0 = cuda.blockIdx.y * block_m  # first row of this block

@@ -43,7 +43,7 @@ from numba import cuda, float32
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk,
-                     partition_tiles, query_run)
+                     partition_tiles)
 
 NW = 4  # warps a block
 NTHREADS = 32 * NW
@@ -126,7 +126,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         Ls = cuda.shared.array((NW, BLOCK_M), float32)
         As = cuda.shared.array((NW, BLOCK_M), float32)
 
-        row0, nq = query_run(q_offsets, b, q.shape[0])  # its q rows
+        row0 = q_offsets[b]
+        nq = q_offsets[b + 1] - row0
         length = lengths[b]
         r0 = cuda.blockIdx.y * BLOCK_M
         nrows = min(BLOCK_M, nq * H - r0)
