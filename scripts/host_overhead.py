@@ -12,6 +12,9 @@ Paths, all on the same inputs (torch bf16 tensors on a GPU; Numba device arrays 
 - ``mla_decode_new_cache``: a new ``PagedKVCache`` over the same pages and block table every
   call, its lengths a device array (construction copies lengths and block table to the host
   to check them: what a decode loop that rebuilds its cache object pays);
+- ``mla_decode_ragged_device_offsets``: ``mla_decode_ragged`` with q as a ragged [B, H, 576]
+  (one row a sequence) and its B + 1 row offsets an int32 device array: the offsets are not
+  read on the host (GPU only: the simulator's offsets are host arrays, which are read);
 - ``prepare``: ``numba_mla.prepare`` once, then ``step()`` each call;
 - ``flash_mla`` (when importable; metadata made once) and ``torch`` (softmax(q K^T) V with two
   ``bmm`` on a contiguous cache), when torch sees a GPU.
@@ -35,7 +38,8 @@ import os
 import sys
 
 PATHS = ("mla_decode", "mla_decode_lengths_in_place", "mla_decode_new_lengths",
-         "mla_decode_new_cache", "prepare", "flash_mla", "torch")
+         "mla_decode_new_cache", "mla_decode_ragged_device_offsets", "prepare", "flash_mla",
+         "torch")
 
 
 def _spin_while_synchronizing():
@@ -110,6 +114,16 @@ def calls_by_path(p, dev):
             return nm.mla_decode(q, in_place, p.scale)
 
         calls["mla_decode_lengths_in_place"] = lengths_in_place
+    if dev.simulator:
+        missing["mla_decode_ragged_device_offsets"] = "needs device offsets (not the simulator's)"
+    else:  # q's B rows as a ragged batch of one row a sequence, offsets 0..B on the device
+        B = int(p.lengths_host.shape[0])
+        rows = q.reshape(B, q.shape[2], q.shape[3])
+        starts = np.arange(B + 1, dtype=np.int32)
+        offsets = (dev.torch.as_tensor(starts, device="cuda") if dev.torch is not None
+                   else dev.cuda.to_device(starts))
+        calls["mla_decode_ragged_device_offsets"] = (
+            lambda: nm.mla_decode_ragged(rows, offsets, cache, p.scale))
     try:
         calls["prepare"] = nm.prepare(q, cache, p.scale)
     except TypeError as e:  # host arrays (the simulator)
