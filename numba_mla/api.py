@@ -14,7 +14,7 @@ from . import heuristics, plans, reference
 from .arrays import IO_DTYPES, dtype_of, is_array, is_device, shape_of, to_host
 from .caches import (D_QK, ContiguousKVCache, KVCache, RaggedKVCache, check_lengths,
                      host_offsets)
-from .checks import _check_bias, _check_lengths_vs_rows, check_decode, check_ragged
+from .checks import MAX_SQ, _check_bias, _check_lengths_vs_rows, check_decode, check_ragged
 from .config import check_config
 from .mods import MaskLike, ScoreModLike, as_mask, as_score_mod
 from .selector import check_warp_split
@@ -86,11 +86,15 @@ def _ragged_family(call):
     return family
 
 
-def _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend):
+def _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend,
+              offsets=None):
     """``_call_key`` of an ``mla_decode`` call, from its raw arguments before any check, with
     the mods made of them and the plan the cache object keeps for it (or None); None (the
     checked path) for anything unexpected. A key equals a stored one only if every argument's
-    kind, layout and value equals that of an earlier call that passed every check."""
+    kind, layout and value equals that of an earlier call that passed every check. With
+    ``offsets``: an ``mla_decode_ragged`` call whose row offsets are a device array (never
+    read on the host, so their layout is all the key holds of them; planned for up to MAX_SQ
+    rows a sequence, as check_ragged plans it)."""
     try:
         if not isinstance(cache, KVCache):
             return None
@@ -98,8 +102,16 @@ def _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out,
         q_layout = plans.layout(q)
         if not q_layout:
             return None
+        if offsets is None:
+            entry, rows = "decode", q_layout[1][1]
+        else:
+            offsets_layout = plans.layout(offsets)
+            if not offsets_layout:
+                return None
+            entry = "ragged"
+            rows = (("at most", min(MAX_SQ, q_layout[1][0])), offsets_layout)
         key = _call_key(q, scale, mask, score_mod, num_partitions, return_lse, out, backend,
-                        "decode", q_layout[1][1], q_layout)
+                        entry, rows, q_layout)
         if key is None:
             return None
         plan = plans.kept(cache, key)  # (hashes the key: an unhashable argument goes below)
@@ -201,9 +213,15 @@ def mla_decode_ragged(q: Any, q_row_offsets: Any, cache: KVCache, scale: float,
                       out: Any = None, backend: str = "auto") -> Any:
     """Ragged MLA decode: q [T, H, 576], sequence b owning rows
     ``q_row_offsets[b]:q_row_offsets[b+1]`` (0 to 8 each) -> out [T, H, 512]."""
+    fast = _fast_key(q, cache, scale, mask, score_mod, num_partitions, return_lse, out, backend,
+                     q_row_offsets)
+    if fast is not None and fast[3] is not None:  # device offsets, a kept plan: see plans.py
+        key, mask_, _, plan = fast
+        return plans.run(plan, q, cache, mask_.bias_array(), out, q_row_offsets, key[2])
     call = check_ragged(q, q_row_offsets, cache, scale, mask, score_mod, num_partitions,
                         return_lse, out, backend)
-    return _run(call, _ragged_family(call))
+    unread = fast is not None and call.q_offsets_host is None  # (host offsets: read each call)
+    return _run(call, _ragged_family(call), fast[0] if unread else None)
 
 
 def _flag(name, value):

@@ -13,9 +13,9 @@ import numpy as np
 
 from .arrays import IO_DTYPES, dtype_of, is_array, is_device, is_torch, shape_of, strides_of
 from .caches import D_QK, D_V, KVCache, _host_int32
+from .constants import MAX_SQ
 from .mods import Mask, ScoreMod, as_mask, as_score_mod
 
-MAX_SQ = 8  # query tokens per sequence (decode, speculative / multi-token prediction)
 BACKENDS = ("auto", "simt", "mma", "mma_sync", "simple", "reference")
 _F32_MAX = float(np.finfo(np.float32).max)
 

@@ -14,7 +14,7 @@ Paths, all on the same inputs (torch bf16 tensors on a GPU; Numba device arrays 
   to check them: what a decode loop that rebuilds its cache object pays);
 - ``mla_decode_ragged_device_offsets``: ``mla_decode_ragged`` with q as a ragged [B, H, 576]
   (one row a sequence) and its B + 1 row offsets an int32 device array: the offsets are not
-  read on the host (GPU only: the simulator's offsets are host arrays, which are read);
+  read on the host (GPU only: on the simulator q is a host array, and host offsets are read);
 - ``prepare``: ``numba_mla.prepare`` once, then ``step()`` each call;
 - ``flash_mla`` (when importable; metadata made once) and ``torch`` (softmax(q K^T) V with two
   ``bmm`` on a contiguous cache), when torch sees a GPU.
@@ -115,7 +115,7 @@ def calls_by_path(p, dev):
 
         calls["mla_decode_lengths_in_place"] = lengths_in_place
     if dev.simulator:
-        missing["mla_decode_ragged_device_offsets"] = "needs device offsets (not the simulator's)"
+        missing["mla_decode_ragged_device_offsets"] = "q is a host array on the simulator"
     else:  # q's B rows as a ragged batch of one row a sequence, offsets 0..B on the device
         B = int(p.lengths_host.shape[0])
         rows = q.reshape(B, q.shape[2], q.shape[3])

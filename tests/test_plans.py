@@ -235,6 +235,41 @@ def test_ragged_device_offsets_are_not_read(backend, rng, monkeypatch):
 
 
 @KERNEL
+def test_ragged_device_offsets_take_the_fast_path(rng, monkeypatch):
+    """A second mla_decode_ragged with device row offsets on the same cache object runs the
+    kept plan (no check_ragged) and writes the same bits; offsets rewritten in place between
+    calls are honoured (they are read by the kernels, not the key); host offsets are read and
+    checked on every call."""
+    from numba_mla import api
+
+    plans.clear()
+    p = make_problem(rng, 3, 2, 2, [7, 5, 9], np.float32, "paged", 4, ragged=True,
+                     q_counts=[2, 1, 3])
+    q, cache = on_device(p)
+    offsets = to_device(p.q_offsets)
+    first = host(nm.mla_decode_ragged(q, offsets, cache, p.scale, backend="simt"))
+    moved = np.array([0, 3, 4, 6], np.int32)  # the same six rows, runs of 3, 1 and 2
+    expected = nm.mla_decode_ragged(p.q, moved, p.cache, p.scale, backend="reference")
+    checked = api.check_ragged
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("check_ragged ran on a kept plan's call")
+
+    monkeypatch.setattr(api, "check_ragged", refuse)
+    np.testing.assert_array_equal(
+        host(nm.mla_decode_ragged(q, offsets, cache, p.scale, backend="simt")), first)
+    offsets.copy_to_device(moved)
+    got = host(nm.mla_decode_ragged(q, offsets, cache, p.scale, backend="simt"))
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-6)
+    with pytest.raises(AssertionError, match="check_ragged ran"):  # host offsets: checked
+        nm.mla_decode_ragged(q, moved, cache, p.scale, backend="simt")
+    monkeypatch.setattr(api, "check_ragged", checked)
+    with pytest.raises(ValueError, match="q_row_offsets"):
+        nm.mla_decode_ragged(q, np.array([0, 3, 2, 6], np.int32), cache, p.scale,
+                             backend="simt")
+
+
+@KERNEL
 @pytest.mark.parametrize("backend", ["simt", "simple", "mma_sync", "mma"])
 def test_device_offsets_out_of_range_stay_in_bounds(backend, rng):
     """Row offsets in device memory that the host checks would refuse (negative, decreasing,
