@@ -59,16 +59,36 @@ def _plan_key(family, cache, mask, counts, num_partitions, sq=None):
         return None
     if num_partitions:
         return family + ((0, int(num_partitions)),)
-    block_n, groups, rows, slots = geometry
+    block_n, groups, rows, slots, listable = geometry
     counted = ("sq", sq) if counts is None else counts.tobytes()  # (None: Sq rows a sequence)
     schedule = cache.memo(
-        ("schedule", mask.cache_key(), counted, block_n, groups, rows, slots),
-        lambda: heuristics.balanced_split(
-            heuristics.key_counts(mask, cache.lengths_host,
-                                  np.full(cache.batch, sq) if counts is None else counts,
-                                  getattr(cache, "position_map", None)), block_n, groups,
-            sms=slots, rows=rows))
+        ("schedule", mask.cache_key(), counted, block_n, groups, rows, slots, listable),
+        lambda: _schedule(heuristics.key_counts(
+            mask, cache.lengths_host, np.full(cache.batch, sq) if counts is None else counts,
+            getattr(cache, "position_map", None)), block_n, groups, rows, slots, listable))
     return family + (schedule,)
+
+
+def _schedule(keys, block_n, groups, rows, slots, listable):
+    """The split-K schedule the selector picks for these key counts: the balanced one's
+    (chunk, P), or the listed one's pieces where the family may take it and the model
+    prefers it."""
+    split = heuristics.balanced_split(keys, block_n, groups, sms=slots, rows=rows)
+    if listable:
+        pieces = heuristics.listed_split(keys, block_n, groups, sms=slots, rows=rows,
+                                         balanced=split)
+        if pieces is not None:
+            return ("listed", pieces.tobytes())
+    return split
+
+
+def _spec_schedule(spec):
+    """The schedule a plan runs, as ``_schedule`` gives it (its key's last part)."""
+    if spec.work is not None:
+        pieces = np.zeros(int(spec.work[:, 0].max()) + 1, np.int32)
+        pieces[spec.work[:, 0]] = spec.work[:, 3]
+        return ("listed", pieces.tobytes())
+    return (spec.chunk, spec.num_partitions)
 
 
 def _ragged_family(call):
@@ -157,8 +177,9 @@ def _run(call, family, call_key=None):
     if plan is None:
         plan = launch.Plan(call)
         spec = plan.spec
-        plans.remember(family, (spec.block_n, spec.groups, spec.rows, spec.slots))
-        plans.store(family + ((spec.chunk, spec.num_partitions),), plan)
+        plans.remember(family, (spec.block_n, spec.groups, spec.rows, spec.slots,
+                                spec.listable))
+        plans.store(family + (_spec_schedule(spec),), plan)
     if call_key is not None:
         plans.keep(call.cache, call_key, plan)
     offsets = None

@@ -326,6 +326,7 @@ class Plan:
         self.cache = call.cache  # the cache object whose arrays are bound (plans.run)
         self._alloc_out = None
         self._offsets = None  # (host offsets' bytes, their device copy): device_offsets
+        self._work = None  # (the listed schedule's table, its device copy): _inputs
         self.stream = current_stream(call.q)
         tag = factory.dtype_tag(call.dtype)
         sixteen = self.sixteen = tag != "f32"
@@ -374,8 +375,8 @@ class Plan:
                   cuda.device_array((1, 1, 1), np.float32))
             args = (self._inputs(dict(inputs, q=q_pairs), spec) + ws
                     + self._maps(spec, q_pairs, storage, T))
-            return _Launch(spec.dispatcher, args, (spec.num_partitions, spec.groups, B),
-                           spec.threads, spec.smem).spills()
+            return _Launch(spec.dispatcher, args, spec.grid(B), spec.threads,
+                           spec.smem).spills()
 
         spec = self.spec = selector.select_kernel(call, tag, rows, keys, facts, spills)
         self.backend = "mma" if spec.backend == "seesaw" else spec.backend  # the family asked
@@ -418,7 +419,7 @@ class Plan:
             results = (ws[:n_out].reshape((T, H, P, D_V)),
                        ws[n_out:n_out + n_lse].reshape((T, H, P)))
         maps = self._maps(spec, inputs["q"], storage, T)
-        partition = _Launch(spec.dispatcher, args + results + maps, (P, spec.groups, B),
+        partition = _Launch(spec.dispatcher, args + results + maps, spec.grid(B),
                             spec.threads, spec.smem)
         self.launches.append(partition)
         self.slots.update({role: (partition, i) for i, role in enumerate(INPUT_ROLES)})
@@ -443,13 +444,20 @@ class Plan:
 
     def _inputs(self, inputs, spec):
         """The partition kernel's arguments before its results: the arrays, the scale and the
-        schedule's chunk (part of the plan's key through the lengths: never rebound)."""
+        schedule: its chunk, or the listed schedule's table on the device (both part of the
+        plan's key through the lengths: never rebound)."""
         cache = self.call.cache
         if cache.fp8_layout:  # the FP8 kernels take scale + 1j * kv_scale (kernels/simt.py)
             scale = np.complex64(complex(self.call.scale, cache.kv_scale or 1.0))
         else:
             scale = np.float32(self.call.scale)
-        return tuple(inputs[role] for role in INPUT_ROLES) + (scale, np.int32(spec.chunk))
+        if spec.work is None:
+            schedule = np.int32(spec.chunk)
+        else:
+            if self._work is None or self._work[0] is not spec.work:
+                self._work = (spec.work, cuda.to_device(np.ascontiguousarray(spec.work)))
+            schedule = self._work[1]
+        return tuple(inputs[role] for role in INPUT_ROLES) + (scale, schedule)
 
     def _maps(self, spec, q_dev, storage, T):
         """The tensor maps of a TMA kernel (q, then the cache); placeholders for the lockstep

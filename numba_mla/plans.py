@@ -95,9 +95,10 @@ def aligned16(x):
 
 
 def geometry(family):
-    """(keys a tile, row groups, query rows of the longest sequence, blocks that run at once)
-    of the kernel a family's plans run, once one was built: what the split-K schedule of a new
-    call of the family is computed from (as the selector computes it)."""
+    """(keys a tile, row groups, query rows of the longest sequence, blocks that run at once,
+    whether the listed schedule may run) of the kernel a family's plans run, once one was
+    built: what the split-K schedule of a new call of the family is computed from (as the
+    selector computes it)."""
     return _geometry.get(family)
 
 

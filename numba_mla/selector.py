@@ -21,7 +21,10 @@ runs is decided here, from the call and a few facts about its arrays:
 5. Tensor-core tiles come by the copy engine (TMA) where a 64-key tile never straddles pages
    and rows are packed; there the seesaw kernel runs, unless it would spill registers (a mask
    with much arithmetic beside its 160 accumulators), then the lockstep kernel's TMA variant.
-   Elsewhere the lockstep kernel copies with cp.async.
+   Elsewhere the lockstep kernel copies with cp.async. For spread lengths the seesaw kernel
+   may take the listed schedule instead of the balanced one (heuristics.listed_split: each
+   sequence cut into as many pieces as a common target length needs, the blocks launched
+   longest first from a table, heuristics.list_blocks), where the cost model prefers it.
 
 The result is a :class:`KernelSpec`: the compiled-on-demand kernel and how to launch it.
 """
@@ -54,6 +57,14 @@ class KernelSpec:
     slots: int  # blocks that run at once (the split model's wave)
     q_pairs: bool  # q read as int32 words of two 16-bit values
     tma: bool  # two tensor maps (q, cache) follow the arguments
+    listable: bool = False  # the family may take the listed schedule (heuristics.listed_split)
+    work: Any = None  # the listed schedule's blocks (heuristics.list_blocks), or None
+
+    def grid(self, batch):
+        """The partition kernel's grid: ``(P, G, B)``, or one block a row of the list."""
+        if self.work is not None:
+            return (len(self.work), 1, 1)
+        return (self.num_partitions, self.groups, batch)
 
 
 def mma_supported():
@@ -297,9 +308,23 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     tma = ((call.cache.kind in ("contiguous", "ragged")
             or call.cache.page_size % mma.BLOCK_N == 0) and facts.packed_rows)
     if tma:
+        # Spread lengths: the listed schedule where the cost model prefers it (one piece count
+        # a sequence, blocks launched longest first; it writes the workspace)
+        pieces = None if fixed else heuristics.listed_split(keys, block_n, groups, sms=slots,
+                                                            rows=rows, balanced=(chunk, P))
+        if pieces is not None:
+            work = heuristics.list_blocks(pieces, -(-np.asarray(keys, np.int64) // block_n),
+                                          groups)
+            listed = dict(common, num_partitions=int(pieces.max()), chunk=0, direct=False)
+            spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
+                mask, mod, tag, cache_cls, H, False, listed=True), mma.NTHREADS,
+                seesaw.SMEM_BYTES, q_pairs=True, tma=True, listable=True, work=work, **listed)
+            if not spills(spec):
+                return spec
         spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(mask, mod, tag, cache_cls,
                                                                     H, direct),
-                          mma.NTHREADS, seesaw.SMEM_BYTES, q_pairs=True, tma=True, **common)
+                          mma.NTHREADS, seesaw.SMEM_BYTES, q_pairs=True, tma=True,
+                          listable=not fixed, **common)
         if not spills(spec):
             return spec
     disp = factory.mma_partition_kernel(mask, mod, tag, cache_cls, H, direct, tma)

@@ -86,6 +86,7 @@ SIMULATOR_SLOW = (
     "tests/test_max.py::test_ragged_cache_kernels[mma]",
     "tests/test_schedule.py::test_balanced_schedule_kernels[mma-chunk2]",
     "tests/test_split_paths.py::test_split_path[mma-ragged_three_parts]",
+    "tests/test_split_paths.py::test_listed_schedule[ragged]",
     "tests/test_split_paths.py::test_split_path[mma_sync-runs_of_tiles]",
     "tests/test_split_paths.py::test_split_path[mma_sync-ragged_three_parts]",
     "tests/test_split_paths.py::test_split_path[mma_sync-sixteen_parts]",

@@ -277,3 +277,79 @@ def test_small_batches_schedule_as_the_vectorised_form(keys, block_n, groups, sm
         m.setattr(heuristics, "SMALL_BATCH", 0)  # every batch through NumPy
         assert heuristics.balanced_split(np.array(keys), block_n, groups, sms, max_parts,
                                          rows) == small
+
+
+# ---------------------------------------------------------------------------------------------
+# The listed schedule (heuristics.listed_split, list_blocks; the kernel: test_split_paths.py)
+# ---------------------------------------------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.integers(0, 200 * 64), min_size=1, max_size=300),
+       groups=st.integers(1, 3), sms=st.sampled_from([16, 132]),
+       rows=st.one_of(st.none(), st.integers(1, 192)))
+def test_listed_schedule_properties(keys, groups, sms, rows):
+    """Whatever the lengths: None for one sequence or equal lengths; else at least two pieces
+    for some sequence (one partition would be the balanced schedule's direct kernel), at most
+    LISTED_MAX_PIECES; its blocks every (sequence, row group, piece < P) once, launched in
+    non-increasing modelled cost; the pieces of each sequence cover its tiles exactly once
+    (partition_tiles with chunk 0); the same schedule twice."""
+    block_n = 64
+    pieces = heuristics.listed_split(keys, block_n, groups, sms=sms, rows=rows)
+    tiles = -(-np.asarray(keys) // block_n)
+    if len(keys) < 2 or tiles.min() == tiles.max():
+        assert pieces is None
+    if pieces is None:
+        return
+    again = heuristics.listed_split(keys, block_n, groups, sms=sms, rows=rows)
+    np.testing.assert_array_equal(pieces, again)
+    P = int(pieces.max())
+    assert pieces.shape == (len(keys),) and pieces.min() >= 1
+    assert 2 <= P <= heuristics.LISTED_MAX_PIECES
+    work = heuristics.list_blocks(pieces, tiles, groups)
+    assert work.dtype == np.int32 and work.shape == (len(keys) * groups * P, 4)
+    assert sorted(map(tuple, work[:, :3].tolist())) == [
+        (b, g, p) for b in range(len(keys)) for g in range(groups) for p in range(P)]
+    np.testing.assert_array_equal(work[:, 3], pieces[work[:, 0]])
+    cost = np.where(work[:, 2] < work[:, 3],
+                    -(-tiles[work[:, 0]] // work[:, 3]) + heuristics.BLOCK_OVERHEAD_TILES,
+                    heuristics.EMPTY_BLOCK_TILES)
+    assert np.all(np.diff(cost) <= 0)
+    for n, k in zip(tiles.tolist(), pieces.tolist()):
+        assert_exact_cover([n], k, 0)
+
+
+def test_listed_schedule_examples():
+    """The varlen bench's H = 16 shapes, lengths spread over [L/2, 3L/2], take the listed
+    schedule on the H200's 132 multiprocessors (the model: 0.87-0.88 of the balanced one's
+    time); their equal-length forms, B = 1 and every sequence short do not. A mask that keeps
+    the same 256 keys of every sequence (equal kept lengths) does not either: the kept tiles
+    are the work."""
+    rng = np.random.default_rng(0)
+    for B, L in [(128, 8192), (64, 4096)]:
+        spread = rng.integers(L // 2, 3 * L // 2 + 1, B)
+        assert heuristics.listed_split(spread, 64, 1, H200_SMS, rows=16) is not None, (B, L)
+        assert heuristics.listed_split([L] * B, 64, 1, H200_SMS, rows=16) is None
+    assert heuristics.listed_split([65536], 64, 2, H200_SMS, rows=128) is None
+    assert heuristics.listed_split([10, 50, 64, 3], 64, 1, H200_SMS) is None  # one tile each
+    window = nm.SlidingWindowCausalMask(256)
+    lengths = rng.integers(2048, 6145, 64)
+    keys = heuristics.key_counts(window, lengths, np.ones(64, np.int64))
+    assert heuristics.listed_split(keys, 64, 1, H200_SMS, rows=16) is None
+
+
+def test_greedy_makespan_follows_the_rule():
+    """_greedy_makespan against the longest-processing-time rule taken block by block (a heap
+    of loads): within 3% on random lists (its rounds approximate the rule), exact for whole
+    rounds of equal blocks and for fewer blocks than multiprocessors."""
+    import heapq
+
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        sms = int(rng.choice([16, 132]))
+        sizes = rng.integers(1, 100, int(rng.integers(1, 600))).astype(float)
+        loads = [0.0] * sms
+        for s in sorted(sizes, reverse=True):
+            heapq.heapreplace(loads, loads[0] + s)
+        exact = max(loads)
+        assert abs(heuristics._greedy_makespan(sizes, sms) - exact) <= 0.03 * exact
+    assert heuristics._greedy_makespan([7.0] * 264, 132) == 14.0
+    assert heuristics._greedy_makespan([3.0, 9.0, 5.0], 132) == 9.0

@@ -32,7 +32,7 @@ import pytest
 
 import numba_mla as nm
 from helpers import DTYPES, assert_three_way, fp32_floor, make_problem, references
-from numba_mla import heuristics
+from numba_mla import _compat, heuristics
 from numba_mla.kernels import combine, mma, mma_sync, simple, simt
 
 
@@ -189,3 +189,54 @@ def test_geometry_guards_can_fail():
     for case in CASES:  # the real cases pass, on every backend
         for backend in BACKENDS:
             geometry(case, backend)
+
+
+# ---------------------------------------------------------------------------------------------
+# The listed schedule (the tensor-core kernel with TMA tiles: kernels/seesaw.py)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.kernel
+@pytest.mark.parametrize("layout", ["padded", "ragged"])
+def test_listed_schedule(layout, rng, monkeypatch):
+    """The seesaw kernel run from the listed schedule's table (heuristics.list_blocks), the
+    pieces forced: a sequence of three tiles cut in three (the last one partial), one of one
+    tile whole beside two partitions left empty, an empty sequence, one of two tiles (the last
+    partial) cut in two. Padded: one token of 2 heads (one row group; 12 blocks, what the
+    simulator affords); ragged: 2 + 1 + 0 + 2 tokens of 33 heads (two row groups, 24 blocks).
+    Checked three ways against the references, out pre-filled with NaN; on a GPU a second
+    run gives the same bits."""
+    from numba_mla import launch
+
+    tile = mma.BLOCK_N
+    lengths, pieces = [2 * tile + 9, tile, 0, 2 * tile - 5], np.array([3, 1, 1, 2], np.int32)
+    monkeypatch.setattr(heuristics, "listed_split", lambda *args, **kwargs: pieces)
+    if layout == "ragged":
+        p = make_problem(rng, 4, 2, 33, lengths, DTYPES["bf16"], "paged", tile, ragged=True,
+                         q_counts=[2, 1, 0, 2])
+        mask = nm.CausalMask()
+    else:
+        p = make_problem(rng, 4, 1, 2, lengths, DTYPES["bf16"], "paged", tile)
+        mask = nm.NullMask()
+    plans = []
+    plan_of = launch.Plan
+
+    def recording_plan(call, *args, **kwargs):
+        plans.append(plan_of(call, *args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(launch, "Plan", recording_plan)
+    golden, same = references(p, mask)
+    outs = []
+    for _ in range(1 if _compat.SIMULATOR else 2):
+        out = np.full(p.out_shape, np.nan, p.dtype)
+        got, lse = p.run(nm, mask=mask, return_lse=True, out=out, backend="mma")
+        outs.append((out, lse))
+    spec = plans[0].spec
+    assert spec.backend == "seesaw" and spec.work is not None and spec.num_partitions == 3
+    groups = 2 if layout == "ragged" else 1
+    assert len(spec.work) == 4 * groups * 3  # every (sequence, row group, piece) of P = 3
+    assert_three_way(outs[0][0], same[0], golden[0], floor=fp32_floor(golden[0], "mma"),
+                     what="out")
+    assert_three_way(outs[0][1], same[1], golden[1], floor=fp32_floor(golden[1], "mma"),
+                     what="lse")
+    for a, b in zip(outs[0], outs[-1]):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))

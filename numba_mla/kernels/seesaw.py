@@ -62,8 +62,12 @@ BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
 
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads, store, key_count=None):
-    """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py."""
+                          fold_scale, heads, store, key_count=None, listed=False):
+    """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
+    ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
+    table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
+    ``chunk[w, 1]``, piece ``chunk[w, 2]`` of ``chunk[w, 3]`` (an even cut of its tiles), and
+    writes the workspace."""
     H = heads
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
     mma_pv = ptx.wgmma(DIMS_PER_WG, tag, True)
@@ -225,12 +229,23 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             ptx.sts32(smk, sb + KV_OFF + buf * ROWS_BYTES + BOX_BYTES * box + 128 * n
                       + 4 * (i % 32), 0)
 
+    if listed:
+        @cuda.jit(device=True)
+        def block_work(chunk):
+            """(sequence, first row, piece, pieces, chunk) of this block: its row of the list."""
+            w = cuda.blockIdx.x
+            return chunk[w, 0], chunk[w, 1] * BLOCK_M, chunk[w, 2], chunk[w, 3], 0
+    else:
+        @cuda.jit(device=True)
+        def block_work(chunk):
+            """(sequence, first row, piece, pieces, chunk) of this block: the grid's (P, G, B)."""
+            return (cuda.blockIdx.z, cuda.blockIdx.y * BLOCK_M, cuda.blockIdx.x,
+                    cuda.gridDim.x, chunk)
+
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse, tmap_q, tmap_kv):
-        p = cuda.blockIdx.x
-        nparts = cuda.gridDim.x
-        b = cuda.blockIdx.z
+        b, r0, p, nparts, run = block_work(chunk)
         tid = cuda.threadIdx.x
         wg = ptx.warp_uniform(tid // 128, tid)
         wtid = tid % 128
@@ -244,13 +259,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         length = lengths[b]
         page_size = storage.shape[1]
         npages = storage.shape[0]
-        r0 = cuda.blockIdx.y * BLOCK_M
         nrows = min(BLOCK_M, nq * H - r0)
         if nrows <= 0:
             return
 
         q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
-        t0, t_end = partition_tiles(ntiles, p, nparts, chunk)
+        t0, t_end = partition_tiles(ntiles, p, nparts, run)
         t0 = next_tile(t0, t_end, kstart, kend, q_lo, q_hi)
         if t0 >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
             mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
