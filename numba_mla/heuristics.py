@@ -279,9 +279,13 @@ def balanced_split(keys, block_n, row_groups, sms=None, max_parts=256, rows=None
 # ---------------------------------------------------------------------------------------------
 # The listed schedule: a piece count for each sequence, blocks launched longest first
 # ---------------------------------------------------------------------------------------------
-#: The listed schedule is taken where its modelled time is below this fraction of the
-#: balanced one's (the models are a few percent off: a small gain is not worth a new plan).
-LISTED_GAIN = 0.95
+#: The listed schedule is taken where the balanced one splits (P > 1) and the listed one's
+#: modelled time is below this fraction of the balanced one's. Measured on the H200 (three
+#: varlen sweeps in one session, the listed schedule wherever the model gave any gain, then
+#: nowhere, then again; docs/performance.md): where the balanced schedule split, modelled
+#: 0.92 / 0.95 / 0.95 gave 0.91 / 0.95 / 0.97 of its time; where it ran one partition
+#: (64 x 128 x 4096, spread 0.5: no workspace, no combine), modelled 0.96 took 1.13x.
+LISTED_GAIN = 0.97
 #: The most pieces the listed schedule cuts a sequence into, and how many of its candidates
 #: (those of the lowest bounds) are costed in full.
 LISTED_MAX_PIECES = 16
@@ -304,9 +308,8 @@ def _greedy_makespan(sizes, sms):
 
 
 def _balanced_blocks(tiles, chunk, parts, groups):
-    """The block costs of the balanced schedule (chunk, parts) over sequences of ``tiles``."""
-    if parts == 1:
-        return np.repeat(tiles + BLOCK_OVERHEAD_TILES, groups).astype(np.float64)
+    """The block costs of the balanced schedule (chunk, parts > 1) over sequences of
+    ``tiles``."""
     per = np.maximum(chunk, -(-tiles // parts))[:, None]
     t0 = np.minimum(np.arange(parts)[None, :] * per, tiles[:, None])
     n = np.minimum(t0 + per, tiles[:, None]) - t0
@@ -335,7 +338,9 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     block of 64 real rows, at the device's bandwidth); the blocks are handed out longest
     first (``_greedy_makespan``). The balanced schedule is costed the same way (its blocks in
     the same order: the comparison does not favour the new one), and the listed one is taken
-    where it is below ``LISTED_GAIN`` times that. Candidates: a target of ``ceil(longest / k)``
+    where it is below ``LISTED_GAIN`` times that, and only where the balanced schedule splits
+    (its one-partition launch writes ``out`` directly, which the model's workspace term
+    undervalues: measured, not modelled). Candidates: a target of ``ceil(longest / k)``
     tiles for k = 1 ... ``max_pieces``; the ``LISTED_CANDIDATES`` with the lowest bound
     (the larger of the longest block and the total work over ``sms``) are costed in full, while
     that bound is below the best cost so far. ``balanced``: ``balanced_split``'s result for these arguments, when the caller has it."""
@@ -346,9 +351,11 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     groups = max(1, row_groups)
     share = WORKSPACE_TILES * _row_share(rows, groups)
     chunk, parts = balanced or balanced_split(keys, block_n, groups, sms=sms, rows=rows)
+    if parts == 1:
+        return None  # the balanced schedule runs direct (no workspace, no combine): kept
     balanced = _balanced_blocks(tiles, chunk, parts, groups)
     used = int((balanced > EMPTY_BLOCK_TILES).sum())
-    balanced_cost = _greedy_makespan(balanced, sms) + (share * used / sms if parts > 1 else 0.0)
+    balanced_cost = _greedy_makespan(balanced, sms) + share * used / sms
     longest = int(tiles.max())
     targets = np.unique(-(-longest // np.arange(1, min(longest, max_pieces) + 1)))
     pieces = np.maximum(1, -(-tiles[None, :] // targets[:, None]))  # [candidates, B]
