@@ -101,11 +101,14 @@ def simt_signature(tag, direct):
             types.Array(types.float32, 3, "C"))
 
 
-def signature(direct):
+def signature(direct, listed=False):
+    """The tensor-core partition kernels' argument types; ``listed``: the schedule argument is
+    the listed schedule's int32 [N, 4] table instead of the chunk."""
     w = types.int32
     return (types.Array(w, 3, "C"), types.Array(types.int32, 1, "C"), types.Array(w, 3, "C"),
             types.Array(types.int32, 2, "C"), types.Array(types.int32, 1, "C"),
-            types.Array(types.float32, 3, "C"), types.float32, types.int32,
+            types.Array(types.float32, 3, "C"), types.float32,
+            types.Array(types.int32, 2, "C") if listed else types.int32,
             types.Array(types.int16 if direct else types.float32, 4, "C"),
             types.Array(types.float32, 3, "C"), types.Array(types.uint8, 1, "C"),
             types.Array(types.uint8, 1, "C"))
@@ -197,15 +200,19 @@ def main():
         if tma:
             variants.append(("seesaw", factory.seesaw_partition_kernel(mask, mod, tag, cache,
                                                                        heads, direct)))
+            if not direct:  # the listed schedule's variant (its blocks from a table)
+                variants.append(("listed", factory.seesaw_partition_kernel(
+                    mask, mod, tag, cache, heads, False, listed=True)))
         for name, kern in variants:
-            ptx, _ = cuda.compile_ptx(kern.py_func, signature(direct), cc=(9, 0, "a"))
+            ptx, _ = cuda.compile_ptx(kern.py_func, signature(direct, name == "listed"),
+                                      cc=(9, 0, "a"))
             sass, log = build_sass(ptx)
             regs, spills, calls = _resources(ptx, log)
             hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256)x16", sass))
             serial = "serialized" in log
             # lockstep: 36 for S and 4 for P V; seesaw: 4 a box in each warpgroup's two S
             # sites (a loop over the boxes), 4 in each of their two P V sites
-            ok = (not spills and calls == 0 and hgmma == (32 if name == "seesaw" else 40)
+            ok = (not spills and calls == 0 and hgmma == (40 if name == "mma" else 32)
                   and not serial)
             bad += not ok
             print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
