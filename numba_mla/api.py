@@ -82,15 +82,6 @@ def _schedule(keys, block_n, groups, rows, slots, listable):
     return split
 
 
-def _spec_schedule(spec):
-    """The schedule a plan runs, as ``_schedule`` gives it (its key's last part)."""
-    if spec.work is not None:
-        pieces = np.zeros(int(spec.work[:, 0].max()) + 1, np.int32)
-        pieces[spec.work[:, 0]] = spec.work[:, 3]
-        return ("listed", pieces.tobytes())
-    return (spec.chunk, spec.num_partitions)
-
-
 def _ragged_family(call):
     """``_family`` of a checked ragged call (its rows: the most a sequence has, and whether
     the row offsets live on the device)."""
@@ -166,10 +157,8 @@ def _run(call, family, call_key=None):
 
     if family is None:
         return launch.run(call)
-    counts = None
-    if call.ragged:
-        host = call.q_offsets_host
-        counts = np.diff(host) if host is not None else np.full(call.batch, call.sq)
+    host = call.q_offsets_host  # (None: padded q, or device offsets: call.sq rows a sequence)
+    counts = None if host is None else np.diff(host)
     config = getattr(call, "config", None)
     fixed = call.num_partitions or (config.num_partitions if config is not None else None)
     key = _plan_key(family, call.cache, call.mask, counts, fixed, call.sq)
@@ -179,7 +168,10 @@ def _run(call, family, call_key=None):
         spec = plan.spec
         plans.remember(family, (spec.block_n, spec.groups, spec.rows, spec.slots,
                                 spec.listable))
-        plans.store(family + (_spec_schedule(spec),), plan)
+        # (the family's first plan: its key now that the geometry is known, as the next
+        # call's lookup computes it)
+        key = key or _plan_key(family, call.cache, call.mask, counts, fixed, call.sq)
+        plans.store(key, plan)
     if call_key is not None:
         plans.keep(call.cache, call_key, plan)
     offsets = None

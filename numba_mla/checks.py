@@ -220,8 +220,8 @@ def check_ragged(q, q_row_offsets, cache, scale, mask=None, score_mod=None, num_
     Device int32 offsets (kernel backends, no materialized bias) are checked for shape and
     dtype only, not read: the values' checks (from 0 to T, non-decreasing, at most MAX_SQ
     rows a sequence, lengths at least the rows) do not run, and a first kernel clamps the
-    offsets into q's rows (kernels/offsets.py). The call is then planned for ``rows_bound`` rows a sequence (MAX_SQ, or
-    ``flare_mla_decoding``'s ``q_max_seq_len``)."""
+    offsets into q's rows (kernels/offsets.py). The call is then planned for ``rows_bound``
+    rows a sequence (MAX_SQ, or ``flare_mla_decoding``'s ``q_max_seq_len``)."""
     scale, mask, score_mod, num_partitions, return_lse = _check_common(
         cache, scale, mask, score_mod, num_partitions, return_lse, backend)
     rows, heads, _ = _check_q_shape(q, ("T",))

@@ -342,8 +342,9 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     (its one-partition launch writes ``out`` directly, which the model's workspace term
     undervalues: measured, not modelled). Candidates: a target of ``ceil(longest / k)``
     tiles for k = 1 ... ``max_pieces``; the ``LISTED_CANDIDATES`` with the lowest bound
-    (the larger of the longest block and the total work over ``sms``) are costed in full, while
-    that bound is below the best cost so far. ``balanced``: ``balanced_split``'s result for these arguments, when the caller has it."""
+    (the larger of the longest block and the total work over ``sms``) are costed in full,
+    while that bound is below the best cost so far. ``balanced``: ``balanced_split``'s result
+    for these arguments, when the caller has it."""
     sms = sm_count() if sms is None else sms
     tiles = -(-np.asarray(keys, np.int64) // block_n)
     if tiles.size < 2 or tiles.max(initial=0) <= 1 or tiles.min() == tiles.max():
@@ -353,9 +354,9 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     chunk, parts = balanced or balanced_split(keys, block_n, groups, sms=sms, rows=rows)
     if parts == 1:
         return None  # the balanced schedule runs direct (no workspace, no combine): kept
-    balanced = _balanced_blocks(tiles, chunk, parts, groups)
-    used = int((balanced > EMPTY_BLOCK_TILES).sum())
-    balanced_cost = _greedy_makespan(balanced, sms) + share * used / sms
+    blocks = _balanced_blocks(tiles, chunk, parts, groups)
+    used = int((blocks > EMPTY_BLOCK_TILES).sum())
+    balanced_cost = _greedy_makespan(blocks, sms) + share * used / sms
     longest = int(tiles.max())
     targets = np.unique(-(-longest // np.arange(1, min(longest, max_pieces) + 1)))
     pieces = np.maximum(1, -(-tiles[None, :] // targets[:, None]))  # [candidates, B]

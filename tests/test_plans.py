@@ -275,7 +275,8 @@ def test_device_offsets_out_of_range_stay_in_bounds(backend, rng):
     """Row offsets in device memory that the host checks would refuse (negative, decreasing,
     past T, 9+ rows a sequence) are not read on the host; a first kernel clamps them into
     q's rows (kernels/offsets.py): no read or write outside q, out or the workspace (the
-    simulator raises IndexError on any). (What the rows hold is then undefined: a clamped run may overlap another's.)"""
+    simulator raises IndexError on any). (What the rows hold is then undefined: a clamped
+    run may overlap another's.)"""
     p = make_problem(rng, 2, 3, 2, [7, 5], BF16, "paged", 4, ragged=True, q_counts=[3, 3])
     q, cache = on_device(p)
     bad = np.array([-7, 40, 45], np.int32)  # negative, past T (6)

@@ -288,8 +288,8 @@ def test_small_batches_schedule_as_the_vectorised_form(keys, block_n, groups, sm
        rows=st.one_of(st.none(), st.integers(1, 192)))
 def test_listed_schedule_properties(keys, groups, sms, rows):
     """Whatever the lengths: None for one sequence, equal lengths or a balanced schedule of
-    one partition (which writes out directly); else at least two pieces
-    for some sequence (one partition would be the balanced schedule's direct kernel), at most
+    one partition (which writes out directly); else at least two pieces for some sequence
+    (one partition would be the balanced schedule's direct kernel), at most
     LISTED_MAX_PIECES; its blocks every (sequence, row group, piece < P) once, launched in
     non-increasing modelled cost; the pieces of each sequence cover its tiles exactly once
     (partition_tiles with chunk 0); the same schedule twice."""
