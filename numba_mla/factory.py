@@ -105,22 +105,23 @@ def _output_store(tag, direct):
 
 
 def partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False, wide=True,
-                     fp8=None):
+                     fp8=None, groups=1):
     """The stage-1 FMA kernel (kernels/simt.py) for this configuration; ``direct``: the
     variant that writes the final output (one partition, no combine); ``wide``: the one that
     copies 16-byte pieces of the cache (which must then start 16-byte aligned); ``fp8``: the
-    cache's FP8 layout ("e4m3", "v32"; ``tag`` is then q's dtype), or None."""
+    cache's FP8 layout ("e4m3", "v32"; ``tag`` is then q's dtype), or None; ``groups=2``: its
+    warp split-K variant (each half of the warps walks half of a partition's tiles)."""
 
     def build():
         from .kernels.simt import make_partition_kernel
 
         return make_partition_kernel(load=converters(tag)[0], store=_output_store(tag, direct),
                                      unpack=None if fp8 else unpacker(tag), block_m=block_m,
-                                     heads=heads, wide=wide, fp8=fp8,
+                                     heads=heads, wide=wide, fp8=fp8, groups=groups,
                                      **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("simt", tag, block_m, heads, direct, wide)
-                   + ((("fp8", fp8),) if fp8 else ())
+                   + ((("fp8", fp8),) if fp8 else ()) + ((("groups", groups),) if groups > 1 else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 
@@ -142,18 +143,20 @@ def simple_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, dir
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 
-def warpsplit_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False):
-    """The simple kernel with warp split-K (kernels/warpsplit.py); ``direct`` as above."""
+def warpsplit_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, fp8=None):
+    """The simple kernel with warp split-K (kernels/warpsplit.py); ``direct`` and ``fp8`` as
+    above."""
 
     def build():
         from .kernels.warpsplit import BLOCK_M, make_partition_kernel
 
         return make_partition_kernel(load=converters(tag)[0], store=_output_store(tag, direct),
-                                     unpack=unpacker(tag), block_m=BLOCK_M, heads=heads,
+                                     unpack=None if fp8 else unpacker(tag), block_m=BLOCK_M,
+                                     heads=heads, fp8=fp8,
                                      **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(("warpsplit", tag, heads, direct) + _mods_key(mask, score_mod, cache_cls),
-                   build)
+    return _cached(("warpsplit", tag, heads, direct) + ((("fp8", fp8),) if fp8 else ())
+                   + _mods_key(mask, score_mod, cache_cls), build)
 
 
 def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, tma=False):

@@ -10,8 +10,10 @@ runs is decided here, from the call and a few facts about its arrays:
    0.25-0.87x "mma_sync"'s time on every benchmark shape, so it is the one there.)
 2. The tensor-core kernels copy 16-byte pieces: q and the cache must start 16-byte aligned.
    ``"auto"`` falls back to ``"simt"``; an explicit ``"mma"`` is refused.
-3. ``decoding_warp_split_k`` runs the simple kernel's warp split-K variant
-   (kernels/warpsplit.py), under ``"auto"`` and ``"simple"``; ``"simt"`` and ``"mma"`` refuse it.
+3. ``decoding_warp_split_k`` runs a warp split-K variant: the FMA kernel's (``"simt"``, 16
+   rows a block, 16-bit caches; kernels/simt.py with two groups of warps) under ``"auto"``
+   and ``"simt"``, the simple kernel's (kernels/warpsplit.py) under ``"simple"``, and under
+   ``"auto"`` for fp32 and FP8 caches; ``"mma"`` and ``"mma_sync"`` refuse it.
    A config (config.py) fixes what it names: ``"auto"`` runs the FMA kernel where the
    tensor-core tiles differ from it; a value the chosen kernel cannot run is refused.
 4. The split-K schedule: the caller's factor P (or the config's), split evenly over each
@@ -43,8 +45,8 @@ from .config import refuse
 class KernelSpec:
     """A partition kernel and what its launch needs (the factory's description)."""
 
-    backend: str  # what runs: "simt", "simple", "warpsplit" (simple, warp split-K), "mma"
-    #               (lockstep wgmma) or "seesaw"
+    backend: str  # what runs: "simt", "simt_warpsplit" (simt, warp split-K), "simple",
+    #               "warpsplit" (simple, warp split-K), "mma" (lockstep wgmma) or "seesaw"
     dispatcher: Any  # the Numba kernel (compiled for the argument types at first launch)
     threads: int  # threads a block
     smem: int  # dynamic shared memory a block, bytes
@@ -130,18 +132,30 @@ class ArrayFacts:
 
 
 def check_warp_split(warp_split_k, backend):
-    """``decoding_warp_split_k`` runs in the simple kernel (kernels/warpsplit.py): with
-    ``"auto"`` or ``"simple"``, or the reference (no effect on the result); the tuned FMA
-    kernel splits each score over its 8 warps already, and the tensor-core kernels over
-    their warpgroups, so neither takes it."""
-    if warp_split_k and backend in ("simt", "mma", "mma_sync"):
-        raise ValueError(f"decoding_warp_split_k: runs in the simple kernel only; the "
+    """``decoding_warp_split_k`` runs in the FMA kernels: ``"auto"``, ``"simt"`` (16-bit
+    caches: see ``check_simt_warp_split``), ``"simple"``, or the reference (no effect on the
+    result); the tensor-core kernels split each tile over their warps by dims and keys
+    already, so neither takes it."""
+    if warp_split_k and backend in ("mma", "mma_sync"):
+        raise ValueError(f"decoding_warp_split_k: runs in the FMA kernels only; the "
                          f"{backend!r} kernel splits each key tile over its warps by dims "
-                         f"instead. Use backend='auto' or 'simple'")
+                         f"instead. Use backend='auto', 'simt' or 'simple'")
+
+
+def check_simt_warp_split(tag, fp8):
+    """The FMA kernel's warp split-K (kernels/simt.py, two groups of four warps) runs on
+    16-bit caches at 16 rows a block: its two groups' tiles fit in a block's shared memory
+    there only."""
+    if tag == "f32" or fp8:
+        kind = "an FP8" if fp8 else "a float32"
+        raise ValueError(f"decoding_warp_split_k: the 'simt' kernel splits keys over its warps "
+                         f"for bfloat16 and float16 caches only, got {kind} cache; use "
+                         f"backend='auto' or 'simple' (the simple kernel's warp split-K)")
 
 
 #: Key tiles in flight: the FMA and tensor-core kernels double-buffer, "simple" does not.
-PIPELINE_STAGES = {"simt": 2, "mma": 2, "mma_sync": 1, "simple": 1, "warpsplit": 1}
+PIPELINE_STAGES = {"simt": 2, "simt_warpsplit": 2, "mma": 2, "mma_sync": 1, "simple": 1,
+                   "warpsplit": 1}
 
 
 def _mma_sync_shape(config, rows, fp8):
@@ -222,9 +236,12 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     mask, mod, cache_cls, H = call.mask, call.score_mod, type(call.cache), call.heads
     config = call.config
     if call.warp_split_k:
-        # Warp split-K exists in the simple kernel only: "auto" runs it there, "simt" and
-        # "mma" were refused by the checks (check_warp_split)
-        backend = "warpsplit"
+        # Warp split-K ("mma" and "mma_sync" were refused by the checks: check_warp_split):
+        # the FMA kernel's for 16-bit caches, else (and under "simple") the simple kernel's
+        if call.backend == "simt":
+            check_simt_warp_split(tag, fp8)
+        simt_runs = call.backend in ("auto", "simt") and sixteen and not fp8
+        backend = "simt_warpsplit" if simt_runs else "warpsplit"
     elif (backend in ("mma", "mma_sync") and call.backend == "auto"
           and not _tensor_core_honours(config, backend, rows, fp8)):
         backend = "simt"  # the FMA kernel runs what the config asks (or refuses it below)
@@ -233,6 +250,10 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         from .kernels import warpsplit
 
         block_m, block_n = warpsplit.BLOCK_M, warpsplit.NW * warpsplit.WN
+    elif backend == "simt_warpsplit":
+        from .kernels import simt
+
+        block_m, block_n = 16, simt.block_n(16, True, groups=2)
     elif backend == "mma":
         from .kernels import mma, seesaw
 
@@ -290,8 +311,14 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                                         facts.cache_aligned16, fp8)
         return KernelSpec("simt", disp, simt.NTHREADS, simt.smem_bytes(block_m, sixteen, fp8),
                           q_pairs=False, tma=False, **common)
+    if backend == "simt_warpsplit":
+        disp = factory.partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
+                                        facts.cache_aligned16, None, groups=2)
+        return KernelSpec("simt_warpsplit", disp, simt.NTHREADS,
+                          simt.smem_bytes(block_m, True, None, groups=2), q_pairs=False,
+                          tma=False, **common)
     if backend == "warpsplit":
-        disp = factory.warpsplit_partition_kernel(mask, mod, tag, cache_cls, H, direct)
+        disp = factory.warpsplit_partition_kernel(mask, mod, tag, cache_cls, H, direct, fp8)
         return KernelSpec("warpsplit", disp, warpsplit.NTHREADS, 0, q_pairs=False, tma=False,
                           **common)
     if backend == "simple":

@@ -300,10 +300,10 @@ def assert_close(actual, expected, rtol, atol, what="result"):
 #: the H200: errors of ~18 ulps, all of one sign, on single-key rows), and a score takes 36
 #: steps: up to 36 ulps more. A wrong key, mask or scale is off by orders of magnitude more.
 #: "simple" is FMA too (two sequential 288-term halves), and so is its warp split-K variant
-#: ("warpsplit"); "mma_sync" (warp tensor cores) is given the tensor cores' allowance. Keyed by
-#: the kernel that ran ("auto" resolved).
+#: ("warpsplit"), and so is the FMA kernel's ("simt_warpsplit"); "mma_sync" (warp tensor
+#: cores) is given the tensor cores' allowance. Keyed by the kernel that ran ("auto" resolved).
 FLOOR_ULPS = {"simt": 8, "mma": 8 + 36, "mma_sync": 8 + 36, "simple": 8, "warpsplit": 8,
-              "reference": 8}
+              "simt_warpsplit": 8, "reference": 8}
 
 
 def fp32_floor(golden, backend="simt"):

@@ -237,6 +237,27 @@ def test_fp8_simple_kernel(layout, cache, mask_id, mod_id, rng):
     check(p, MASKS[mask_id].make(p, rng), SCORE_MODS[mod_id].make(p), 2, "simple")
 
 
+@KERNEL
+@pytest.mark.parametrize("layout,cache", [("e4m3", "paged5"), ("v32", "contiguous")])
+def test_fp8_warp_split_k(layout, cache, rng):
+    """decoding_warp_split_k on an FP8 cache runs the simple kernel's warp split-K variant
+    (kernels/warpsplit.py), which dequantizes as it copies, as the simple kernel does; split
+    over blocks too, beside an empty sequence."""
+    from numba_mla import checks, launch
+
+    p = fp8_problem(rng, layout, 2, 1, 3, [0, 13], BF16, cache)
+    mask, score_mod = nm.CausalMask(), nm.AlibiScoreMod(3)
+    golden, same = references(p, mask, score_mod)
+    call = checks.check_decode(p.q, p.cache, p.scale, mask, score_mod)
+    call.warp_split_k = True
+    assert launch.Plan(call).spec.backend == "warpsplit"
+    output = np.full(p.out_shape, np.nan, p.dtype)
+    nm.flare_mla_decoding(output, p.q, p.cache, mask, score_mod, None, p.scale, 2,
+                          use_score_mod=True, decoding_warp_split_k=True)
+    assert_three_way(output, same[0], golden[0], floor=fp32_floor(golden[0], "warpsplit"),
+                     what="output")
+
+
 def spy_mma_sync_staged(monkeypatch, smem_per_block=None, shapes=None):
     """Record the ``staged`` of every mma_sync kernel the selector asks for (and in ``shapes``,
     if given, its ``(block_m, wide, staged)``); with ``smem_per_block``, the device's limit

@@ -333,6 +333,56 @@ def test_warp_split_k_each_factor(case, rng):
     assert_matches_reference(out, lse, golden, same, "warpsplit")
 
 
+def _warp_split_plan(p, mask, score_mod, num_partitions, out, backend):
+    """A checked call with decoding_warp_split_k set, and its plan."""
+    from numba_mla import checks
+
+    args = (p.cache, p.scale, mask, score_mod, num_partitions, True, out, backend)
+    call = (checks.check_ragged(p.q, p.q_offsets, *args) if p.ragged
+            else checks.check_decode(p.q, *args))
+    call.warp_split_k = True
+    return launch.Plan(call)
+
+
+@KERNEL
+@pytest.mark.parametrize("case", MMA_SIM_CASES, ids=str)
+def test_simt_warp_split_k_each_factor(case, rng):
+    """The FMA kernel with decoding_warp_split_k (kernels/simt.py, two groups of four warps,
+    each walking half of a partition's 32-key tiles, merged in shared memory) on the 16-bit
+    cases: one tile a group ("1"), a group with none ("3": one tile a partition), empty
+    partitions ("tiles+1")."""
+    p = case.problem(rng)
+    mask, score_mod = MASKS[case.mask].make(p, rng), SCORE_MODS[case.score_mod].make(p)
+    golden, same = references(p, mask, score_mod)
+    out = np.full(p.out_shape, np.nan, p.dtype)
+    plan = _warp_split_plan(p, mask, score_mod, case.num_partitions, out, "simt")
+    assert plan.spec.backend == "simt_warpsplit" and plan.spec.block_n == 32
+    plan.launch()
+    got, lse = plan.result()
+    assert got is out
+    assert_matches_reference(out, lse, golden, same, "simt_warpsplit")
+
+
+@KERNEL
+@pytest.mark.parametrize("mask_id,partitions", [("causal", 1), ("window3", 2)])
+def test_simt_warp_split_k_runs_of_tiles(mask_id, partitions, rng):
+    """Warp split-K in the FMA kernel where each group walks several tiles (7 tiles of 32
+    keys in one partition: 4 and 3), with Sq = 2 ragged q; and a sliding window, whose kept
+    keys lie in the last tile: in two partitions the first keeps nothing, and the second's
+    second group walks no tile (its terms merge with weight 0)."""
+    lengths = np.array([7 * 32 - 5, 0], np.int32)
+    p = make_problem(rng, 2, 2, 2, lengths, BF16, "paged", 16, ragged=True,
+                     q_counts=np.array([2, 0], np.int32))
+    mask = MASKS[mask_id].make(p, rng)
+    golden, same = references(p, mask, None)
+    out = np.full(p.out_shape, np.nan, p.dtype)
+    plan = _warp_split_plan(p, mask, None, partitions, out, "auto")
+    assert plan.spec.backend == "simt_warpsplit" and plan.spec.num_partitions == partitions
+    plan.launch()
+    got, lse = plan.result()
+    assert_matches_reference(out, lse, golden, same, "simt_warpsplit")
+
+
 @KERNEL
 @pytest.mark.parametrize("cache_kind,page_size,tma", [("contiguous", 16, True),
                                                       ("paged", 64, True), ("paged", 48, False)])

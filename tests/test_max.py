@@ -133,8 +133,9 @@ def test_warp_split_k(case, rng):
         mask, score_mod, partitions, backend = (nm.SlidingWindowCausalMask(3), None, 1,
                                                 "simple")
     golden, same = references(p, mask, score_mod)
-    call = (checks.check_ragged(p.q, p.q_offsets, p.cache, p.scale, mask, score_mod)
-            if p.ragged else checks.check_decode(p.q, p.cache, p.scale, mask, score_mod))
+    args = (p.cache, p.scale, mask, score_mod, None, False, None, backend)
+    call = (checks.check_ragged(p.q, p.q_offsets, *args) if p.ragged
+            else checks.check_decode(p.q, *args))
     call.warp_split_k = True
     assert launch.Plan(call).spec.backend == "warpsplit"
     output = np.full(p.out_shape, np.nan, p.dtype)
@@ -148,20 +149,20 @@ def test_warp_split_k(case, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["simt", "mma", "simple", "warpsplit"])
+@pytest.mark.parametrize("backend", ["simt", "mma", "simple", "warpsplit", "simt_warpsplit"])
 def test_gpu_ragged_cache_and_warp_split(backend, rng):
     """On a GPU: a ragged cache with NaN rows between the runs, long and empty sequences,
     ragged q, a mask and a score mod, through flare_mla_decoding (warp split-K for
-    "warpsplit")."""
+    "warpsplit", in the simple kernel, and "simt_warpsplit", in the FMA kernel)."""
     p = make_problem(rng, 4, 2, 16, [4096, 1, 0, 777], BF16, "ragged", ragged=True,
                      q_counts=[2, 1, 0, 2])
     mask, score_mod = nm.CausalMask(), nm.AlibiScoreMod(16)
     golden, same = references(p, mask, score_mod)
     output = np.full(p.out_shape, np.nan, p.dtype)
-    split = backend == "warpsplit"
+    split = {"warpsplit": "simple", "simt_warpsplit": "simt"}
     nm.flare_mla_decoding(output, p.q, p.cache, mask, score_mod, p.q_offsets, p.scale,
-                          backend="simple" if split else backend, use_score_mod=True,
-                          decoding_warp_split_k=split)
+                          backend=split.get(backend, backend), use_score_mod=True,
+                          decoding_warp_split_k=backend in split)
     assert_three_way(output, same[0], golden[0], floor=fp32_floor(golden[0], backend),
                      what="output")
 
@@ -188,6 +189,28 @@ def test_config_selects(rng):
     spec = _spec(p, nm.MHAConfig(num_queries_per_block=64, num_keys_per_block=64), "mma")
     assert spec.backend in ("mma", "seesaw") and spec.block_m == 64
     assert _spec(p, nm.MHAConfig()) == _spec(p, None)
+
+
+def test_warp_split_selects(rng):
+    """decoding_warp_split_k runs the FMA kernel's variant for 16-bit caches (under "auto"
+    and "simt"; 16 rows a block, 32-key tiles a group), the simple kernel's under "simple"
+    and for float32 and FP8 caches; the FMA kernel's refuses what it cannot run, by name."""
+    p16 = make_problem(rng, 1, 1, 4, [40], BF16)
+    p32 = make_problem(rng, 1, 1, 4, [40], np.float32)
+    fp8 = with_fp8_cache(make_problem(rng, 1, 1, 4, [40], BF16), "e4m3")
+    assert _spec(p16, None, "auto", True).backend == "simt_warpsplit"
+    assert _spec(p16, None, "simple", True).backend == "warpsplit"
+    assert _spec(p32, None, "auto", True).backend == "warpsplit"
+    assert _spec(fp8, None, "auto", True).backend == "warpsplit"
+    spec = _spec(p16, nm.MHAConfig(num_queries_per_block=16, num_keys_per_block=32,
+                                   num_pipeline_stages=2, num_partitions=2), "simt", True)
+    assert (spec.backend, spec.block_m, spec.block_n, spec.num_partitions) == (
+        "simt_warpsplit", 16, 32, 2)
+    with pytest.raises(ValueError, match="config.num_queries_per_block"):
+        _spec(p16, nm.MHAConfig(num_queries_per_block=32), "simt", True)
+    for p, kind in ((p32, "float32"), (fp8, "FP8")):
+        with pytest.raises(ValueError, match=f"^decoding_warp_split_k: .* {kind} cache"):
+            _spec(p, None, "simt", True)
 
 
 def test_mma_sync_config_fits_the_device(rng, monkeypatch):
@@ -306,6 +329,8 @@ REFUSED = {
                         "decoding_warp_split_k"),
     "warp_split_mma": (dict(decoding_warp_split_k=True, backend="mma"), ValueError,
                        "decoding_warp_split_k"),
+    "warp_split_mma_sync": (dict(decoding_warp_split_k=True, backend="mma_sync"), ValueError,
+                            "decoding_warp_split_k"),
     "q_max_seq_len_short": (dict(q_max_seq_len=0), ValueError, "q_max_seq_len"),
     "q_max_seq_len_float": (dict(q_max_seq_len=1.0), TypeError, "q_max_seq_len"),
     "q_max_seq_len_past_int32": (dict(q_max_seq_len=2**31), ValueError, "q_max_seq_len"),

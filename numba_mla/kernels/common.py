@@ -8,6 +8,7 @@ import math
 from numba import cuda, float32
 
 from .. import ptx
+from .._compat import INLINE
 from ..constants import D_QK, D_V  # noqa: F401  (576-wide rows; V = the first 512 dims)
 from ..mods import EMPTY, PARTIAL
 
@@ -43,6 +44,37 @@ def make_log2_score(mask_apply, score_mod, fold_scale):
         return s * float32(LOG2E)
 
     return log2_score
+
+
+def make_read_pair(unpack, fp8):
+    """``read_pair(storage, page, slot, c, kv_scale)``: values 2c and 2c + 1 of a cache row in
+    fp32, for the kernels that read rows a pair of values at a time (simple.py,
+    warpsplit.py). ``unpack``: a packed 16-bit pair to two floats (None: fp32 storage, two
+    adjacent values); ``fp8``: the FP8 layout (docs/fp8.md; rows seen as int32 words, codes
+    times their scale: ``kv_scale``, or "v32"'s group scale), or None."""
+    if fp8:  # FP8 rows as int32 words: dims 2c, 2c + 1 are half of word c // 2, times a scale
+        V32 = fp8 == "v32"
+
+        @cuda.jit(device=True, **INLINE)
+        def read_pair(storage, page, slot, c, kv_scale):
+            if V32 and c >= D_V // 2:  # "v32" rope: bf16 pairs after 512 codes, 4 scales
+                return ptx.bf16x2_to_f32(storage[page, slot, c - D_V // 2 + D_V // 4 + 4])
+            sc = kv_scale
+            if V32:  # the scale of the row's group of 128 latent dims (words 128..131)
+                sc = ptx.i32_as_f32(storage[page, slot, D_V // 4 + c // 64])
+            x0, x1, x2, x3 = ptx.e4m3x4_to_f32(storage[page, slot, c // 2])
+            if c % 2:
+                return x2 * sc, x3 * sc
+            return x0 * sc, x1 * sc
+    elif unpack is None:  # fp32 storage: a pair is two adjacent values
+        @cuda.jit(device=True, **INLINE)
+        def read_pair(storage, page, slot, c, kv_scale):
+            return storage[page, slot, 2 * c], storage[page, slot, 2 * c + 1]
+    else:  # 16-bit storage, seen as int32 words: a pair is one word
+        @cuda.jit(device=True, **INLINE)
+        def read_pair(storage, page, slot, c, kv_scale):
+            return unpack(storage[page, slot, c])
+    return read_pair
 
 
 def make_tile_walk(mask_classify, mask_key_range, block_n, heads, align=1, key_count=None):

@@ -33,10 +33,9 @@ import math
 
 from numba import cuda, float32
 
-from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_walk, mark_empty)
+                     make_read_pair, make_tile_walk, mark_empty)
 
 NTHREADS = 128  # 4 warps
 BLOCK_M = 8  # query rows a block (the launcher's choice; Qs and Ks must fit in 48 KB)
@@ -73,28 +72,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     first_tiles = make_partition_walk(key_tiles, next_tile)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
-    if fp8:  # FP8 rows as int32 words: dims 2c, 2c + 1 are half of word c // 2, times a scale
-        V32 = fp8 == "v32"
-
-        @cuda.jit(device=True, **INLINE)
-        def read_pair(storage, page, slot, c, kv_scale):
-            if V32 and c >= D_V // 2:  # "v32" rope: bf16 pairs after 512 codes, 4 scales
-                return ptx.bf16x2_to_f32(storage[page, slot, c - D_V // 2 + D_V // 4 + 4])
-            sc = kv_scale
-            if V32:  # the scale of the row's group of 128 latent dims (words 128..131)
-                sc = ptx.i32_as_f32(storage[page, slot, D_V // 4 + c // 64])
-            x0, x1, x2, x3 = ptx.e4m3x4_to_f32(storage[page, slot, c // 2])
-            if c % 2:
-                return x2 * sc, x3 * sc
-            return x0 * sc, x1 * sc
-    elif unpack is None:  # fp32 storage: a pair is two adjacent values
-        @cuda.jit(device=True, **INLINE)
-        def read_pair(storage, page, slot, c, kv_scale):
-            return storage[page, slot, 2 * c], storage[page, slot, 2 * c + 1]
-    else:  # 16-bit storage, seen as int32 words: a pair is one word
-        @cuda.jit(device=True, **INLINE)
-        def read_pair(storage, page, slot, c, kv_scale):
-            return unpack(storage[page, slot, c])
+    read_pair = make_read_pair(unpack, fp8)
 
     @cuda.jit(device=True, **INLINE)
     def copy_tile(Ks, storage, block_table, b, k0, k1, tid, kv_scale):

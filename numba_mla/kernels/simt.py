@@ -69,6 +69,23 @@ score-loop trip (8 bytes of codes times their scale: the per-tensor ``kv_scale``
 as the imaginary part of the complex ``scale`` argument, or the row's group scale; the "v32"
 rope dims are bf16). So the loops, and P.V, read exact float32 products code x scale.
 
+Warp split-K (``groups=2``, ``decoding_warp_split_k``; 16 rows of 16-bit data): the 8 warps
+form two groups of 4 (GW warps, GT = 128 threads a group). Group g walks the g-th half of the
+partition's run of 32-key tiles ([t_begin, half) and [half, t_stop), half rounded up) with
+its own copies of every array above but Qt (Pt, Ss, m, l, alpha, Ks: ``group_words`` apart),
+its own barriers (named barrier 1 + g for its GT threads, in place of the block's), and all
+the loops as above with GW warps: each warp sums a quarter of the dims of a score, and each
+thread owns PR = 8 rows x PD = 8 dims of the output. The groups meet once, at the end (base-2
+units; row i; group g kept keys K_g, whose running state is m_g, l_g, o_g):
+
+    m = max(m_0, m_1),   c_g = 2^(m_g - m)        (m_ref = 0 when m = -inf: then c_g = 0)
+    l = c_0 l_0 + c_1 l_1,   out = (c_0 o_0 + c_1 o_1) / l,   lse = (m + log2 l) ln 2
+
+the softmax over K_0 and K_1 together: each term 2^(s_k - m_g) of group g becomes 2^(s_k - m)
+once scaled by c_g. Thread t of group 1 owns the same rows and dims as thread t of group 0;
+it writes c_1 o_1 over Qt, and group 0's thread adds it to its own c_0 o_0 and writes the
+output. A row that neither group kept a key for has l = 0: zeros and LSE -inf, as above.
+
 Traffic: each block reads its partition's keys once (576 values a key, into shared memory,
 serving both q.K and P.V) plus its queries once; the G row groups of one sequence read the same
 keys (from L2 after the first).
@@ -80,8 +97,8 @@ from numba import cuda, float32, int32
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS
 from ..fp8 import ROW_BYTES as FP8_ROW_BYTES
-from .common import (D_QK, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_walk, mark_empty)
+from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
+                     make_tile_walk, mark_empty, partition_tiles)
 
 NWARPS = 8
 NTHREADS = 32 * NWARPS
@@ -89,11 +106,19 @@ SR = 8  # score rows per lane
 PR = 8  # output rows per thread
 
 
-def block_n(block_m, packed, fp8=None):
+def block_n(block_m, packed, fp8=None, groups=1):
     """Keys a tile: 64 at 16 rows of 16-bit data, so that a lane's score tile is 8 rows x 4
     keys there too (two such tiles still fit beside the queries), else 32 (FP8: 32, one key
-    a lane in the conversion)."""
-    return 64 if packed and block_m == 16 and not fp8 else 32
+    a lane in the conversion; warp split-K: 32 a group)."""
+    return 64 if packed and block_m == 16 and not fp8 and groups == 1 else 32
+
+
+def warp_split_runs(block_m, packed, fp8=None):
+    """Whether the warp split-K variant (``groups=2``) exists for this configuration: 16 rows
+    of 16-bit data, whose tiles the loops read packed. Two groups' tiles fit there (the
+    same bytes as one group's 64-key tiles); the fp32 tiles of 32-row, FP8 or fp32 caches
+    do not fit twice."""
+    return packed and not fp8 and block_m == 16
 
 
 def staged(block_m, packed, fp8=None):
@@ -104,10 +129,14 @@ def staged(block_m, packed, fp8=None):
     return bool(fp8) or (packed and block_m == 32)
 
 
-def layout(block_m, packed, fp8=None):
-    """Word offsets of the shared arrays, the strides, and the total size in bytes."""
-    assert block_m in (16, 32)
-    bn = block_n(block_m, packed, fp8)
+def layout(block_m, packed, fp8=None, groups=1):
+    """Word offsets of the shared arrays, the strides, and the total size in bytes. With
+    warp split-K (``groups=2``) every array but Qt exists once a group: group g's lie
+    ``g * group_words`` words past group 0's (the offsets given)."""
+    assert block_m in (16, 32) and groups in (1, 2)
+    assert groups == 1 or warp_split_runs(block_m, packed, fp8)
+    gw = NWARPS // groups  # warps a group
+    bn = block_n(block_m, packed, fp8, groups)
     stage = staged(block_m, packed, fp8)
     if fp8:  # storage words a row (copies)
         row_words = FP8_ROW_BYTES[fp8] // 4
@@ -124,7 +153,7 @@ def layout(block_m, packed, fp8=None):
     qt = 0
     pt = qt + D_QK * qt_stride
     ss = pt + bn * pt_stride
-    m = ss + NWARPS * block_m * bn  # Ss rows unpadded: a swizzle spreads the stores
+    m = ss + gw * block_m * bn  # Ss rows unpadded: a swizzle spreads the stores
     l = m + block_m
     alpha = l + block_m
     ks = alpha + block_m
@@ -135,27 +164,34 @@ def layout(block_m, packed, fp8=None):
     else:  # two copy buffers, read as they are
         kf = ks
         end = ks + 2 * bn * kv_stride
+    group_words = end - pt  # one group's arrays (a multiple of 4 words: Ks ends them)
+    end += (groups - 1) * group_words
     assert qt % 4 == pt % 4 == 0 and ss % 4 == 0 and alpha % 4 == 0  # lds64, lds128 alignment
-    assert kf % 4 == 0
+    assert kf % 4 == 0 and group_words % 4 == 0
     return dict(qt=qt, pt=pt, ss=ss, m=m, l=l, alpha=alpha, ks=ks, kf=kf, kv_stride=kv_stride,
                 tile_stride=tile_stride, qt_stride=qt_stride, pt_stride=pt_stride,
                 row_words=row_words, tile_words=tile_words, block_n=bn, staged=stage,
-                nbytes=4 * end)
+                group_words=group_words, nbytes=4 * end)
 
 
 def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_classify,
                           mask_key_range, score_mod, fold_scale, block_m, heads, wide=True,
-                          key_count=None, fp8=None):
+                          key_count=None, fp8=None, groups=1):
     """The stage-1 kernel for one configuration. Every argument is a compile-time constant:
     device functions (inlined) or ints; see factory.py. ``unpack`` turns a packed 16-bit pair
     into two floats, or is None for fp32 storage; ``store`` converts an output value for
     ``part_out`` (the identity for the fp32 workspace); ``wide``: the cache starts at a
     16-byte aligned address, so tiles are copied in 16-byte pieces (else 4-byte ones);
     ``key_count``: given for a shard of each sequence (see common.make_tile_walk); ``fp8``:
-    the cache's FP8 layout ("e4m3", "v32"), or None."""
+    the cache's FP8 layout ("e4m3", "v32"), or None; ``groups``: 2 for warp split-K (two
+    groups of four warps, each walking half of the partition's tiles; see the notation)."""
     FP8 = fp8
+    GROUPS = groups
+    GW = NWARPS // GROUPS  # warps a group
+    GT = 32 * GW  # threads a group
     packed = unpack is not None or bool(FP8)
-    L = layout(block_m, packed, FP8)
+    L = layout(block_m, packed, FP8, GROUPS)
+    GR = L["group_words"]  # group g's arrays lie g * GR words past group 0's
     STAGED = L["staged"]
     TILE_PACKED = packed and not STAGED  # the loops read packed pairs
     WORD = int32 if packed else float32  # the cache's words
@@ -180,14 +216,14 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     # take 8 more registers, and a warp's 36 words would not split in an even step count).
     WPS = 2 if TILE_PACKED else 4
     DPS = WPS * E
-    WORDS_PER_WARP = TILE_WORDS // NWARPS  # this warp's slice of a row
+    WORDS_PER_WARP = TILE_WORDS // GW  # this warp's slice of a row
     STEPS = WORDS_PER_WARP // WPS
     # Output: thread = (rgp, dg); rows rgp*PR + i; PD dims, PDW words in NCH chunks of CW
     # words, chunk c at word c * VW // NCH + dg * CW of a row's VW words of V: the dg of a
     # warp read adjacent 16-byte pieces (distinct banks).
     RGP = block_m // PR
     DGW = 32 // RGP  # dg a warp
-    PD = 2 * block_m // PR
+    PD = D_V * block_m // (PR * GT)
     PDW = PD // E
     CW = min(PDW, 4)
     NCH = PDW // CW
@@ -197,7 +233,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     # 32 distinct banks (rows are unpadded, so the softmax reads 16-byte pieces).
     assert RG <= SK and SK & (SK - 1) == 0
     # Softmax: TPR adjacent lanes a row (all in one warp), KPT keys a lane.
-    TPR = NTHREADS // block_m
+    TPR = GT // block_m
     LOG_TPR = TPR.bit_length() - 1
     KPT = BLOCK_N // TPR
     assert KPT in (2, 4)
@@ -206,14 +242,16 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     ROW_PIECES = 4 * ROW_WORDS // PIECE
     PIECES = -(-ROW_PIECES // 8)  # per thread and key (FP8 rows: the last ones partly)
     WHOLE = ROW_PIECES % 8 == 0  # every thread's pieces lie in the row
-    KEYS_PER_THREAD = BLOCK_N * 8 // NTHREADS
+    KEYS_PER_THREAD = BLOCK_N * 8 // GT
     cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
     Q_PER_LANE = D_QK // 32
-    CONVERT_PIECES = ROW_WORDS // NWARPS // 4  # 16-byte pieces of a warp's slice of a key
+    CONVERT_PIECES = ROW_WORDS // GW // 4  # 16-byte pieces of a warp's slice of a key
     H = heads
     assert STEPS % 2 == 0 and BLOCK_N % 4 == 0 and PDW in (2, 4, 8) and SK >= 1
     assert (FP8 or 4 * ROW_WORDS % (8 * PIECE) == 0) and KEYS_PER_THREAD in (1, 2)
-    assert not STAGED or (BLOCK_N == 32 and (FP8 or ROW_WORDS % (4 * NWARPS) == 0))
+    assert not STAGED or (BLOCK_N == 32 and (FP8 or ROW_WORDS % (4 * GW) == 0))
+    assert PD * PR * GT == D_V * block_m and GW * DGW * PDW == VW
+    assert GROUPS == 1 or PR * PD * GT <= D_QK * QS  # the merge's exchange fits over Qt
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
     first_tiles = make_partition_walk(key_tiles, next_tile)
@@ -221,10 +259,10 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
 
     @cuda.jit(device=True, **INLINE)
     def locate_rows(storage, block_table, page_size, b, k0, k1, tid):
-        """The global addresses of this thread's rows of keys [k0, k1): threads 8n..8n+7
-        copy key n (and n + 32); keys past k1 get key k1 - 1's place (a real one) and copy
-        zeros. Located a phase before the copy, so that the block-table loads are in flight
-        meanwhile."""
+        """The global addresses of this thread's rows of keys [k0, k1): threads 8n..8n+7 of
+        the group (``tid``: the thread's place in it) copy key n (and n + GT / 8); keys past
+        k1 get key k1 - 1's place (a real one) and copy zeros. Located a phase before the
+        copy, so that the block-table loads are in flight meanwhile."""
         n = tid // 8
         npages = storage.shape[0]
         pg, sl = locate(block_table, page_size, npages, b, min(k0 + n, k1 - 1))
@@ -232,7 +270,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         src1 = src0
         if KEYS_PER_THREAD == 2:
             pg, sl = locate(block_table, page_size, npages, b,
-                            min(k0 + n + NTHREADS // 8, k1 - 1))
+                            min(k0 + n + GT // 8, k1 - 1))
             src1 = ptx.global_addr(storage, pg, sl, 0) + PIECE * (tid % 8)
         return src0, src1
 
@@ -247,7 +285,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
 
         @cuda.jit(device=True, **INLINE)
         def copy(smk, sb, buf, src0, src1, k0, k1, tid, j, c0):
-            n = tid // 8 + (NTHREADS // 8) * j
+            n = tid // 8 + (GT // 8) * j
             src = (src1 if j == 1 else src0) + 8 * PIECE * c0
             dst = sb + 4 * (KS + buf * BUF + n * STRIDE) + PIECE * (tid % 8) + 8 * PIECE * c0
             for u in range(count):
@@ -524,7 +562,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         def score_hooks(smk, smf, sb, warp, lane, tid, kv_scale):
             """The conversion's addresses (lane l: key l of warp w's slice), after pieces 0
             and 1 are converted."""
-            src = sb + 4 * (KS + lane * STRIDE + warp * (ROW_WORDS // NWARPS))
+            src = sb + 4 * (KS + lane * STRIDE + warp * (ROW_WORDS // GW))
             dst = sb + 4 * (KF + lane * TSTRIDE + warp * WORDS_PER_WARP)
             w = ptx.lds128(smk, src)
             w1 = ptx.lds128(smk, src + 16)
@@ -543,6 +581,15 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         def score_hooks(smk, smf, sb, warp, lane, tid, kv_scale):
             return 0
 
+    @cuda.jit(device=True, **INLINE)
+    def group_sync(grp):
+        """A barrier for the threads that share this group's arrays: the block's, or (warp
+        split-K) named barrier 1 + g for group g's GT threads."""
+        if GROUPS == 1:
+            cuda.syncthreads()
+        else:
+            ptx.bar_sync(1 + grp, GT)
+
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse):
@@ -558,10 +605,17 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
+        # Warp split-K: this thread's group, its place in the group, its warp there, and the
+        # group's arrays (words past group 0's; bytes: gb). One group: 0, tid, warp, sb.
+        grp = tid // GT if GROUPS > 1 else 0
+        gtid = tid % GT if GROUPS > 1 else tid
+        gwarp = gtid // 32
+        gw0 = GR * grp
         smf = cuda.shared.array(0, float32)  # one dynamic allocation, seen as floats ...
         smk = cuda.shared.array(0, WORD)  # ... as the cache's words ...
         smt = cuda.shared.array(0, TWORD)  # ... and as the words of the tiles the loops read
         sb = ptx.smem_addr(smf)  # its 32-bit address: byte offsets below are added to it
+        gb = sb + 4 * gw0
 
         row0 = q_offsets[b]  # first q row of sequence b
         nq = q_offsets[b + 1] - row0  # its query tokens
@@ -572,16 +626,27 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         if nrows <= 0:
             return  # every thread of the block leaves: no barrier is skipped
 
-        q_lo, q_hi, kstart, kend, t, t_end = first_tiles(length, nq, r0, nrows, p, nparts,
-                                                            chunk)
-        if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
+        if GROUPS == 1:
+            q_lo, q_hi, kstart, kend, t, t_end = first_tiles(length, nq, r0, nrows, p,
+                                                             nparts, chunk)
+            none = t >= t_end
+        else:  # the partition's run [t_begin, t_stop): group 0 walks its first half
+            q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
+            t_begin, t_stop = partition_tiles(ntiles, p, nparts, chunk)
+            t = next_tile(t_begin, t_stop, kstart, kend, q_lo, q_hi)
+            none = t >= t_stop
+            half = t_begin + (t_stop - t_begin + 1) // 2
+            t_end = half if grp == 0 else t_stop
+            if grp == 1:
+                t = next_tile(max(t, half), t_stop, kstart, kend, q_lo, q_hi)
+        if none and nparts > 1:  # (one partition writes out itself: zeros, below)
             mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
             return  # uniform in the block: no barrier is skipped
         if t < t_end:  # start copying the first tile before anything else
             k0 = kstart + t * BLOCK_N
             k1 = min(k0 + BLOCK_N, kend)
-            src0, src1 = locate_rows(storage, block_table, page_size, b, k0, k1, tid)
-            issue_tile(smk, sb, 0, src0, src1, k0, k1, tid)
+            src0, src1 = locate_rows(storage, block_table, page_size, b, k0, k1, gtid)
+            issue_tile(smk, gb, 0, src0, src1, k0, k1, gtid)
 
         # -- load the block's queries, transposed (once), and reset the softmax state --
         # Warp w loads rows w, w + 8, ...: a row's loads all go out before its stores.
@@ -597,9 +662,11 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             for c in range(Q_PER_LANE):
                 ptx.sts32(smf, sb + 4 * (QT + (lane + 32 * c) * QS + m),
                           qv[c] * qscale if m < nrows else float32(0.0))
-        if tid < block_m:
-            smf[M_ + tid] = float32(NEG_INF)
-            smf[L_ + tid] = 0.0
+        if gtid < block_m:
+            smf[M_ + gw0 + gtid] = float32(NEG_INF)
+            smf[L_ + gw0 + gtid] = 0.0
+        if GROUPS > 1:
+            cuda.syncthreads()  # both groups read all the queries (the loop's barriers: a group's)
 
         # This thread's place in the score tile and in the output tile. Shared memory returns
         # one register a lane per pass, two when lanes n and n^1 (or n and n^2) read the same
@@ -608,9 +675,9 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         rg = ((lane >> 1) & 1) | ((lane >> 3) & (RG - 2))  # bits 1 (and 4)
         kg = (lane & 1) | ((lane >> 1) & (KG - 2))  # bits 0, 2, 3 (and 4)
         rgp = (lane & 1) | ((lane >> 3) & (RGP - 2))  # bits 0 (and 4)
-        dg = warp * DGW + ((lane >> 1) & (DGW - 1))  # bits 1, 2, 3 (and 4)
-        q_at = sb + 4 * (QT + warp * WORDS_PER_WARP * E * QS + rg * SR)
-        p_at = sb + 4 * (PT + rgp * PR)
+        dg = gwarp * DGW + ((lane >> 1) & (DGW - 1))  # bits 1, 2, 3 (and 4)
+        q_at = sb + 4 * (QT + gwarp * WORDS_PER_WARP * E * QS + rg * SR)
+        p_at = gb + 4 * (PT + rgp * PR)
         acc = cuda.local.array((PR, PD), float32)  # O: my PR rows x PD dims
         for i in range(PR):
             for c in range(PD):
@@ -623,13 +690,13 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         vw = cuda.local.array((2, PDW), TWORD)  # a key's V words, two slots
         pf = cuda.local.array((2, PR), float32)  # a key's probabilities, two slots
         # The softmax's row and keys, and where it reads partial scores and writes P.
-        sm_row = tid // TPR
-        kq = tid % TPR
+        sm_row = gtid // TPR
+        kq = gtid % TPR
         sm_i = (r0 + sm_row) // H
         sm_h = (r0 + sm_row) % H
         sm_pos = length - nq + sm_i
-        ss_at = sb + 4 * (SS + sm_row * BLOCK_N + ((kq * KPT) ^ (KG * ((sm_row // SR) % RG))))
-        pt_at = sb + 4 * (PT + kq * KPT * PS + sm_row)
+        ss_at = gb + 4 * (SS + sm_row * BLOCK_N + ((kq * KPT) ^ (KG * ((sm_row // SR) % RG))))
+        pt_at = gb + 4 * (PT + kq * KPT * PS + sm_row)
         sm_s = cuda.local.array(KPT, float32)  # softmax: scores, then probabilities
 
         buf = 0
@@ -640,38 +707,39 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             ptx.cp_async_wait_all()
             # Wait until this tile's copies (every thread's) have landed, and until every
             # warp is done with the previous tile, whose buffers this tile's work reuses (on
-            # the first tile: until the queries and the softmax state are in place).
-            cuda.syncthreads()
+            # the first tile: until the queries and the softmax state are in place). Warp
+            # split-K: every thread and warp of this group, which alone uses these buffers.
+            group_sync(grp)
             kb = KF if STAGED else KS + buf * BUF
 
             # -- partial scores: warp w sums its slice of the dims, lanes tile rows x keys --
             for i in range(SR):
                 for j in range(SK):
                     s_acc[i, j] = 0.0
-            k_at = sb + 4 * (kb + kg * TSTRIDE + warp * WORDS_PER_WARP)
+            k_at = gb + 4 * (kb + kg * TSTRIDE + gwarp * WORDS_PER_WARP)
             score_walk(smf, smt, q_at, k_at, s_acc, kv, kw, qf,
-                       score_hooks(smk, smf, sb, warp, lane, tid, kv_scale))
+                       score_hooks(smk, smf, gb, gwarp, lane, tid, kv_scale))
             for i in range(SR):
                 for j in range(SK):  # key kg + KG*j at column kg + KG*(j ^ rg): swizzled
-                    ptx.sts32(smf, sb + 4 * (SS + (warp * block_m + rg * SR + i) * BLOCK_N
+                    ptx.sts32(smf, gb + 4 * (SS + (gwarp * block_m + rg * SR + i) * BLOCK_N
                                              + kg + KG * (j ^ rg)), s_acc[i, j])
             # Wait for all eight warps' partial scores (and, staged, for their conversions:
             # the copy buffer is free again, the fp32 tile whole for P.V).
-            cuda.syncthreads()
+            group_sync(grp)
             # The next tile, copied during this one's P.V: its rows located now, the
             # block-table loads landing during the softmax. (Buffer 1 - buf is free since the
             # top of this tile; the staged copy buffer since the barrier above.)
             t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
             k0n = kstart + t_next * BLOCK_N
             k1n = min(k0n + BLOCK_N, kend)  # (k1n - 1: a real key even past the last tile)
-            src0, src1 = locate_rows(storage, block_table, page_size, b, k0n, k1n, tid)
+            src0, src1 = locate_rows(storage, block_table, page_size, b, k0n, k1n, gtid)
 
             # -- mask, score mod and online softmax: thread (sm_row, kq) owns keys kq*KPT ..
             #    kq*KPT + KPT - 1 of its row; the row's TPR threads are adjacent lanes of one
             #    warp, so its maximum and sum take log2(TPR) shuffle steps. --
             for c in range(KPT):
                 sm_s[c] = 0.0
-            for w in range(NWARPS):  # the eight warps' partial scores, KPT keys a load
+            for w in range(GW):  # the (group's) warps' partial scores, KPT keys a load
                 a = ss_at + 4 * w * block_m * BLOCK_N
                 if KPT == 4:
                     x0, x1, x2, x3 = ptx.lds128(smf, a)
@@ -696,7 +764,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 row_max = max(row_max, sm_s[c])
             for e in range(LOG_TPR):  # butterfly over the row's lanes: TPR/2, ..., 1
                 row_max = max(row_max, ptx.shfl_xor(row_max, (TPR // 2) >> e, tid))
-            m_old = ptx.lds32(smf, sb + 4 * (M_ + sm_row))
+            m_old = ptx.lds32(smf, gb + 4 * (M_ + sm_row))
             m_new = max(row_max, m_old)
             # A row with no kept key so far keeps m = -inf; exp2 then sees -inf - 0.
             m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
@@ -711,22 +779,22 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             ptx.syncwarp(tid)
             if kq == 0:
                 alpha = math.exp2(m_old - m_ref)
-                smf[A_ + sm_row] = alpha
-                smf[L_ + sm_row] = smf[L_ + sm_row] * alpha + row_sum
-                smf[M_ + sm_row] = m_new
+                smf[A_ + gw0 + sm_row] = alpha
+                smf[L_ + gw0 + sm_row] = smf[L_ + gw0 + sm_row] * alpha + row_sum
+                smf[M_ + gw0 + sm_row] = m_new
             # Wait for the probabilities and the rescale factors.
-            cuda.syncthreads()
+            group_sync(grp)
 
             # -- O = alpha * O + P @ V: my PR rows x PD dims --
             for i4 in range(PR // 4):
-                a0, a1, a2, a3 = ptx.lds128(smf, sb + 4 * (A_ + rgp * PR + 4 * i4))
+                a0, a1, a2, a3 = ptx.lds128(smf, gb + 4 * (A_ + rgp * PR + 4 * i4))
                 for c in range(PD):
                     acc[4 * i4, c] *= a0
                     acc[4 * i4 + 1, c] *= a1
                     acc[4 * i4 + 2, c] *= a2
                     acc[4 * i4 + 3, c] *= a3
-            pv_walk(smf, smt, sb + 4 * (kb + dg * CW), p_at, acc, v, vw, pf,
-                    (smk, sb, 0 if STAGED else 1 - buf, src0, src1, k0n, k1n, tid,
+            pv_walk(smf, smt, gb + 4 * (kb + dg * CW), p_at, acc, v, vw, pf,
+                    (smk, gb, 0 if STAGED else 1 - buf, src0, src1, k0n, k1n, gtid,
                      t_next < t_end))
             ptx.cp_async_commit()
             buf = 1 - buf
@@ -735,25 +803,53 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
         # -- write the partition's normalised output and LSE, straight from registers --
         # Wait for the softmax state (when no tile was processed: for its initial values).
         cuda.syncthreads()
-        for i in range(PR):
-            m = rgp * PR + i
-            if m < nrows:
-                r = r0 + m
-                t_row = row0 + r // H
-                h = r % H
-                l = smf[L_ + m]
-                empty = l == 0.0  # no kept key (a NaN score gives l = NaN: not empty, NaN out)
-                inv = float32(0.0) if empty else float32(1.0) / l
-                for c in range(NCH):
-                    d0 = E * (c * (VW // NCH) + dg * CW)
-                    for u in range(CW * E):
-                        part_out[t_row, h, p, d0 + u] = store(acc[i, c * CW * E + u] * inv)
-                if dg == 0:
-                    part_lse[t_row, h, p] = (float32(NEG_INF) if empty
-                                             else (smf[M_ + m] + math.log2(l)) * float32(LN2))
+        if GROUPS > 1:
+            # Warp split-K's merge: both groups scale their terms by c_g = 2^(m_g - m); group
+            # 1 hands its c_1 o_1 to the thread of group 0 that owns the same rows and dims,
+            # through shared memory over Qt (word (i * PD + c) * GT + gtid: no bank conflict).
+            for i in range(PR):
+                m = rgp * PR + i
+                m_max = max(smf[M_ + m], smf[M_ + GR + m])
+                m_ref = m_max if m_max != float32(NEG_INF) else float32(0.0)
+                c_g = math.exp2(smf[M_ + gw0 + m] - m_ref)
+                for c in range(PD):
+                    acc[i, c] *= c_g
+            if grp == 1:
+                for i in range(PR):
+                    for c in range(PD):
+                        smf[QT + (i * PD + c) * GT + gtid] = acc[i, c]
+            cuda.syncthreads()
+            if grp == 0:
+                for i in range(PR):
+                    for c in range(PD):
+                        acc[i, c] += smf[QT + (i * PD + c) * GT + gtid]
+        if grp == 0:
+            for i in range(PR):
+                m = rgp * PR + i
+                if m < nrows:
+                    r = r0 + m
+                    t_row = row0 + r // H
+                    h = r % H
+                    if GROUPS == 1:
+                        m_row = smf[M_ + m]
+                        l = smf[L_ + m]
+                    else:  # l = c_0 l_0 + c_1 l_1 against m = max(m_0, m_1)
+                        m_row = max(smf[M_ + m], smf[M_ + GR + m])
+                        m_ref = m_row if m_row != float32(NEG_INF) else float32(0.0)
+                        l = (smf[L_ + m] * math.exp2(smf[M_ + m] - m_ref)
+                             + smf[L_ + GR + m] * math.exp2(smf[M_ + GR + m] - m_ref))
+                    empty = l == 0.0  # no kept key (a NaN score: l = NaN, not empty, NaN out)
+                    inv = float32(0.0) if empty else float32(1.0) / l
+                    for c in range(NCH):
+                        d0 = E * (c * (VW // NCH) + dg * CW)
+                        for u in range(CW * E):
+                            part_out[t_row, h, p, d0 + u] = store(acc[i, c * CW * E + u] * inv)
+                    if dg == 0:
+                        part_lse[t_row, h, p] = (float32(NEG_INF) if empty
+                                                 else (m_row + math.log2(l)) * float32(LN2))
 
     return partition_kernel
 
 
-def smem_bytes(block_m, packed, fp8=None):
-    return layout(block_m, packed, fp8)["nbytes"]
+def smem_bytes(block_m, packed, fp8=None, groups=1):
+    return layout(block_m, packed, fp8, groups)["nbytes"]

@@ -42,8 +42,8 @@ from numba import cuda, float32
 
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
-from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk,
-                     partition_tiles)
+from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_read_pair,
+                     make_tile_walk, partition_tiles)
 
 NW = 4  # warps a block
 NTHREADS = 32 * NW
@@ -68,8 +68,10 @@ def smem_bytes(block_m):
 
 
 def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_classify,
-                          mask_key_range, score_mod, fold_scale, block_m, heads, key_count=None):
-    """The stage-1 kernel with warp split-K; arguments as simple.make_partition_kernel's."""
+                          mask_key_range, score_mod, fold_scale, block_m, heads, key_count=None,
+                          fp8=None):
+    """The stage-1 kernel with warp split-K; arguments as simple.make_partition_kernel's
+    (FP8 caches too: their codes are dequantized as the tile is copied, as there)."""
     assert block_m == BLOCK_M and KS_ROWS >= BLOCK_M  # Ks doubles as Os [BLOCK_M][512]
     assert SPLIT * BLOCK_M * WN == 32 and PART * SPLIT == D_QK
     assert KEY_LANES * PAIRS_PER_LANE == PAIRS and DIMS_PER_LANE * 32 == D_V
@@ -80,17 +82,10 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                                           key_count=key_count)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
 
-    if unpack is None:  # fp32 storage: a pair is two adjacent values
-        @cuda.jit(device=True, **INLINE)
-        def read_pair(storage, page, slot, c):
-            return storage[page, slot, 2 * c], storage[page, slot, 2 * c + 1]
-    else:  # 16-bit storage, seen as int32 words: a pair is one word
-        @cuda.jit(device=True, **INLINE)
-        def read_pair(storage, page, slot, c):
-            return unpack(storage[page, slot, c])
+    read_pair = make_read_pair(unpack, fp8)
 
     @cuda.jit(device=True, **INLINE)
-    def copy_tile(Ks, kw0, storage, block_table, b, k0, k1, lane):
+    def copy_tile(Ks, kw0, storage, block_table, b, k0, k1, lane, kv_scale):
         """Keys [k0, k1) of sequence b into rows kw0.. of Ks in fp32, zeros past k1 (P is 0
         there, but 0 * NaN is NaN): KEY_LANES lanes a key, loads before stores half a row at
         a time (a lane's registers hold its 128 accumulators: a whole row staged spills)."""
@@ -104,7 +99,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
                 pair[j, 0] = pair[j, 1] = float32(0.0)
                 if valid:
                     pair[j, 0], pair[j, 1] = read_pair(storage, page, slot,
-                                                       c0 + KEY_LANES * (half * HALF_PAIRS + j))
+                                                       c0 + KEY_LANES * (half * HALF_PAIRS + j),
+                                                       kv_scale)
             for j in range(HALF_PAIRS):
                 c = c0 + KEY_LANES * (half * HALF_PAIRS + j)
                 Ks[kw0 + n, 2 * c] = pair[j, 0]
@@ -114,7 +110,9 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse):
         # Arguments as simple.py's: q [T, H, 576], q_offsets [B+1], storage [pages,
-        # page_size, words], part_out [T, H, P, 512], part_lse [T, H, P] f32.
+        # page_size, words], part_out [T, H, P, 512], part_lse [T, H, P] f32. FP8 caches:
+        # scale + 1j * kv_scale (a real scale's imaginary part is 0, unused).
+        kv_scale, scale = float32(scale.imag), float32(scale.real)
         p, nparts, b = cuda.blockIdx.x, cuda.gridDim.x, cuda.blockIdx.z
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
@@ -166,7 +164,7 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
             ptx.syncwarp(tid)  # the warp is done with its previous tile
 
             # -- phase 1: this warp's key tile into its rows of Ks --
-            copy_tile(Ks, kw0, storage, block_table, b, k0, k1, lane)
+            copy_tile(Ks, kw0, storage, block_table, b, k0, k1, lane, kv_scale)
             ptx.syncwarp(tid)
 
             # -- phase 2: partial scores over PART dims --
