@@ -10,11 +10,18 @@ from ._compat import SIMULATOR
 FALLBACK_SM_COUNT = 16
 
 
-def simt_block_m(rows, packed):
+def simt_block_m(rows, packed, fp8=None, limit=None):
     """Query rows per block of the FMA kernel: 32 where a sequence has more than 16 rows
-    (fewer re-reads of each key tile, 2x the FMAs per shared-memory load), else 16. fp32
+    (fewer re-reads of each key tile, 2x the FMAs per shared-memory load) and the device gives
+    a block its shared memory (``limit``, default the current device's), else 16. fp32
     storage doubles the KV tile, and only 16 rows then fit beside it in shared memory."""
-    return 32 if packed and rows > 16 else 16
+    if packed and rows > 16:
+        from .kernels import simt
+
+        limit = smem_per_block() if limit is None else limit
+        if simt.smem_bytes(32, packed, fp8) <= limit:
+            return 32
+    return 16
 
 
 def sm_count():

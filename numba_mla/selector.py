@@ -7,7 +7,10 @@ runs is decided here, from the call and a few facts about its arrays:
    wgmma exists (sm_90, or the simulator), the warp tensor-core kernel (``"mma_sync"``) on
    other GPUs of compute capability 8.0 or later (Ampere, Ada, and later ones without wgmma);
    the FMA kernel (``"simt"``) for fp32, FP8 caches and older GPUs. (On the H200 "mma" takes
-   0.25-0.87x "mma_sync"'s time on every benchmark shape, so it is the one there.)
+   0.25-0.87x "mma_sync"'s time on every benchmark shape, so it is the one there.) The FMA
+   kernel's block takes 154-226 KB of shared memory: where the GPU gives a block less
+   (A100, Ada, older GPUs), ``"auto"`` runs the simple kernel instead and ``"simt"`` is
+   refused by name.
 2. The tensor-core kernels copy 16-byte pieces: q and the cache must start 16-byte aligned.
    ``"auto"`` falls back to ``"simt"``; an explicit ``"mma"`` is refused.
 3. ``decoding_warp_split_k`` runs a warp split-K variant: the FMA kernel's (``"simt"``, 16
@@ -274,13 +277,32 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     else:
         from .kernels import simt
 
-        block_m = heuristics.simt_block_m(rows, sixteen)
+        block_m = heuristics.simt_block_m(rows, sixteen, fp8)
         if config is not None and config.num_queries_per_block is not None:
             block_m = config.num_queries_per_block
             if block_m not in ((16, 32) if sixteen else (16,)):
                 raise refuse("num_queries_per_block", block_m, "simt",
                              (16, 32) if sixteen else (16,))
         block_n = simt.block_n(block_m, sixteen, fp8)
+    if backend in ("simt", "simt_warpsplit"):
+        # The FMA kernel's block takes 154-226 KB of shared memory (an H100's or H200's
+        # blocks get 227 KB, an A100's 163, an Ada GPU's 99): where it does not fit, "auto"
+        # runs the simple kernel (48 KB, static), and an explicit "simt" is refused by name
+        groups = 2 if backend == "simt_warpsplit" else 1
+        need, limit = simt.smem_bytes(block_m, sixteen, fp8, groups), heuristics.smem_per_block()
+        if need > limit:
+            if call.backend != "auto" or (config is not None
+                                          and config.num_queries_per_block is not None):
+                name = "backend" if call.backend != "auto" else "config.num_queries_per_block"
+                raise ValueError(f"{name}: the FMA kernel ('simt'{', warp split-K' if groups > 1 else ''}) "
+                                 f"takes {need // 1024} KB of shared memory a block at {block_m} "
+                                 f"rows; this GPU gives a block {limit // 1024} KB. Use "
+                                 f"backend='simple' or 'auto'")
+            from .kernels import simple, warpsplit
+
+            backend = "simple" if groups == 1 else "warpsplit"
+            block_m, block_n = ((simple.BLOCK_M, simple.BLOCK_N) if groups == 1
+                                else (warpsplit.BLOCK_M, warpsplit.NW * warpsplit.WN))
     _check_config(config, backend, block_m, block_n,
                   mma_sync.pipeline_stages(block_m, fp8, staged) if backend == "mma_sync"
                   else None)

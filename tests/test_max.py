@@ -213,10 +213,35 @@ def test_warp_split_selects(rng):
             _spec(p, None, "simt", True)
 
 
+def test_fma_kernel_fits_the_device(rng, monkeypatch):
+    """The FMA kernel's block (154-226 KB of shared memory) is read against the device's
+    shared memory a block: on an A100-sized one (163 KB) "auto" runs the simple kernel for
+    float32 data (and its warp split-K for decoding_warp_split_k), and an explicit "simt"
+    is refused by name; FP8 rows at 16 rows (154 KB) still fit there. On a device between its
+    16-row and 32-row blocks, it takes 16 rows."""
+    from numba_mla import heuristics
+
+    p16 = make_problem(rng, 1, 2, 16, [40], BF16)  # 32 query rows
+    p32 = make_problem(rng, 1, 1, 4, [40], np.float32)
+    monkeypatch.setattr(heuristics, "smem_per_block", lambda: 166912)  # an A100's
+    assert _spec(p32, None).backend == "simple"
+    assert _spec(p32, None, "auto", True).backend == "warpsplit"
+    for p, split in ((p16, False), (p16, True), (p32, False)):
+        with pytest.raises(ValueError, match=r"^backend: the FMA kernel .* 163 KB"):
+            _spec(p, None, "simt", split)
+    fp8 = with_fp8_cache(make_problem(rng, 1, 1, 4, [40], BF16), "e4m3")
+    assert (_spec(fp8, None, "simt").backend, _spec(fp8, None, "simt").block_m) == ("simt", 16)
+    monkeypatch.setattr(heuristics, "smem_per_block", lambda: 225 * 1024)  # 219 KB < it < 226
+    assert (_spec(p16, None, "simt").backend, _spec(p16, None, "simt").block_m) == ("simt", 16)
+    monkeypatch.setattr(heuristics, "smem_per_block", lambda: 232448)  # an H200's
+    assert _spec(p16, None, "simt").block_m == 32
+
+
 def test_mma_sync_config_fits_the_device(rng, monkeypatch):
     """The warp tensor-core kernel's config is read against the device's shared memory a
-    block: its 32-row block (188 KB) is refused by name on an A100-sized one, and ``"auto"``
-    runs the FMA kernel for it on an Ada-sized one; FP8 rows staged through shared memory run
+    block: its 32-row block (188 KB) is refused by name on an A100-sized one, and on an
+    Ada-sized one neither it nor the FMA kernel's (208 KB) runs 32 rows of FP8, so ``"auto"``
+    refuses that config by name too; FP8 rows staged through shared memory run
     two tiles in flight at 16 rows too (``num_pipeline_stages=2`` is honoured there, 1 only
     where they are loaded by the warps)."""
     from numba_mla import heuristics
@@ -236,7 +261,8 @@ def test_mma_sync_config_fits_the_device(rng, monkeypatch):
         with pytest.raises(ValueError, match=r"config\.num_pipeline_stages"):  # nor simt's 2
             _spec(pf, nm.MHAConfig(num_pipeline_stages=1))
         monkeypatch.setattr(heuristics, "smem_per_block", lambda: 101376)  # an Ada GPU's
-        assert _spec(pf, nm.MHAConfig(num_queries_per_block=32)).backend == "simt"
+        with pytest.raises(ValueError, match=r"^config\.num_queries_per_block: the FMA kernel"):
+            _spec(pf, nm.MHAConfig(num_queries_per_block=32))
         assert _spec(pf, nm.MHAConfig(num_pipeline_stages=1)).backend == "mma_sync"
 
 
