@@ -72,14 +72,15 @@ def mma_sync_fits(block_m, fp8=None, limit=None):
 
 def mma_sync_shape(rows, fp8=None, limit=None):
     """``(block_m, staged)`` of the warp tensor-core kernel: its rows a block
-    (``mma_sync_block_m``) and whether FP8 rows are staged (``mma_sync_fits``). (The 32-row
-    block on 16 rows of FP8, whose 8 warps would share the conversion that bounds this kernel,
-    timed faster on the H200, docs/fp8.md; not the choice until the GPU suite has run with
-    it.)"""
+    (``mma_sync_block_m``) and whether FP8 rows are staged (``mma_sync_fits``). FP8 rows
+    staged through shared memory take the 32-row block at 16 rows too: the conversion of
+    each tile bounds that kernel, and 8 warps share it where 4 would (0.86x the 16-row
+    block's time on the H200 at 64 x 16 x 4096 and 128 x 16 x 8192, docs/fp8.md), though
+    half its rows are then empty."""
     limit = smem_per_block() if limit is None else limit
-    if rows > 16:
+    if rows > 16 or fp8:
         staged, fits = mma_sync_fits(32, fp8, limit)
-        if fits:
+        if fits and (rows > 16 or staged):
             return 32, staged
     return 16, mma_sync_fits(16, fp8, limit)[0]
 

@@ -30,11 +30,15 @@ _SHAPES = [
     (8, 16, 1000, 1, "bf16", "paged", 64, "null", None, False),
     (6, 16, 2000, 2, "bf16", "contiguous", 0, "window", None, True),
 ]
-#: Every kernel backend; the tensor-core ones take bf16 where a shape is fp32.
-BACKENDS = ("simt", "mma", "mma_sync", "simple")
-CASES = [(backend, *c[:4],
-          "bf16" if backend in ("mma", "mma_sync") and c[4] == "fp32" else c[4], *c[5:])
-         for backend in BACKENDS for c in _SHAPES]
+#: Every kernel backend, and the warp split-K variants (decoding_warp_split_k: the FMA
+#: kernel's, named after the kernel the call asks for); the tensor-core kernels and the FMA
+#: kernel's warp split-K take bf16 where a shape is fp32.
+WARP_SPLIT = {"simt_warpsplit": "simt", "warpsplit": "simple"}
+BACKENDS = ("simt", "mma", "mma_sync", "simple", "simt_warpsplit", "warpsplit")
+SIXTEEN_BIT = ("mma", "mma_sync", "simt_warpsplit")
+CASES = [(backend, *c[:4], "bf16" if backend in SIXTEEN_BIT and c[4] == "fp32" else c[4],
+          *c[5:])
+         for backend in BACKENDS[:5] for c in _SHAPES]
 #: FP8 caches (the last field: the layout) in the kernels that read them: both layouts, the
 #: warp tensor-core kernel's 16- and 32-row blocks, a split, a partial last tile.
 _FP8_SHAPES = [
@@ -42,7 +46,23 @@ _FP8_SHAPES = [
     (2, 20, 130, 1, "fp16", "contiguous", 0, "window", 2, False, "v32"),
     (1, 16, 300, 2, "bf16", "paged", 16, "null", 3, False, "e4m3"),
 ]
-CASES += [(backend, *c) for backend in ("simt", "mma_sync", "simple") for c in _FP8_SHAPES]
+CASES += [(backend, *c) for backend in ("simt", "mma_sync", "simple", "warpsplit")
+          for c in _FP8_SHAPES]
+
+
+def run_warp_split(p, mask, P, out, backend):
+    """The call with decoding_warp_split_k set (``backend``: a WARP_SPLIT key), as
+    ``(out, lse)``."""
+    from numba_mla import checks, launch
+
+    args = (p.cache, p.scale, mask, None, P, True, out, WARP_SPLIT[backend])
+    call = (checks.check_ragged(p.q, p.q_offsets, *args) if p.ragged
+            else checks.check_decode(p.q, *args))
+    call.warp_split_k = True
+    plan = launch.Plan(call)
+    assert plan.spec.backend == backend, plan.spec.backend
+    plan.launch()
+    return plan.result()
 
 
 def run_cases(only=None):
@@ -64,7 +84,10 @@ def run_cases(only=None):
             p = testing.with_fp8_cache(p, kv[0])
         m = validate.MASKS[mask](p, rng)
         out = np.full(p.out_shape, np.nan, p.dtype)
-        res = p.run(nm, mask=m, return_lse=True, num_partitions=P, out=out, backend=backend)
+        if backend in WARP_SPLIT:
+            res = run_warp_split(p, m, P, out, backend)
+        else:
+            res = p.run(nm, mask=m, return_lse=True, num_partitions=P, out=out, backend=backend)
         ref = p.run(nm.reference, mask=m, return_lse=True)
         err = float(np.nanmax(np.abs(res[0].astype(np.float64) - ref[0])))
         ok = np.array_equal(np.isfinite(res[0]), np.isfinite(ref[0])) and err < 0.05
