@@ -268,24 +268,38 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
     issue_ahead = issue_raw if STAGED else issue_tile
     CODE_WORDS = D_V // 4 if V32 else WORDS // 2  # words of codes a row (128 or 144)
 
+    NJ = -(-CODE_WORDS // 32)  # words of codes a lane converts in a row (4 or 5)
+
     @cuda.jit(device=True, **INLINE)
     def convert_tile(words, base, warp, lane):
         """Fs's FP8 rows into Ks's stage 0 as 16-bit words (row_word's values): warp w takes
         rows w, w + NW, ..., its lanes a word of 4 codes each along the row (-> 2 words of
-        Ks, one 8-byte store), then in "v32" a rope word each (-> 1 word)."""
+        Ks, one 8-byte store), then in "v32" a rope word each (-> 1 word). A row's NJ words
+        (and scales) are all loaded before the first is converted, and all converted before
+        the first store: the shared-memory accesses keep their program order, so load,
+        conversion and store one word at a time would make each word wait out the chain of
+        the word before (NJ chains in flight, not one)."""
+        codes = cuda.local.array(NJ, int32)  # a row's words of codes, then their low halves
+        his = cuda.local.array(NJ, int32)  # ... and high halves, as 16-bit pairs
+        scales = cuda.local.array(NJ, float32)
         for n in range(warp, BLOCK_N, NW):
             src = base + 4 * (F_OFF + n * FW)
             dst = base + 4 * (K_OFF + n * ROWW)
-            for j in range(-(-CODE_WORDS // 32)):
+            for j in range(NJ):
+                r = min(lane + 32 * j, CODE_WORDS - 1)  # (the last word's lanes past the
+                codes[j] = ptx.lds32(words, src + 4 * r)  # row load a real one, store none)
+                scales[j] = float32(1.0)
+                if V32:  # the scale of the row's group of 128 dims (32 words)
+                    scales[j] = ptx.i32_as_f32(ptx.lds32(words, src + 4 * (D_V // 4 + j)))
+            rope = ptx.lds32(words, src + 4 * (D_V // 4 + 4 + lane)) if V32 else int32(0)
+            for j in range(NJ):
+                codes[j], his[j] = code_pairs(codes[j], scales[j])
+            for j in range(NJ):
                 r = lane + 32 * j
                 if CODE_WORDS % 32 == 0 or r < CODE_WORDS:
-                    sc = float32(1.0)
-                    if V32:  # the scale of the row's group of 128 dims (32 words)
-                        sc = ptx.i32_as_f32(ptx.lds32(words, src + 4 * (D_V // 4 + j)))
-                    lo, hi = code_pairs(ptx.lds32(words, src + 4 * r), sc)
-                    ptx.sts64(words, dst + 8 * r, lo, hi)
+                    ptx.sts64(words, dst + 8 * r, codes[j], his[j])
             if V32:  # the 32 rope words (bf16 pairs) after the codes and 4 scales
-                x0, x1 = ptx.bf16x2_to_f32(ptx.lds32(words, src + 4 * (D_V // 4 + 4 + lane)))
+                x0, x1 = ptx.bf16x2_to_f32(rope)
                 ptx.sts32(words, dst + 4 * (D_V // 2 + lane), pack(x0, x1))
 
     @cuda.jit(device=True, **INLINE)
