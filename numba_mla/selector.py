@@ -239,11 +239,17 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     mask, mod, cache_cls, H = call.mask, call.score_mod, type(call.cache), call.heads
     config = call.config
     if call.warp_split_k:
-        # Warp split-K ("mma" and "mma_sync" were refused by the checks: check_warp_split):
-        # the FMA kernel's for 16-bit caches, else (and under "simple") the simple kernel's
+        # Warp split-K: the FMA kernel's for 16-bit caches, else (and under "simple") the
+        # simple kernel's; "auto" takes the simple kernel's also for a config that only it
+        # honours (its 8 rows, 8 keys, one stage), as for the tensor-core kernels below
+        check_warp_split(True, call.backend)
         if call.backend == "simt":
             check_simt_warp_split(tag, fp8)
         simt_runs = call.backend in ("auto", "simt") and sixteen and not fp8
+        if call.backend == "auto" and simt_runs and config is not None:
+            simt_runs = (config.num_queries_per_block in (None, 16)
+                         and config.num_keys_per_block in (None, 32)
+                         and config.num_pipeline_stages in (None, PIPELINE_STAGES["simt"]))
         backend = "simt_warpsplit" if simt_runs else "warpsplit"
     elif (backend in ("mma", "mma_sync") and call.backend == "auto"
           and not _tensor_core_honours(config, backend, rows, fp8)):

@@ -368,8 +368,8 @@ def test_simt_warp_split_k_each_factor(case, rng):
 def test_simt_warp_split_k_runs_of_tiles(mask_id, partitions, rng):
     """Warp split-K in the FMA kernel where each group walks several tiles (7 tiles of 32
     keys in one partition: 4 and 3), with Sq = 2 ragged q; and a sliding window, whose kept
-    keys lie in the last tile: in two partitions the first keeps nothing, and the second's
-    second group walks no tile (its terms merge with weight 0)."""
+    keys lie in the last tile: in two partitions the first walks that tile (its first group;
+    its second walks none, whose terms merge with weight 0) and the second is empty."""
     lengths = np.array([7 * 32 - 5, 0], np.int32)
     p = make_problem(rng, 2, 2, 2, lengths, BF16, "paged", 16, ragged=True,
                      q_counts=np.array([2, 0], np.int32))

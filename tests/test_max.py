@@ -208,6 +208,14 @@ def test_warp_split_selects(rng):
         "simt_warpsplit", 16, 32, 2)
     with pytest.raises(ValueError, match="config.num_queries_per_block"):
         _spec(p16, nm.MHAConfig(num_queries_per_block=32), "simt", True)
+    # "auto": a config only the simple kernel's warp split-K honours runs there
+    for field, value in (("num_queries_per_block", 8), ("num_keys_per_block", 8),
+                         ("num_pipeline_stages", 1)):
+        spec = _spec(p16, nm.MHAConfig(**{field: value}), "auto", True)
+        assert spec.backend == "warpsplit"
+    for backend in ("mma", "mma_sync"):  # (a call checked without api's check_warp_split)
+        with pytest.raises(ValueError, match="^decoding_warp_split_k"):
+            _spec(p16, None, backend, True)
     for p, kind in ((p32, "float32"), (fp8, "FP8")):
         with pytest.raises(ValueError, match=f"^decoding_warp_split_k: .* {kind} cache"):
             _spec(p, None, "simt", True)
@@ -217,7 +225,8 @@ def test_fma_kernel_fits_the_device(rng, monkeypatch):
     """The FMA kernel's block (154-226 KB of shared memory) is read against the device's
     shared memory a block: on an A100-sized one (163 KB) "auto" runs the simple kernel for
     float32 data (and its warp split-K for decoding_warp_split_k), and an explicit "simt"
-    is refused by name; FP8 rows at 16 rows (154 KB) still fit there. On a device between its
+    is refused by name; FP8 rows at 16 rows (154 KB) fit a block of that size (on a GPU, FP8
+    needs compute capability 8.9: Ada's 99 KB do not take it). On a device between its
     16-row and 32-row blocks, it takes 16 rows."""
     from numba_mla import heuristics
 
