@@ -156,9 +156,25 @@ def check_simt_warp_split(tag, fp8):
                          f"backend='auto' or 'simple' (the simple kernel's warp split-K)")
 
 
+#: The warp split-K kernels (``KernelSpec.backend``) and the backend a call names to run each
+#: (with ``decoding_warp_split_k``; ``"auto"`` may run either).
+WARP_SPLIT_ASKS = {"simt_warpsplit": "simt", "warpsplit": "simple"}
+
 #: Key tiles in flight: the FMA and tensor-core kernels double-buffer, "simple" does not.
 PIPELINE_STAGES = {"simt": 2, "simt_warpsplit": 2, "mma": 2, "mma_sync": 1, "simple": 1,
                    "warpsplit": 1}
+
+
+def _simple_tiles(backend):
+    """``(block_m, block_n)`` of the simple kernel (``"simple"``) or its warp split-K
+    (``"warpsplit"``: a warp's tile of WN keys, NW warps a block)."""
+    if backend == "warpsplit":
+        from .kernels import warpsplit
+
+        return warpsplit.BLOCK_M, warpsplit.NW * warpsplit.WN
+    from .kernels import simple
+
+    return simple.BLOCK_M, simple.BLOCK_N
 
 
 def _mma_sync_shape(config, rows, fp8):
@@ -255,10 +271,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
           and not _tensor_core_honours(config, backend, rows, fp8)):
         backend = "simt"  # the FMA kernel runs what the config asks (or refuses it below)
 
-    if backend == "warpsplit":
-        from .kernels import warpsplit
-
-        block_m, block_n = warpsplit.BLOCK_M, warpsplit.NW * warpsplit.WN
+    if backend in ("simple", "warpsplit"):
+        block_m, block_n = _simple_tiles(backend)
     elif backend == "simt_warpsplit":
         from .kernels import simt
 
@@ -267,10 +281,6 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         from .kernels import mma, seesaw
 
         block_m, block_n = mma.BLOCK_M, mma.BLOCK_N
-    elif backend == "simple":
-        from .kernels import simple
-
-        block_m, block_n = simple.BLOCK_M, simple.BLOCK_N
     elif backend == "mma_sync":
         from .kernels import mma_sync
 
@@ -294,21 +304,19 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         # The FMA kernel's block takes 154-226 KB of shared memory (an H100's or H200's
         # blocks get 227 KB, an A100's 163, an Ada GPU's 99): where it does not fit, "auto"
         # runs the simple kernel (48 KB, static), and an explicit "simt" is refused by name
-        groups = 2 if backend == "simt_warpsplit" else 1
-        need, limit = simt.smem_bytes(block_m, sixteen, fp8, groups), heuristics.smem_per_block()
+        split = backend == "simt_warpsplit"
+        need = simt.smem_bytes(block_m, sixteen, fp8, 2 if split else 1)
+        limit = heuristics.smem_per_block()
         if need > limit:
             if call.backend != "auto" or (config is not None
                                           and config.num_queries_per_block is not None):
                 name = "backend" if call.backend != "auto" else "config.num_queries_per_block"
-                raise ValueError(f"{name}: the FMA kernel ('simt'{', warp split-K' if groups > 1 else ''}) "
+                raise ValueError(f"{name}: the FMA kernel ('simt'{', warp split-K' if split else ''}) "
                                  f"takes {need // 1024} KB of shared memory a block at {block_m} "
                                  f"rows; this GPU gives a block {limit // 1024} KB. Use "
                                  f"backend='simple' or 'auto'")
-            from .kernels import simple, warpsplit
-
-            backend = "simple" if groups == 1 else "warpsplit"
-            block_m, block_n = ((simple.BLOCK_M, simple.BLOCK_N) if groups == 1
-                                else (warpsplit.BLOCK_M, warpsplit.NW * warpsplit.WN))
+            backend = "warpsplit" if split else "simple"
+            block_m, block_n = _simple_tiles(backend)
     _check_config(config, backend, block_m, block_n,
                   mma_sync.pipeline_stages(block_m, fp8, staged) if backend == "mma_sync"
                   else None)
@@ -346,10 +354,14 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                           simt.smem_bytes(block_m, True, None, groups=2), q_pairs=False,
                           tma=False, **common)
     if backend == "warpsplit":
+        from .kernels import warpsplit
+
         disp = factory.warpsplit_partition_kernel(mask, mod, tag, cache_cls, H, direct, fp8)
         return KernelSpec("warpsplit", disp, warpsplit.NTHREADS, 0, q_pairs=False, tma=False,
                           **common)
     if backend == "simple":
+        from .kernels import simple
+
         disp = factory.simple_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
                                                fp8)
         return KernelSpec("simple", disp, simple.NTHREADS, simple.smem_bytes(block_m),

@@ -101,6 +101,19 @@ class Problem:
             return api.mla_decode_ragged(self.q, self.q_offsets, self.cache, **kwargs)
         return api.mla_decode(self.q, self.cache, **kwargs)
 
+    def warp_split_plan(self, mask=None, score_mod=None, num_partitions=None, out=None,
+                        backend="auto"):
+        """The ``launch.Plan`` of this problem's call with ``decoding_warp_split_k`` set
+        (``backend``: the one the call names), not launched: its ``spec`` says which warp
+        split-K kernel runs, ``launch()`` and ``result()`` give ``(out, lse)``."""
+        from . import checks, launch
+
+        args = (self.cache, self.scale, mask, score_mod, num_partitions, True, out, backend)
+        call = (checks.check_ragged(self.q, self.q_offsets, *args) if self.ragged
+                else checks.check_decode(self.q, *args))
+        call.warp_split_k = True
+        return launch.Plan(call)
+
 
 def with_fp8_cache(p, layout, kv_scale=None):
     """``p`` with its cache's rows quantized into the FP8 ``layout`` (fp8.quantize_host, the

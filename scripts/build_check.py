@@ -232,9 +232,11 @@ def main():
              factory.partition_kernel(mask, mod, tag, cache, 16, heads, direct, groups=2))
             for mask, mod, tag, cache, _, heads, direct in SIMT_CASES
             if tag != "f32"]  # the FMA kernel's warp split-K: 16 rows of 16-bit data
-    for mask, mod, tag, cache, _, heads, direct in SIMT_CASES[3:]:  # ... and the simple kernel's on FP8
-        fma.append(("wsplit", mask, "bf16", cache, heads, direct, "e4m3", fp8_signature("bf16", direct),
-                    factory.warpsplit_partition_kernel(mask, mod, "bf16", cache, heads, direct, "e4m3")))
+    for mask, mod, _, cache, _, heads, direct in SIMT_CASES[3:]:  # the simple kernel's on FP8
+        fma.append(("wsplit", mask, "bf16", cache, heads, direct, "e4m3",
+                    fp8_signature("bf16", direct),
+                    factory.warpsplit_partition_kernel(mask, mod, "bf16", cache, heads, direct,
+                                                       "e4m3")))
     for mask, mod, tag, cache, block_m, heads, direct, layout in FP8_CASES:
         fma += [("simt", mask, tag, cache, heads, direct, layout, fp8_signature(tag, direct),
                  factory.partition_kernel(mask, mod, tag, cache, block_m, heads, direct, True,

@@ -30,10 +30,9 @@ _SHAPES = [
     (8, 16, 1000, 1, "bf16", "paged", 64, "null", None, False),
     (6, 16, 2000, 2, "bf16", "contiguous", 0, "window", None, True),
 ]
-#: Every kernel backend, and the warp split-K variants (decoding_warp_split_k: the FMA
-#: kernel's, named after the kernel the call asks for); the tensor-core kernels and the FMA
-#: kernel's warp split-K take bf16 where a shape is fp32.
-WARP_SPLIT = {"simt_warpsplit": "simt", "warpsplit": "simple"}
+#: Every kernel backend, and the warp split-K kernels (decoding_warp_split_k: each called
+#: with the backend numba_mla.selector.WARP_SPLIT_ASKS names); the tensor-core kernels and
+#: the FMA kernel's warp split-K take bf16 where a shape is fp32.
 BACKENDS = ("simt", "mma", "mma_sync", "simple", "simt_warpsplit", "warpsplit")
 SIXTEEN_BIT = ("mma", "mma_sync", "simt_warpsplit")
 CASES = [(backend, *c[:4], "bf16" if backend in SIXTEEN_BIT and c[4] == "fp32" else c[4],
@@ -50,26 +49,12 @@ CASES += [(backend, *c) for backend in ("simt", "mma_sync", "simple", "warpsplit
           for c in _FP8_SHAPES]
 
 
-def run_warp_split(p, mask, P, out, backend):
-    """The call with decoding_warp_split_k set (``backend``: a WARP_SPLIT key), as
-    ``(out, lse)``."""
-    from numba_mla import checks, launch
-
-    args = (p.cache, p.scale, mask, None, P, True, out, WARP_SPLIT[backend])
-    call = (checks.check_ragged(p.q, p.q_offsets, *args) if p.ragged
-            else checks.check_decode(p.q, *args))
-    call.warp_split_k = True
-    plan = launch.Plan(call)
-    assert plan.spec.backend == backend, plan.spec.backend
-    plan.launch()
-    return plan.result()
-
-
 def run_cases(only=None):
     import numpy as np
 
     import numba_mla as nm
     from numba_mla import testing, validate
+    from numba_mla.selector import WARP_SPLIT_ASKS
 
     rng = np.random.default_rng(0)
     bad = 0
@@ -84,8 +69,11 @@ def run_cases(only=None):
             p = testing.with_fp8_cache(p, kv[0])
         m = validate.MASKS[mask](p, rng)
         out = np.full(p.out_shape, np.nan, p.dtype)
-        if backend in WARP_SPLIT:
-            res = run_warp_split(p, m, P, out, backend)
+        if backend in WARP_SPLIT_ASKS:  # decoding_warp_split_k
+            plan = p.warp_split_plan(m, None, P, out, WARP_SPLIT_ASKS[backend])
+            assert plan.spec.backend == backend, plan.spec.backend
+            plan.launch()
+            res = plan.result()
         else:
             res = p.run(nm, mask=m, return_lse=True, num_partitions=P, out=out, backend=backend)
         ref = p.run(nm.reference, mask=m, return_lse=True)

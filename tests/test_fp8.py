@@ -243,14 +243,10 @@ def test_fp8_warp_split_k(layout, cache, rng):
     """decoding_warp_split_k on an FP8 cache runs the simple kernel's warp split-K variant
     (kernels/warpsplit.py), which dequantizes as it copies, as the simple kernel does; split
     over blocks too, beside an empty sequence."""
-    from numba_mla import checks, launch
-
     p = fp8_problem(rng, layout, 2, 1, 3, [0, 13], BF16, cache)
     mask, score_mod = nm.CausalMask(), nm.AlibiScoreMod(3)
     golden, same = references(p, mask, score_mod)
-    call = checks.check_decode(p.q, p.cache, p.scale, mask, score_mod)
-    call.warp_split_k = True
-    assert launch.Plan(call).spec.backend == "warpsplit"
+    assert p.warp_split_plan(mask, score_mod).spec.backend == "warpsplit"
     output = np.full(p.out_shape, np.nan, p.dtype)
     nm.flare_mla_decoding(output, p.q, p.cache, mask, score_mod, None, p.scale, 2,
                           use_score_mod=True, decoding_warp_split_k=True)

@@ -315,33 +315,16 @@ def test_simple_kernel_each_factor(case, rng):
 def test_warp_split_k_each_factor(case, rng):
     """The simple kernel with decoding_warp_split_k (kernels/warpsplit.py): each block's keys
     split over its 4 warps, and over num_partitions blocks."""
-    from numba_mla import checks, launch
-
     p = case.problem(rng)
     mask, score_mod = MASKS[case.mask].make(p, rng), SCORE_MODS[case.score_mod].make(p)
     golden, same = references(p, mask, score_mod)
     out = np.full(p.out_shape, np.nan, p.dtype)
-    args = (p.cache, p.scale, mask, score_mod, case.num_partitions, True, out, "simple")
-    call = (checks.check_ragged(p.q, p.q_offsets, *args) if p.ragged
-            else checks.check_decode(p.q, *args))
-    call.warp_split_k = True
-    plan = launch.Plan(call)
+    plan = p.warp_split_plan(mask, score_mod, case.num_partitions, out, "simple")
     assert plan.spec.backend == "warpsplit"
     plan.launch()
     got, lse = plan.result()
     assert got is out
     assert_matches_reference(out, lse, golden, same, "warpsplit")
-
-
-def _warp_split_plan(p, mask, score_mod, num_partitions, out, backend):
-    """A checked call with decoding_warp_split_k set, and its plan."""
-    from numba_mla import checks
-
-    args = (p.cache, p.scale, mask, score_mod, num_partitions, True, out, backend)
-    call = (checks.check_ragged(p.q, p.q_offsets, *args) if p.ragged
-            else checks.check_decode(p.q, *args))
-    call.warp_split_k = True
-    return launch.Plan(call)
 
 
 @KERNEL
@@ -355,7 +338,7 @@ def test_simt_warp_split_k_each_factor(case, rng):
     mask, score_mod = MASKS[case.mask].make(p, rng), SCORE_MODS[case.score_mod].make(p)
     golden, same = references(p, mask, score_mod)
     out = np.full(p.out_shape, np.nan, p.dtype)
-    plan = _warp_split_plan(p, mask, score_mod, case.num_partitions, out, "simt")
+    plan = p.warp_split_plan(mask, score_mod, case.num_partitions, out, "simt")
     assert plan.spec.backend == "simt_warpsplit" and plan.spec.block_n == 32
     plan.launch()
     got, lse = plan.result()
@@ -376,7 +359,7 @@ def test_simt_warp_split_k_runs_of_tiles(mask_id, partitions, rng):
     mask = MASKS[mask_id].make(p, rng)
     golden, same = references(p, mask, None)
     out = np.full(p.out_shape, np.nan, p.dtype)
-    plan = _warp_split_plan(p, mask, None, partitions, out, "auto")
+    plan = p.warp_split_plan(mask, None, partitions, out, "auto")
     assert plan.spec.backend == "simt_warpsplit" and plan.spec.num_partitions == partitions
     plan.launch()
     got, lse = plan.result()

@@ -19,7 +19,7 @@ import pytest
 import numba_mla as nm
 from helpers import (BF16, assert_three_way, fp32_floor, make_problem, references,
                      with_fp8_cache)
-from numba_mla import checks, launch
+from numba_mla import checks, launch, selector
 
 KERNEL = pytest.mark.kernel
 
@@ -133,11 +133,7 @@ def test_warp_split_k(case, rng):
         mask, score_mod, partitions, backend = (nm.SlidingWindowCausalMask(3), None, 1,
                                                 "simple")
     golden, same = references(p, mask, score_mod)
-    args = (p.cache, p.scale, mask, score_mod, None, False, None, backend)
-    call = (checks.check_ragged(p.q, p.q_offsets, *args) if p.ragged
-            else checks.check_decode(p.q, *args))
-    call.warp_split_k = True
-    assert launch.Plan(call).spec.backend == "warpsplit"
+    assert p.warp_split_plan(mask, score_mod, backend=backend).spec.backend == "warpsplit"
     output = np.full(p.out_shape, np.nan, p.dtype)
     got = nm.flare_mla_decoding(output, p.q, p.cache, mask, score_mod,
                                 p.q_offsets if p.ragged else None, p.scale, partitions,
@@ -159,7 +155,7 @@ def test_gpu_ragged_cache_and_warp_split(backend, rng):
     mask, score_mod = nm.CausalMask(), nm.AlibiScoreMod(16)
     golden, same = references(p, mask, score_mod)
     output = np.full(p.out_shape, np.nan, p.dtype)
-    split = {"warpsplit": "simple", "simt_warpsplit": "simt"}
+    split = selector.WARP_SPLIT_ASKS
     nm.flare_mla_decoding(output, p.q, p.cache, mask, score_mod, p.q_offsets, p.scale,
                           backend=split.get(backend, backend), use_score_mod=True,
                           decoding_warp_split_k=backend in split)

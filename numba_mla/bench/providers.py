@@ -22,10 +22,9 @@ from .problems import D_QK, D_V
 #: numba_mla kernel backends to time; one whose ``launch.Plan`` raises NotImplementedError (or
 #: that has no kernel of its own yet) is skipped with the reason.
 #: "warpsplit" is the simple kernel with ``decoding_warp_split_k`` (kernels/warpsplit.py),
-#: "simt_warpsplit" the FMA kernel with it (kernels/simt.py, two groups of warps).
+#: "simt_warpsplit" the FMA kernel with it (kernels/simt.py, two groups of warps); the call
+#: names the backend selector.WARP_SPLIT_ASKS gives.
 KERNEL_BACKENDS = ("simt", "mma", "mma_sync", "simple", "warpsplit", "simt_warpsplit")
-#: The backend a warp split-K provider's call names.
-_WARP_SPLIT = {"warpsplit": "simple", "simt_warpsplit": "simt"}
 
 
 class Skip(Exception):
@@ -50,14 +49,15 @@ def numba_mla(p, backend):
     import numba_mla as nm
 
     from .. import checks, launch
+    from ..selector import WARP_SPLIT_ASKS
 
     cfg = p.config
 
-    split = backend in _WARP_SPLIT
+    split = backend in WARP_SPLIT_ASKS
 
     def plan_for(b):
         call = checks.check_decode(p.q, p.cache, p.scale, p.mask, None, cfg.num_partitions,
-                                   True, None, _WARP_SPLIT.get(b, b))
+                                   True, None, WARP_SPLIT_ASKS.get(b, b))
         call.warp_split_k = split
         return launch.Plan(call)
 
