@@ -189,8 +189,7 @@ def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, d
     def build():
         from .kernels.mma_sync import make_partition_kernel
 
-        return make_partition_kernel(tag=tag, to16=converters(tag)[1],
-                                     store=_output_store(tag, direct), block_m=block_m,
+        return make_partition_kernel(tag=tag, store=_output_store(tag, direct), block_m=block_m,
                                      heads=heads, fp8=fp8, wide=wide, staged=staged,
                                      **_device_functions(mask, score_mod, cache_cls))
 

@@ -10,6 +10,7 @@ name=ncu_$1_$2_$3${5:+_$5}${6:+_$6}
 NCU=${NCU:-/usr/local/cuda/bin/ncu}
 $NCU --clock-control none --kernel-name regex:partition --launch-skip 1 --launch-count 1 \
     --section SourceCounters --section WarpStateStats --section SpeedOfLight --section Occupancy \
+    --section ComputeWorkloadAnalysis --section InstructionStats \
     --import-source no -f -o "$out/$name" python scripts/profile_one.py "$@" > /dev/null
 $NCU -i "$out/$name.ncu-rep" --page details > "$out/$name.txt"
 $NCU -i "$out/$name.ncu-rep" --page source --csv --print-source sass > "$out/$name.csv"

@@ -157,15 +157,15 @@ def _make_pv(tag, mt, od):
     return cuda.jit(device=True, **INLINE)(scope["pv"])
 
 
-def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify,
-                          mask_key_range, score_mod, fold_scale, block_m, heads, fp8=None,
-                          wide=True, staged=False, key_count=None):
+def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
+                          score_mod, fold_scale, block_m, heads, fp8=None, wide=True,
+                          staged=False, key_count=None):
     """The kernel for one configuration (factory.py): ``tag`` "bf16" or "f16" (q's type, and
-    the tiles' in shared memory), ``to16`` fp32 -> that type (P, and FP8 rows), ``store`` fp32
-    -> ``part_out``, ``block_m`` 16 or 32 query rows a block, ``fp8`` the cache's FP8 layout
-    (docs/fp8.md) or None, ``wide`` whether the cache starts 16-byte aligned (16-byte copies;
-    else 4-byte ones), ``staged`` (FP8 only) whether FP8 rows are copied as they are by
-    ``cp.async`` and converted in shared memory (else loaded and converted by each warp)."""
+    the tiles' in shared memory), ``store`` fp32 -> ``part_out``, ``block_m`` 16 or 32 query
+    rows a block, ``fp8`` the cache's FP8 layout (docs/fp8.md) or None, ``wide`` whether the
+    cache starts 16-byte aligned (16-byte copies; else 4-byte ones), ``staged`` (FP8 only)
+    whether FP8 rows are copied as they are by ``cp.async`` and converted in shared memory
+    (else loaded and converted by each warp)."""
     assert not staged or fp8
     MT, NW, NT, STAGES = geometry(block_m)
     BM = block_m
@@ -196,9 +196,7 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
     # the scaled values are rounded to the tiles' type.
     FOLD = fp8 == "e4m3"
 
-    @cuda.jit(device=True, **INLINE)
-    def pack(x0, x1):
-        return (int32(to16(x0)) & 0xFFFF) | (int32(to16(x1)) << 16)
+    pack = ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2  # two floats, one cvt
 
     e4m3x4_to_16 = ptx.e4m3x4_to_bf16x4 if tag == "bf16" else ptx.e4m3x4_to_f16x4
 
@@ -299,8 +297,10 @@ def make_partition_kernel(*, tag, to16, store, locate, mask_apply, mask_classify
                 if CODE_WORDS % 32 == 0 or r < CODE_WORDS:
                     ptx.sts64(words, dst + 8 * r, codes[j], his[j])
             if V32:  # the 32 rope words (bf16 pairs) after the codes and 4 scales
-                x0, x1 = ptx.bf16x2_to_f32(rope)
-                ptx.sts32(words, dst + 4 * (D_V // 2 + lane), pack(x0, x1))
+                if tag != "bf16":
+                    x0, x1 = ptx.bf16x2_to_f32(rope)
+                    rope = pack(x0, x1)
+                ptx.sts32(words, dst + 4 * (D_V // 2 + lane), rope)
 
     @cuda.jit(device=True, **INLINE)
     def copy_tile(words, ks, storage, block_table, b, k0, k1, warp, lane):
