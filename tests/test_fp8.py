@@ -397,7 +397,7 @@ def test_e4m3_to_16_bit_twin_is_the_exact_value(dtype):
 @pytest.mark.parametrize("tag,dtype", [("bf16", BF16), ("f16", np.float16)])
 def test_e4m3_to_16_bit_matches_its_twin(tag, dtype):
     """The 4-code conversion on the GPU gives every code's exact value, subnormal codes,
-    zeros and both signs included, and NaN for a NaN code."""
+    zeros of both signs included, and NaN for a NaN code."""
     from numba import cuda
 
     from numba_mla import ptx
@@ -419,6 +419,8 @@ def test_e4m3_to_16_bit_matches_its_twin(tag, dtype):
     want = np.array([twin(w) for w in words], np.int32).view(dtype).astype(np.float64)
     assert np.isnan(want).sum() == 8  # (two NaN codes, in each of the 4 bytes)
     assert np.array_equal(got, want, equal_nan=True)
+    real = ~np.isnan(want)
+    assert np.array_equal(np.signbit(got[real]), np.signbit(want[real]))  # -0 stays -0
 
 
 @pytest.mark.gpu
