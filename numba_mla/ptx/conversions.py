@@ -156,37 +156,6 @@ def i32_as_f32(typingctx, w):
     return types.float32(w), cg
 
 
-def _e4m3x4_to_bf16x4_text():
-    """PTX: the word of codes ``$2`` -> two words of bfloat16 pairs ``$0`` (codes 0, 1) and
-    ``$1`` (codes 2, 3), exactly, with integer moves and one multiply a pair: no conversion
-    instruction (those issue at a quarter of the integer rate, and e4m3 -> bfloat16 took
-    four of them a pair through float16 and float32).
-
-    An e4m3fn code is s eeee mmm (value (-1)^s 2^(e-7) 1.mmm, or 2^-6 0.mmm where e = 0).
-    Its 7 magnitude bits put at bits 4..10 of a 16-bit word make the bfloat16 whose exponent
-    field is e and whose mantissa starts mmm: the value x 2^-120 (normal or, where e = 0,
-    subnormal), so a multiply by 2^120 gives it exactly. The sign is ORed in after the
-    multiply (so -0 stays -0), and a NaN code (magnitude 0x7F, whose bits would make 480) gets
-    a NaN as the multiply's addend: magnitude + 1 has bit 7 set only there, and ``prmt``'s
-    sign-replicating selector spreads that bit over the code's 16 bits."""
-    parts = ["{.reg .b32 z, k, a, t, m, n, f, s;",
-             " mov.b32 z, 0; mov.b32 k, 0x7B807B80;",  # k: 2^120, a bf16 pair
-             " and.b32 a, $2, 0x7F7F7F7F;",  # the four magnitudes
-             " add.u32 t, a, 0x01010101;"]  # byte k: bit 7 set iff code k is NaN
-    for k, (lo, hi) in enumerate(((0, 1), (2, 3))):
-        sel = f"0x{hi}4{lo}4"  # codes lo, hi into bytes 1 and 3, zeros below: code << 8
-        nan = f"0x{8 + hi:X}{8 + hi:X}{8 + lo:X}{8 + lo:X}"  # bit 7 of t's byte, spread
-        parts.append(f" prmt.b32 m, a, z, {sel}; shr.b32 m, m, 4;"  # magnitude << 4
-                     f" prmt.b32 n, t, z, {nan};"  # 0xFFFF (NaN) for a NaN code, else +0
-                     f" fma.rn.bf16x2 f, m, k, n;"  # x 2^120, exact
-                     f" prmt.b32 s, $2, z, {sel}; and.b32 s, s, 0x80008000;"  # the signs
-                     f" or.b32 ${k}, f, s;")
-    return "".join(parts) + "}"
-
-
-_E4M3X4_TO_BF16X4 = _e4m3x4_to_bf16x4_text()
-
-
 def _e4m3x4_to_f32_twin(w):
     x = np.array([w], np.int32).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     return float(x[0]), float(x[1]), float(x[2]), float(x[3])
@@ -194,11 +163,13 @@ def _e4m3x4_to_f32_twin(w):
 
 @intrinsic_with_twin(_e4m3x4_to_f32_twin)
 def e4m3x4_to_f32(typingctx, w):
-    # The codes as bfloat16 pairs (below: integer moves and one exact multiply), each then
-    # widened to float32 by a shift or a mask (bfloat16 is the top half of a float32).
-    text = ("{.reg .b32 d0, d1; " + _E4M3X4_TO_BF16X4.replace("$0", "d0").replace("$1", "d1")
-            .replace("$2", "$4") + " shl.b32 $0, d0, 16; and.b32 $1, d0, 0xFFFF0000;"
-            " shl.b32 $2, d1, 16; and.b32 $3, d1, 0xFFFF0000;}")
+    # Each half word (two codes) to a half2 (exact: e4m3 values are float16 values), then each
+    # half to float32.
+    text = ("{.reg .b16 q0, q1, h0, h1, h2, h3; .reg .b32 p0, p1;"
+            " mov.b32 {q0, q1}, $4;"
+            " cvt.rn.f16x2.e4m3x2 p0, q0; cvt.rn.f16x2.e4m3x2 p1, q1;"
+            " mov.b32 {h0, h1}, p0; mov.b32 {h2, h3}, p1;"
+            " cvt.f32.f16 $0, h0; cvt.f32.f16 $1, h1; cvt.f32.f16 $2, h2; cvt.f32.f16 $3, h3;}")
 
     return types.UniTuple(types.float32, 4)(w), _word_to_tuple(text, f32, "f", 4)
 
@@ -246,11 +217,14 @@ def _e4m3x4_to_16x4_twin(dtype):
 
 
 def _e4m3x4_to_16x4_text(tag):
-    if tag == "bf16":
-        return _E4M3X4_TO_BF16X4
-    # Each half word (two codes) to a half2, exactly: e4m3 values are float16 values.
-    return ("{.reg .b16 q0, q1; mov.b32 {q0, q1}, $2;"
-            " cvt.rn.f16x2.e4m3x2 $0, q0; cvt.rn.f16x2.e4m3x2 $1, q1;}")
+    # Each half word (two codes) to a half2 (exact), kept (float16) or through two floats into
+    # a bfloat16 pair (exact: every e4m3 value is a bfloat16 value).
+    head = "{.reg .b16 q0, q1, h0, h1; .reg .b32 p; .reg .f32 f0, f1; mov.b32 {q0, q1}, $2;"
+    if tag == "f16":
+        return head + " cvt.rn.f16x2.e4m3x2 $0, q0; cvt.rn.f16x2.e4m3x2 $1, q1;}"
+    return head + "".join(
+        f" cvt.rn.f16x2.e4m3x2 p, q{k}; mov.b32 {{h0, h1}}, p; cvt.f32.f16 f0, h0;"
+        f" cvt.f32.f16 f1, h1; cvt.rn.bf16x2.f32 ${k}, f1, f0;" for k in range(2)) + "}"
 
 
 def _make_e4m3x4_to_16x4(tag, dtype):
