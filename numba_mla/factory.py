@@ -176,14 +176,15 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
 
 
 def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False,
-                              fp8=None, wide=True, staged=False):
+                              fp8=None, wide=True, staged=0):
     """The stage-1 kernel on warp tensor cores (kernels/mma_sync.py: mma.sync, sm_80 on) for
     this configuration (``tag`` bf16 or f16: q's; ``block_m`` 16 or 32 rows); ``direct`` as for
-    the others; ``fp8`` the cache's FP8 layout ("e4m3", "v32") or None; ``staged`` whether FP8
-    rows are copied as they are into shared memory (heuristics.mma_sync_shape); ``wide``
+    the others; ``fp8`` the cache's FP8 layout ("e4m3", "v32") or None; ``staged`` the stages
+    of FP8 rows copied as they are into shared memory (0, 1 or 2: heuristics.mma_sync_fits);
+    ``wide``
     whether the cache starts 16-byte aligned (16-byte copies; moot for FP8 rows that are
     loaded, not copied)."""
-    staged = bool(staged and fp8)
+    staged = int(staged) if fp8 else 0
     wide = bool(wide or (fp8 and not staged))
 
     def build():

@@ -57,16 +57,21 @@ def mma_sync_block_m(rows, limit=None, fp8=None):
 
 
 def mma_sync_fits(block_m, fp8=None, limit=None):
-    """``(staged, fits)`` of the warp tensor-core kernel's block of ``block_m`` rows: whether
-    FP8 rows are copied as they are by ``cp.async`` and converted in shared memory (where that
-    fits: the next tile's copy in flight while this one is multiplied; 151-156 KB at 32 rows,
-    130-135 at 16: an H100/H200, not an Ada GPU's 99 KB; an A100 would take them, but FP8 needs
-    sm_89), else loaded and converted by the warps (no copy in flight); and whether the block
-    fits the shared memory a block may take (``limit``, default the current device's)."""
+    """``(staged, fits)`` of the warp tensor-core kernel's block of ``block_m`` rows: the
+    stages of FP8 rows copied as they are by ``cp.async`` and converted in shared memory, as
+    many as fit (2: the next two tiles' copies in flight while this one is converted and
+    multiplied, 187-197 KB at 32 rows, an H100/H200; 1: the next tile's copy in flight while
+    this one is multiplied, 151-156 KB at 32 rows, 130-135 at 16; an A100 would take one, but
+    FP8 needs sm_89), else 0: loaded and converted by the warps (an Ada GPU's 99 KB, no copy in
+    flight); and whether the block fits the shared memory a block may take (``limit``, default
+    the current device's)."""
     from .kernels import mma_sync
 
     limit = smem_per_block() if limit is None else limit
-    staged = fp8 is not None and mma_sync.smem_bytes(block_m, fp8, True) <= limit
+    staged = 0
+    if fp8 is not None:
+        staged = max((n for n in (1, 2) if mma_sync.smem_bytes(block_m, fp8, n) <= limit),
+                     default=0)
     return staged, mma_sync.smem_bytes(block_m, fp8, staged) <= limit
 
 

@@ -179,8 +179,10 @@ def _simple_tiles(backend):
 
 def _mma_sync_shape(config, rows, fp8):
     """``(block_m, staged, fits)``: the warp tensor-core kernel's rows a block for this call
-    (the config's, else heuristics.mma_sync_block_m's), whether FP8 rows are staged through
-    shared memory, and whether the block's shared memory fits the device's."""
+    (the config's, else heuristics.mma_sync_block_m's), the stages FP8 rows take through
+    shared memory (heuristics.mma_sync_fits's, fewer where the config's
+    ``num_pipeline_stages`` asks for fewer tiles in flight), and whether the block's shared
+    memory fits the device's."""
     from .kernels import mma_sync
 
     if config is None or config.num_queries_per_block is None:
@@ -189,7 +191,11 @@ def _mma_sync_shape(config, rows, fp8):
         block_m = config.num_queries_per_block
         if block_m not in mma_sync.BLOCK_MS:
             return block_m, False, False
-    return (block_m,) + heuristics.mma_sync_fits(block_m, fp8)
+    staged, fits = heuristics.mma_sync_fits(block_m, fp8)
+    want = None if config is None else config.num_pipeline_stages
+    if staged and want is not None and 1 <= want - 1 < staged:
+        staged = want - 1  # (this tile's rows and want - 1 tiles' in flight)
+    return block_m, staged, fits
 
 
 def _tensor_core_honours(config, backend, rows, fp8):

@@ -263,7 +263,7 @@ def spy_mma_sync_staged(monkeypatch, smem_per_block=None, shapes=None):
     seen, real = [], factory.mma_sync_partition_kernel
 
     def spy(*args, **kwargs):
-        seen.append(bool(args[9] if len(args) > 9 else kwargs.get("staged", False)))
+        seen.append(int(args[9] if len(args) > 9 else kwargs.get("staged", 0)))
         if shapes is not None:
             shapes.append((args[4], bool(args[8]), seen[-1]))
         return real(*args, **kwargs)
@@ -291,7 +291,7 @@ def test_fp8_mma_sync_kernel(layout, cache, mask_id, mod_id, smem, backend, rng,
     p = fp8_problem(rng, layout, 2, 1, 3, [0, 13], np.float16 if layout == "e4m3" else BF16,
                     cache)
     check(p, MASKS[mask_id].make(p, rng), SCORE_MODS[mod_id].make(p), 2, backend)
-    assert seen and set(seen) == {smem != 101376}
+    assert seen and set(seen) == {{None: 2, 140000: 1, 101376: 0}[smem]}
 
 
 @KERNEL
@@ -302,7 +302,25 @@ def test_fp8_mma_sync_32_rows(rng, monkeypatch):
     spy_mma_sync_staged(monkeypatch, shapes=shapes)
     p = fp8_problem(rng, "e4m3", 1, 1, 20, [100], BF16, "paged5")
     check(p, MASKS["causal"].make(p, rng), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
-    assert shapes and {(m, staged) for m, _, staged in shapes} == {(32, True)}
+    assert shapes and {(m, staged) for m, _, staged in shapes} == {(32, 2)}
+
+
+@KERNEL
+@pytest.mark.parametrize("block_m,H,window,parts", [(16, 3, 120, 1), (32, 20, 200, 2)])
+def test_fp8_mma_sync_two_raw_stages(block_m, H, window, parts, rng, monkeypatch):
+    """Two Fs stages (an H100/H200: the next two tiles' FP8 rows in flight while this one is
+    converted and multiplied), after tiles a window skips: 3 tiles of 6 in one partition (the
+    first two copy the tile after the next, the last finds none: an empty copy group), and,
+    in the 32-row block, 4 in two partitions of two (both copied before the first tile)."""
+    from numba_mla import heuristics
+
+    if block_m == 16:  # (the 16-row block, half the simulated threads, takes two stages too)
+        monkeypatch.setattr(heuristics, "mma_sync_block_m", lambda *a, **k: 16)
+    shapes = []
+    spy_mma_sync_staged(monkeypatch, shapes=shapes)
+    p = fp8_problem(rng, "e4m3", 1, 1, H, [330], BF16, "paged16")
+    check(p, nm.SlidingWindowCausalMask(window), nm.IdentityScoreMod(), parts, "mma_sync")
+    assert shapes and {(m, staged) for m, _, staged in shapes} == {(block_m, 2)}
 
 
 @KERNEL
@@ -317,7 +335,7 @@ def test_fp8_mma_sync_4_byte_copies(rng, monkeypatch):
     spy_mma_sync_staged(monkeypatch, smem_per_block=140000, shapes=shapes)
     p = fp8_problem(rng, "v32", 2, 1, 2, [0, 27], BF16, "paged16")
     check(p, nm.CausalMask(), nm.IdentityScoreMod(), 1, "mma_sync")
-    assert shapes and set(shapes) == {(16, False, True)}
+    assert shapes and set(shapes) == {(16, False, 1)}
 
 
 @KERNEL

@@ -30,21 +30,23 @@ Notation
                                 first 256 words (512 dims) of a row are V
       Ps [BM][PROWW]            the tile's probabilities, 16-bit (32 words + 4 padding)
       Mx, Sx [4][BM]            fp32: each key group's row maxima and row sums (its 16 keys)
-      Fs [BLOCK_N][FW]          staged FP8 rows as they are (FW = 144 or 164 words)
+      Fs [RS][BLOCK_N][FW]      staged FP8 rows as they are (FW = 144 or 164 words), RS = 1
+                                or 2 raw stages (``staged``; two where they fit)
   A row of Qs and Ks is 1168 bytes, of Ps 144: odd multiples of 16 bytes, so the 8 rows an
   ``ldmatrix`` reads fall in 8 different groups of 4 banks (no bank conflict).
 - A tile of 64 keys, in phases with a barrier between them:
   1. copy: 16-bit rows by ``cp.async``, 8 lanes a row (a warp's instruction reads 128
      contiguous bytes of each of 4 rows), 16 MT rows a pass, 36 16-byte pieces a row's 8
      lanes share (4-byte pieces when the cache does not start 16-byte aligned); staged FP8
-     rows the same way into Fs (issued a tile ahead), then, after a wait and a barrier, each
-     warp converts every NW-th row of Fs into Ks, a lane a word of 4 codes, a barrier, and
-     the next tile's copy is issued into Fs; FP8 rows not staged by loads, each warp every
-     NW-th key row, 32 lanes along it; zeros past the end. With one stage: a barrier (every
-     warp done with the previous tile), the copy, its wait, a barrier. With two: wait for
-     this tile (issued during the previous one), a barrier (every warp done with the
-     previous tile, in the other stage), then issue the next tile's copy into the other
-     stage;
+     rows the same way into Fs (issued RS tiles ahead), then, after a wait and a barrier,
+     each warp converts every NW-th row of the tile's Fs stage into Ks, a lane a word of 4
+     codes, a barrier, and the copy of the tile RS ahead is issued into that stage (with
+     two, a copy is in flight while a tile is converted as well as while it is multiplied);
+     FP8 rows not staged by loads, each warp every NW-th key row, 32 lanes along it; zeros
+     past the end. With one stage: a barrier (every warp done with the previous tile), the
+     copy, its wait, a barrier. With two: wait for this tile (issued during the previous
+     one), a barrier (every warp done with the previous tile, in the other stage), then
+     issue the next tile's copy into the other stage;
   2. S = Q K^T: warp w over all 576 dims, 36 steps of two m16n8k16, the scores in its
      registers (s[8]: rows gr, gr + 8 of m16 tile sm, keys 2 tq, 2 tq + 1 of each n8 tile);
      mask and score mod applied there; the row maxima of its keys to Mx[kg];
@@ -107,13 +109,14 @@ def fp8_row_words(fp8):
     return FP8_ROW_BYTES[fp8] // 4
 
 
-def layout(block_m=BLOCK_M, fp8=None, staged=False):
+def layout(block_m=BLOCK_M, fp8=None, staged=0):
     """Word offsets of Qs, Ks, Ps, Mx, Sx and Fs in dynamic shared memory, and its size in
     words (every offset a multiple of 4 words: 16-byte aligned for ldmatrix and cp.async).
-    ``staged``: FP8 rows copied as they are into Fs, then converted into one Ks stage."""
+    ``staged`` (0, 1 or 2; True is 1): FP8 rows copied as they are into that many Fs stages,
+    then converted into one Ks stage."""
     stages = 1 if staged else geometry(block_m)[3]
     sizes = (block_m * ROWW, stages * BLOCK_N * ROWW, block_m * PROWW, KEY_GROUPS * block_m,
-             KEY_GROUPS * block_m, BLOCK_N * fp8_row_words(fp8) if staged else 0)
+             KEY_GROUPS * block_m, int(staged) * BLOCK_N * fp8_row_words(fp8) if fp8 else 0)
     offs, at = [], 0
     for n in sizes:
         offs.append(at)
@@ -121,15 +124,18 @@ def layout(block_m=BLOCK_M, fp8=None, staged=False):
     return tuple(offs), at
 
 
-def smem_bytes(block_m=BLOCK_M, fp8=None, staged=False):
+def smem_bytes(block_m=BLOCK_M, fp8=None, staged=0):
     return 4 * layout(block_m, fp8, staged)[1]
 
 
-def pipeline_stages(block_m=BLOCK_M, fp8=None, staged=False):
+def pipeline_stages(block_m=BLOCK_M, fp8=None, staged=0):
     """Key tiles in flight (``MHAConfig.num_pipeline_stages``): 2 where the next tile's copy
     runs under this tile's products (32 rows of 16-bit rows, two Ks stages; FP8 rows staged
-    through Fs), else 1."""
-    return 2 if staged or (block_m == 32 and not fp8) else 1
+    through one Fs stage), 3 with two Fs stages (this tile's and the next two tiles' rows),
+    else 1."""
+    if staged:
+        return 1 + int(staged)
+    return 2 if block_m == 32 and not fp8 else 1
 
 
 def min_blocks(block_m=BLOCK_M):
@@ -159,13 +165,13 @@ def _make_pv(tag, mt, od):
 
 def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
                           score_mod, fold_scale, block_m, heads, fp8=None, wide=True,
-                          staged=False, key_count=None):
+                          staged=0, key_count=None):
     """The kernel for one configuration (factory.py): ``tag`` "bf16" or "f16" (q's type, and
     the tiles' in shared memory), ``store`` fp32 -> ``part_out``, ``block_m`` 16 or 32 query
     rows a block, ``fp8`` the cache's FP8 layout (docs/fp8.md) or None, ``wide`` whether the
     cache starts 16-byte aligned (16-byte copies; else 4-byte ones), ``staged`` (FP8 only)
-    whether FP8 rows are copied as they are by ``cp.async`` and converted in shared memory
-    (else loaded and converted by each warp)."""
+    the Fs stages FP8 rows are copied into as they are by ``cp.async`` and converted from in
+    shared memory (1 or 2; 0: loaded and converted by each warp)."""
     assert not staged or fp8
     MT, NW, NT, STAGES = geometry(block_m)
     BM = block_m
@@ -173,7 +179,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     LANE_ROWS = 2 * MT  # rows a lane holds: gr + 8 j
     assert MT * OD // 8 * 4 == NACC and STAGE * 32 == WORDS and OD % 16 == 0
     (Q_OFF, K_OFF, P_OFF, MX_OFF, SX_OFF, F_OFF), _ = layout(block_m, fp8, staged)
-    STAGED = staged
+    STAGED = bool(staged)
+    RS = int(staged)  # Fs stages: the tiles whose raw rows are in flight or waiting
     TWO_K = STAGES == 2 and not STAGED  # two Ks stages, taken in turn
     EARLY = STAGES == 2 or STAGED  # the next tile found before this one's products
     KS_BYTES = 4 * BLOCK_N * ROWW  # a stage
@@ -262,6 +269,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     issue_tile = make_issue(K_OFF, ROW_BYTES, 4 * WORDS)
     FW = fp8_row_words(fp8) if fp8 else 0  # words of an FP8 row
     issue_raw = make_issue(F_OFF, 4 * FW, 4 * FW) if STAGED else None
+    FS_BYTES = 4 * BLOCK_N * FW  # an Fs stage
     # a tile ahead: staged FP8 rows into Fs (its ks is 0), else 16-bit rows into a Ks stage
     issue_ahead = issue_raw if STAGED else issue_tile
     CODE_WORDS = D_V // 4 if V32 else WORDS // 2  # words of codes a row (128 or 144)
@@ -269,10 +277,11 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     NJ = -(-CODE_WORDS // 32)  # words of codes a lane converts in a row (4 or 5)
 
     @cuda.jit(device=True, **INLINE)
-    def convert_tile(words, base, warp, lane):
-        """Fs's FP8 rows into Ks's stage 0 as 16-bit words (row_word's values): warp w takes
-        rows w, w + NW, ..., its lanes a word of 4 codes each along the row (-> 2 words of
-        Ks, one 8-byte store), then in "v32" a rope word each (-> 1 word). A row's NJ words
+    def convert_tile(words, base, fs, warp, lane):
+        """The FP8 rows in the Fs stage at byte ``fs`` into Ks's stage 0 as 16-bit words
+        (row_word's values): warp w takes rows w, w + NW, ..., its lanes a word of 4 codes
+        each along the row (-> 2 words of Ks, one 8-byte store), then in "v32" a rope word
+        each (-> 1 word). A row's NJ words
         (and scales) are all loaded before the first is converted, and all converted before
         the first store: the shared-memory accesses keep their program order, so load,
         conversion and store one word at a time would make each word wait out the chain of
@@ -281,7 +290,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         his = cuda.local.array(NJ, int32)  # ... and high halves, as 16-bit pairs
         scales = cuda.local.array(NJ, float32)
         for n in range(warp, BLOCK_N, NW):
-            src = base + 4 * (F_OFF + n * FW)
+            src = base + fs + 4 * (F_OFF + n * FW)
             dst = base + 4 * (K_OFF + n * ROWW)
             for j in range(NJ):
                 r = min(lane + 32 * j, CODE_WORDS - 1)  # (the last word's lanes past the
@@ -378,26 +387,44 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                   + 2 * 8 * (lane // 8 % 2))
         v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + OD * warp)
         ks = 0  # this tile's stage (bytes from Ks)
+        fs = 0  # this tile's Fs stage (bytes from Fs)
+        t_next = t_end  # (two Fs stages: the next tile, whose copy is issued a tile ahead)
         if (TWO_K and not fp8 or STAGED) and t < t_end:  # the first tile's copy
             k0 = kstart + t * BLOCK_N
             issue_ahead(words, base, 0, storage, block_table, b, k0, min(k0 + BLOCK_N, kend),
                         tid)
+            if RS == 2:  # and the second's, into the other stage (an empty group if none)
+                t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+                if t_next < t_end:
+                    n0 = kstart + t_next * BLOCK_N
+                    issue_raw(words, base, FS_BYTES, storage, block_table, b, n0,
+                              min(n0 + BLOCK_N, kend), tid)
+                else:
+                    ptx.cp_async_commit()
 
         while t < t_end:
             k0 = kstart + t * BLOCK_N
             k1 = min(k0 + BLOCK_N, kend)
             cls = mask_classify(k0, k1, q_lo, q_hi)
-            t_next = t + 1  # (one stage: the next tile is found at the end, fewer registers)
-            if EARLY:
+            t_after = t_end  # (two Fs stages: the tile after the next, copied in this one)
+            if RS == 2:
+                if t_next < t_end:
+                    t_after = next_tile(t_next + 1, t_end, kstart, kend, q_lo, q_hi)
+            elif EARLY:
                 t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+            else:
+                t_next = t + 1  # (one stage: the next tile is found at the end, fewer registers)
 
             # -- phase 1: the key tile in its stage --
             if STAGES == 1 and not STAGED:
                 cuda.syncthreads()  # every warp is done with the previous tile (Ks, Ps, Mx, Sx)
             if STAGED:
-                ptx.cp_async_wait_all()  # this thread's pieces of the FP8 rows
+                if RS == 2:  # this thread's pieces of the FP8 rows (the next tile's may fly)
+                    ptx.cp_async_wait_one()
+                else:
+                    ptx.cp_async_wait_all()
                 cuda.syncthreads()  # everyone's; every warp is done with the previous tile
-                convert_tile(words, base, warp, lane)
+                convert_tile(words, base, fs, warp, lane)
             elif fp8:
                 copy_tile(words, ks, storage, block_table, b, k0, k1, warp, lane)
             else:
@@ -407,7 +434,15 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             # The whole tile (on the first, Qs too); with two stages, also: every warp is done
             # with the previous tile (the other stage, Ps, Mx, Sx); staged, Fs is free again
             cuda.syncthreads()
-            if (TWO_K and not fp8 or STAGED) and t_next < t_end:  # the next tile's copy
+            if RS == 2:  # the copy of the tile after the next, into this tile's Fs stage
+                if t_after < t_end:
+                    n0 = kstart + t_after * BLOCK_N
+                    issue_raw(words, base, fs, storage, block_table, b, n0,
+                              min(n0 + BLOCK_N, kend), tid)
+                else:
+                    ptx.cp_async_commit()  # (an empty group: one wait_group 1 fits all tiles)
+                fs = FS_BYTES - fs
+            elif (TWO_K and not fp8 or STAGED) and t_next < t_end:  # the next tile's copy
                 n0 = kstart + t_next * BLOCK_N
                 issue_ahead(words, base, 0 if STAGED else KS_BYTES - ks, storage, block_table,
                             b, n0, min(n0 + BLOCK_N, kend), tid)
@@ -493,6 +528,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             if not EARLY:
                 t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
             t = t_next
+            if RS == 2:
+                t_next = t_after
 
         # -- the partition's normalised output and LSE, from registers --
         for j in range(LANE_ROWS):

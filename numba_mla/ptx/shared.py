@@ -19,8 +19,8 @@
   only); zeros when not ``valid`` (nothing is read). ``cp_async4_at`` the same for 4 bytes
   (through L1).
 - ``cp_async_commit()`` closes a group of copies, ``cp_async_wait_all()`` waits for this
-  thread's groups; a barrier then publishes them (and ``fence_proxy_async``, in wgmma.py,
-  to tensor-core reads).
+  thread's groups (``cp_async_wait_one()``: all but its most recent one); a barrier then
+  publishes them (and ``fence_proxy_async``, in wgmma.py, to tensor-core reads).
 
 In the simulator a copy happens when it is issued.
 """
@@ -241,3 +241,4 @@ cp_async16_at = _cp_async_at(16, "cg")
 
 cp_async_commit = no_op if SIMULATOR else void_asm("cp.async.commit_group;")
 cp_async_wait_all = no_op if SIMULATOR else void_asm("cp.async.wait_group 0;")
+cp_async_wait_one = no_op if SIMULATOR else void_asm("cp.async.wait_group 1;")
