@@ -256,13 +256,18 @@ def main():
               f"calls={calls}  {verdict(ok)}")
     # The warp tensor-core kernel for Ampere and Ada, then reading FP8 rows (sm_89: the e4m3
     # conversions), both layouts, loaded by the warps (Ada) or staged through shared memory
+    # (one stage or two)
     builds = [(cc, mask, mod, tag, cache, block_m, heads, direct, None, False)
               for cc in ((8, 0), (8, 9)) for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES
               for direct in (False, True)]
     builds += [((8, 9), nm.CausalMask(), nm.SoftCapScoreMod(2.0), tag, nm.PagedKVCache, rows,
                 heads, direct, layout, staged)
                for layout, tag in (("e4m3", "bf16"), ("v32", "f16")) for direct in (False, True)
-               for rows, heads in ((16, 16), (32, 20)) for staged in (False, True)]
+               for rows, heads in ((16, 16), (32, 20)) for staged in (0, 1, 2)]
+    # ... and as the H200 runs the FP8 benchmark (sm_90, 16 heads in the 32-row block, two
+    # stages; one stage spilled there, 72 bytes at 3cd4672)
+    builds += [((9, 0), nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 32, 16,
+                False, layout, 2) for layout in ("e4m3", "v32")]
     for cc, mask, mod, tag, cache, block_m, heads, direct, layout, staged in builds:
         kern = factory.mma_sync_partition_kernel(mask, mod, tag, cache, block_m, heads, direct,
                                                  layout, True, staged)
@@ -276,8 +281,9 @@ def main():
         # one an HMMA in the SASS
         ok = not spills and calls == 0 and mmas >= 34 and hmma >= mmas
         bad += not ok
+        stages = f"/staged{staged}" if staged else ""
         print(f"msync  {mask!r:40.40} {tag} {cache.kind:10} M={block_m:<2} H={heads:<3} "
-              f"direct={direct!s:5} sm_{cc[0]}{cc[1]} fp8={layout}{'/staged' if staged else ''} "
+              f"direct={direct!s:5} sm_{cc[0]}{cc[1]} fp8={layout}{stages} "
               f"regs={regs} spills={spills} "
               f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
     # The clamp of device row offsets that runs before a ragged call's partition kernel
