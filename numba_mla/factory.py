@@ -159,20 +159,22 @@ def warpsplit_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=Fa
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 
-def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, tma=False):
+def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, tma=False,
+                         fp8=None):
     """The stage-1 tensor-core kernel (kernels/mma.py) for this configuration (bf16, f16);
     ``direct``: the variant that writes the final output (one partition, no combine); ``tma``:
-    the variant whose tiles the copy engine brings (tiles never straddle pages)."""
+    the variant whose tiles the copy engine brings (tiles never straddle pages); ``fp8``:
+    "e4m3" rows (cp.async tiles), or None."""
 
     def build():
         from .kernels.mma import make_partition_kernel
 
         return make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
-                                     tma=tma,
+                                     tma=tma, fp8=fp8,
                                      **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(("mma", tag, heads, direct, tma) + _mods_key(mask, score_mod, cache_cls),
-                   build)
+    return _cached(("mma", tag, heads, direct, tma) + ((("fp8", fp8),) if fp8 else ())
+                   + _mods_key(mask, score_mod, cache_cls), build)
 
 
 def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False,

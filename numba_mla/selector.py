@@ -236,10 +236,10 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     ``spills(spec)`` compiles a candidate for the call's argument types and says whether it
     uses local memory (never in the simulator)."""
     fp8 = call.cache.fp8_layout
-    if fp8:  # FP8 caches: the FMA kernels and the warp tensor-core one read them, not wgmma's
-        if call.backend == "mma":
-            raise ValueError("backend: 'mma' does not read FP8 caches yet; use 'simt', "
-                             "'mma_sync', 'simple' or 'auto'")
+    if fp8:  # FP8 caches: the FMA kernels and the warp tensor-core one; wgmma's "e4m3" only
+        if call.backend == "mma" and fp8 != "e4m3":
+            raise ValueError(f"backend: 'mma' reads FP8 caches of the 'e4m3' layout, not "
+                             f"'{fp8}'; use 'mma_sync', 'simt', 'simple' or 'auto'")
         # "auto": the warp tensor-core kernel (0.32-0.72x the FMA kernel's time on the H200's
         # four fp8-sweep shapes, both layouts: docs/fp8.md)
         backend = "mma_sync" if call.backend == "auto" else call.backend
@@ -378,9 +378,9 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),
                           mma_sync.smem_bytes(block_m, fp8, staged),
                           q_pairs=True, tma=False, **common)
-    # (a ragged cache is one page: its tiles never straddle pages either)
+    # (a ragged cache is one page: its tiles never straddle pages either); FP8 rows: cp.async
     tma = ((call.cache.kind in ("contiguous", "ragged")
-            or call.cache.page_size % mma.BLOCK_N == 0) and facts.packed_rows)
+            or call.cache.page_size % mma.BLOCK_N == 0) and facts.packed_rows and not fp8)
     if tma:
         # Spread lengths: the listed schedule where the balanced one splits and the cost model
         # prefers it (one piece count a sequence, blocks launched longest first; it writes the
@@ -402,6 +402,6 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                           listable=not fixed, **common)
         if not spills(spec):
             return spec
-    disp = factory.mma_partition_kernel(mask, mod, tag, cache_cls, H, direct, tma)
-    return KernelSpec("mma", disp, mma.NTHREADS, mma.SMEM_BYTES, q_pairs=True, tma=tma,
+    disp = factory.mma_partition_kernel(mask, mod, tag, cache_cls, H, direct, tma, fp8)
+    return KernelSpec("mma", disp, mma.NTHREADS, mma.smem_bytes(fp8), q_pairs=True, tma=tma,
                       **common)

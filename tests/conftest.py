@@ -94,6 +94,7 @@ SIMULATOR_SLOW = (
     "tests/test_kernels.py::test_mma_sync_32_rows[(1, 2, 20",
     "tests/test_fp8.py::test_fp8_mma_sync_32_rows",
     "tests/test_fp8.py::test_fp8_mma_sync_two_raw_stages[32",
+    "tests/test_fp8.py::test_fp8_mma_kernel[float16",
 )
 
 

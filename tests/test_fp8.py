@@ -155,11 +155,14 @@ def test_q_must_be_16_bit(dtype):
         nm.mla_decode(q, cache, 0.1, backend="simt")
 
 
-def test_mma_backend_refused_for_fp8():
-    cache = nm.ContiguousKVCache(_codes(), LENGTHS, kv_scale=1.0)
+def test_mma_backend_refused_for_v32():
+    """The wgmma kernel reads "e4m3" rows, not "v32" ones: refused by name, before a launch."""
+    cache = nm.ContiguousKVCache(_codes(656), LENGTHS, fp8_layout="v32")
     q = np.zeros((1, 1, 2, 576), BF16)
-    with pytest.raises(ValueError, match="backend: 'mma' does not read FP8 caches"):
-        nm.mla_decode(q, cache, 0.1, backend="mma")
+    out = np.full((1, 1, 2, 512), 7.0, BF16)
+    with pytest.raises(ValueError, match="backend: 'mma' reads FP8 caches of the 'e4m3' layout"):
+        nm.mla_decode(q, cache, 0.1, backend="mma", out=out)
+    assert (out.astype(np.float32) == 7.0).all()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,6 +324,29 @@ def test_fp8_mma_sync_two_raw_stages(block_m, H, window, parts, rng, monkeypatch
     p = fp8_problem(rng, "e4m3", 1, 1, H, [330], BF16, "paged16")
     check(p, nm.SlidingWindowCausalMask(window), nm.IdentityScoreMod(), parts, "mma_sync")
     assert shapes and {(m, staged) for m, _, staged in shapes} == {(block_m, 2)}
+
+
+@KERNEL
+@pytest.mark.parametrize("dtype,cache,lengths,window,parts", [
+    (BF16, "contiguous", [200], 100, 1), (np.float16, "paged16", [0, 330], 100, 2)])
+def test_fp8_mma_kernel(dtype, cache, lengths, window, parts, rng, monkeypatch):
+    """The wgmma kernel (backend "mma") on "e4m3" rows: copied as they are by cp.async (also
+    where the cache would give TMA tiles), two tiles ahead, and converted into its KV buffer
+    at the top of each tile; the cache's scale multiplies the scores and the output. A window
+    keeps 3 tiles after a skipped one (the first two copy the tile after the next, the last
+    finds none); split in two beside an empty sequence (GPU: in CI, the first case)."""
+    from numba_mla import factory
+
+    seen, real = [], factory.mma_partition_kernel
+
+    def spy(*args, **kwargs):  # (mask, score_mod, tag, cache_cls, heads, direct, tma, fp8)
+        seen.append(args[6:8])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(factory, "mma_partition_kernel", spy)
+    p = fp8_problem(rng, "e4m3", len(lengths), 1, 3, lengths, dtype, cache)
+    check(p, nm.SlidingWindowCausalMask(window), nm.IdentityScoreMod(), parts, "mma")
+    assert seen and set(seen) == {(False, "e4m3")}  # cp.async tiles, FP8 rows
 
 
 @KERNEL

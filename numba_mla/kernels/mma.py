@@ -6,7 +6,9 @@ Same contract as the FMA kernel (kernels/simt.py): grid ``(P, G, B)``, block (p,
 sequence b, query rows ``[g*64, (g+1)*64)`` (row r = query token i * H + head h) and key
 partition p; it writes the partition's normalised output and natural-log LSE to the fp32
 workspace, and the combine kernel merges partitions (with one partition it writes out and lse
-itself: ``store`` below). 16-bit storage only (bf16, fp16).
+itself: ``store`` below). 16-bit storage (bf16, fp16), and FP8 "e4m3" rows with cp.async tiles
+(``fp8``): their codes converted exactly into the KV buffer, the cache's scale applied to the
+scores and to the output (the scale argument is then scale + 1j * kv_scale).
 
 Two warpgroups (256 threads); 64 query rows along M; key tiles of 64 along N.
 Shared memory (bytes), Q and the KV tiles in one of two layouts, chosen when compiling:
@@ -70,12 +72,27 @@ SMEM_BYTES = BAR_OFF + 2 * 8  # 230416 of the H200's 232448
 # 8 rows.
 CHUNK_STEP = NTHREADS // 8  # 32
 RESCALE_SLACK = 8.0  # log2 units the running max may lag the true one (see the softmax)
+# FP8 rows ("e4m3": 576 codes; cp.async tiles only): one KV buffer, and two stages of the next
+# tiles' rows as they are, 592 bytes apart (576 + 16: the 8-byte reads of 8 rows at one
+# column fall in 8 different groups of 4 banks), converted into the KV buffer by all threads
+# at the top of each tile. Then P, red; no mbarriers. The output is staged over Q and KV.
+RAW_PITCH = 592
+RAW_BYTES = BLOCK_N * RAW_PITCH  # one stage (37888)
+FP8_RAW_OFF = KV_OFF + ROWS_BYTES
+FP8_P_OFF = FP8_RAW_OFF + 2 * RAW_BYTES
+FP8_RED_OFF = FP8_P_OFF + BLOCK_M * BLOCK_N * 2
+FP8_SMEM_BYTES = FP8_RED_OFF + 2 * 2 * BLOCK_M * 4  # 232448: all a block may take on an H200
+CONVERT_BATCH = 3  # units of 8 rows x 4 chunks a thread loads before converting and storing
 NS = KEYS_PER_WG // 2  # score accumulators per thread (16)
 NO = DIMS_PER_WG // 2  # output accumulators per thread (128)
 
 
+def smem_bytes(fp8=None):
+    return FP8_SMEM_BYTES if fp8 else SMEM_BYTES
+
+
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads, store, tma, key_count=None):
+                          fold_scale, heads, store, tma, key_count=None, fp8=None):
     """The stage-1 tensor-core kernel for one configuration; arguments as for the FMA kernel
     (see factory.py), ``tag`` "bf16" or "f16"; ``tma``: tiles copied by the copy engine (the
     caller makes sure a 64-key tile aligned to 64 keys lies in one page). ``store`` converts
@@ -103,6 +120,62 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                           align=BLOCK_N if tma else 1, key_count=key_count)
     first_tiles = make_partition_walk(key_tiles, next_tile)
     tma_box = ptx.tma_load(BLOCK_M, BOX, True)
+    FP8 = fp8 is not None
+    assert not FP8 or (fp8 == "e4m3" and not tma)
+    # FP8: P and red after the raw stages; the output staged over Q and KV (KV's 2 buffers
+    # otherwise)
+    P_AT, RED_AT, O_AT = (FP8_P_OFF, FP8_RED_OFF, Q_OFF) if FP8 else (P_OFF, RED_OFF, KV_OFF)
+    e4m3x4_to_16 = ptx.e4m3x4_to_bf16x4 if tag == "bf16" else ptx.e4m3x4_to_f16x4
+    UNITS = BLOCK_N // 8 * CHUNKS // 4 // (NTHREADS // 32)  # a warp's units of a tile (18)
+    assert UNITS % CONVERT_BATCH == 0
+
+    @cuda.jit(device=True)
+    def issue_raw(smk, dst, storage, block_table, page_size, b, k0, k1, tid):
+        """Start copying the FP8 rows of keys [k0, k1) as they are into the raw stage at
+        byte ``dst`` (zeros past k1; RAW_PITCH bytes a row): thread t copies 16-byte pieces
+        t//8 and (t//8 < 4) 32 + t//8 of rows 8*g + t%8, g = 0..7 (36 pieces a row; eight
+        consecutive threads write 8 rows' pieces into 8 different groups of banks)."""
+        pgs = cuda.local.array(8, int32)
+        sls = cuda.local.array(8, int32)
+        npages = storage.shape[0]
+        for g in range(8):
+            pgs[g], sls[g] = locate(block_table, page_size, npages, b,
+                                    min(k0 + 8 * g + tid % 8, k1 - 1))
+        c = tid // 8
+        for g in range(8):
+            n = 8 * g + tid % 8
+            row = ptx.global_addr(storage, pgs[g], sls[g], 0)
+            ptx.cp_async16_at(smk, dst + n * RAW_PITCH + 16 * c, row + 16 * c, k0 + n < k1)
+            if c < D_QK // 16 - CHUNK_STEP:
+                ptx.cp_async16_at(smk, dst + n * RAW_PITCH + 16 * (CHUNK_STEP + c),
+                                  row + 16 * (CHUNK_STEP + c), k0 + n < k1)
+        ptx.cp_async_commit()
+
+    @cuda.jit(device=True)
+    def convert_raw(smk, raw, kv, tid):
+        """The raw stage at byte ``raw`` into the KV buffer at ``kv`` as 16-bit values (the
+        codes exactly, in the no-swizzle layout: chunk c of 8 values of row n at
+        c*1024 + n*16). A warp converts a unit of 8 rows x 4 chunks at a time, lane l row
+        l % 8 and chunk l // 8 of it (an 8-byte load of 8 codes, a 16-byte store): the loads
+        of each half warp and the stores of each quarter warp meet no bank conflict. Warp w
+        takes units w, w + 8, ...; CONVERT_BATCH units' loads go out before their
+        conversions and stores (shared-memory accesses keep their order)."""
+        warp, lane = tid // 32, tid % 32
+        lo = cuda.local.array(CONVERT_BATCH, int32)
+        hi = cuda.local.array(CONVERT_BATCH, int32)
+        for u0 in range(0, UNITS, CONVERT_BATCH):
+            for j in range(CONVERT_BATCH):
+                unit = warp + (NTHREADS // 32) * (u0 + j)
+                n = 8 * (unit % 8) + lane % 8
+                c = 4 * (unit // 8) + lane // 8
+                lo[j], hi[j] = ptx.lds64(smk, raw + n * RAW_PITCH + 8 * c)
+            for j in range(CONVERT_BATCH):
+                unit = warp + (NTHREADS // 32) * (u0 + j)
+                n = 8 * (unit % 8) + lane % 8
+                c = 4 * (unit // 8) + lane // 8
+                a0, a1 = e4m3x4_to_16(lo[j])
+                a2, a3 = e4m3x4_to_16(hi[j])
+                ptx.sts128(smk, kv + c * COL_BYTES + n * 16, a0, a1, a2, a3)
 
     @cuda.jit(device=True)
     def copy_row(smk, dst, row, valid, tid):
@@ -220,9 +293,20 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     r = r0 + n if valid else r0
                     copy_row(smk, sb + Q_OFF + n * 16,
                              ptx.global_addr(q, row0 + r // H, r % H, 0), valid, tid)
-                issue_tile(smk, sb + KV_OFF, storage, block_table, page_size, b, k0,
-                           min(k0 + BLOCK_N, kend), tid)
-                ptx.cp_async_commit()
+                if FP8:  # the first two tiles' rows, one group each (an empty one if none)
+                    issue_raw(smk, sb + FP8_RAW_OFF, storage, block_table, page_size, b, k0,
+                              min(k0 + BLOCK_N, kend), tid)
+                    t_second = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+                    if t_second < t_end:
+                        k0s = kstart + t_second * BLOCK_N
+                        issue_raw(smk, sb + FP8_RAW_OFF + RAW_BYTES, storage, block_table,
+                                  page_size, b, k0s, min(k0s + BLOCK_N, kend), tid)
+                    else:
+                        ptx.cp_async_commit()
+                else:
+                    issue_tile(smk, sb + KV_OFF, storage, block_table, page_size, b, k0,
+                               min(k0 + BLOCK_N, kend), tid)
+                    ptx.cp_async_commit()
 
         # This thread's two rows of every fragment ("halves"): m = 16*warp + lane//4 (+ 8).
         m_run = cuda.local.array(2, float32)  # running max, log2 units
@@ -235,11 +319,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         s_acc = cuda.local.array(NS, float32)
         o_acc = cuda.local.array(NO, float32)
         zero_o(o_acc)
-        qscale = float32(scale * LOG2E)
+        sm_scale, kv_scale = float32(scale.real), float32(scale.imag)
+        folded = kv_scale if FP8 else float32(1.0)  # FP8: the scale the tiles leave out
+        qscale = float32(sm_scale * LOG2E)
         dq = desc_rows(sb + Q_OFF)  # the queries' and P's descriptors (advanced by constants)
-        dp = desc_p(sb + P_OFF)
+        dp = desc_p(sb + P_AT)
 
         buf = 0
+        fs = 0  # FP8: this tile's raw stage (bytes from the first)
         phases = 0  # bit i: parity of KV buffer i's next mbarrier phase
         # No wgmma wait sits in a run-time branch that rejoins, and the loop is left only by
         # its break, after the last wait: at a join where one path waited for a product and
@@ -251,7 +338,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 k0 = kstart + t * BLOCK_N
                 k1 = min(k0 + BLOCK_N, kend)
                 cls = mask_classify(k0, k1, q_lo, q_hi)
-                kv = sb + KV_OFF + buf * ROWS_BYTES
+                kv = sb + KV_OFF + buf * ROWS_BYTES  # (FP8: one buffer, buf stays 0)
                 t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
                 k0n = kstart + t_next * BLOCK_N
                 if tma and t_next < t_end:  # looked up now: the load's latency hides under S
@@ -262,13 +349,30 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     phases ^= 1 << buf
                     if k1 - k0 < BLOCK_N:
                         zero_rows(smk, kv, k1 - k0, tid)
+                elif FP8:
+                    ptx.cp_async_wait_one()  # this tile's rows (the next tile's may fly)
+                    # Every thread's pieces of them are in place, and every warpgroup is done
+                    # with the KV buffer (its P V waited for at the end of the last tile).
+                    cuda.syncthreads()
+                    convert_raw(smk, sb + FP8_RAW_OFF + fs, kv, tid)
                 else:
                     ptx.cp_async_wait_all()
                 if not tma or k1 - k0 < BLOCK_N:
                     ptx.fence_proxy_async()
-                    # This tile's copies (cp.async) or zeroed rows are visible to every thread
-                    # (a TMA tile is, through its mbarrier).
+                    # This tile's copies (cp.async), converted rows or zeroed rows are visible
+                    # to every thread (a TMA tile is, through its mbarrier).
                     cuda.syncthreads()
+                if FP8:  # the rows of the tile after the next into the stage just converted
+                    t_after = t_end
+                    if t_next < t_end:
+                        t_after = next_tile(t_next + 1, t_end, kstart, kend, q_lo, q_hi)
+                    if t_after < t_end:
+                        k0a = kstart + t_after * BLOCK_N
+                        issue_raw(smk, sb + FP8_RAW_OFF + fs, storage, block_table, page_size,
+                                  b, k0a, min(k0a + BLOCK_N, kend), tid)
+                    else:
+                        ptx.cp_async_commit()  # (empty: one wait_group 1 fits every tile)
+                    fs = RAW_BYTES - fs
 
                 # -- S = Q K^T over this warpgroup's 32 keys; with TMA, issued behind the previous
                 # tile's P V (the tensor cores run both back to back; the wait covers both) --
@@ -288,7 +392,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         mma_s(s_acc, smk, ptx.desc_advance(dq, 2 * COL_BYTES * kk),
                               ptx.desc_advance(dk, 2 * COL_BYTES * kk), kk, wtid)
                 ptx.wgmma_commit()
-                if not tma and t_next < t_end:  # cp.async: the copies go out under the product
+                if not tma and not FP8 and t_next < t_end:  # cp.async: copies under the product
                     issue_tile(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, storage, block_table,
                                page_size, b, k0n, min(k0n + BLOCK_N, kend), tid)
                     ptx.cp_async_commit()
@@ -315,16 +419,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                             k = k0 + KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
                             s = float32(NEG_INF)
                             if m < nrows and k < k1:
-                                s = log2_score(s_acc[i], qscale, scale, cls, b, h, iq, q_pos, k,
-                                               bias)
+                                s = log2_score(s_acc[i] * folded, qscale, sm_scale, cls, b, h,
+                                               iq, q_pos, k, bias)
                             s_acc[i] = s
                             row_max = max(row_max, s)
                     for o in (1, 2):  # the four lanes of a quad share a row
                         row_max = max(row_max, ptx.shfl_xor(row_max, o, tid))
                     mx[half] = row_max
                 if lane % 4 == 0:
-                    smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(0, wtid)] = mx[0]
-                    smf[RED_OFF // 4 + wg * BLOCK_M + ptx.acc_row(2, wtid)] = mx[1]
+                    smf[RED_AT // 4 + wg * BLOCK_M + ptx.acc_row(0, wtid)] = mx[0]
+                    smf[RED_AT // 4 + wg * BLOCK_M + ptx.acc_row(2, wtid)] = mx[1]
                 # The tile after next will land in this buffer: announced before the barrier
                 # below, which every copy into it follows and every wait for this tile precedes.
                 if tma and tid == 0 and t_next < t_end:
@@ -337,7 +441,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 for half in range(2):
                     m = ptx.acc_row(2 * half, wtid)
                     m_old = m_run[half]
-                    m_new = max(m_old, max(smf[RED_OFF // 4 + m], smf[RED_OFF // 4 + BLOCK_M + m]))
+                    m_new = max(m_old, max(smf[RED_AT // 4 + m], smf[RED_AT // 4 + BLOCK_M + m]))
                     # The reference max moves only when the row's max passes it by more than
                     # RESCALE_SLACK (or it was -inf, or the max is NaN): P then stays below
                     # 2^RESCALE_SLACK (exact either way: O, the sum and the LSE all use the
@@ -353,7 +457,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         p1 = math.exp2(s_acc[i + 1] - m_ref)
                         l_run[half] += p0 + p1
                         n = KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
-                        ptx.sts32(smk, sb + P_OFF + (m // 8) * P_GROUP + (n // 8) * 128
+                        ptx.sts32(smk, sb + P_AT + (m // 8) * P_GROUP + (n // 8) * 128
                                   + (m % 8) * 16 + (n % 8) * 2, pack(p0, p1))
                 if alpha[0] != float32(1.0) or alpha[1] != float32(1.0):  # per lane: a warp
                     scale_o(o_acc, alpha[0], alpha[1])  # skips it when none of its rows moved
@@ -380,7 +484,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     if tma:  # (else waited for under the next tile's S)
                         wait_o(o_acc)
                     break
-                buf = 1 - buf
+                if not FP8:
+                    buf = 1 - buf
                 t = t_next
 
         # -- the row sums of both warpgroups, then the partition's output and LSE --
@@ -393,26 +498,27 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         cuda.syncthreads()
         # Stage O (fp32, row-major [64][512]) over the KV buffers, so the global writes below
         # are whole rows; the running max and both warpgroups' sums go to ``red``.
-        store_o(o_acc, smf, sb + KV_OFF + 4 * (ptx.acc_row(0, wtid) * D_V + DIMS_PER_WG * wg
+        store_o(o_acc, smf, sb + O_AT + 4 * (ptx.acc_row(0, wtid) * D_V + DIMS_PER_WG * wg
                                                + ptx.acc_col(0, wtid)), 4 * D_V)
         if lane % 4 == 0:
             for half in range(2):
                 m = ptx.acc_row(2 * half, wtid)
-                smf[RED_OFF // 4 + (2 + wg) * BLOCK_M + m] = l_run[half]
+                smf[RED_AT // 4 + (2 + wg) * BLOCK_M + m] = l_run[half]
                 if wg == 0:
-                    smf[RED_OFF // 4 + m] = m_run[half]
+                    smf[RED_AT // 4 + m] = m_run[half]
         # The staged output, maxima and sums are in place.
         cuda.syncthreads()
         # One thread a row: the row's LSE, and 1/sum (0 for a row without kept keys; NaN
         # scores give NaN, not empty) in place of warpgroup 0's sum, for the stores below.
         if tid < nrows:
             r = r0 + tid
-            lsum = smf[RED_OFF // 4 + 2 * BLOCK_M + tid] + smf[RED_OFF // 4 + 3 * BLOCK_M + tid]
+            lsum = smf[RED_AT // 4 + 2 * BLOCK_M + tid] + smf[RED_AT // 4 + 3 * BLOCK_M + tid]
             empty = lsum == 0.0
             part_lse[row0 + r // H, r % H, p] = (
                 float32(NEG_INF) if empty
-                else (smf[RED_OFF // 4 + tid] + math.log2(lsum)) * float32(LN2))
-            smf[RED_OFF // 4 + 2 * BLOCK_M + tid] = float32(0.0) if empty else ptx.rcp(lsum)
+                else (smf[RED_AT // 4 + tid] + math.log2(lsum)) * float32(LN2))
+            smf[RED_AT // 4 + 2 * BLOCK_M + tid] = (float32(0.0) if empty
+                                                     else folded * ptx.rcp(lsum))
         # Every row's 1/sum is in place.
         cuda.syncthreads()
         # A warp a row (rows w, w + 8, ...): each row's index arithmetic is done by one warp,
@@ -422,8 +528,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             r = uint64(r0 + m)
             t_row = uint64(row0) + r // uint64(H)
             h = r % uint64(H)
-            inv = smf[uint64(RED_OFF // 4 + 2 * BLOCK_M + m)]
-            src = uint64(KV_OFF // 4 + m * D_V)
+            inv = smf[uint64(RED_AT // 4 + 2 * BLOCK_M + m)]
+            src = uint64(O_AT // 4 + m * D_V)
             for j in range(D_V // 32):
                 d = uint64(lane + 32 * j)
                 part_out[t_row, h, uint64(p), d] = store(smf[src + d] * inv)

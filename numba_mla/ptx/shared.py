@@ -9,7 +9,7 @@
 - ``lds64(arr, addr)``, ``lds128(arr, addr)``: two or four consecutive elements of ``arr``
   (float32 or int32) in one 8- or 16-byte load (``ld.shared.v2``/``.v4``; addr aligned to
   the load's size). Lanes at one address share a broadcast. ``sts128(arr, addr, v0, v1,
-  v2, v3)`` stores four floats at a 16-byte aligned ``addr`` of a float32 shared array;
+  v2, v3)`` stores four floats (or four int32 words) at a 16-byte aligned ``addr``;
   ``sts64(arr, addr, v0, v1)`` two int32 values at an 8-byte aligned ``addr`` of an int32 one.
 - ``global_addr(src, i0, i1, i2)``: the global address of ``src[i0, i1, i2]`` (an int64 on
   the GPU). ``cp_async16_at(arr, addr, gaddr, valid)`` starts copying the 16 bytes at
@@ -137,11 +137,15 @@ def _sts128_twin(arr, addr, v0, v1, v2, v3):
 
 @intrinsic_with_twin(_sts128_twin)
 def sts128(typingctx, arr, addr, v0, v1, v2, v3):
+    # four floats, or four int32 words (their bits, as they are) where v0 is an integer
+    integer = isinstance(v0, types.Integer)
+    ty, nty, c = (i32, types.int32, "r") if integer else (f32, types.float32, "f")
+
     def cg(ctx, b, sig, args):
-        xs = [ctx.cast(b, x, t, types.float32) for x, t in zip(args[2:], sig.args[2:])]
-        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32] + [f32] * 4),
-                           "st.shared.v4.f32 [$0], {$1, $2, $3, $4};",
-                           "r,f,f,f,f,~{memory}", side_effect=True)
+        xs = [ctx.cast(b, x, t, nty) for x, t in zip(args[2:], sig.args[2:])]
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32] + [ty] * 4),
+                           f"st.shared.v4.{'b32' if integer else 'f32'} [$0], {{$1, $2, $3, $4}};",
+                           f"r,{c},{c},{c},{c},~{{memory}}", side_effect=True)
         b.call(asm, [addr32(ctx, b, args[1], sig.args[1])] + xs)
         return ctx.get_dummy_value()
 
