@@ -2,7 +2,7 @@
 representative set of configurations, and print a summary table.
 
 Usage (on a GPU machine):  python scripts/sanitize.py [--tools memcheck,racecheck] [--out FILE]
-                                                     [--backend mma]
+                                                     [--backend mma] [--fp8]
 Each tool runs the whole case list in one child process (``--cases``), checked against the
 reference so that a sanitizer-clean wrong answer still fails.
 """
@@ -47,9 +47,10 @@ _FP8_SHAPES = [
 ]
 CASES += [(backend, *c) for backend in ("simt", "mma_sync", "simple", "warpsplit")
           for c in _FP8_SHAPES]
+CASES += [("mma", *c) for c in _FP8_SHAPES if c[-1] == "e4m3"]  # (wgmma: "e4m3" rows only)
 
 
-def run_cases(only=None):
+def run_cases(only=None, fp8_only=False):
     import numpy as np
 
     import numba_mla as nm
@@ -59,7 +60,7 @@ def run_cases(only=None):
     rng = np.random.default_rng(0)
     bad = 0
     for backend, B, H, L, Sq, dt, cache, page, mask, P, ragged, *kv in CASES:
-        if only and backend != only:
+        if (only and backend != only) or (fp8_only and not kv):
             continue
         lengths = testing.random_lengths(rng, B, Sq, L)
         lengths[-1] = L
@@ -93,16 +94,18 @@ def main():
     ap.add_argument("--out", default=None, help="also write the summary here")
     ap.add_argument("--backend", default=None, choices=BACKENDS,
                     help="only this backend's cases")
+    ap.add_argument("--fp8", action="store_true", help="only the FP8 cases")
     args = ap.parse_args()
     if args.cases:
-        sys.exit(1 if run_cases(args.backend) else 0)
+        sys.exit(1 if run_cases(args.backend, args.fp8) else 0)
     env = dict(os.environ, NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS="0", PYTHONUNBUFFERED="1")
     rows = []
     for tool in args.tools.split(","):
         t0 = time.time()
         cmd = ["compute-sanitizer", "--tool", tool, "--target-processes", "all",
                sys.executable, __file__, "--cases"] + (
-                   ["--backend", args.backend] if args.backend else [])
+                   ["--backend", args.backend] if args.backend else []) + (
+                   ["--fp8"] if args.fp8 else [])
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         text = r.stdout + r.stderr
         # memcheck/synccheck/initcheck: "ERROR SUMMARY: N errors";
