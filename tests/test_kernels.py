@@ -377,7 +377,7 @@ def test_mma_copy_path(cache_kind, page_size, tma, rng, monkeypatch):
     build, build_seesaw = factory.mma_partition_kernel, factory.seesaw_partition_kernel
 
     def recording(*args):
-        chosen.append(args[-1])
+        chosen.append(args[6])  # (mask, score_mod, tag, cache_cls, heads, direct, tma, fp8)
         return build(*args)
 
     def recording_seesaw(*args):
