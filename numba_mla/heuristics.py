@@ -58,20 +58,22 @@ def mma_sync_block_m(rows, limit=None, fp8=None):
 
 def mma_sync_fits(block_m, fp8=None, limit=None):
     """``(staged, fits)`` of the warp tensor-core kernel's block of ``block_m`` rows: the
-    stages of FP8 rows copied as they are by ``cp.async`` and converted in shared memory, as
-    many as fit (2: the next two tiles' copies in flight while this one is converted and
-    multiplied, 187-197 KB at 32 rows, an H100/H200; 1: the next tile's copy in flight while
-    this one is multiplied, 151-156 KB at 32 rows, 130-135 at 16; an A100 would take one, but
-    FP8 needs sm_89), else 0: loaded and converted by the warps (an Ada GPU's 99 KB, no copy in
-    flight); and whether the block fits the shared memory a block may take (``limit``, default
-    the current device's)."""
+    stages of FP8 rows copied as they are by ``cp.async`` and converted in shared memory (2 for
+    "e4m3" rows where they fit: the next two tiles' copies in flight while this one is
+    converted and multiplied, 187 KB at 32 rows, an H100/H200; else 1: the next tile's copy in
+    flight while this one is multiplied, 151-156 KB at 32 rows, 130-135 at 16; an A100 would
+    take one, but FP8 needs sm_89), else 0: loaded and converted by the warps (an Ada GPU's
+    99 KB, no copy in flight); and whether the block fits the shared memory a block may take
+    (``limit``, default the current device's). (On the H200 two stages took the time of one
+    for "e4m3" rows, and without the 72-byte spill one has at 32 rows and 16 heads; "v32" rows
+    took 9-11% longer with two: docs/fp8.md.)"""
     from .kernels import mma_sync
 
     limit = smem_per_block() if limit is None else limit
     staged = 0
     if fp8 is not None:
-        staged = max((n for n in (1, 2) if mma_sync.smem_bytes(block_m, fp8, n) <= limit),
-                     default=0)
+        staged = max((n for n in ((1, 2) if fp8 == "e4m3" else (1,))
+                      if mma_sync.smem_bytes(block_m, fp8, n) <= limit), default=0)
     return staged, mma_sync.smem_bytes(block_m, fp8, staged) <= limit
 
 

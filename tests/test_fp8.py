@@ -284,8 +284,8 @@ def spy_mma_sync_staged(monkeypatch, smem_per_block=None, shapes=None):
     ("e4m3", "contiguous", "window3", "softcap", 101376, "mma_sync"),
     ("v32", "paged16", "causal", "alibi", 101376, "mma_sync")])
 def test_fp8_mma_sync_kernel(layout, cache, mask_id, mod_id, smem, backend, rng, monkeypatch):
-    """The warp tensor-core kernel (backend "mma_sync", and "auto"'s choice for FP8 caches)
-    converts FP8 rows to q's 16-bit type: copied as they are into shared memory and converted
+    """The warp tensor-core kernel (backend "mma_sync", and "auto"'s choice for FP8 caches up
+    to 16 query rows a sequence) converts FP8 rows to q's 16-bit type: copied as they are into shared memory and converted
     there where a block has room (an H100/H200 and the simulator: the 32-row block; ``smem``
     140000: a device that takes only the 16-row one), else (``smem`` 101376: an Ada GPU's
     99 KB a block) loaded and converted by the warps; split-K in 2 partitions beside an empty
@@ -347,6 +347,19 @@ def test_fp8_mma_kernel(dtype, cache, lengths, window, parts, rng, monkeypatch):
     p = fp8_problem(rng, "e4m3", len(lengths), 1, 3, lengths, dtype, cache)
     check(p, nm.SlidingWindowCausalMask(window), nm.IdentityScoreMod(), parts, "mma")
     assert seen and set(seen) == {(False, "e4m3")}  # cp.async tiles, FP8 rows
+
+
+def test_auto_takes_wgmma_for_e4m3_past_16_rows(rng):
+    """"auto" on an FP8 cache: the wgmma kernel for "e4m3" rows where a sequence has more
+    than 16 query rows, the warp tensor-core kernel at 16 or fewer and for "v32" rows (the
+    simulator stands for an sm_90 GPU); nothing is launched."""
+    from numba_mla import checks, launch
+
+    for layout, Sq, H, want in (("e4m3", 1, 20, "mma"), ("e4m3", 2, 16, "mma"),
+                                ("e4m3", 1, 16, "mma_sync"), ("v32", 1, 20, "mma_sync")):
+        p = fp8_problem(rng, layout, 1, Sq, H, [40], BF16, "paged16")
+        call = checks.check_decode(p.q, p.cache, p.scale, None, None, None, False, None, "auto")
+        assert launch.Plan(call).spec.backend == want, (layout, Sq, H)
 
 
 @KERNEL

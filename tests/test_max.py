@@ -248,8 +248,11 @@ def test_mma_sync_config_fits_the_device(rng, monkeypatch):
     Ada-sized one neither it nor the FMA kernel's (208 KB) runs 32 rows of FP8, so ``"auto"``
     refuses that config by name too; FP8 rows staged through shared memory run
     two tiles in flight at 16 rows too (``num_pipeline_stages=2`` is honoured there, 1 only
-    where they are loaded by the warps)."""
+    where they are loaded by the warps; "v32" rows, which "auto" gives this kernel at any
+    rows); "e4m3" rows take two raw stages, three tiles in flight (3), or one when the config
+    asks for 2."""
     from numba_mla import heuristics
+    from numba_mla.kernels import mma_sync
 
     p = make_problem(rng, 1, 1, 20, [40], BF16, "contiguous")  # 20 query rows
     monkeypatch.setattr(heuristics, "smem_per_block", lambda: 166912)  # an A100's
@@ -259,7 +262,7 @@ def test_mma_sync_config_fits_the_device(rng, monkeypatch):
     assert _spec(p, None, "mma_sync").block_m == 16
 
     for H, rows in ((20, 32), (16, 32)):  # (FP8 staged: 32 rows at 16 too)
-        pf = with_fp8_cache(dataclasses.replace(p, q=p.q[:, :, :H]), "e4m3")
+        pf = with_fp8_cache(dataclasses.replace(p, q=p.q[:, :, :H]), "v32")
         monkeypatch.setattr(heuristics, "smem_per_block", lambda: 232448)  # an H200's
         spec = _spec(pf, nm.MHAConfig(num_pipeline_stages=2))  # "auto": mma_sync for FP8
         assert (spec.backend, spec.block_m) == ("mma_sync", rows)
@@ -269,6 +272,11 @@ def test_mma_sync_config_fits_the_device(rng, monkeypatch):
         with pytest.raises(ValueError, match=r"^config\.num_queries_per_block: the FMA kernel"):
             _spec(pf, nm.MHAConfig(num_queries_per_block=32))
         assert _spec(pf, nm.MHAConfig(num_pipeline_stages=1)).backend == "mma_sync"
+    pf = with_fp8_cache(p, "e4m3")
+    monkeypatch.setattr(heuristics, "smem_per_block", lambda: 232448)
+    for stages, raw in ((None, 2), (3, 2), (2, 1)):
+        spec = _spec(pf, nm.MHAConfig(num_pipeline_stages=stages), "mma_sync")
+        assert (spec.backend, spec.smem) == ("mma_sync", mma_sync.smem_bytes(32, "e4m3", raw))
 
 
 @KERNEL
