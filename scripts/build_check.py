@@ -269,10 +269,11 @@ def main():
                 heads, direct, layout, staged)
                for layout, tag in (("e4m3", "bf16"), ("v32", "f16")) for direct in (False, True)
                for rows, heads in ((16, 16), (32, 20)) for staged in (0, 1, 2)]
-    # ... and as the H200 runs the FP8 benchmark (sm_90, 16 heads in the 32-row block, two
-    # stages; one stage spilled there, 72 bytes at 3cd4672)
+    # ... and as the H200 runs the FP8 benchmark's "e4m3" rows (sm_90, 16 heads in the 32-row
+    # block, two stages; one stage spills there, 72 bytes at 3cd4672, as "v32" rows' one
+    # stage does, 84 bytes: they run it, two stages being slower)
     builds += [((9, 0), nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 32, 16,
-                False, layout, 2) for layout in ("e4m3", "v32")]
+                False, "e4m3", 2)]
     for cc, mask, mod, tag, cache, block_m, heads, direct, layout, staged in builds:
         kern = factory.mma_sync_partition_kernel(mask, mod, tag, cache, block_m, heads, direct,
                                                  layout, True, staged)
