@@ -328,13 +328,16 @@ def test_fp8_mma_sync_two_raw_stages(block_m, H, window, parts, rng, monkeypatch
 
 @KERNEL
 @pytest.mark.parametrize("dtype,cache,lengths,window,parts", [
-    (BF16, "contiguous", [200], 100, 1), (np.float16, "paged16", [0, 330], 100, 2)])
+    (BF16, "paged96", [200], 100, 1), (np.float16, "paged16", [0, 330], 100, 2)])
 def test_fp8_mma_kernel(dtype, cache, lengths, window, parts, rng, monkeypatch):
     """The wgmma kernel (backend "mma") on "e4m3" rows: copied as they are by cp.async (also
     where the cache would give TMA tiles), two tiles ahead, and converted into its KV buffer
-    at the top of each tile; the cache's scale multiplies the scores and the output. A window
-    keeps 3 tiles after a skipped one (the first two copy the tile after the next, the last
-    finds none); split in two beside an empty sequence (GPU: in CI, the first case)."""
+    a group of dims at a time under the S steps of the group before; the cache's scale
+    multiplies the scores and the output. A window keeps 3 tiles after a skipped one (the
+    first two copy the tile after the next, the last finds none); with pages of 96 keys the
+    first kept tile straddles two pages (a lookup a row) and the other two lie in one (one
+    lookup a tile). Split in two beside an empty sequence, pages of 16 (GPU: in CI, the
+    first case)."""
     from numba_mla import factory
 
     seen, real = [], factory.mma_partition_kernel
@@ -493,14 +496,15 @@ def test_device_quantizer_matches_host_gpu(layout, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["simt", "mma_sync"])
-@pytest.mark.parametrize("layout", ["e4m3", "v32"])
+@pytest.mark.parametrize("backend,layout", [
+    ("simt", "e4m3"), ("simt", "v32"), ("mma_sync", "e4m3"), ("mma_sync", "v32"),
+    ("mma", "e4m3")])
 @pytest.mark.parametrize("cache", ["contiguous", "paged16", "paged64"])
 def test_fp8_kernel_every_mask_and_mod_gpu(layout, cache, backend, rng):
     """Every mask and every score mod over an FP8 cache. Their whole cross product is
     test_kernels' (the FP8 row load is independent of them, and each pair is a kernel to
     compile: the product here took minutes a case); each parameter set pairs them with its
-    own offset, so the twelve sets together meet many pairs."""
+    own offset, so the fifteen sets together meet many pairs."""
     shift = ("contiguous", "paged16", "paged64").index(cache) + 3 * ("e4m3", "v32").index(layout)
     for i in range(max(len(MASK_CASES), len(SCORE_MOD_CASES))):
         j, k = i % len(MASK_CASES), (i + shift) % len(SCORE_MOD_CASES)

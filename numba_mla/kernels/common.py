@@ -77,6 +77,23 @@ def make_read_pair(unpack, fp8):
     return read_pair
 
 
+def make_tile_run(locate):
+    """``tile_run(block_table, page_size, npages, b, k0, k1)`` -> ``(page, slot, run)``: where
+    key k0 of sequence b lies, and whether keys [k0, k1) lie in consecutive slots of that one
+    page (then key k0 + n is at slot + n, and a tile's copy needs no lookup a row). Both ends
+    are looked up: the slots step by one from the first key to the last only within one page
+    of a paged cache, and only where no clamp (capacity, table width) moved the last, so the
+    rows found this way are the rows ``locate`` finds one by one."""
+
+    @cuda.jit(device=True, **INLINE)
+    def tile_run(block_table, page_size, npages, b, k0, k1):
+        page, slot = locate(block_table, page_size, npages, b, k0)
+        page1, slot1 = locate(block_table, page_size, npages, b, k1 - 1)
+        return page, slot, page1 == page and slot1 - slot == k1 - 1 - k0
+
+    return tile_run
+
+
 def make_tile_walk(mask_classify, mask_key_range, block_n, heads, align=1, key_count=None):
     """Device functions over key tiles of ``block_n`` keys:
 

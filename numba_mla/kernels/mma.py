@@ -29,7 +29,8 @@ Per tile:
   1. S = Q K^T: warpgroup w computes the 64 rows x its 32 keys (36 wgmma m64n32k16 over 576);
   2. mask / score mod on the fragment; row maxima exchanged between the warpgroups through
      ``red``, so both keep the same running max (a reference that moves only when the max
-     passes it by more than RESCALE_SLACK); P = exp2(S - max) written to shared memory;
+     passes it by more than RESCALE_SLACK); P = exp2(S - max) written to shared memory in
+     16 bits, and the row sums taken over P as written;
   3. O = alpha * O + P V (alpha = 1, no rescale, while the reference stays): warpgroup w
      owns output dims [256w, 256w+256) (4 wgmma m64n256k16 over the 64 keys), V read from
      the same tile as K: viewed MN-major (wgmma transposes it).
@@ -44,9 +45,9 @@ import math
 from numba import cuda, float32, int32, uint64
 
 from .. import ptx
-from .._compat import JIT_OPTIONS
+from .._compat import INLINE, JIT_OPTIONS
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_walk, mark_empty)
+                     make_tile_run, make_tile_walk, mark_empty)
 
 BLOCK_M = 64  # query rows per block: wgmma's M
 BLOCK_N = 64  # keys per tile
@@ -74,15 +75,18 @@ CHUNK_STEP = NTHREADS // 8  # 32
 RESCALE_SLACK = 8.0  # log2 units the running max may lag the true one (see the softmax)
 # FP8 rows ("e4m3": 576 codes; cp.async tiles only): one KV buffer, and two stages of the next
 # tiles' rows as they are, 592 bytes apart (576 + 16: the 8-byte reads of 8 rows at one
-# column fall in 8 different groups of 4 banks), converted into the KV buffer by all threads
-# at the top of each tile. Then P, red; no mbarriers. The output is staged over Q and KV.
+# column fall in 8 different groups of 4 banks), converted into the KV buffer at the top of
+# each tile, each warpgroup its own keys' rows, a group of dims at a time under the S steps
+# of the group before. Then P, red; no mbarriers. The output is staged over Q and KV.
 RAW_PITCH = 592
 RAW_BYTES = BLOCK_N * RAW_PITCH  # one stage (37888)
 FP8_RAW_OFF = KV_OFF + ROWS_BYTES
 FP8_P_OFF = FP8_RAW_OFF + 2 * RAW_BYTES
 FP8_RED_OFF = FP8_P_OFF + BLOCK_M * BLOCK_N * 2
 FP8_SMEM_BYTES = FP8_RED_OFF + 2 * 2 * BLOCK_M * 4  # 232448: all a block may take on an H200
-CONVERT_BATCH = 3  # units of 8 rows x 4 chunks a thread loads before converting and storing
+CONVERT_BATCH = 6  # units of 8 rows x 4 chunks a thread loads before converting and storing
+CONVERT_GROUPS = 3  # a tile's conversion in 3 groups of 192 dims, each followed by its S steps
+RAW_PIECES = D_QK // 16  # 16-byte pieces of a raw row (36)
 NS = KEYS_PER_WG // 2  # score accumulators per thread (16)
 NO = DIMS_PER_WG // 2  # output accumulators per thread (128)
 
@@ -112,6 +116,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         desc_v = ptx.wgmma_desc(128, COL_BYTES)  # MN-major; 8 keys (K) 128 B apart, chunks (N) 1 KB
     desc_p = ptx.wgmma_desc(128, P_GROUP)  # P: K-major, 64 keys a row
     pack = ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2
+    unpack = ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32
     zero_o = ptx.acc_zero(NO)
     scale_o = ptx.acc_scale(NO)
     store_o = ptx.acc_store(NO)
@@ -119,63 +124,89 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           align=BLOCK_N if tma else 1, key_count=key_count)
     first_tiles = make_partition_walk(key_tiles, next_tile)
+    tile_run = make_tile_run(locate)
     tma_box = ptx.tma_load(BLOCK_M, BOX, True)
     FP8 = fp8 is not None
     assert not FP8 or (fp8 == "e4m3" and not tma)
     # FP8: P and red after the raw stages; the output staged over Q and KV (KV's 2 buffers
     # otherwise)
     P_AT, RED_AT, O_AT = (FP8_P_OFF, FP8_RED_OFF, Q_OFF) if FP8 else (P_OFF, RED_OFF, KV_OFF)
+    SUMS_AT = O_AT + BLOCK_M * D_V * 4  # [2][64] f32 after the staged output (Q, KV hold it)
+    assert SUMS_AT + 2 * BLOCK_M * 4 <= O_AT + 2 * ROWS_BYTES
     e4m3x4_to_16 = ptx.e4m3x4_to_bf16x4 if tag == "bf16" else ptx.e4m3x4_to_f16x4
     UNITS = BLOCK_N // 8 * CHUNKS // 4 // (NTHREADS // 32)  # a warp's units of a tile (18)
-    assert UNITS % CONVERT_BATCH == 0
+    UG = UNITS // CONVERT_GROUPS  # ... of a group (6)
+    KG = CHUNKS // 2 // CONVERT_GROUPS  # S's k16 steps over a group's dims (12)
+    assert UG * CONVERT_GROUPS == UNITS and UG % CONVERT_BATCH == 0 and CONVERT_GROUPS == 3
 
     @cuda.jit(device=True)
-    def issue_raw(smk, dst, storage, block_table, page_size, b, k0, k1, tid):
+    def issue_raw(smk, dst, storage, block_table, page_size, b, k0, k1, page, slot, run, tid):
         """Start copying the FP8 rows of keys [k0, k1) as they are into the raw stage at
-        byte ``dst`` (zeros past k1; RAW_PITCH bytes a row): thread t copies 16-byte pieces
-        t//8 and (t//8 < 4) 32 + t//8 of rows 8*g + t%8, g = 0..7 (36 pieces a row; eight
-        consecutive threads write 8 rows' pieces into 8 different groups of banks)."""
-        pgs = cuda.local.array(8, int32)
-        sls = cuda.local.array(8, int32)
+        byte ``dst`` (zeros past k1; RAW_PITCH bytes a row); ``page, slot, run``: tile_run's
+        answer for them, looked up ahead by the caller. Warpgroup w copies the rows of
+        its own keys, 32w + 8g + t % 8 (g = 0..3; t its thread), so that it alone waits for
+        them and refills them: thread t copies 16-byte pieces t // 8, 16 + t // 8 and
+        (t // 8 < 4) 32 + t // 8 of each (36 pieces a row; eight consecutive threads write 8
+        rows' pieces into 8 different groups of banks)."""
+        pgs = cuda.local.array(4, int32)
+        sls = cuda.local.array(4, int32)
         npages = storage.shape[0]
-        for g in range(8):
-            pgs[g], sls[g] = locate(block_table, page_size, npages, b,
-                                    min(k0 + 8 * g + tid % 8, k1 - 1))
-        c = tid // 8
-        for g in range(8):
-            n = 8 * g + tid % 8
+        wtid = tid % 128
+        n0 = KEYS_PER_WG * (tid // 128) + wtid % 8
+        for g in range(4):  # (one lookup a row only where the tile is not one page's run)
+            n = min(n0 + 8 * g, k1 - 1 - k0)
+            if run:
+                pgs[g], sls[g] = page, slot + n
+            else:
+                pgs[g], sls[g] = locate(block_table, page_size, npages, b, k0 + n)
+        c = wtid // 8
+        for g in range(4):
+            n = n0 + 8 * g
             row = ptx.global_addr(storage, pgs[g], sls[g], 0)
-            ptx.cp_async16_at(smk, dst + n * RAW_PITCH + 16 * c, row + 16 * c, k0 + n < k1)
-            if c < D_QK // 16 - CHUNK_STEP:
-                ptx.cp_async16_at(smk, dst + n * RAW_PITCH + 16 * (CHUNK_STEP + c),
-                                  row + 16 * (CHUNK_STEP + c), k0 + n < k1)
+            for j in range(3):
+                if j < 2 or c < RAW_PIECES - 32:
+                    ptx.cp_async16_at(smk, dst + n * RAW_PITCH + 16 * (c + 16 * j),
+                                      row + 16 * (c + 16 * j), k0 + n < k1)
         ptx.cp_async_commit()
 
     @cuda.jit(device=True)
-    def convert_raw(smk, raw, kv, tid):
+    def convert_raw(smk, raw, kv, tid, group):
         """The raw stage at byte ``raw`` into the KV buffer at ``kv`` as 16-bit values (the
         codes exactly, in the no-swizzle layout: chunk c of 8 values of row n at
-        c*1024 + n*16). A warp converts a unit of 8 rows x 4 chunks at a time, lane l row
-        l % 8 and chunk l // 8 of it (an 8-byte load of 8 codes, a 16-byte store): the loads
-        of each half warp and the stores of each quarter warp meet no bank conflict. Warp w
-        takes units w, w + 8, ...; CONVERT_BATCH units' loads go out before their
-        conversions and stores (shared-memory accesses keep their order)."""
+        c*1024 + n*16), the chunks of ``group`` (24 of the 72) of this warp's rows: warp w
+        converts rows 8w..8w+7 (so warpgroup w its own keys' rows) a unit of 8 rows x 4 chunks
+        at a time, lane l row l % 8 and chunk l // 8 of it (an 8-byte load of 8 codes, a
+        16-byte store): the loads of each half warp and the stores of each quarter warp meet
+        no bank conflict. CONVERT_BATCH units' loads go out before their conversions and
+        stores (shared-memory accesses keep their order)."""
         warp, lane = tid // 32, tid % 32
         lo = cuda.local.array(CONVERT_BATCH, int32)
         hi = cuda.local.array(CONVERT_BATCH, int32)
-        for u0 in range(0, UNITS, CONVERT_BATCH):
+        # Unit u of warp w: rows 8w + lane % 8 (the same every unit), chunk 4u + lane // 8; its
+        # addresses are the thread's first plus constants.
+        n = 8 * warp + lane % 8
+        src = raw + n * RAW_PITCH + 8 * (lane // 8)
+        dst = kv + (lane // 8) * COL_BYTES + n * 16
+        for u0 in range(group * UG, (group + 1) * UG, CONVERT_BATCH):
             for j in range(CONVERT_BATCH):
-                unit = warp + (NTHREADS // 32) * (u0 + j)
-                n = 8 * (unit % 8) + lane % 8
-                c = 4 * (unit // 8) + lane // 8
-                lo[j], hi[j] = ptx.lds64(smk, raw + n * RAW_PITCH + 8 * c)
+                lo[j], hi[j] = ptx.lds64(smk, src + 32 * (u0 + j))
             for j in range(CONVERT_BATCH):
-                unit = warp + (NTHREADS // 32) * (u0 + j)
-                n = 8 * (unit % 8) + lane % 8
-                c = 4 * (unit // 8) + lane // 8
                 a0, a1 = e4m3x4_to_16(lo[j])
                 a2, a3 = e4m3x4_to_16(hi[j])
-                ptx.sts128(smk, kv + c * COL_BYTES + n * 16, a0, a1, a2, a3)
+                ptx.sts128(smk, dst + 4 * COL_BYTES * (u0 + j), a0, a1, a2, a3)
+
+    @cuda.jit(device=True, **INLINE)
+    def convert_and_score(smk, raw, kv, dq, dk, s_acc, tid, group):
+        """Group ``group`` of this warpgroup's rows converted (convert_raw), then S's steps
+        over its dims issued, not waited for: the tensor cores run them while the warpgroup
+        converts the next group. A group's rows are its own four warps', so a warpgroup
+        barrier suffices."""
+        convert_raw(smk, raw, kv, tid, group)
+        ptx.fence_proxy_async()
+        ptx.bar_sync(1 + tid // 128, 128)  # the warpgroup's rows of the group are in place
+        for kk in range(group * KG, (group + 1) * KG):
+            mma_s(s_acc, smk, ptx.desc_advance(dq, 2 * COL_BYTES * kk),
+                  ptx.desc_advance(dk, 2 * COL_BYTES * kk), kk, tid % 128)
 
     @cuda.jit(device=True)
     def copy_row(smk, dst, row, valid, tid):
@@ -294,13 +325,17 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     copy_row(smk, sb + Q_OFF + n * 16,
                              ptx.global_addr(q, row0 + r // H, r % H, 0), valid, tid)
                 if FP8:  # the first two tiles' rows, one group each (an empty one if none)
-                    issue_raw(smk, sb + FP8_RAW_OFF, storage, block_table, page_size, b, k0,
-                              min(k0 + BLOCK_N, kend), tid)
+                    k1f = min(k0 + BLOCK_N, kend)
+                    pg, sl, run = tile_run(block_table, page_size, npages, b, k0, k1f)
+                    issue_raw(smk, sb + FP8_RAW_OFF, storage, block_table, page_size, b, k0, k1f,
+                              pg, sl, run, tid)
                     t_second = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
                     if t_second < t_end:
                         k0s = kstart + t_second * BLOCK_N
+                        k1s = min(k0s + BLOCK_N, kend)
+                        pg, sl, run = tile_run(block_table, page_size, npages, b, k0s, k1s)
                         issue_raw(smk, sb + FP8_RAW_OFF + RAW_BYTES, storage, block_table,
-                                  page_size, b, k0s, min(k0s + BLOCK_N, kend), tid)
+                                  page_size, b, k0s, k1s, pg, sl, run, tid)
                     else:
                         ptx.cp_async_commit()
                 else:
@@ -311,11 +346,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         # This thread's two rows of every fragment ("halves"): m = 16*warp + lane//4 (+ 8).
         m_run = cuda.local.array(2, float32)  # running max, log2 units
         l_run = cuda.local.array(2, float32)  # running sum over this warpgroup's keys
+        l_p = cuda.local.array(2, float32)  # ... of P as multiplied (16-bit): the output's
         alpha = cuda.local.array(2, float32)
         mx = cuda.local.array(2, float32)  # this tile's row maxima
         for half in range(2):
             m_run[half] = float32(NEG_INF)
             l_run[half] = float32(0.0)
+            l_p[half] = float32(0.0)
         s_acc = cuda.local.array(NS, float32)
         o_acc = cuda.local.array(NO, float32)
         zero_o(o_acc)
@@ -350,48 +387,67 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     if k1 - k0 < BLOCK_N:
                         zero_rows(smk, kv, k1 - k0, tid)
                 elif FP8:
-                    ptx.cp_async_wait_one()  # this tile's rows (the next tile's may fly)
-                    # Every thread's pieces of them are in place, and every warpgroup is done
-                    # with the KV buffer (its P V waited for at the end of the last tile).
-                    cuda.syncthreads()
-                    convert_raw(smk, sb + FP8_RAW_OFF + fs, kv, tid)
-                else:
-                    ptx.cp_async_wait_all()
-                if not tma or k1 - k0 < BLOCK_N:
-                    ptx.fence_proxy_async()
-                    # This tile's copies (cp.async), converted rows or zeroed rows are visible
-                    # to every thread (a TMA tile is, through its mbarrier).
-                    cuda.syncthreads()
-                if FP8:  # the rows of the tile after the next into the stage just converted
+                    # The tile after the next (its rows are copied once this one is converted)
+                    # looked up now: the page-table loads' latency hides under the conversion.
                     t_after = t_end
                     if t_next < t_end:
                         t_after = next_tile(t_next + 1, t_end, kstart, kend, q_lo, q_hi)
+                    k0a = kstart + t_after * BLOCK_N
+                    k1a = min(k0a + BLOCK_N, kend)
+                    pga, sla, runa = 0, 0, False
                     if t_after < t_end:
-                        k0a = kstart + t_after * BLOCK_N
-                        issue_raw(smk, sb + FP8_RAW_OFF + fs, storage, block_table, page_size,
-                                  b, k0a, min(k0a + BLOCK_N, kend), tid)
-                    else:
-                        ptx.cp_async_commit()  # (empty: one wait_group 1 fits every tile)
-                    fs = RAW_BYTES - fs
+                        pga, sla, runa = tile_run(block_table, page_size, npages, b, k0a, k1a)
+                    ptx.cp_async_wait_one()  # this tile's rows (the next tile's may fly)
+                    # Every thread's pieces of them (and, the first time, of Q) are in place,
+                    # and every warpgroup is done with the KV buffer (its P V waited for at
+                    # the end of the last tile).
+                    cuda.syncthreads()
+                else:
+                    ptx.cp_async_wait_all()
+                if not FP8 and (not tma or k1 - k0 < BLOCK_N):
+                    ptx.fence_proxy_async()
+                    # This tile's copies (cp.async) or zeroed rows are visible to every thread
+                    # (a TMA tile is, through its mbarrier).
+                    cuda.syncthreads()
 
                 # -- S = Q K^T over this warpgroup's 32 keys; with TMA, issued behind the previous
                 # tile's P V (the tensor cores run both back to back; the wait covers both) --
                 ptx.wgmma_fence()
                 # (descriptors built once a tile and advanced by constants: issuing 36
                 # products must not cost more than the tensor cores take to run them)
-                if tma:  # K step kk: box kk // 4, 32 bytes a step within its rows
+                if FP8:
+                    # The warpgroup converts its own keys' rows a group of 192 dims at a time
+                    # and issues that group's steps: the tensor cores multiply one group while
+                    # the next is converted.
+                    # (Three calls, not a loop: each group's steps are then constants.)
+                    dk = desc_rows(kv + wg * KEYS_PER_WG * 16)
+                    raw = sb + FP8_RAW_OFF + fs
+                    convert_and_score(smk, raw, kv, dq, dk, s_acc, tid, 0)
+                    convert_and_score(smk, raw, kv, dq, dk, s_acc, tid, 1)
+                    convert_and_score(smk, raw, kv, dq, dk, s_acc, tid, 2)
+                    ptx.wgmma_commit()
+                    # The rows of the tile after the next into the stage just converted (the
+                    # warpgroup's own rows of it: its last barrier follows their conversion).
+                    if t_after < t_end:
+                        issue_raw(smk, raw, storage, block_table, page_size, b, k0a, k1a, pga,
+                                  sla, runa, tid)
+                    else:
+                        ptx.cp_async_commit()  # (empty: one wait_group 1 fits every tile)
+                    fs = RAW_BYTES - fs
+                elif tma:  # K step kk: box kk // 4, 32 bytes a step within its rows
                     dk = desc_rows(kv + wg * KEYS_PER_WG * 128)
                     for box in range(NBOX):
                         for j in range(BOX // 16):
                             step = BOX_BYTES * box + 32 * j
                             mma_s(s_acc, smk, ptx.desc_advance(dq, step),
                                   ptx.desc_advance(dk, step), box + j, wtid)
+                    ptx.wgmma_commit()
                 else:
                     dk = desc_rows(kv + wg * KEYS_PER_WG * 16)
                     for kk in range(CHUNKS // 2):
                         mma_s(s_acc, smk, ptx.desc_advance(dq, 2 * COL_BYTES * kk),
                               ptx.desc_advance(dk, 2 * COL_BYTES * kk), kk, wtid)
-                ptx.wgmma_commit()
+                    ptx.wgmma_commit()
                 if not tma and not FP8 and t_next < t_end:  # cp.async: copies under the product
                     issue_tile(smk, sb + KV_OFF + (1 - buf) * ROWS_BYTES, storage, block_table,
                                page_size, b, k0n, min(k0n + BLOCK_N, kend), tid)
@@ -451,14 +507,23 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     m_ref = m_run[half] if m_run[half] != float32(NEG_INF) else float32(0.0)
                     alpha[half] = math.exp2(m_old - m_ref)
                     l_run[half] *= alpha[half]
+                    l_p[half] *= alpha[half]
                     for j in range(NS // 4):
                         i = 4 * j + 2 * half
                         p0 = math.exp2(s_acc[i] - m_ref)
                         p1 = math.exp2(s_acc[i + 1] - m_ref)
                         l_run[half] += p0 + p1
+                        word = pack(p0, p1)
+                        # The output's sum counts P as P V multiplies it, rounded to 16 bits:
+                        # the output is then a mean of V under weights that sum to one. (With
+                        # the reference max lagging, even the largest P is rounded; the fp32
+                        # sum left a dominant key's rounding in the output.) The LSE keeps
+                        # the fp32 sum.
+                        w0, w1 = unpack(word)
+                        l_p[half] += w0 + w1
                         n = KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
                         ptx.sts32(smk, sb + P_AT + (m // 8) * P_GROUP + (n // 8) * 128
-                                  + (m % 8) * 16 + (n % 8) * 2, pack(p0, p1))
+                                  + (m % 8) * 16 + (n % 8) * 2, word)
                 if alpha[0] != float32(1.0) or alpha[1] != float32(1.0):  # per lane: a warp
                     scale_o(o_acc, alpha[0], alpha[1])  # skips it when none of its rows moved
                 ptx.fence_proxy_async()
@@ -491,34 +556,41 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         # -- the row sums of both warpgroups, then the partition's output and LSE --
         for half in range(2):
             lsum = l_run[half]
+            psum = l_p[half]
             for o in (1, 2):
                 lsum += ptx.shfl_xor(lsum, o, tid)
+                psum += ptx.shfl_xor(psum, o, tid)
             l_run[half] = lsum
+            l_p[half] = psum
         # Every warpgroup is done with the last tile: its buffers take the staged output.
         cuda.syncthreads()
         # Stage O (fp32, row-major [64][512]) over the KV buffers, so the global writes below
-        # are whole rows; the running max and both warpgroups' sums go to ``red``.
+        # are whole rows; the running max and both warpgroups' sums go to ``red``, their sums
+        # of P as multiplied after the staged output (SUMS_AT).
         store_o(o_acc, smf, sb + O_AT + 4 * (ptx.acc_row(0, wtid) * D_V + DIMS_PER_WG * wg
                                                + ptx.acc_col(0, wtid)), 4 * D_V)
         if lane % 4 == 0:
             for half in range(2):
                 m = ptx.acc_row(2 * half, wtid)
                 smf[RED_AT // 4 + (2 + wg) * BLOCK_M + m] = l_run[half]
+                smf[SUMS_AT // 4 + wg * BLOCK_M + m] = l_p[half]
                 if wg == 0:
                     smf[RED_AT // 4 + m] = m_run[half]
         # The staged output, maxima and sums are in place.
         cuda.syncthreads()
-        # One thread a row: the row's LSE, and 1/sum (0 for a row without kept keys; NaN
-        # scores give NaN, not empty) in place of warpgroup 0's sum, for the stores below.
+        # One thread a row: the row's LSE, and 1/sum of P as multiplied (0 for a row without
+        # kept keys; NaN scores give NaN, not empty) in place of warpgroup 0's sum, for the
+        # stores below.
         if tid < nrows:
             r = r0 + tid
             lsum = smf[RED_AT // 4 + 2 * BLOCK_M + tid] + smf[RED_AT // 4 + 3 * BLOCK_M + tid]
+            psum = smf[SUMS_AT // 4 + tid] + smf[SUMS_AT // 4 + BLOCK_M + tid]
             empty = lsum == 0.0
             part_lse[row0 + r // H, r % H, p] = (
                 float32(NEG_INF) if empty
                 else (smf[RED_AT // 4 + tid] + math.log2(lsum)) * float32(LN2))
             smf[RED_AT // 4 + 2 * BLOCK_M + tid] = (float32(0.0) if empty
-                                                     else folded * ptx.rcp(lsum))
+                                                     else folded * ptx.rcp(psum))
         # Every row's 1/sum is in place.
         cuda.syncthreads()
         # A warp a row (rows w, w + 8, ...): each row's index arithmetic is done by one warp,
