@@ -346,7 +346,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         # This thread's two rows of every fragment ("halves"): m = 16*warp + lane//4 (+ 8).
         m_run = cuda.local.array(2, float32)  # running max, log2 units
         l_run = cuda.local.array(2, float32)  # running sum over this warpgroup's keys
-        l_p = cuda.local.array(2, float32)  # ... of P as multiplied (16-bit): the output's
+        l_p = cuda.local.array(2, float32)  # FP8: ... of P as multiplied (16-bit): the output's
         alpha = cuda.local.array(2, float32)
         mx = cuda.local.array(2, float32)  # this tile's row maxima
         for half in range(2):
@@ -507,20 +507,23 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     m_ref = m_run[half] if m_run[half] != float32(NEG_INF) else float32(0.0)
                     alpha[half] = math.exp2(m_old - m_ref)
                     l_run[half] *= alpha[half]
-                    l_p[half] *= alpha[half]
+                    if FP8:
+                        l_p[half] *= alpha[half]
                     for j in range(NS // 4):
                         i = 4 * j + 2 * half
                         p0 = math.exp2(s_acc[i] - m_ref)
                         p1 = math.exp2(s_acc[i + 1] - m_ref)
                         l_run[half] += p0 + p1
                         word = pack(p0, p1)
-                        # The output's sum counts P as P V multiplies it, rounded to 16 bits:
-                        # the output is then a mean of V under weights that sum to one. (With
-                        # the reference max lagging, even the largest P is rounded; the fp32
-                        # sum left a dominant key's rounding in the output.) The LSE keeps
-                        # the fp32 sum.
-                        w0, w1 = unpack(word)
-                        l_p[half] += w0 + w1
+                        if FP8:
+                            # The output's sum counts P as P V multiplies it, rounded to 16
+                            # bits: the output is then a mean of V under weights that sum to
+                            # one. (With the reference max lagging, even the largest P is
+                            # rounded; the fp32 sum left a dominant key's rounding in the
+                            # output.) The LSE keeps the fp32 sum. (16-bit rows: not done, the
+                            # two registers spill there with some masks.)
+                            w0, w1 = unpack(word)
+                            l_p[half] += w0 + w1
                         n = KEYS_PER_WG * wg + ptx.acc_col(i, wtid)
                         ptx.sts32(smk, sb + P_AT + (m // 8) * P_GROUP + (n // 8) * 128
                                   + (m % 8) * 16 + (n % 8) * 2, word)
@@ -559,7 +562,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             psum = l_p[half]
             for o in (1, 2):
                 lsum += ptx.shfl_xor(lsum, o, tid)
-                psum += ptx.shfl_xor(psum, o, tid)
+                if FP8:
+                    psum += ptx.shfl_xor(psum, o, tid)
             l_run[half] = lsum
             l_p[half] = psum
         # Every warpgroup is done with the last tile: its buffers take the staged output.
@@ -573,18 +577,21 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             for half in range(2):
                 m = ptx.acc_row(2 * half, wtid)
                 smf[RED_AT // 4 + (2 + wg) * BLOCK_M + m] = l_run[half]
-                smf[SUMS_AT // 4 + wg * BLOCK_M + m] = l_p[half]
+                if FP8:
+                    smf[SUMS_AT // 4 + wg * BLOCK_M + m] = l_p[half]
                 if wg == 0:
                     smf[RED_AT // 4 + m] = m_run[half]
         # The staged output, maxima and sums are in place.
         cuda.syncthreads()
-        # One thread a row: the row's LSE, and 1/sum of P as multiplied (0 for a row without
+        # One thread a row: the row's LSE, and 1/sum (FP8: of P as multiplied; 0 for a row without
         # kept keys; NaN scores give NaN, not empty) in place of warpgroup 0's sum, for the
         # stores below.
         if tid < nrows:
             r = r0 + tid
             lsum = smf[RED_AT // 4 + 2 * BLOCK_M + tid] + smf[RED_AT // 4 + 3 * BLOCK_M + tid]
-            psum = smf[SUMS_AT // 4 + tid] + smf[SUMS_AT // 4 + BLOCK_M + tid]
+            psum = lsum
+            if FP8:
+                psum = smf[SUMS_AT // 4 + tid] + smf[SUMS_AT // 4 + BLOCK_M + tid]
             empty = lsum == 0.0
             part_lse[row0 + r // H, r % H, p] = (
                 float32(NEG_INF) if empty

@@ -73,7 +73,7 @@ from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from ..fp8 import ROW_BYTES as FP8_ROW_BYTES
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_run, make_tile_walk, mark_empty)
+                     make_tile_walk, mark_empty)
 
 BLOCK_M = 16  # query rows a block where 32 do not fit (docs/kernels/mma_sync.md)
 BLOCK_MS = (16, 32)  # the block shapes: 16 rows (4 warps, one tile), 32 (8 warps, two tiles)
@@ -191,7 +191,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
     first_tiles = make_partition_walk(key_tiles, next_tile)
-    tile_run = make_tile_run(locate)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     mma = ptx.mma_m16n8k16(tag)
     pv = _make_pv(tag, MT, OD)
@@ -246,8 +245,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         ``row_bytes`` from byte ``ks`` of the region at word ``region``, zeros past k1 (P is
         0 there, but 0 * NaN is NaN): thread tid copies pieces tid % 8, + 8, ... of rows
         tid // 8 + ROWS_A_PASS j; one page lookup a row (keys past k1 look up key k1 - 1, a
-        real one, and copy nothing), or one a tile where its keys are one page's run of
-        slots (``tile_run``)."""
+        real one, and copy nothing)."""
         pieces = src_bytes // PIECE  # a row's
         assert pieces * PIECE == src_bytes
         passes = -(-pieces // 8)  # a thread's pieces of a row, the last maybe not all threads'
@@ -255,13 +253,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         @cuda.jit(device=True, **INLINE)
         def issue(words, base, ks, storage, block_table, b, k0, k1, tid):
             npages, page_size = storage.shape[0], storage.shape[1]
-            page0, slot0, run = tile_run(block_table, page_size, npages, b, k0, k1)
             for j in range(BLOCK_N // ROWS_A_PASS):
                 n = tid // 8 + ROWS_A_PASS * j
-                if run:  # (the tile is one page's run of slots: no lookup a row)
-                    page, slot = page0, slot0 + min(n, k1 - 1 - k0)
-                else:
-                    page, slot = locate(block_table, page_size, npages, b, min(k0 + n, k1 - 1))
+                page, slot = locate(block_table, page_size, npages, b, min(k0 + n, k1 - 1))
                 src = ptx.global_addr(storage, page, slot, 0) + PIECE * (tid % 8)
                 dst = base + 4 * region + ks + n * row_bytes + PIECE * (tid % 8)
                 for u in range(passes):
