@@ -240,13 +240,13 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         if call.backend == "mma" and fp8 != "e4m3":
             raise ValueError(f"backend: 'mma' reads FP8 caches of the 'e4m3' layout, not "
                              f"'{fp8}'; use 'mma_sync', 'simt', 'simple' or 'auto'")
-        # "auto": the warp tensor-core kernel (0.32-0.72x the FMA kernel's time on the H200's
-        # four fp8-sweep shapes, both layouts), but wgmma's for "e4m3" rows where a sequence has
-        # more than 16 query rows (its 64-row block then wastes less: 0.44-0.51x the warp
-        # kernel's time at H = 128, about even at 16: docs/fp8.md)
+        # "auto": wgmma's for "e4m3" rows on sm_90 (0.89-0.93x the warp kernel's time at
+        # H = 16, 0.39-0.43x at H = 128 on the H200's four fp8-sweep shapes: docs/fp8.md; below
+        # 16 query rows both kernels do a 16-row tile's work), else the warp tensor-core kernel
+        # (0.32-0.72x the FMA kernel's time there, both layouts)
         backend = call.backend
         if backend == "auto":
-            wgmma = (fp8 == "e4m3" and rows > 16 and facts.aligned16
+            wgmma = (fp8 == "e4m3" and facts.aligned16
                      and resolve_backend("auto", tag) == "mma")
             backend = "mma" if wgmma else "mma_sync"
         if not _compat.SIMULATOR:  # the kernels convert by cvt.rn.f16x2.e4m3x2 (PTX sm_89)

@@ -264,7 +264,7 @@ def test_mma_sync_config_fits_the_device(rng, monkeypatch):
     for H, rows in ((20, 32), (16, 32)):  # (FP8 staged: 32 rows at 16 too)
         pf = with_fp8_cache(dataclasses.replace(p, q=p.q[:, :, :H]), "v32")
         monkeypatch.setattr(heuristics, "smem_per_block", lambda: 232448)  # an H200's
-        spec = _spec(pf, nm.MHAConfig(num_pipeline_stages=2))  # "auto": mma_sync for FP8
+        spec = _spec(pf, nm.MHAConfig(num_pipeline_stages=2))  # "auto": mma_sync for "v32"
         assert (spec.backend, spec.block_m) == ("mma_sync", rows)
         with pytest.raises(ValueError, match=r"config\.num_pipeline_stages"):  # nor simt's 2
             _spec(pf, nm.MHAConfig(num_pipeline_stages=1))
