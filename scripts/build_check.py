@@ -11,8 +11,10 @@ nvJitLink is not installed: nothing was checked)
        python scripts/build_check.py --ptx-hashes > FILE
     prints, for every kernel above, a SHA-256 of its PTX in place of the verdict, without
     building it: run it before and after a change meant to leave the kernels as they are,
-    and ``diff`` the two files (the PTX is the same from run to run). A refactor whose
-    kernels' PTX is unchanged needs no new GPU run.
+    and ``diff`` the two files (the PTX is the same from run to run; mangled names are
+    replaced by their order of appearance, so that a device function added elsewhere does
+    not change a kernel's hash). A refactor whose kernels' PTX is unchanged needs no new GPU
+    run.
 """
 import glob
 import hashlib
@@ -132,11 +134,19 @@ def link(ptx, arch="sm_90a"):
 HASHES = {"on": False, "last": None}
 
 
+def normalised(text):
+    """``text`` with every mangled name (``_Z...``: Numba numbers its functions in the order
+    they are created, so one new device function renames every kernel after it) replaced by
+    its rank of first appearance: two kernels whose code is the same compare equal."""
+    names = {}
+    return re.sub(r"_Z[\w$]+", lambda m: names.setdefault(m.group(0), f"_N{len(names)}"), text)
+
+
 def build_sass(ptx, arch="sm_90a"):
     """(SASS, nvJitLink's info log) of ``ptx`` built for ``arch``; with --ptx-hashes only the
     hash of its kernel's text is kept, and nothing is built."""
     if HASHES["on"]:
-        body = ptx[ptx.index(".visible .entry"):]
+        body = normalised(ptx[ptx.index(".visible .entry"):])
         HASHES["last"] = f"{arch} ptx sha256 {hashlib.sha256(body.encode()).hexdigest()}"
         return "", ""
     cubin, log = link(ptx, arch)

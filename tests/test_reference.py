@@ -281,6 +281,49 @@ def test_cache_addressing(kind, page_size, rng):
             np.testing.assert_array_equal(storage[where[x, 0], where[x, 1]], p.keys[b][t])
 
 
+@pytest.mark.parametrize("cls", [nm.PagedKVCache, nm.ContiguousKVCache, nm.RaggedKVCache],
+                         ids=["paged", "contiguous", "ragged"])
+def test_tile_run_agrees_with_locate(cls, rng):
+    """``tile_run`` (kernels/common.py: one lookup for a tile whose keys lie in one page's
+    consecutive slots) says "run" only where ``locate`` puts key k0 + n at slot + n of one
+    page for every key of [k0, k1), and does say it wherever the keys lie in one page of
+    the table without a clamp: random page sizes, tables with repeated and out-of-range
+    entries, keys past the table, the capacity or the rows (run in a tiny kernel)."""
+    from numba_mla.kernels.common import make_tile_run
+
+    locate = cls.device_locate()
+    tile_run = make_tile_run(locate)
+    n = 64
+    page_size = rng.choice([1, 3, 16, 64, 96], n).astype(np.int32)
+    npages = rng.integers(1, 6, n).astype(np.int32)
+    table = rng.integers(-1, 7, (n, 3, 4)).astype(np.int32)  # 3 sequences a trial, 4 columns
+    b = rng.integers(0, 3, n).astype(np.int32)
+    k0 = rng.integers(0, 5 * 96, n).astype(np.int32)
+    k0 = np.where(rng.random(n) < 0.5, k0 - k0 % page_size, k0).astype(np.int32)  # aligned
+    k1 = (k0 + rng.integers(1, 65, n)).astype(np.int32)
+    out = np.full((n, 3), -1, np.int32)
+
+    @cuda.jit
+    def kernel(page_size, npages, table, b, k0, k1, out):
+        x = cuda.grid(1)
+        if x < out.shape[0]:
+            page, slot, run = tile_run(table[x], page_size[x], npages[x], b[x], k0[x], k1[x])
+            same = True
+            for key in range(k0[x], k1[x]):
+                pg, sl = locate(table[x], page_size[x], npages[x], b[x], key)
+                same = same and pg == page and sl == slot + (key - k0[x])
+            out[x, 0], out[x, 1], out[x, 2] = run, same, page
+
+    kernel[1, n](page_size, npages, table, b, k0, k1, out)
+    assert np.all(out[:, 1] >= out[:, 0])  # a run is one
+    if cls is nm.PagedKVCache:  # one page of the table, no clamp: a run
+        inside = ((k0 // page_size == (k1 - 1) // page_size) & (k0 // page_size < 4)
+                  & (table[np.arange(n), b, np.minimum(k0 // page_size, 3)] >= 0)
+                  & (table[np.arange(n), b, np.minimum(k0 // page_size, 3)] < npages))
+        assert inside.any() and np.all(out[inside, 0] == 1)
+    assert out[:, 0].any() and not out[:, 0].all()
+
+
 # ---------------------------------------------------------------------------------------------
 # Property tests: random shapes, lengths, caches, masks and score mods
 # ---------------------------------------------------------------------------------------------
