@@ -240,7 +240,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         if call.backend == "mma" and fp8 != "e4m3":
             raise ValueError(f"backend: 'mma' reads FP8 caches of the 'e4m3' layout, not "
                              f"'{fp8}'; use 'mma_sync', 'simt', 'simple' or 'auto'")
-        # "auto": wgmma's for "e4m3" rows on sm_90 (0.89-0.93x the warp kernel's time at
+        # "auto": wgmma's for "e4m3" rows on sm_90 (0.89-0.92x the warp kernel's time at
         # H = 16, 0.39-0.43x at H = 128 on the H200's four fp8-sweep shapes: docs/fp8.md; below
         # 16 query rows both kernels do a 16-row tile's work), else the warp tensor-core kernel
         # (0.32-0.72x the FMA kernel's time there, both layouts)
