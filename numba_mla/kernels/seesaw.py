@@ -29,7 +29,8 @@ Shared memory (bytes):
     Q    [64 rows x 576]     9 boxes of 64 rows x 64 values, 128-byte swizzled (as TMA writes)
     K0   [64 keys x 576]     tiles t0 (buffer 0) and t1 (buffer 1), same layout; V = boxes 0-7
     K1   [64 keys x 576]
-    stat [5][64] f32         m, scale0, scale1, and the two warpgroups' row sums at the end
+    stat [7][64] f32         m, scale0, scale1, then the two warpgroups' row sums of P and of
+                             P as rounded to 16 bits, at the end
     bars                     one mbarrier for Q, one per box of each buffer (18)
 Each box has its own mbarrier, so a product starts on the boxes that have landed while the
 others are on their way; the warpgroup computing S on a buffer announces each box's bytes
@@ -43,7 +44,7 @@ from .. import ptx
 from .._compat import JIT_OPTIONS
 from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles)
-from .mma import BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, ROWS_BYTES
+from .mma import BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, RESCALE_SLACK, ROWS_BYTES
 
 NS = BLOCK_N // 2  # score accumulators per thread: m64n64 (32)
 DIMS_PER_WG = D_V // 2  # output dims of one warpgroup: wgmma N (256)
@@ -53,9 +54,11 @@ ROPE = NBOX - 1  # the rope box (dims 512-575): K only; holds P once S is done
 Q_OFF = 0
 KV_OFF = ROWS_BYTES
 STAT_OFF = KV_OFF + 2 * ROWS_BYTES
-STAT_M, STAT_SCALE0, STAT_SCALE1, STAT_L = 0, 1, 2, 3  # rows of ``stat`` (64 floats each)
-BAR_OFF = STAT_OFF + 5 * BLOCK_M * 4
-SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 222616
+# rows of ``stat`` (64 floats each); STAT_L and STAT_LP are two rows each (a warpgroup's)
+STAT_M, STAT_SCALE0, STAT_SCALE1, STAT_L, STAT_LP = 0, 1, 2, 3, 5
+BAR_OFF = STAT_OFF + 7 * BLOCK_M * 4
+SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 223128
+EVICT_FIRST = True  # the tiles' copies (queries and cache rows) with L2's evict-first policy
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -77,13 +80,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     desc_rows = ptx.wgmma_desc(16, 1024, True)  # Q, K, P: K-major; 8-row atoms 1 KB apart
     desc_v = ptx.wgmma_desc(BOX_BYTES, 1024, True)  # V: MN-major; 64 dims a box, 8 keys 1 KB
     pack = ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2
+    unpack = ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32
     zero_o = ptx.acc_zero(NO)
     scale_o = ptx.acc_scale(NO)
     store_o = ptx.acc_store(NO)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           align=BLOCK_N, key_count=key_count)
-    tma_box = ptx.tma_load(BLOCK_M, BOX, True)
+    tma_box = ptx.tma_load(BLOCK_M, BOX, True, EVICT_FIRST)
 
     @cuda.jit(device=True)
     def box_bar(sb, buf, box):
@@ -161,23 +165,33 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             mx[half] = row_max
 
     @cuda.jit(device=True)
-    def softmax(s_acc, mx, smf, stat_scale, wtid, tid, scl, sums):
-        """The running max against this tile's maxima ``mx``: the new max replaces m in
-        ``stat``, exp2(old - new) goes to ``scl`` and ``stat`` row ``stat_scale``; P =
-        exp2(S - new) in place of S; ``sums``: P's row sums (this thread's part)."""
+    def softmax(s_acc, mx, smf, stat_scale, wtid, tid, scl, sums, sums_p):
+        """The running max against this tile's maxima ``mx``: the reference max in ``stat``
+        moves only where a row's max passes it by more than RESCALE_SLACK (kernels/mma.py),
+        exp2(old - new) goes to ``scl`` and ``stat`` row ``stat_scale`` (1 where it stayed:
+        O is then left as it is); P = exp2(S - ref), rounded to 16 bits as P V multiplies it,
+        in place of S; ``sums``: P's row sums before rounding (for the LSE), ``sums_p``: after
+        (for the output: with the reference lagging, even a dominant key's P is rounded, and
+        dividing by the unrounded sum would leave that rounding in the output)."""
         for half in range(2):
             m = ptx.acc_row(2 * half, wtid)
             m_old = smf[STAT_OFF // 4 + STAT_M * BLOCK_M + m]
             m_new = max(m_old, mx[half])
+            if m_new <= m_old + float32(RESCALE_SLACK):  # (False for NaN: it propagates)
+                m_new = m_old
             m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)  # (no key yet: P = 0)
             scl[half] = math.exp2(m_old - m_ref)
             total = float32(0.0)
+            total_p = float32(0.0)
             for j in range(NS // 4):
-                for e in range(2):
-                    i = 4 * j + 2 * half + e
-                    s_acc[i] = math.exp2(s_acc[i] - m_ref)
-                    total += s_acc[i]
+                i = 4 * j + 2 * half
+                p0 = math.exp2(s_acc[i] - m_ref)
+                p1 = math.exp2(s_acc[i + 1] - m_ref)
+                total += p0 + p1
+                s_acc[i], s_acc[i + 1] = unpack(pack(p0, p1))
+                total_p += s_acc[i] + s_acc[i + 1]
             sums[half] = total
+            sums_p[half] = total_p
             mx[half] = m_new
         ptx.syncwarp(tid)  # the quad's lanes have read m before one of them replaces it
         if wtid % 4 == 0:
@@ -197,6 +211,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 i = 4 * j + 2 * half
                 ptx.sts32(smk, base + m * 128 + ((j ^ (m % 8)) << 4) + 4 * (wtid % 4),
                           pack(s_acc[i], s_acc[i + 1]))
+
+    @cuda.jit(device=True)
+    def rescale(o_acc, l_run, l_p, scl):
+        """O and the running sums times ``scl`` (a thread's two rows); O, 128 multiplies, only
+        where a row's reference max moved (a lane leaves it where neither of its rows did)."""
+        for half in range(2):
+            l_run[half] *= scl[half]
+            l_p[half] *= scl[half]
+        if scl[0] != float32(1.0) or scl[1] != float32(1.0):
+            scale_o(o_acc, scl[0], scl[1])
 
     @cuda.jit(device=True)
     def pv_local(o_acc, s_acc, smk, sb, buf, wg, tid):
@@ -294,9 +318,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         mx = cuda.local.array(2, float32)  # a tile's row maxima, then the new running max
         scl = cuda.local.array(2, float32)  # exp2(old max - new max)
         sums = cuda.local.array(2, float32)
+        sums_p = cuda.local.array(2, float32)
         l_run = cuda.local.array(2, float32)  # running sum over this warpgroup's tiles
+        l_p = cuda.local.array(2, float32)  # ... of P as rounded to 16 bits
         for half in range(2):
             l_run[half] = float32(0.0)
+            l_p[half] = float32(0.0)
         s_acc = cuda.local.array(NS, float32)
         o_acc = cuda.local.array(NO, float32)
         zero_o(o_acc)
@@ -326,10 +353,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     k1 = min(k0 + BLOCK_N, kend)
                     scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
                            scale, bias, wtid, tid)
-                    softmax(s_acc, mx, smf, STAT_SCALE0, wtid, tid, scl, sums)
+                    softmax(s_acc, mx, smf, STAT_SCALE0, wtid, tid, scl, sums, sums_p)
+                    rescale(o_acc, l_run, l_p, scl)
                     for half in range(2):
-                        l_run[half] = l_run[half] * scl[half] + sums[half]
-                    scale_o(o_acc, scl[0], scl[1])
+                        l_run[half] += sums[half]
+                        l_p[half] += sums_p[half]
                     if k1 - k0 < BLOCK_N:
                         zero_rows(smk, sb, 0, k1 - k0, wtid)
                     ptx.fence_proxy_async()
@@ -351,8 +379,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE1 * BLOCK_M
                                         + ptx.acc_row(2 * half, wtid)]
-                        l_run[half] *= scl[half]
-                    scale_o(o_acc, scl[0], scl[1])
+                    rescale(o_acc, l_run, l_p, scl)
                     if t1 < t_end:
                         ptx.wgmma_fence()
                         pv_shared(o_acc, smk, sb, 1, 0, wtid)
@@ -392,14 +419,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE0 * BLOCK_M
                                         + ptx.acc_row(2 * half, wtid)]
-                        l_run[half] *= scl[half]
-                    scale_o(o_acc, scl[0], scl[1])
+                    rescale(o_acc, l_run, l_p, scl)
                     # O1 against m0 takes P0 V0 (under this warpgroup's softmax), so K0 is free
                     # early for the next pair.
                     ptx.wgmma_fence()
                     pv_shared(o_acc, smk, sb, 0, 1, wtid)
                     ptx.wgmma_commit()
-                    softmax(s_acc, mx, smf, STAT_SCALE1, wtid, tid, scl, sums)
+                    softmax(s_acc, mx, smf, STAT_SCALE1, wtid, tid, scl, sums, sums_p)
                     if t1 < t_end:
                         if k1 - k0 < BLOCK_N:
                             zero_rows(smk, sb, 1, k1 - k0, wtid)
@@ -415,9 +441,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     ptx.bar_sync(BAR_WG + wg, 128)
                     if wtid == 0 and t2 < t_end:
                         load_boxes(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
+                    rescale(o_acc, l_run, l_p, scl)
                     for half in range(2):
-                        l_run[half] = l_run[half] * scl[half] + sums[half]
-                    scale_o(o_acc, scl[0], scl[1])
+                        l_run[half] += sums[half]
+                        l_p[half] += sums_p[half]
                     # Without a tile t1, P1 = 0 and any finite V does: K0's boxes 4-7 (not
                     # refilled: there is no next pair). No wgmma sits in a branch.
                     ptx.wgmma_fence()
@@ -437,18 +464,18 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         parity ^= 1
         # -- the row sums of both warpgroups, then the partition's output and LSE --
         for half in range(2):
-            lsum = l_run[half]
             for o in (1, 2):
-                lsum += ptx.shfl_xor(lsum, o, tid)
-            l_run[half] = lsum
+                l_run[half] += ptx.shfl_xor(l_run[half], o, tid)
+                l_p[half] += ptx.shfl_xor(l_p[half], o, tid)
         # Both warpgroups are done with the tiles: their buffers take the staged output.
         cuda.syncthreads()
         store_o(o_acc, smf, sb + KV_OFF + 4 * (ptx.acc_row(0, wtid) * D_V + DIMS_PER_WG * wg
                                                + ptx.acc_col(0, wtid)), 4 * D_V)
         if lane % 4 == 0:
             for half in range(2):
-                smf[STAT_OFF // 4 + (STAT_L + wg) * BLOCK_M + ptx.acc_row(2 * half, wtid)] = \
-                    l_run[half]
+                m = ptx.acc_row(2 * half, wtid)
+                smf[STAT_OFF // 4 + (STAT_L + wg) * BLOCK_M + m] = l_run[half]
+                smf[STAT_OFF // 4 + (STAT_LP + wg) * BLOCK_M + m] = l_p[half]
         cuda.syncthreads()
         if tid < nrows:
             r = r0 + tid
@@ -459,8 +486,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 float32(NEG_INF) if empty
                 else (smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] + math.log2(lsum))
                 * float32(LN2))
+            # the output divides by the sum of P as P V multiplied it (see ``softmax``)
             smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid] = (
-                float32(0.0) if empty else ptx.rcp(lsum))
+                float32(0.0) if empty else ptx.rcp(smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + tid]
+                                                   + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M
+                                                         + tid]))
         cuda.syncthreads()
         for m in range(tid // 32, nrows, NTHREADS // 32):
             r = uint64(r0 + m)
