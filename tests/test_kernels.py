@@ -50,7 +50,7 @@ from helpers import (
     to_torch,
 )
 from numba_mla import factory, heuristics, launch
-from numba_mla.kernels import simple
+from numba_mla.kernels import seesaw, simple
 from numba_mla.mods import as_mask, as_score_mod
 
 #: Runs the kernels: in the CUDA simulator in CI, on the device when there is one.
@@ -367,12 +367,14 @@ def test_simt_warp_split_k_runs_of_tiles(mask_id, partitions, rng):
 
 
 @KERNEL
-@pytest.mark.parametrize("cache_kind,page_size,tma", [("contiguous", 16, True),
-                                                      ("paged", 64, True), ("paged", 48, False)])
-def test_mma_copy_path(cache_kind, page_size, tma, rng, monkeypatch):
+@pytest.mark.parametrize("cache_kind,page_size,tma,heads", [
+    ("contiguous", 16, True, 2), ("paged", 64, True, 2), ("paged", 48, False, 2),
+    ("paged", 64, True, seesaw.LAG_HEADS)])
+def test_mma_copy_path(cache_kind, page_size, tma, heads, rng, monkeypatch):
     """The tensor-core kernel takes its tiles by TMA where a 64-key tile lies in one page and
     by cp.async elsewhere; both paths over several tiles (the mbarrier phases alternate, the
-    last tile is partial and its slots past the length hold NaN) match the reference."""
+    last tile is partial and its slots past the length hold NaN) match the reference. From
+    seesaw.LAG_HEADS heads the seesaw kernel's reference max lags (its other form)."""
     chosen = []
     build, build_seesaw = factory.mma_partition_kernel, factory.seesaw_partition_kernel
 
@@ -386,7 +388,7 @@ def test_mma_copy_path(cache_kind, page_size, tma, rng, monkeypatch):
 
     monkeypatch.setattr(factory, "mma_partition_kernel", recording)
     monkeypatch.setattr(factory, "seesaw_partition_kernel", recording_seesaw)
-    p = make_problem(rng, 1, 1, 2, [150], BF16, cache_kind, page_size)
+    p = make_problem(rng, 1, 1, heads, [150], BF16, cache_kind, page_size)
     mask = MASKS["causal"].make(p, rng)
     check_kernel(p, mask, SCORE_MODS["identity"].make(p), 1, "mma")
     # TMA tiles: the seesaw kernel (the simulator compiles nothing, so it never spills), and

@@ -58,7 +58,11 @@ STAT_OFF = KV_OFF + 2 * ROWS_BYTES
 STAT_M, STAT_SCALE0, STAT_SCALE1, STAT_L, STAT_LP = 0, 1, 2, 3, 5
 BAR_OFF = STAT_OFF + 7 * BLOCK_M * 4
 SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 223128
-EVICT_FIRST = True  # the tiles' copies (queries and cache rows) with L2's evict-first policy
+# From this many heads a block's 64 rows are one query token's heads (compute-bound decode):
+# there the reference max lags (RESCALE_SLACK) and the tiles are copied with L2's evict-first
+# policy. Measured on the H200 (docs/kernels/mma.md): 3-6% less time at H = 128, 2-7% more at
+# H = 16, where the block reads bytes more than it multiplies.
+LAG_HEADS = 64
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -72,6 +76,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     ``chunk[w, 1]``, piece ``chunk[w, 2]`` of ``chunk[w, 3]`` (an even cut of its tiles), and
     writes the workspace."""
     H = heads
+    lag = heads >= LAG_HEADS
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
     mma_pv = ptx.wgmma(DIMS_PER_WG, tag, True)
     mma_pv_rs = ptx.wgmma_rs(DIMS_PER_WG, tag, True)
@@ -87,7 +92,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           align=BLOCK_N, key_count=key_count)
-    tma_box = ptx.tma_load(BLOCK_M, BOX, True, EVICT_FIRST)
+    tma_box = ptx.tma_load(BLOCK_M, BOX, True, lag)
 
     @cuda.jit(device=True)
     def box_bar(sb, buf, box):
@@ -166,18 +171,19 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
     @cuda.jit(device=True)
     def softmax(s_acc, mx, smf, stat_scale, wtid, tid, scl, sums, sums_p):
-        """The running max against this tile's maxima ``mx``: the reference max in ``stat``
-        moves only where a row's max passes it by more than RESCALE_SLACK (kernels/mma.py),
-        exp2(old - new) goes to ``scl`` and ``stat`` row ``stat_scale`` (1 where it stayed:
-        O is then left as it is); P = exp2(S - ref), rounded to 16 bits as P V multiplies it,
-        in place of S; ``sums``: P's row sums before rounding (for the LSE), ``sums_p``: after
-        (for the output: with the reference lagging, even a dominant key's P is rounded, and
-        dividing by the unrounded sum would leave that rounding in the output)."""
+        """The running max against this tile's maxima ``mx``: the new reference max replaces
+        m in ``stat`` (with ``lag``, it moves only where a row's max passes it by more than
+        RESCALE_SLACK, as in kernels/mma.py), exp2(old - new) goes to ``scl`` and ``stat``
+        row ``stat_scale`` (1 where it stayed); P = exp2(S - ref) in place of S; ``sums``:
+        P's row sums (for the LSE). With ``lag``, P is rounded to 16 bits in place, as P V
+        multiplies it, and ``sums_p`` sums it so (for the output: with the reference lagging,
+        even a dominant key's P is rounded, and dividing by the unrounded sum would leave
+        that rounding in the output)."""
         for half in range(2):
             m = ptx.acc_row(2 * half, wtid)
             m_old = smf[STAT_OFF // 4 + STAT_M * BLOCK_M + m]
             m_new = max(m_old, mx[half])
-            if m_new <= m_old + float32(RESCALE_SLACK):  # (False for NaN: it propagates)
+            if lag and m_new <= m_old + float32(RESCALE_SLACK):  # (False for NaN)
                 m_new = m_old
             m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)  # (no key yet: P = 0)
             scl[half] = math.exp2(m_old - m_ref)
@@ -188,8 +194,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 p0 = math.exp2(s_acc[i] - m_ref)
                 p1 = math.exp2(s_acc[i + 1] - m_ref)
                 total += p0 + p1
-                s_acc[i], s_acc[i + 1] = unpack(pack(p0, p1))
-                total_p += s_acc[i] + s_acc[i + 1]
+                if lag:
+                    p0, p1 = unpack(pack(p0, p1))
+                    total_p += p0 + p1
+                s_acc[i] = p0
+                s_acc[i + 1] = p1
             sums[half] = total
             sums_p[half] = total_p
             mx[half] = m_new
@@ -214,12 +223,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
     @cuda.jit(device=True)
     def rescale(o_acc, l_run, l_p, scl):
-        """O and the running sums times ``scl`` (a thread's two rows); O, 128 multiplies, only
-        where a row's reference max moved (a lane leaves it where neither of its rows did)."""
+        """O and the running sums times ``scl`` (a thread's two rows); with ``lag``, O (128
+        multiplies) only where a row's reference max moved (a lane skips it where neither of
+        its rows did)."""
         for half in range(2):
             l_run[half] *= scl[half]
-            l_p[half] *= scl[half]
-        if scl[0] != float32(1.0) or scl[1] != float32(1.0):
+            if lag:
+                l_p[half] *= scl[half]
+        if not lag or scl[0] != float32(1.0) or scl[1] != float32(1.0):
             scale_o(o_acc, scl[0], scl[1])
 
     @cuda.jit(device=True)
@@ -357,7 +368,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     rescale(o_acc, l_run, l_p, scl)
                     for half in range(2):
                         l_run[half] += sums[half]
-                        l_p[half] += sums_p[half]
+                        if lag:
+                            l_p[half] += sums_p[half]
                     if k1 - k0 < BLOCK_N:
                         zero_rows(smk, sb, 0, k1 - k0, wtid)
                     ptx.fence_proxy_async()
@@ -444,7 +456,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     rescale(o_acc, l_run, l_p, scl)
                     for half in range(2):
                         l_run[half] += sums[half]
-                        l_p[half] += sums_p[half]
+                        if lag:
+                            l_p[half] += sums_p[half]
                     # Without a tile t1, P1 = 0 and any finite V does: K0's boxes 4-7 (not
                     # refilled: there is no next pair). No wgmma sits in a branch.
                     ptx.wgmma_fence()
@@ -466,7 +479,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         for half in range(2):
             for o in (1, 2):
                 l_run[half] += ptx.shfl_xor(l_run[half], o, tid)
-                l_p[half] += ptx.shfl_xor(l_p[half], o, tid)
+                if lag:
+                    l_p[half] += ptx.shfl_xor(l_p[half], o, tid)
         # Both warpgroups are done with the tiles: their buffers take the staged output.
         cuda.syncthreads()
         store_o(o_acc, smf, sb + KV_OFF + 4 * (ptx.acc_row(0, wtid) * D_V + DIMS_PER_WG * wg
@@ -475,7 +489,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             for half in range(2):
                 m = ptx.acc_row(2 * half, wtid)
                 smf[STAT_OFF // 4 + (STAT_L + wg) * BLOCK_M + m] = l_run[half]
-                smf[STAT_OFF // 4 + (STAT_LP + wg) * BLOCK_M + m] = l_p[half]
+                if lag:
+                    smf[STAT_OFF // 4 + (STAT_LP + wg) * BLOCK_M + m] = l_p[half]
         cuda.syncthreads()
         if tid < nrows:
             r = r0 + tid
@@ -486,11 +501,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 float32(NEG_INF) if empty
                 else (smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] + math.log2(lsum))
                 * float32(LN2))
-            # the output divides by the sum of P as P V multiplied it (see ``softmax``)
+            if lag:  # the output divides by the sum of P as P V multiplied it (``softmax``)
+                lsum = (smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + tid]
+                        + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M + tid])
             smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid] = (
-                float32(0.0) if empty else ptx.rcp(smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + tid]
-                                                   + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M
-                                                         + tid]))
+                float32(0.0) if empty else ptx.rcp(lsum))
         cuda.syncthreads()
         for m in range(tid // 32, nrows, NTHREADS // 32):
             r = uint64(r0 + m)
