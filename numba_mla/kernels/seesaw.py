@@ -59,9 +59,9 @@ STAT_M, STAT_SCALE0, STAT_SCALE1, STAT_L, STAT_LP = 0, 1, 2, 3, 5
 BAR_OFF = STAT_OFF + 7 * BLOCK_M * 4
 SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 223128
 # From this many heads a block's 64 rows are one query token's heads (compute-bound decode):
-# there the reference max lags (RESCALE_SLACK). Measured on the H200 (docs/kernels/mma.md):
-# 1-5% less time at H = 128, 2% more at H = 16, where the block reads bytes more than it
-# multiplies and the rounding of P it adds is not paid back.
+# there the reference max lags (RESCALE_SLACK) and the tiles are copied with L2's evict-first
+# policy. Measured on the H200 (docs/kernels/mma.md): 3-6% less time at H = 128, 2-7% more at
+# H = 16, where the block reads bytes more than it multiplies.
 LAG_HEADS = 64
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
@@ -92,7 +92,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           align=BLOCK_N, key_count=key_count)
-    tma_box = ptx.tma_load(BLOCK_M, BOX, True)
+    tma_box = ptx.tma_load(BLOCK_M, BOX, True, lag)
 
     @cuda.jit(device=True)
     def box_bar(sb, buf, box):

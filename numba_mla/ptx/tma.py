@@ -11,10 +11,11 @@ arrives, each copy signals its bytes, and the barrier's phase flips when both ar
   int32-word view, rows of 288 words), cut into boxes of ``box_rows`` rows x ``box_cols``
   values. A box lands as its rows one after another; with ``swizzle`` (box_cols 64: rows of
   128 bytes) in the 128-byte swizzled order wgmma's swizzled descriptors read.
-- ``tma_load(box_rows, box_cols=8, swizzle=False)`` -> ``load(arr, addr, tmap, src, col,
-  row, bar)``: start copying the box at value column ``col``, row ``row`` to the shared
-  ``addr`` (rows past the tensor's end read as zeros), completing on the mbarrier at
-  ``bar``. The box shape is the map's; here it serves the twin, as ``src`` (the array) does.
+- ``tma_load(box_rows, box_cols=8, swizzle=False, evict_first=False)`` -> ``load(arr, addr,
+  tmap, src, col, row, bar)``: start copying the box at value column ``col``, row ``row`` to
+  the shared ``addr`` (rows past the tensor's end read as zeros), completing on the mbarrier
+  at ``bar``; ``evict_first``: with L2's evict-first policy for its lines. The box shape is
+  the map's; here it serves the twin, as ``src`` (the array) does.
 
 In the simulator a copy happens when issued and counts its bytes off the mbarrier.
 """
@@ -58,7 +59,7 @@ def tensor_map(dev, rows, box_rows, box_cols=8, swizzle=False):
     return cuda.to_device(np.frombuffer(raw, np.uint8).copy())
 
 
-def _tma_load_twin(box_rows, box_cols=8, swizzle=False):
+def _tma_load_twin(box_rows, box_cols=8, swizzle=False, evict_first=False):
     words = box_cols // 2
     rows = np.arange(box_rows)[:, None]
     offsets = 2 * box_cols * rows + 4 * np.arange(words)[None, :]  # bytes from addr
@@ -76,18 +77,25 @@ def _tma_load_twin(box_rows, box_cols=8, swizzle=False):
 
 
 @with_twin(_tma_load_twin)
-def tma_load(box_rows, box_cols=8, swizzle=False):
+def tma_load(box_rows, box_cols=8, swizzle=False, evict_first=False):
+    # evict_first: the copy's lines are the first L2 gives up (an L2 cache policy made in
+    # place: createpolicy), so a stream read once leaves the rest of L2 alone
+    hint = ".L2::cache_hint" if evict_first else ""
+    policy = ", p" if evict_first else ""
+    text = ("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+            f"{hint} [$0], [$1, {{$2, $3}}], [$4]{policy};")
+    if evict_first:
+        text = ("{ .reg .b64 p; createpolicy.fractional.L2::evict_first.b64 p, 1.0; "
+                + text + " }")
+
     @intrinsic
     def load(typingctx, arr, addr, tmap, src, col, row, bar):
         sig = types.void(arr, addr, tmap, src, col, row, bar)
 
         def cg(ctx, b, s, args):
             mp = item_pointer(ctx, b, s.args[2], args[2], [ir.Constant(i64, 0)], [types.int64])
-            asm = ir.InlineAsm(
-                ir.FunctionType(ir.VoidType(), [i32, i64, i32, i32, i32]),
-                "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx"
-                "::bytes [$0], [$1, {$2, $3}], [$4];", "r,l,r,r,r,~{memory}",
-                side_effect=True)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i64, i32, i32, i32]), text,
+                               "r,l,r,r,r,~{memory}", side_effect=True)
             b.call(asm, [addr32(ctx, b, args[1], s.args[1]), b.ptrtoint(mp, i64),
                          addr32(ctx, b, args[4], s.args[4]),
                          addr32(ctx, b, args[5], s.args[5]),
