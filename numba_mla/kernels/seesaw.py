@@ -22,8 +22,10 @@ S1 = Q K1^T, each over all 64 keys (36 wgmma m64n64k16). Warpgroup w owns output
        publish m1, scale1, P1                                            (barrier SCALE1)
        refill K0's boxes 4-8; O1 *= scale1; O1 += P1 V1[:, 256:]
        refill K1's boxes 4-7; S1 of the next pair
-so both warpgroups end a pair with O against m1. P of a tile is kept in the tile's own rope
-box (box 8, dims 512-575): S is its only reader, and it is done by then.
+so both warpgroups end a pair with O against m1 (from LAG_HEADS heads the reference max m
+lags, so scale0 and scale1 are mostly 1 and the rescales of O are skipped). P of a tile is
+kept in the tile's own rope box (box 8, dims 512-575): S is its only reader, and it is done
+by then.
 
 Shared memory (bytes):
     Q    [64 rows x 576]     9 boxes of 64 rows x 64 values, 128-byte swizzled (as TMA writes)
@@ -60,8 +62,9 @@ BAR_OFF = STAT_OFF + 7 * BLOCK_M * 4
 SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 223128
 # From this many heads a block's 64 rows are one query token's heads (compute-bound decode):
 # there the reference max lags (RESCALE_SLACK) and the tiles are copied with L2's evict-first
-# policy. Measured on the H200 (docs/kernels/mma.md): 3-6% less time at H = 128, 2-7% more at
-# H = 16, where the block reads bytes more than it multiplies.
+# policy. Measured on the H200 (docs/kernels/mma.md): 2-5% less time at H = 128; at H = 16,
+# where the block reads bytes more than it multiplies, 2% more for the lag, 1.5-5% for the
+# policy.
 LAG_HEADS = 64
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
