@@ -36,7 +36,7 @@ _dispatcher.get_current_device = lambda: _Hopper()
 import numba_mla as nm  # noqa: E402
 from numba import cuda, types  # noqa: E402
 from numba_mla import factory  # noqa: E402
-from numba_mla.kernels import simple  # noqa: E402
+from numba_mla.kernels import seesaw, simple  # noqa: E402
 
 CASES = [  # (mask, score mod, dtype tag, cache, heads, direct, tma)
     (nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 128, True, True),
@@ -229,6 +229,8 @@ def main():
             # sites (a loop over the boxes), 4 in each of their two P V sites
             ok = (not spills and calls == 0 and hgmma == (40 if name in ("mma", "mma8") else 32)
                   and not serial)
+            if name in ("seesaw", "listed"):  # the evict-first copies exactly from LAG_HEADS
+                ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)
             bad += not ok
             print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
                   f"direct={direct!s:5} tma={tma!s:5} regs={regs} spills={spills} "

@@ -1,0 +1,164 @@
+"""Time two or more versions of numba_mla in one session: ``numba-mla bench`` for each, rounds
+interleaved (A, B, A, B, ...), each version imported from a tree of its own, then one table.
+
+Why a script: an A/B is only worth the noise it beats, and runs on different machines (or far
+apart on one) differ by more than a change often gains; and a tree put on ``PYTHONPATH`` loses
+to the checkout in the current directory, which ``python -c`` puts first on ``sys.path``, so
+every "version" silently runs the checkout. Here each run starts in its own tree and checks
+that the numba_mla it imported is that tree's before it times anything.
+
+A version is a git revision (anything ``git archive`` takes) or ``WORKTREE`` (the checkout's
+numba_mla as it is now, uncommitted edits included).
+
+Usage: python scripts/ab.py REV [REV ...] [--rounds 2] [--out ab.json] [--pythonpath DIR]
+                            -- BENCH ARGS (e.g. --sweep default --providers numba_mla:mma)
+Prints one row per configuration: each version's median GPU microseconds, round by round,
+and its mean over the first version's. ``--pythonpath`` is added after the version's tree (a
+peer's module, e.g. FlashMLA's build); ``--out`` keeps every round's rows and the versions'
+commits as JSON.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKTREE = "WORKTREE"
+
+#: the child: refuse to time a numba_mla from anywhere but its tree, then run the bench CLI
+CHILD = """import os, sys
+import numba_mla
+tree = os.path.realpath(sys.argv.pop(1))
+if not os.path.realpath(numba_mla.__file__).startswith(tree + os.sep):
+    sys.exit(f"ab.py: imported {numba_mla.__file__}, not the tree {tree}")
+from numba_mla.cli import main
+sys.exit(main())
+"""
+
+
+def commit_of(rev, repo=REPO):
+    """The abbreviated commit ``rev`` names (``WORKTREE``: HEAD's, with ``+`` where the
+    checkout's numba_mla differs from it)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    if rev != WORKTREE:
+        return git("rev-parse", "--short", rev)
+    dirty = git("status", "--porcelain", "--", "numba_mla")
+    return git("rev-parse", "--short", "HEAD") + ("+" if dirty else "")
+
+
+def export_tree(rev, dest, repo=REPO):
+    """numba_mla of ``rev`` into ``dest`` (created); returns ``dest``."""
+    os.makedirs(dest, exist_ok=True)
+    if rev == WORKTREE:
+        shutil.copytree(os.path.join(repo, "numba_mla"), os.path.join(dest, "numba_mla"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        return dest
+    archive = subprocess.run(["git", "-C", repo, "archive", rev, "numba_mla"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    return dest
+
+
+def bench_command(tree, label, bench_args, out):
+    """The child's command line: the bench CLI with ``bench_args``, labelled ``label``."""
+    return [sys.executable, "-c", CHILD, tree, "bench", *bench_args, "--commit", label,
+            "--out", out, "--no-progress"]
+
+
+def run_one(tree, label, bench_args, out, cache_dir, pythonpath=()):
+    """One bench run of the tree at ``tree`` (its own directory, its own compile cache);
+    returns the JSON it wrote."""
+    env = dict(os.environ, NUMBA_MLA_CACHE_DIR=cache_dir,
+               PYTHONPATH=os.pathsep.join([tree, *pythonpath]))
+    subprocess.run(bench_command(tree, label, bench_args, out), cwd=tree, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        return json.load(f)
+
+
+def config_key(row):
+    """What a row measured, without the times: one configuration of one provider."""
+    return (row["provider"], row.get("backend"), row["batch"], row["heads"], row["seqlen"],
+            row.get("sq", 1), row.get("spread", 0.0), row.get("mask"), row.get("dtype"),
+            row.get("kv"), row.get("page_size"))
+
+
+def label_of(key):
+    provider, backend, B, H, L, sq, spread, mask, dtype, kv, page = key
+    name = f"{provider}:{backend}" if backend else provider
+    extra = (f" s={spread:g}" if spread else "") + (f" Sq={sq}" if sq != 1 else "")
+    extra += "" if mask in (None, "null") else f" {mask}"
+    extra += "" if kv in (None, "same") else f" kv={kv}"
+    return f"{name} {B}x{H}x{L}{extra}"
+
+
+def table(runs):
+    """Rows of text from ``runs``: {version: [bench JSON of each round]}. Each configuration:
+    every version's median us round by round, and its mean over the first version's."""
+    versions = list(runs)
+    times = {}
+    for v, rounds in runs.items():
+        for r, data in enumerate(rounds):
+            for row in data["rows"]:
+                if row.get("us") is not None:
+                    times.setdefault(config_key(row), {}).setdefault(v, []).append(row["us"])
+    lines = ["configuration".ljust(40) + "".join(f"{v:>24}" for v in versions)]
+    for key, by_version in times.items():
+        base = by_version.get(versions[0])
+        cells = []
+        for v in versions:
+            t = by_version.get(v)
+            if not t:
+                cells.append(f"{'-':>24}")
+                continue
+            text = " / ".join(f"{x:.1f}" for x in t)
+            if base and v != versions[0]:
+                text += f" ({sum(t) / len(t) / (sum(base) / len(base)):.3f})"
+            cells.append(f"{text:>24}")
+        lines.append(f"{label_of(key):40.40}" + "".join(cells))
+    return lines
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    bench_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("revs", nargs="+", help=f"git revisions, or {WORKTREE}")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=None, help="every round's rows as JSON")
+    ap.add_argument("--pythonpath", action="append", default=[],
+                    help="a directory to import from after the version's tree (repeatable)")
+    ap.add_argument("--keep", default=None, help="build the trees here (default: a temp dir)")
+    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if len(set(args.revs)) != len(args.revs):
+        ap.error("each version once")
+    root = args.keep or tempfile.mkdtemp(prefix="numba_mla_ab_")
+    commits = {v: commit_of(v) for v in args.revs}
+    trees = {v: export_tree(v, os.path.join(root, f"v{i}")) for i, v in enumerate(args.revs)}
+    pythonpath = [os.path.abspath(p) for p in args.pythonpath]
+    runs = {v: [] for v in args.revs}
+    for r in range(args.rounds):
+        for i, v in enumerate(args.revs):
+            out = os.path.join(root, f"v{i}_round{r}.json")
+            runs[v].append(run_one(trees[v], commits[v], bench_args, out,
+                                   os.path.join(root, f"cache{i}"), pythonpath))
+            print(f"ab.py: round {r + 1} of {args.rounds}, {v} ({commits[v]}) done",
+                  file=sys.stderr)
+    print("\n".join(table(runs)))
+    if args.out:
+        meta = dict(runs[args.revs[0]][0]["meta"], commit=None)
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "versions": commits, "bench_args": bench_args,
+                       "rounds": {commits[v]: [d["rows"] for d in runs[v]] for v in runs}},
+                      f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

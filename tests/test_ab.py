@@ -1,0 +1,87 @@
+"""scripts/ab.py: each version's tree, the child's refusal to time a numba_mla from elsewhere,
+the table, and (slow) a whole A/B of the checkout against HEAD."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "scripts", "ab.py")
+spec = importlib.util.spec_from_file_location("_ab", SCRIPT)
+ab = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ab)
+
+in_git = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"],
+                        capture_output=True).returncode == 0
+needs_git = pytest.mark.skipif(not in_git, reason="not a git checkout")
+
+
+@needs_git
+@pytest.mark.parametrize("rev", ["HEAD", ab.WORKTREE])
+def test_export_tree(rev, tmp_path):
+    tree = ab.export_tree(rev, str(tmp_path / "t"))
+    assert os.path.isfile(os.path.join(tree, "numba_mla", "__init__.py"))
+    assert not any("__pycache__" in d for d, _, _ in os.walk(tree))
+    assert ab.commit_of(rev).rstrip("+") == ab.commit_of("HEAD")
+
+
+def test_child_refuses_a_numba_mla_from_elsewhere(tmp_path):
+    """Started in an empty tree, the child finds numba_mla only through PYTHONPATH (the
+    checkout): it must stop before timing anything."""
+    tree = str(tmp_path)
+    env = dict(os.environ, PYTHONPATH=REPO)
+    r = subprocess.run(ab.bench_command(tree, "x", ["--sweep", "tiny"], str(tmp_path / "o")),
+                       cwd=tree, env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "not the tree" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def _row(us, B=2, provider="numba_mla", backend="mma", spread=0.0):
+    return {"provider": provider, "backend": backend, "batch": B, "heads": 16, "seqlen": 64,
+            "sq": 1, "spread": spread, "mask": "null", "dtype": "bfloat16", "kv": "same",
+            "page_size": 64, "us": us}
+
+
+def test_table_rounds_and_ratios():
+    runs = {"A": [{"rows": [_row(10.0), _row(40.0, B=4)]},
+                  {"rows": [_row(12.0), _row(40.0, B=4)]}],
+            "B": [{"rows": [_row(9.0), _row(44.0, B=4)]},
+                  {"rows": [_row(13.0), _row(36.0, B=4)]}]}
+    lines = ab.table(runs)
+    assert len(lines) == 3
+    first = lines[1]
+    assert first.startswith("numba_mla:mma 2x16x64")
+    assert "10.0 / 12.0" in first and "9.0 / 13.0 (1.000)" in first
+    assert "44.0 / 36.0 (1.000)" in lines[2]
+    runs["B"][0]["rows"][0]["us"] = 11.0  # B: 11 and 13, mean 12, over A's 11
+    assert "(1.091)" in ab.table(runs)[1]
+
+
+def test_table_keeps_configurations_apart():
+    flash = _row(5.0, provider="flash_mla", backend=None)
+    runs = {"A": [{"rows": [_row(10.0), _row(20.0, spread=0.5), flash]}],
+            "B": [{"rows": [_row(11.0)]}]}
+    lines = ab.table(runs)
+    assert len(lines) == 4
+    assert any("s=0.5" in line for line in lines)
+    assert any(line.startswith("flash_mla 2x16x64") and line.rstrip().endswith("-")
+               for line in lines)
+
+
+@pytest.mark.slow
+@needs_git
+def test_ab_of_the_checkout_against_head(tmp_path):
+    """The whole script: two versions, one round each, one configuration."""
+    out = tmp_path / "ab.json"
+    r = subprocess.run([sys.executable, SCRIPT, "HEAD", ab.WORKTREE, "--rounds", "1",
+                        "--out", str(out), "--keep", str(tmp_path / "trees"), "--",
+                        "--sweep", "tiny", "--limit", "1", "--providers", "numba_mla:simt"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert set(data["versions"]) == {"HEAD", ab.WORKTREE}
+    assert all(len(rounds) == 1 and rounds[0] for rounds in data["rounds"].values())
+    assert "numba_mla:simt" in r.stdout
