@@ -154,6 +154,19 @@ def test_count_matches_the_performance_note():
 
 
 @SIMULATOR_ONLY
+def test_versions_of_a_peer_built_from_source(monkeypatch, tmp_path):
+    """A peer imported from a folder (no installed distribution, as the FlashMLA build the
+    H200 runs use) shows its module's version and folder once imported, None before."""
+    from numba_mla.bench import report
+
+    monkeypatch.delitem(sys.modules, "flash_mla", raising=False)
+    assert report.versions(None)["flash_mla"] is None
+    fake = type(sys)("flash_mla")
+    fake.__version__, fake.__file__ = "1.0.0", str(tmp_path / "flash_mla" / "__init__.py")
+    monkeypatch.setitem(sys.modules, "flash_mla", fake)
+    assert report.versions(None)["flash_mla"] == f"1.0.0 from {tmp_path / 'flash_mla'}"
+
+
 def test_problem_paged_varlen(rng):
     """Spread lengths, a shuffled block table with unused entries out of range, NaN past
     each length: the cache the library gets, the token index torch gets, and the reference."""

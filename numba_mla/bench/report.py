@@ -8,6 +8,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 
 import numpy as np
 
@@ -66,6 +67,9 @@ def make_row(prov, problem, timing, err, info, dev_name, ceilings, host, warm_us
 # Metadata
 # ---------------------------------------------------------------------------------------------
 def versions(dev):
+    """Installed versions of numba_mla, its dependencies and the peers; a peer imported from
+    a folder rather than installed (FlashMLA built from source) gives its module's
+    ``__version__`` and path once something has imported it, else None."""
     from importlib import metadata
 
     import numba_mla
@@ -78,7 +82,10 @@ def versions(dev):
         try:
             out[key] = metadata.version(dist)
         except metadata.PackageNotFoundError:
-            out[key] = None
+            module = sys.modules.get(key)
+            out[key] = (None if module is None else
+                        f"{getattr(module, '__version__', '?')} from "
+                        f"{os.path.dirname(getattr(module, '__file__', None) or '?')}")
     if dev is not None and dev.torch is not None:
         out["torch"] = dev.torch.__version__
         out["cuda_runtime"] = dev.torch.version.cuda

@@ -25,7 +25,7 @@ from ..arrays import to_host
 from .configs import SCALE, TOLERANCE, Settings
 from .problems import make_problem
 from .providers import Skip, select_providers
-from .report import COUNTING, make_row, rel_err, stamp
+from .report import COUNTING, make_row, rel_err, stamp, versions
 from .timing import Device, time_gpu, time_host
 
 
@@ -115,4 +115,5 @@ def run(configs, providers=None, settings=None, seed=0, commit=None, progress=Tr
         dev.release()
     bar.close()
     meta["skipped"] = list(skipped.values())
+    meta["versions"] = versions(dev)  # again: peers imported by their runs now show theirs
     return dict(meta=meta, rows=rows)
