@@ -89,40 +89,35 @@ def config_key(row):
             row.get("kv"), row.get("page_size"))
 
 
-def label_of(key):
-    provider, backend, B, H, L, sq, spread, mask, dtype, kv, page = key
-    name = f"{provider}:{backend}" if backend else provider
-    extra = (f" s={spread:g}" if spread else "") + (f" Sq={sq}" if sq != 1 else "")
-    extra += "" if mask in (None, "null") else f" {mask}"
-    extra += "" if kv in (None, "same") else f" kv={kv}"
-    return f"{name} {B}x{H}x{L}{extra}"
-
-
 def table(runs):
-    """Rows of text from ``runs``: {version: [bench JSON of each round]}. Each configuration:
-    every version's median us round by round, and its mean over the first version's."""
+    """Lines of a table from ``runs``: {version: [bench JSON of each round]}. Each
+    configuration (labelled as ``numba-mla bench`` prints it): every version's median us
+    round by round, and its mean over the first version's."""
+    from numba_mla.bench.report import row_label, text_table
+
     versions = list(runs)
-    times = {}
+    times, labels = {}, {}
     for v, rounds in runs.items():
-        for r, data in enumerate(rounds):
+        for data in rounds:
             for row in data["rows"]:
                 if row.get("us") is not None:
-                    times.setdefault(config_key(row), {}).setdefault(v, []).append(row["us"])
-    lines = ["configuration".ljust(40) + "".join(f"{v:>24}" for v in versions)]
+                    key = config_key(row)
+                    labels[key] = [*row_label(row), str(row.get("sq", 1)),
+                                   row.get("mask", "null")]
+                    times.setdefault(key, {}).setdefault(v, []).append(row["us"])
+    cells = []
     for key, by_version in times.items():
         base = by_version.get(versions[0])
-        cells = []
+        line = list(labels[key])
         for v in versions:
             t = by_version.get(v)
-            if not t:
-                cells.append(f"{'-':>24}")
-                continue
-            text = " / ".join(f"{x:.1f}" for x in t)
-            if base and v != versions[0]:
+            text = " / ".join(f"{x:.1f}" for x in t) if t else "-"
+            if t and base and v != versions[0]:
                 text += f" ({sum(t) / len(t) / (sum(base) / len(base)):.3f})"
-            cells.append(f"{text:>24}")
-        lines.append(f"{label_of(key):40.40}" + "".join(cells))
-    return lines
+            line.append(text)
+        cells.append(line)
+    return text_table(["provider", "B x H x L", "Sq", "mask", *versions], cells,
+                      left=("provider", "B x H x L", "mask"))
 
 
 def main(argv=None):

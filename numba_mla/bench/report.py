@@ -209,20 +209,27 @@ def text_table(header, rows, left=()):
     return [head, "-" * len(head)] + [line(r) for r in rows]
 
 
+def row_label(r):
+    """(provider, shape) of a row as the tables print them: the provider with its backend,
+    B x H x L with the lengths' spread and an FP8 cache's layout."""
+    name = r["provider"] + (f":{r['backend']}" if r.get("backend") else "")
+    shape = f"{r['batch']}x{r['heads']}x{r['seqlen']}"
+    if r.get("spread"):
+        shape += f" +-{r['spread']:g}L"
+    elif r.get("varlen"):
+        shape += "~"
+    if r.get("kv", "same") != "same":
+        shape += f" {r['kv']}"
+    return name, shape
+
+
 def format_table(rows):
     """A table of the rows, one line each."""
     header = ["provider", "B x H x L", "Sq", "mask", "P", "us", "p10..p90", "GB/s", "TFLOP/s",
               "%copy", "%dense", "host us", "ovh us", "rel_err", "ok"]
     cells = []
     for r in rows:
-        name = r["provider"] + (f":{r['backend']}" if r.get("backend") else "")
-        shape = f"{r['batch']}x{r['heads']}x{r['seqlen']}"
-        if r.get("spread"):
-            shape += f" +-{r['spread']:g}L"
-        elif r.get("varlen"):
-            shape += "~"
-        if r.get("kv", "same") != "same":
-            shape += f" {r['kv']}"
+        name, shape = row_label(r)
         tol = r.get("tolerance") or TOLERANCE.get(r.get("dtype"), 2e-2)
         err = r.get("rel_err")
         ok = "ok" if err is not None and err <= tol else ("FAIL" if r["provider"] == "numba_mla"
