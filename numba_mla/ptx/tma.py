@@ -80,13 +80,10 @@ def _tma_load_twin(box_rows, box_cols=8, swizzle=False, evict_first=False):
 def tma_load(box_rows, box_cols=8, swizzle=False, evict_first=False):
     # evict_first: the copy's lines are the first L2 gives up (an L2 cache policy made in
     # place: createpolicy), so a stream read once leaves the rest of L2 alone
-    hint = ".L2::cache_hint" if evict_first else ""
-    policy = ", p" if evict_first else ""
-    text = ("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-            f"{hint} [$0], [$1, {{$2, $3}}], [$4]{policy};")
-    if evict_first:
-        text = ("{ .reg .b64 p; createpolicy.fractional.L2::evict_first.b64 p, 1.0; "
-                + text + " }")
+    copy = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+    text = ("{ .reg .b64 p; createpolicy.fractional.L2::evict_first.b64 p, 1.0; "
+            f"{copy}.L2::cache_hint [$0], [$1, {{$2, $3}}], [$4], p; }}" if evict_first
+            else f"{copy} [$0], [$1, {{$2, $3}}], [$4];")
 
     @intrinsic
     def load(typingctx, arr, addr, tmap, src, col, row, bar):
