@@ -93,6 +93,8 @@ def table(runs):
     """Lines of a table from ``runs``: {version: [bench JSON of each round]}. Each
     configuration (labelled as ``numba-mla bench`` prints it): every version's median us
     round by round, and its mean over the first version's."""
+    if REPO not in sys.path:  # run as a script where numba_mla is not installed
+        sys.path.insert(0, REPO)
     from numba_mla.bench.report import row_label, text_table
 
     versions = list(runs)
@@ -145,13 +147,13 @@ def main(argv=None):
                                    os.path.join(root, f"cache{i}"), pythonpath))
             print(f"ab.py: round {r + 1} of {args.rounds}, {v} ({commits[v]}) done",
                   file=sys.stderr)
-    print("\n".join(table(runs)))
-    if args.out:
+    if args.out:  # first: the rounds are kept even if the table fails
         meta = dict(runs[args.revs[0]][0]["meta"], commit=None)
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "versions": commits, "bench_args": bench_args,
                        "rounds": {commits[v]: [d["rows"] for d in runs[v]] for v in runs}},
                       f, indent=1)
+    print("\n".join(table(runs)))
     return 0
 
 
