@@ -61,6 +61,11 @@ BOX_BYTES = BLOCK_M * BOX * 2  # one box of 64 rows (8192)
 NBOX = D_QK // BOX  # boxes per 576-wide operand (9)
 ROWS_BYTES = BLOCK_M * D_QK * 2  # one 64-row operand (73728)
 P_GROUP = 8 * BLOCK_N * 2  # 8 rows of P (1024)
+# The output staged in shared memory before its global writes: fp32 rows of D_V + 8 floats
+# (2080 bytes: the 32 bytes of padding put the 8 rows a warp's fragment store covers in
+# different banks, ptx.acc_store)
+O_PITCH = D_V + 8
+O_BYTES = BLOCK_M * O_PITCH * 4  # 133120
 Q_OFF = 0
 KV_OFF = ROWS_BYTES
 P_OFF = KV_OFF + 2 * ROWS_BYTES
@@ -131,7 +136,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     # FP8: P and red after the raw stages; the output staged over Q and KV (KV's 2 buffers
     # otherwise)
     P_AT, RED_AT, O_AT = (FP8_P_OFF, FP8_RED_OFF, Q_OFF) if FP8 else (P_OFF, RED_OFF, KV_OFF)
-    SUMS_AT = O_AT + BLOCK_M * D_V * 4  # [2][64] f32 after the staged output (Q, KV hold it)
+    SUMS_AT = O_AT + O_BYTES  # [2][64] f32 after the staged output (Q, KV hold it)
     assert SUMS_AT + 2 * BLOCK_M * 4 <= O_AT + 2 * ROWS_BYTES
     e4m3x4_to_16 = ptx.e4m3x4_to_bf16x4 if tag == "bf16" else ptx.e4m3x4_to_f16x4
     UNITS = BLOCK_N // 8 * CHUNKS // 4 // (NTHREADS // 32)  # a warp's units of a tile (18)
@@ -568,11 +573,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             l_p[half] = psum
         # Every warpgroup is done with the last tile: its buffers take the staged output.
         cuda.syncthreads()
-        # Stage O (fp32, row-major [64][512]) over the KV buffers, so the global writes below
-        # are whole rows; the running max and both warpgroups' sums go to ``red``, their sums
-        # of P as multiplied after the staged output (SUMS_AT).
-        store_o(o_acc, smf, sb + O_AT + 4 * (ptx.acc_row(0, wtid) * D_V + DIMS_PER_WG * wg
-                                               + ptx.acc_col(0, wtid)), 4 * D_V)
+        # Stage O (fp32, row-major [64][512], rows O_PITCH floats apart) over the KV buffers,
+        # so the global writes below are whole rows; the running max and both warpgroups' sums
+        # go to ``red``, their sums of P as multiplied after the staged output (SUMS_AT).
+        store_o(o_acc, smf, sb + O_AT + 4 * (ptx.acc_row(0, wtid) * O_PITCH + DIMS_PER_WG * wg
+                                               + ptx.acc_col(0, wtid)), 4 * O_PITCH)
         if lane % 4 == 0:
             for half in range(2):
                 m = ptx.acc_row(2 * half, wtid)
@@ -608,7 +613,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             t_row = uint64(row0) + r // uint64(H)
             h = r % uint64(H)
             inv = smf[uint64(RED_AT // 4 + 2 * BLOCK_M + m)]
-            src = uint64(O_AT // 4 + m * D_V)
+            src = uint64(O_AT // 4 + m * O_PITCH)
             for j in range(D_V // 32):
                 d = uint64(lane + 32 * j)
                 part_out[t_row, h, uint64(p), d] = store(smf[src + d] * inv)

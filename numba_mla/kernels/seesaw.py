@@ -46,7 +46,8 @@ from .. import ptx
 from .._compat import JIT_OPTIONS
 from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles)
-from .mma import BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, RESCALE_SLACK, ROWS_BYTES
+from .mma import (BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, O_BYTES, O_PITCH,
+                  RESCALE_SLACK, ROWS_BYTES)
 
 NS = BLOCK_N // 2  # score accumulators per thread: m64n64 (32)
 DIMS_PER_WG = D_V // 2  # output dims of one warpgroup: wgmma N (256)
@@ -56,6 +57,7 @@ ROPE = NBOX - 1  # the rope box (dims 512-575): K only; holds P once S is done
 Q_OFF = 0
 KV_OFF = ROWS_BYTES
 STAT_OFF = KV_OFF + 2 * ROWS_BYTES
+assert O_BYTES <= STAT_OFF - KV_OFF  # the output is staged over the two buffers
 # rows of ``stat`` (64 floats each); STAT_L and STAT_LP are two rows each (a warpgroup's)
 STAT_M, STAT_SCALE0, STAT_SCALE1, STAT_L, STAT_LP = 0, 1, 2, 3, 5
 BAR_OFF = STAT_OFF + 7 * BLOCK_M * 4
@@ -484,10 +486,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 l_run[half] += ptx.shfl_xor(l_run[half], o, tid)
                 if lag:
                     l_p[half] += ptx.shfl_xor(l_p[half], o, tid)
-        # Both warpgroups are done with the tiles: their buffers take the staged output.
+        # Both warpgroups are done with the tiles: their buffers take the staged output (rows
+        # O_PITCH floats apart).
         cuda.syncthreads()
-        store_o(o_acc, smf, sb + KV_OFF + 4 * (ptx.acc_row(0, wtid) * D_V + DIMS_PER_WG * wg
-                                               + ptx.acc_col(0, wtid)), 4 * D_V)
+        store_o(o_acc, smf, sb + KV_OFF + 4 * (ptx.acc_row(0, wtid) * O_PITCH + DIMS_PER_WG * wg
+                                               + ptx.acc_col(0, wtid)), 4 * O_PITCH)
         if lane % 4 == 0:
             for half in range(2):
                 m = ptx.acc_row(2 * half, wtid)
@@ -515,7 +518,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             t_row = uint64(row0) + r // uint64(H)
             h = r % uint64(H)
             inv = smf[uint64(STAT_OFF // 4 + STAT_L * BLOCK_M + m)]
-            src = uint64(KV_OFF // 4 + m * D_V)
+            src = uint64(KV_OFF // 4 + m * O_PITCH)
             for j in range(D_V // 32):
                 d = uint64(lane + 32 * j)
                 part_out[t_row, h, uint64(p), d] = store(smf[src + d] * inv)

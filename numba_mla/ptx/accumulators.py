@@ -19,7 +19,10 @@ would then live in local memory), hence the written-out forms.
   for acc[:n/2] and a2, a3 for acc[n/2:] (two m16 tiles of mma.sync accumulators).
 - ``acc_store(n)`` -> ``store(acc, arr, addr, row_bytes)``: element i to ``addr +
   8*((i//2)%2)*row_bytes + 4*(8*(i//4) + i%2)``, i.e. the fragment into a float32 row-major
-  shared array whose thread-dependent origin is the shared address ``addr``.
+  shared array whose thread-dependent origin is the shared address ``addr`` (8-byte aligned:
+  elements i, i + 1 of even i go in one 8-byte store). A warp's store covers 8 rows of 32
+  bytes: with ``row_bytes`` a multiple of 128 they fall in the same 8 banks (8 passes where 2
+  do); a pitch of 128 k + 32 bytes spreads them over all 32.
 """
 from llvmlite import ir
 from numba import cuda
@@ -27,6 +30,7 @@ from numba.cuda import types
 from numba.cuda.extending import intrinsic
 
 from ._codegen import acc_pointers, addr32, f32, i32
+from .shared import _aligned
 from ._twin import with_twin
 
 
@@ -117,8 +121,9 @@ def _acc_offset(i, row_bytes):
 
 def _acc_store_twin(n):
     def store(acc, arr, addr, row_bytes):
-        for i in range(n):
-            arr[(addr + _acc_offset(i, row_bytes)) // 4] = acc[i]
+        for i in range(0, n, 2):  # as the GPU form: 8-byte stores, which must be aligned
+            k = _aligned(addr + _acc_offset(i, row_bytes), 8, "acc_store")
+            arr[k], arr[k + 1] = acc[i], acc[i + 1]
 
     return store
 
@@ -130,12 +135,14 @@ def acc_store(n):
         def cg(ctx, b, sig, args):
             base = addr32(ctx, b, args[2], sig.args[2])
             rb = addr32(ctx, b, args[3], sig.args[3])
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, f32]),
-                               "st.shared.f32 [$0], $1;", "r,f,~{memory}", side_effect=True)
-            for i, p in enumerate(acc_pointers(ctx, b, sig.args[0], args[0], n)):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, f32, f32]),
+                               "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f,~{memory}",
+                               side_effect=True)
+            ptrs = acc_pointers(ctx, b, sig.args[0], args[0], n)
+            for i in range(0, n, 2):  # (i, i + 1): adjacent columns of one row
                 row = b.mul(rb, ir.Constant(i32, 8 * ((i // 2) % 2)))
-                off = b.add(row, ir.Constant(i32, 4 * (8 * (i // 4) + i % 2)))
-                b.call(asm, [b.add(base, off), b.load(p)])
+                off = b.add(row, ir.Constant(i32, 4 * (8 * (i // 4))))
+                b.call(asm, [b.add(base, off), b.load(ptrs[i]), b.load(ptrs[i + 1])])
             return ctx.get_dummy_value()
 
         return types.void(acc, arr, addr, row_bytes), cg
