@@ -397,6 +397,31 @@ def test_mma_copy_path(cache_kind, page_size, tma, heads, rng, monkeypatch):
 
 
 @KERNEL
+@pytest.mark.parametrize("num_partitions", [1, 2])
+def test_mma_out_not_aligned_for_vector_stores(num_partitions, rng):
+    """A caller's ``out`` that starts 2 bytes past an 8-byte boundary: where the tensor-core
+    kernel writes ``out`` itself (one partition) its rows go an element a store there (a
+    4-element store would fault: the simulator checks the real address), and the result
+    matches the reference; with two partitions the combine writes ``out``."""
+    from numba import cuda
+
+    p = make_problem(rng, 1, 1, 2, [150], DTYPES["fp16"], "contiguous", 16)
+    mask, score_mod = MASKS["causal"].make(p, rng), SCORE_MODS["identity"].make(p)
+    golden, same = references(p, mask, score_mod)
+    buf = cuda.to_device(np.full(int(np.prod(p.out_shape)) + 1, np.nan, np.float16))
+    out = buf[1:].reshape(p.out_shape)
+    face = (out.__cuda_array_interface__ if hasattr(out, "__cuda_array_interface__")
+            else out.__array_interface__)  # (the simulator's arrays)
+    assert face["data"][0] % 8 == 2
+    cache = nm.ContiguousKVCache(cuda.to_device(p.cache.kv), cuda.to_device(p.lengths))
+    got, lse = nm.mla_decode(cuda.to_device(p.q), cache, p.scale, mask, score_mod,
+                             num_partitions=num_partitions, return_lse=True, out=out,
+                             backend="mma")
+    assert got is out
+    assert_matches_reference(out.copy_to_host(), lse.copy_to_host(), golden, same, "mma")
+
+
+@KERNEL
 def test_mma_tma_falls_back_when_the_seesaw_spills(rng, monkeypatch):
     """Where the seesaw kernel would spill registers (a mask with much arithmetic), TMA tiles
     go to the lockstep kernel's TMA variant, which matches the reference too."""

@@ -56,3 +56,38 @@ def test_misaligned_access_raises_in_simulator(rng):
         with pytest.raises(RuntimeError, match=f"not {size}-byte aligned"):
             call()
     assert ptx.lds128(words, 16) == (4, 5, 6, 7)
+
+
+@cuda.jit
+def store_fours(out, flags):
+    # thread t stores 4 values at out[t // 2, t % 2, 0, 4 * i .. 4 * i + 3] for i = 0, 1
+    t = cuda.threadIdx.x
+    flags[t] = ptx.aligned_x4(out)
+    for i in range(2):
+        v = float32(100 * t + 4 * i)
+        ptx.st_global_x4(out, t // 2, t % 2, 0, 4 * i, v, v + 1, v + 2, v + 3)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_global_stores_of_four(dtype):
+    """``st_global_x4``: four elements of the last axis in one store (float32: 16 bytes, a
+    16-bit dtype: 8), at the right places; ``aligned_x4`` true for an array allocated whole."""
+    out = cuda.to_device(np.full((2, 2, 1, 8), np.nan, dtype))
+    flags = cuda.to_device(np.zeros(4, np.int32))
+    store_fours[1, 4](out, flags)
+    expect = (100 * np.arange(4)[:, None] + np.arange(8)[None, :]).reshape(2, 2, 1, 8)
+    np.testing.assert_array_equal(out.copy_to_host(), expect.astype(dtype))
+    np.testing.assert_array_equal(flags.copy_to_host(), 1)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a GPU faults on a misaligned access: simulator only")
+def test_global_store_of_four_misaligned_raises_in_simulator():
+    """An array that starts 4 bytes past a 16-byte boundary: ``aligned_x4`` says so, and a
+    store of four float32 there raises (where the GPU would fault)."""
+    whole = cuda.to_device(np.zeros(2 * 2 * 8 + 1, np.float32))
+    out = whole[1:].reshape(2, 2, 1, 8)
+    flags = cuda.to_device(np.ones(4, np.int32))
+    with pytest.raises(Exception, match=r"st_global_x4: global address \d+ is not 16-byte"):
+        store_fours[1, 4](out, flags)
+    np.testing.assert_array_equal(flags.copy_to_host()[:1], 0)

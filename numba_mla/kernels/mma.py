@@ -125,6 +125,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     zero_o = ptx.acc_zero(NO)
     scale_o = ptx.acc_scale(NO)
     store_o = ptx.acc_store(NO)
+    write_rows = make_write_rows(store, heads)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           align=BLOCK_N if tma else 1, key_count=key_count)
@@ -605,17 +606,43 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                                      else folded * ptx.rcp(psum))
         # Every row's 1/sum is in place.
         cuda.syncthreads()
-        # A warp a row (rows w, w + 8, ...): each row's index arithmetic is done by one warp,
-        # not by all eight, and each store writes 128 contiguous bytes. Unsigned indices: no
-        # negative-index wrap-around code.
+        write_rows(part_out, smf, sb, O_AT, RED_AT // 4 + 2 * BLOCK_M, row0, r0, nrows, p, tid)
+
+    return partition_kernel
+
+
+def make_write_rows(store, heads):
+    """``write_rows(part_out, smf, sb, o_at, inv_at, row0, r0, nrows, p, tid)``, both
+    tensor-core kernels' last step: the block's staged output (fp32 rows O_PITCH floats apart
+    from shared byte offset ``o_at``), row m times its 1/sum ``smf[inv_at + m]``, ``store``d
+    into ``part_out[t, h, p]`` for the block's rows ``r0 + m`` of sequence rows from ``row0``.
+
+    A warp a row (rows w, w + 8, ...): each row's index arithmetic is done by one warp, not by
+    all eight. A lane reads 4 floats in one load and stores them in one 8- or 16-byte store, a
+    warp's store 256 or 512 contiguous bytes; where ``part_out`` (a caller's ``out``) does not
+    start aligned for that, an element a store. Unsigned indices: no negative-index
+    wrap-around code."""
+    H = heads
+
+    @cuda.jit(device=True)
+    def write_rows(part_out, smf, sb, o_at, inv_at, row0, r0, nrows, p, tid):
+        lane = tid % 32
+        x4 = ptx.aligned_x4(part_out)
         for m in range(tid // 32, nrows, NTHREADS // 32):
             r = uint64(r0 + m)
             t_row = uint64(row0) + r // uint64(H)
             h = r % uint64(H)
-            inv = smf[uint64(RED_AT // 4 + 2 * BLOCK_M + m)]
-            src = uint64(O_AT // 4 + m * O_PITCH)
-            for j in range(D_V // 32):
-                d = uint64(lane + 32 * j)
-                part_out[t_row, h, uint64(p), d] = store(smf[src + d] * inv)
+            inv = smf[uint64(inv_at + m)]
+            if x4:
+                for j in range(D_V // 128):
+                    d = 4 * lane + 128 * j
+                    y0, y1, y2, y3 = ptx.lds128(smf, sb + o_at + 4 * (m * O_PITCH + d))
+                    ptx.st_global_x4(part_out, t_row, h, uint64(p), uint64(d), store(y0 * inv),
+                                     store(y1 * inv), store(y2 * inv), store(y3 * inv))
+            else:
+                src = uint64(o_at // 4 + m * O_PITCH)
+                for j in range(D_V // 32):
+                    d = uint64(lane + 32 * j)
+                    part_out[t_row, h, uint64(p), d] = store(smf[src + d] * inv)
 
-    return partition_kernel
+    return write_rows

@@ -40,14 +40,14 @@ just before waiting for it (the copy may have landed already: the phase complete
 """
 import math
 
-from numba import cuda, float32, int32, uint64
+from numba import cuda, float32, int32
 
 from .. import ptx
 from .._compat import JIT_OPTIONS
 from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles)
 from .mma import (BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, O_BYTES, O_PITCH,
-                  RESCALE_SLACK, ROWS_BYTES)
+                  RESCALE_SLACK, ROWS_BYTES, make_write_rows)
 
 NS = BLOCK_N // 2  # score accumulators per thread: m64n64 (32)
 DIMS_PER_WG = D_V // 2  # output dims of one warpgroup: wgmma N (256)
@@ -94,6 +94,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     zero_o = ptx.acc_zero(NO)
     scale_o = ptx.acc_scale(NO)
     store_o = ptx.acc_store(NO)
+    write_rows = make_write_rows(store, heads)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           align=BLOCK_N, key_count=key_count)
@@ -513,14 +514,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid] = (
                 float32(0.0) if empty else ptx.rcp(lsum))
         cuda.syncthreads()
-        for m in range(tid // 32, nrows, NTHREADS // 32):
-            r = uint64(r0 + m)
-            t_row = uint64(row0) + r // uint64(H)
-            h = r % uint64(H)
-            inv = smf[uint64(STAT_OFF // 4 + STAT_L * BLOCK_M + m)]
-            src = uint64(KV_OFF // 4 + m * O_PITCH)
-            for j in range(D_V // 32):
-                d = uint64(lane + 32 * j)
-                part_out[t_row, h, uint64(p), d] = store(smf[src + d] * inv)
+        write_rows(part_out, smf, sb, KV_OFF, STAT_OFF // 4 + STAT_L * BLOCK_M, row0, r0, nrows,
+                   p, tid)
 
     return partition_kernel

@@ -18,6 +18,11 @@
   into the shared ``arr`` at ``addr`` without passing through registers (``cp.async``, L2
   only); zeros when not ``valid`` (nothing is read). ``cp_async4_at`` the same for 4 bytes
   (through L1).
+- ``aligned_x4(arr)``: whether ``arr`` starts aligned for ``st_global_x4`` (4 elements'
+  bytes). ``st_global_x4(arr, i0, i1, i2, i3, x0, x1, x2, x3)`` stores x0..x3 (converted to
+  ``arr``'s dtype) at ``arr[i0, i1, i2, i3 .. i3 + 3]`` (a 4-D array whose last axis is
+  contiguous) in one 8- or 16-byte store, which must be aligned to its size (the twin checks
+  the element's real address: a caller's array may start anywhere).
 - ``cp_async_commit()`` closes a group of copies, ``cp_async_wait_all()`` waits for this
   thread's groups (``cp_async_wait_one()``: all but its most recent one); a barrier then
   publishes them (and ``fence_proxy_async``, in wgmma.py, to tensor-core reads).
@@ -168,6 +173,56 @@ def sts64(typingctx, arr, addr, v0, v1):
         return ctx.get_dummy_value()
 
     return types.void(arr, addr, v0, v1), cg
+
+
+# -- vector stores to global memory -----------------------------------------------------------
+
+def _address(arr):
+    return arr.__array_interface__["data"][0]
+
+
+def _aligned_x4_twin(arr):
+    return _address(arr) % (4 * arr.dtype.itemsize) == 0
+
+
+@intrinsic_with_twin(_aligned_x4_twin)
+def aligned_x4(typingctx, arr):
+    n = 4 * arr.dtype.bitwidth // 8
+
+    def cg(ctx, b, s, args):
+        addr = b.ptrtoint(array_data(ctx, b, s.args[0], args[0]), i64)
+        return b.icmp_unsigned("==", b.and_(addr, ir.Constant(i64, n - 1)), ir.Constant(i64, 0))
+
+    return types.boolean(arr), cg
+
+
+def _st_global_x4_twin(arr, i0, i1, i2, i3, x0, x1, x2, x3):
+    at = (int(i0), int(i1), int(i2), int(i3))
+    n = 4 * arr.dtype.itemsize
+    addr = _address(arr) + sum(i * st for i, st in zip(at, arr.strides))
+    if addr % n:
+        raise RuntimeError(f"st_global_x4: global address {addr} is not {n}-byte aligned")
+    for k, x in enumerate((x0, x1, x2, x3)):
+        arr[at[0], at[1], at[2], at[3] + k] = x
+
+
+@intrinsic_with_twin(_st_global_x4_twin)
+def st_global_x4(typingctx, arr, i0, i1, i2, i3, x0, x1, x2, x3):
+    sig = types.void(arr, i0, i1, i2, i3, x0, x1, x2, x3)
+
+    def cg(ctx, b, s, args):
+        ptr = item_pointer(ctx, b, s.args[0], args[0], args[1:5], s.args[1:5])
+        elt = ctx.get_data_type(s.args[0].dtype)
+        vec = ir.VectorType(elt, 4)
+        v = ir.Constant(vec, ir.Undefined)
+        for k in range(4):
+            x = ctx.cast(b, args[5 + k], s.args[5 + k], s.args[0].dtype)
+            v = b.insert_element(v, x, ir.Constant(i32, k))
+        st = b.store(v, b.bitcast(ptr, vec.as_pointer()))
+        st.align = 4 * s.args[0].dtype.bitwidth // 8
+        return ctx.get_dummy_value()
+
+    return sig, cg
 
 
 # -- asynchronous copies (cp.async) ------------------------------------------------------------
