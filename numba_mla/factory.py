@@ -216,10 +216,12 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    build)
 
 
-def combine_kernel(tag):
+def combine_kernel(tag, follows=False):
+    """The combine kernel; ``follows``: the variant launched as the partition kernel's
+    programmatic dependent (kernels/combine.py)."""
     def build():
         from .kernels.combine import make_combine_kernel
 
-        return make_combine_kernel(converters(tag)[1])
+        return make_combine_kernel(converters(tag)[1], follows)
 
-    return _cached(("combine", tag), build)
+    return _cached(("combine", tag, follows), build)

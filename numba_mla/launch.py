@@ -207,7 +207,7 @@ class _Launch:
     microseconds). The dynamic shared-memory limit is raised once when above 48 KB (Numba has
     no API for it: numba-cuda#94). The simulator keeps Numba's dispatcher."""
 
-    def __init__(self, dispatcher, args, grid, block, smem=0):
+    def __init__(self, dispatcher, args, grid, block, smem=0, follows=False):
         self.args, self.grid, self.block, self.smem = args, grid, block, smem
         self.dispatcher = dispatcher
         self.kernel = self._params = None
@@ -237,6 +237,20 @@ class _Launch:
         # cuda.bindings: about 0.6 us of Python a call (timed against a stub libcuda), where
         # calling libcuda through ctypes (argtypes set) took about 1.5 us.
         self._enqueue = binding.cuLaunchKernel
+        self._config = self._stream = None
+        if follows:
+            # The previous launch's programmatic dependent (``follows``: the kernel waits for
+            # that grid itself, kernels/combine.py): the driver may start it early, so the gap
+            # between the two kernels is not a whole launch's latency.
+            attr = binding.CUlaunchAttribute()
+            ids = binding.CUlaunchAttributeID
+            attr.id = ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            cfg = binding.CUlaunchConfig()
+            (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY,
+             cfg.blockDimZ, cfg.sharedMemBytes) = self._dims
+            cfg.attrs, cfg.numAttrs = [attr], 1
+            self._config = cfg
 
     def spills(self):
         """Whether the compiled kernel uses local memory (registers spilled, or a call's
@@ -246,13 +260,27 @@ class _Launch:
     def __call__(self, stream=0):
         """Enqueue on ``stream`` (a raw handle; 0: the legacy default stream)."""
         if self._params is not None:
-            err, = self._enqueue(self._func, *self._dims, stream, self._params_ptr, 0)
+            err = self._launch(stream)
             if err:
                 self._failed(err, stream)
         elif self.kernel is None:
             self.dispatcher[self.grid, self.block, 0, self.smem](*self.args)
         else:
             self.kernel.launch(self.args, self.grid, self.block, _core_stream(stream), self.smem)
+
+    def _launch(self, stream):
+        """One launch of the packed kernel on ``stream``; the driver's error code."""
+        if self._config is None:
+            return self._enqueue(self._func, *self._dims, stream, self._params_ptr, 0)[0]
+        from cuda.bindings import driver as binding
+
+        if stream != self._stream:
+            self._config.hStream, self._stream = stream, stream
+        err, = binding.cuLaunchKernelEx(self._config, self._func, self._params_ptr, 0)
+        if err:  # a driver without programmatic launches: plain ones from now on (the
+            self._config = None  # kernel's wait then has nothing to wait for)
+            return self._launch(stream)
+        return err
 
     def set_arg(self, index, array):
         """Later launches take ``array`` as argument ``index``: an array of the same type
@@ -276,8 +304,7 @@ class _Launch:
         res, ctx = binding.cuCtxGetCurrent()
         if not res and not int(ctx):
             cuda.current_context()
-            err, = self._enqueue(self._func, *self._dims, stream, self._params_ptr, 0)
-            if not err:
+            if not self._launch(stream):
                 return
         name = binding.cuGetErrorName(err)[1]
         name = name.decode() if isinstance(name, bytes) else getattr(err, "name", str(err))
@@ -437,8 +464,11 @@ class Plan:
         else:
             # (partition groups of a combine block; ``spec.groups`` are row groups)
             merge_groups = combine.split(T * H, P, heuristics.sm_count())
-            merge = _Launch(factory.combine_kernel(tag), results + (self.out_dev, self.lse_dev),
-                            (T, H), (combine.NTHREADS, merge_groups))
+            follows = (_compat.SIMULATOR  # (in the simulator: the wait is a no-op)
+                       or cuda.get_current_device().compute_capability >= (9, 0))
+            merge = _Launch(factory.combine_kernel(tag, follows),
+                            results + (self.out_dev, self.lse_dev), (T, H),
+                            (combine.NTHREADS, merge_groups), follows=follows)
             self.launches.append(merge)
             self.slots["out"], self.slots["lse"] = (merge, 2), (merge, 3)
 

@@ -203,7 +203,8 @@ def test_listed_schedule(layout, rng, monkeypatch):
     partial) cut in two. Padded: one token of 2 heads (one row group; 12 blocks, what the
     simulator affords); ragged: 2 + 1 + 0 + 2 tokens of 33 heads (two row groups, 24 blocks).
     Checked three ways against the references, out pre-filled with NaN; on a GPU a second
-    run gives the same bits."""
+    run gives the same bits, and the combine went as the partition kernel's programmatic
+    dependent (the driver took the launch attribute: launch._Launch falls back without it)."""
     from numba_mla import launch
 
     tile = mma.BLOCK_N
@@ -240,3 +241,7 @@ def test_listed_schedule(layout, rng, monkeypatch):
                      what="lse")
     for a, b in zip(outs[0], outs[-1]):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    if not _compat.SIMULATOR:
+        merge = plans[0].launches[-1]
+        assert merge.dispatcher.py_func.__name__ == "combine_kernel"
+        assert merge._config is not None

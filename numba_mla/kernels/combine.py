@@ -26,6 +26,7 @@ import math
 
 from numba import cuda, float32
 
+from .. import ptx
 from .._compat import JIT_OPTIONS
 from .common import D_V, NEG_INF
 
@@ -42,11 +43,17 @@ def split(rows, nparts, sms):
     return max(1, min(MAX_SPLIT, nparts // UNROLL, want))
 
 
-def make_combine_kernel(store):
-    """``store(x)`` converts fp32 to the output's storage (see ptx.py)."""
+def make_combine_kernel(store, follows=False):
+    """``store(x)`` converts fp32 to the output's storage (see ptx.py). ``follows``: the
+    kernel is launched as the partition kernel's programmatic dependent (sm_90, launch.py), so
+    the driver may start it before that kernel has finished; it waits for it
+    (``ptx.grid_dependency_wait``) before reading anything, and what is saved is the launch's
+    own latency between the two kernels."""
 
     @cuda.jit(**JIT_OPTIONS)
     def combine_kernel(part_out, part_lse, out, lse):
+        if follows:
+            ptx.grid_dependency_wait()
         # part_out [T, H, P, 512] f32, part_lse [T, H, P] f32 -> out [T, H, 512], lse [T, H] f32
         t = cuda.blockIdx.x
         h = cuda.blockIdx.y

@@ -11,10 +11,11 @@ Modules, by topic (each opens with the list of its primitives):
 
 - ``conversions``: bfloat16 / float16 bits to and from float32, single and packed pairs;
   float8_e4m3fn codes, four a word.
-- ``shared``: shared memory through 32-bit addresses (``lds*``, ``sts*``) and asynchronous
-  copies from global memory (``cp.async``, commit, wait).
+- ``shared``: shared memory through 32-bit addresses (``lds*``, ``sts*``), 4-element stores
+  to global memory, and asynchronous copies from global memory (``cp.async``, commit, wait).
 - ``warp``: shuffles, ``warp_uniform``, ``syncwarp`` (and the simulator's warp exchange).
-- ``barriers``: named barriers (``bar.sync``/``bar.arrive``) and mbarriers.
+- ``barriers``: named barriers (``bar.sync``/``bar.arrive``), mbarriers, and the wait of a
+  grid launched behind another (``griddepcontrol.wait``).
 - ``accumulators``: the tensor-core accumulator fragment and whole-accumulator operations.
 - ``wgmma``: Hopper warpgroup products, their descriptors, fences and waits.
 - ``tma``: tensor maps and bulk tensor copies.
@@ -25,8 +26,8 @@ Every primitive is importable from ``numba_mla.ptx`` itself (``ptx.lds128(...)``
 """
 from .accumulators import acc_col, acc_row, acc_scale, acc_scale_halves, acc_store, acc_zero
 from .arith import divmod_u32, rcp
-from .barriers import (bar_arrive, bar_sync, mbar_expect_tx, mbar_fence_init, mbar_init,
-                       mbar_try_wait)
+from .barriers import (bar_arrive, bar_sync, grid_dependency_wait, mbar_expect_tx,
+                       mbar_fence_init, mbar_init, mbar_try_wait)
 from .conversions import (bf16_to_f32, bf16x2_to_f32, f16_to_f32, f16x2_to_f32, f32_to_bf16,
                           f32_to_f16, pack_bf16x2, pack_e4m3x4, pack_f16x2, e4m3x4_to_bf16x4,
                           e4m3x4_to_f16x4, e4m3x4_to_f32, i32_as_f32)
@@ -54,6 +55,7 @@ __all__ = [
     "shfl_xor", "warp_uniform", "syncwarp",
     # barriers
     "bar_sync", "bar_arrive", "mbar_init", "mbar_fence_init", "mbar_expect_tx", "mbar_try_wait",
+    "grid_dependency_wait",
     # accumulators
     "acc_row", "acc_col", "acc_zero", "acc_scale", "acc_scale_halves", "acc_store",
     # wgmma

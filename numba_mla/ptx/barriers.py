@@ -13,6 +13,12 @@ mbarriers (8 bytes of shared memory at the byte offset ``bar`` of the shared arr
 - ``mbar_expect_tx(arr, bar, nbytes)``: arrive, announcing nbytes of copies that will
   complete on this barrier; the phase completes when both the arrivals and the bytes are in;
 - ``mbar_try_wait(arr, bar, parity)``: True once the phase of that parity completed.
+Grids (sm_90: programmatic dependent launch)
+- ``grid_dependency_wait()``: in a kernel launched with programmatic stream serialization
+  (launch.py), wait until the grid it follows in the stream has completed and its memory
+  writes are visible; nothing to wait for in a kernel launched plainly. The simulator runs
+  kernels one after the other: a no-op there.
+
 In the simulator an mbarrier keeps [phases completed, bytes still expected] in its own 8 bytes
 and a copy counts its bytes off when issued (``complete_tx``): a waiter spins until the issuing
 lane has copied, as on the GPU.
@@ -142,6 +148,9 @@ mbar_init = (_mbar_init_twin if SIMULATOR
 mbar_expect_tx = (_mbar_expect_tx_twin if SIMULATOR
                   else _mbar_op("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;"))
 mbar_fence_init = no_op if SIMULATOR else void_asm("fence.mbarrier_init.release.cluster;")
+
+# -- grids ---------------------------------------------------------------------------------------
+grid_dependency_wait = no_op if SIMULATOR else void_asm("griddepcontrol.wait;")
 
 
 def _mbar_try_wait_twin(arr, bar, parity):
