@@ -162,3 +162,95 @@ def attach_disk_cache(dispatcher, cache_dir, digest):
 
     dispatcher._cache = StableCache(dispatcher.py_func)
     return dispatcher
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulator's block scheduler
+# ---------------------------------------------------------------------------------------------
+# Numba's CUDA simulator runs a block as one Python thread per CUDA thread, and its BlockManager
+# finds out that every live thread reached ``syncthreads`` by polling them all in a loop that
+# never sleeps: the polling thread takes the interpreter from the threads doing the work
+# (a 256-thread block of our kernels spent most of its time there). The scheduler installed
+# below keeps the simulator's rules (a barrier opens when every thread still running waits at
+# it; a thread's exception aborts the block and is raised with its thread and block indices)
+# and is told instead: a thread counts itself in at the barrier or on exit, and the last one
+# wakes the manager. ``syncthreads_count`` / ``_and`` / ``_or`` go through ``syncthreads`` and
+# keep working. Tested with numba-cuda 0.30 (tests/test_simulator.py); installed on import when
+# the simulator is in use and its classes have the members this relies on.
+def _install_block_scheduler():
+    import threading
+
+    from numba.cuda.simulator import kernel as sim
+
+    if not (hasattr(sim, "BlockManager") and hasattr(sim, "BlockThread")
+            and all(hasattr(sim.BlockThread, m) for m in ("syncthreads", "run"))
+            and getattr(sim.BlockManager.run, "_numba_mla", False) is False):
+        return False
+
+    class Thread(sim.BlockThread):
+        def syncthreads(self):
+            if self.abort:
+                raise RuntimeError("abort flag set on syncthreads call")
+            block = self._manager
+            with block._cv:
+                self.syncthreads_blocked = True
+                block._waiting += 1
+                if block._waiting + block._exited == block._threads:
+                    block._cv.notify()
+            self.syncthreads_event.wait()
+            self.syncthreads_event.clear()
+            if self.abort:
+                raise RuntimeError("abort flag set on syncthreads clear")
+
+        def run(self):
+            try:
+                super().run()  # (stores an exception in self.exception)
+            finally:
+                block = self._manager
+                with block._cv:
+                    block._exited += 1
+                    block._failed = block._failed or self.exception is not None
+                    if block._failed or block._waiting + block._exited == block._threads:
+                        block._cv.notify()
+
+    def run(self, grid_point, *args):
+        import numpy as np
+
+        def target():
+            self._f(*args)
+
+        threads = [Thread(target, self, grid_point, point, self._debug)
+                   for point in np.ndindex(*self._block_dim)]
+        self._cv = threading.Condition()
+        self._threads, self._waiting, self._exited, self._failed = len(threads), 0, 0, False
+        for t in threads:
+            t.start()
+        with self._cv:
+            while True:
+                self._cv.wait_for(lambda: self._failed
+                                  or self._waiting + self._exited == self._threads)
+                failed = [t for t in threads if t.exception]
+                if failed:
+                    for t in threads:
+                        t.abort = True
+                        t.syncthreads_blocked = False
+                        t.syncthreads_event.set()
+                    error, traceback = failed[0].exception
+                    raise error.with_traceback(traceback)
+                if self._exited == self._threads:
+                    return
+                self._waiting = 0
+                for t in threads:
+                    if t.syncthreads_blocked:
+                        t.syncthreads_blocked = False
+                        t.syncthreads_event.set()
+
+    run._numba_mla = True
+    sim.BlockManager.run = run
+    return True
+
+
+from ._compat import SIMULATOR as _SIMULATOR  # noqa: E402
+
+#: Whether the simulator runs its blocks with the scheduler above.
+BLOCK_SCHEDULER = _SIMULATOR and _install_block_scheduler()
