@@ -49,12 +49,12 @@ def test_bench_cli_end_to_end(tmp_path, capsys):
     """Two tiny configurations (a paged cache over two pages; Sq = 2 under a causal mask with
     NaN past the length) through ``numba-mla bench``, then ``numba-mla plot`` on its JSON."""
     out, csv_path = tmp_path / "b.json", tmp_path / "b.csv"
-    rc = cli.main(["bench", "--sweep", "tiny", "--limit", "2", "--providers", "numba_mla:simt",
+    rc = cli.main(["bench", "--sweep", "tiny", "--limit", "2", "--providers", "numba_mla:simple",
                    "--out", str(out), "--csv", str(csv_path), "--commit", "test123",
                    "--no-progress"])
     printed = capsys.readouterr().out
     assert rc == 0, printed
-    assert "numba_mla:simt" in printed and "rel_err" in printed  # the table
+    assert "numba_mla:simple" in printed and "rel_err" in printed  # the table
 
     doc = json.loads(out.read_text())
     meta, rows = doc["meta"], doc["rows"]
@@ -68,7 +68,7 @@ def test_bench_cli_end_to_end(tmp_path, capsys):
     for r in rows:
         for key in bench.ROW_KEYS:
             assert key in r, key
-        assert (r["provider"], r["backend"], r["dtype"]) == ("numba_mla", "simt", "bfloat16")
+        assert (r["provider"], r["backend"], r["dtype"]) == ("numba_mla", "simple", "bfloat16")
         assert 0 <= r["rel_err"] < 2e-2
         assert r["us"] > 0 and r["gbps"] > 0 and r["tflops"] > 0
         assert r["host_us"] > 0 and r["ref_subset"] == "all"
@@ -221,10 +221,10 @@ def test_fp8_rows_beside_bf16_rows():
     configs = [bench.Config(1, 2, 20, page_size=8, kv=kv, sweep="fp8")
                for kv in ("same", "e4m3", "v32")]
     def peer(problem):  # a peer that runs wherever it is asked to, here: the 16-bit row
-        prep = providers.numba_mla(problem, "simt")
+        prep = providers.numba_mla(problem, "simple")
         return dataclasses.replace(prep, host_call=None, info={})
 
-    provs = providers.select_providers("numba_mla:simt") + [providers.Provider("peer", peer)]
+    provs = providers.select_providers("numba_mla:simple") + [providers.Provider("peer", peer)]
     doc = bench.run(configs, provs, progress=False, log=lambda *a: None)
     rows = doc["rows"]
     assert [(r["provider"], r["kv"]) for r in rows] == [
@@ -238,7 +238,7 @@ def test_fp8_rows_beside_bf16_rows():
         assert 0 < r["rel_err"] < 2e-2
     assert doc["meta"]["errors"] == []
     table = plot.fp8_markdown(doc["meta"], rows)
-    assert "numba_mla:simt e4m3" in table and "numba_mla:simt v32" in table
+    assert "numba_mla:simple e4m3" in table and "numba_mla:simple v32" in table
     assert table.count("| 1x2x20 |") == 1
 
 
@@ -249,7 +249,7 @@ def test_varlen_sweep_cli(tmp_path, capsys):
     range in each row, then its figure and table from ``plot`` (and nothing else)."""
     out = tmp_path / "v.json"
     rc = cli.main(["bench", "--sweep", "varlen", "--shapes", "2x1x12", "--page-size", "4",
-                   "--providers", "numba_mla:simt", "--out", str(out), "--no-progress"])
+                   "--providers", "numba_mla:simple", "--out", str(out), "--no-progress"])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     rows = json.loads(out.read_text())["rows"]
