@@ -11,6 +11,7 @@ launch path of launch.py (one ``cuLaunchKernel`` over parameters packed once, sh
 above 48 KB: numba-cuda#94, a stream object for a raw handle, torch's raw stream query); the
 disk cache of compiled kernels (kernel_cache.py).
 """
+import os
 import re
 from importlib import metadata
 
@@ -252,5 +253,7 @@ def _install_block_scheduler():
 
 from ._compat import SIMULATOR as _SIMULATOR  # noqa: E402
 
-#: Whether the simulator runs its blocks with the scheduler above.
-BLOCK_SCHEDULER = _SIMULATOR and _install_block_scheduler()
+#: Whether the simulator runs its blocks with the scheduler above (NUMBA_MLA_SIM_SCHEDULER=0
+#: keeps Numba's own).
+BLOCK_SCHEDULER = (_SIMULATOR and os.environ.get("NUMBA_MLA_SIM_SCHEDULER", "1") != "0"
+                   and _install_block_scheduler())
