@@ -199,9 +199,8 @@ def aligned_x4(typingctx, arr):
 def _st_global_x4_twin(arr, i0, i1, i2, i3, x0, x1, x2, x3):
     at = (int(i0), int(i1), int(i2), int(i3))
     n = 4 * arr.dtype.itemsize
-    addr = _address(arr) + sum(i * st for i, st in zip(at, arr.strides))
-    if addr % n:
-        raise RuntimeError(f"st_global_x4: global address {addr} is not {n}-byte aligned")
+    _aligned(_address(arr) + sum(i * st for i, st in zip(at, arr.strides)), n, "st_global_x4",
+             "global address")
     for k, x in enumerate((x0, x1, x2, x3)):
         arr[at[0], at[1], at[2], at[3] + k] = x
 
