@@ -189,6 +189,8 @@ def _install_block_scheduler():
         return False
 
     class Thread(sim.BlockThread):
+        # (BlockThread.syncthreads written out with the count: the flag must be set under the
+        # manager's lock, before the count, or a release could come between them)
         def syncthreads(self):
             if self.abort:
                 raise RuntimeError("abort flag set on syncthreads call")
