@@ -305,6 +305,12 @@ LISTED_GAIN = 0.97
 #: (those of the lowest bounds) are costed in full.
 LISTED_MAX_PIECES = 16
 LISTED_CANDIDATES = 4
+#: Besides the targets ``ceil(longest / k)``, the listed schedule costs, for 1 ... this many
+#: waves of blocks, the smallest target whose blocks fit in that many waves of ``sms``: the
+#: pieces are then as short as the waves allow (on the varlen bench's draws these were the
+#: best targets of all in the model, e.g. 128 x 16 x 8192 at spread 0.5: 83 tiles and 263
+#: blocks, 0.93x the modelled time of the best ``ceil(longest / k)``).
+LISTED_WAVES = 3
 
 
 def _greedy_makespan(sizes, sms):
@@ -356,10 +362,11 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     where it is below ``LISTED_GAIN`` times that, and only where the balanced schedule splits
     (its one-partition launch writes ``out`` directly, which the model's workspace term
     undervalues: measured, not modelled). Candidates: a target of ``ceil(longest / k)``
-    tiles for k = 1 ... ``max_pieces``; the ``LISTED_CANDIDATES`` with the lowest bound
-    (the larger of the longest block and the total work over ``sms``) are costed in full,
-    while that bound is below the best cost so far. ``balanced``: ``balanced_split``'s result
-    for these arguments, when the caller has it."""
+    tiles for k = 1 ... ``max_pieces``, and the targets that fill 1 ... ``LISTED_WAVES``
+    waves (``_wave_targets``); the ``LISTED_CANDIDATES`` with the lowest bound (the larger
+    of the longest block and the total work over ``sms``) and the wave-filling ones are
+    costed in full where that bound is below the best cost so far. ``balanced``:
+    ``balanced_split``'s result for these arguments, when the caller has it."""
     sms = sm_count() if sms is None else sms
     tiles = -(-np.asarray(keys, np.int64) // block_n)
     if tiles.size < 2 or tiles.max(initial=0) <= 1 or tiles.min() == tiles.max():
@@ -373,7 +380,10 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     used = int((blocks > EMPTY_BLOCK_TILES).sum())
     balanced_cost = _greedy_makespan(blocks, sms) + share * used / sms
     longest = int(tiles.max())
-    targets = np.unique(-(-longest // np.arange(1, min(longest, max_pieces) + 1)))
+    waves = _wave_targets(tiles, groups, sms, -(-longest // max_pieces), longest)
+    targets = np.unique(np.concatenate([
+        -(-longest // np.arange(1, min(longest, max_pieces) + 1)), waves]))
+    filling = np.isin(targets, waves)
     pieces = np.maximum(1, -(-tiles[None, :] // targets[:, None]))  # [candidates, B]
     piece = -(-tiles[None, :] // pieces) + BLOCK_OVERHEAD_TILES
     P = pieces.max(axis=1)
@@ -381,9 +391,11 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
                      + EMPTY_BLOCK_TILES * (tiles.size * P - pieces.sum(axis=1)))
     bound = np.maximum(piece.max(axis=1), work / sms) + share * groups * pieces.sum(axis=1) / sms
     best, best_cost = None, balanced_cost * LISTED_GAIN
-    for i in np.argsort(bound, kind="stable")[:LISTED_CANDIDATES].tolist():
+    order = np.argsort(bound, kind="stable")
+    lowest = order[:LISTED_CANDIDATES]
+    for i in np.concatenate([lowest, order[filling[order] & ~np.isin(order, lowest)]]).tolist():
         if bound[i] >= best_cost:
-            break  # (the rest cannot do better)
+            continue  # (cannot do better)
         if P[i] == 1:
             continue  # every sequence whole: the balanced schedule's one partition, direct
         sizes = np.concatenate([np.repeat(piece[i], pieces[i] * groups),
@@ -393,6 +405,28 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
         if cost < best_cost:
             best, best_cost = i, cost
     return None if best is None else pieces[best].astype(np.int32)
+
+
+def _wave_targets(tiles, groups, sms, lo, hi):
+    """For w = 1 ... ``LISTED_WAVES``: the smallest target T in [lo, hi] whose blocks
+    (``groups`` x the sum of ceil(tiles / T)) fit in w waves of ``sms``, where one does (the
+    count falls as T grows: a bisection)."""
+    def blocks(T):
+        return groups * int((-(-tiles // T)).sum())
+
+    found = []
+    for waves in range(1, LISTED_WAVES + 1):
+        if blocks(hi) > waves * sms:
+            continue
+        a, b = lo, hi  # blocks(b) fits
+        while a < b:
+            m = (a + b) // 2
+            if blocks(m) <= waves * sms:
+                b = m
+            else:
+                a = m + 1
+        found.append(a)
+    return np.asarray(found, np.int64)
 
 
 def list_blocks(pieces, tiles, row_groups):

@@ -343,6 +343,41 @@ def test_listed_schedule_examples():
     assert heuristics.listed_split(keys, 64, 1, H200_SMS, rows=16) is None
 
 
+@settings(max_examples=200, deadline=None)
+@given(tiles=st.lists(st.integers(1, 800), min_size=2, max_size=200),
+       groups=st.integers(1, 3), sms=st.sampled_from([16, 132]))
+def test_wave_targets_are_the_smallest_that_fit(tiles, groups, sms):
+    """Each target _wave_targets returns for w waves is the smallest in [lo, hi] whose blocks
+    (groups x sum ceil(tiles / T)) fit in w x sms, and it returns one for every w where hi's
+    blocks fit."""
+    tiles = np.asarray(tiles, np.int64)
+    lo, hi = -(-int(tiles.max()) // heuristics.LISTED_MAX_PIECES), int(tiles.max())
+
+    def blocks(T):
+        return groups * int((-(-tiles // T)).sum())
+
+    found = heuristics._wave_targets(tiles, groups, sms, lo, hi).tolist()
+    fits = [w for w in range(1, heuristics.LISTED_WAVES + 1) if blocks(hi) <= w * sms]
+    assert len(found) == len(fits)
+    for T, w in zip(found, fits):
+        assert lo <= T <= hi and blocks(T) <= w * sms
+        assert T == lo or blocks(T - 1) > w * sms
+
+
+def test_listed_schedule_fills_waves():
+    """128 x 16 x 8192 at spread 0.5 (the varlen bench's draw): the listed schedule cuts at
+    the target that fills two waves of the H200's 132 multiprocessors (83 tiles, 263 blocks),
+    which the targets ceil(longest / k) miss (the nearest, 96 and 64 tiles, give 226 blocks
+    with longer pieces and 324 blocks in three waves)."""
+    from numba_mla.bench import Config, problems
+
+    lengths = problems.draw_lengths(Config(128, 16, 8192, spread=0.5, sweep="varlen"), 0)
+    tiles = -(-np.asarray(lengths) // 64)
+    pieces = heuristics.listed_split(lengths, 64, 1, H200_SMS, rows=16)
+    np.testing.assert_array_equal(pieces, np.maximum(1, -(-tiles // 83)))
+    assert int(pieces.sum()) <= 2 * H200_SMS < int(np.maximum(1, -(-tiles // 82)).sum())
+
+
 def test_greedy_makespan_follows_the_rule():
     """_greedy_makespan against the longest-processing-time rule taken block by block (a heap
     of loads): within 3% on random lists (its rounds approximate the rule), exact for whole
