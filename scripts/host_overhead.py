@@ -64,8 +64,9 @@ def _on_device(p, dev):
     return tuple(dev.cuda.to_device(a) for a in arrays)
 
 
-def calls_by_path(p, dev):
-    """{path: zero-argument call} for every path that can run here, and {path: why not}."""
+def calls_by_path(p, dev, backend="auto"):
+    """{path: zero-argument call} for every path that can run here, and {path: why not};
+    numba_mla's calls run ``backend``."""
     import numpy as np
 
     import numba_mla as nm
@@ -85,13 +86,14 @@ def calls_by_path(p, dev):
 
     def new_lengths():  # the fast idiom: the same cache with new (host) lengths
         turn[0] ^= 1
-        return nm.mla_decode(q, cache.with_lengths(hosts[turn[0]]), p.scale)
+        return nm.mla_decode(q, cache.with_lengths(hosts[turn[0]]), p.scale, backend=backend)
 
     def new_cache():  # a new cache object over the same arrays (checks copy device data)
         turn[0] ^= 1
-        return nm.mla_decode(q, nm.PagedKVCache(pages, block_table, both[turn[0]]), p.scale)
+        return nm.mla_decode(q, nm.PagedKVCache(pages, block_table, both[turn[0]]), p.scale,
+                             backend=backend)
 
-    calls = {"mla_decode": lambda: nm.mla_decode(q, cache, p.scale),
+    calls = {"mla_decode": lambda: nm.mla_decode(q, cache, p.scale, backend=backend),
              "mla_decode_new_lengths": new_lengths, "mla_decode_new_cache": new_cache}
     missing = {}
     if dev.simulator:
@@ -111,7 +113,7 @@ def calls_by_path(p, dev):
                 own.copy_(src)
             else:
                 own.copy_to_device(src)
-            return nm.mla_decode(q, in_place, p.scale)
+            return nm.mla_decode(q, in_place, p.scale, backend=backend)
 
         calls["mla_decode_lengths_in_place"] = lengths_in_place
     if dev.simulator:
@@ -123,9 +125,9 @@ def calls_by_path(p, dev):
         offsets = (dev.torch.as_tensor(starts, device="cuda") if dev.torch is not None
                    else dev.cuda.to_device(starts))
         calls["mla_decode_ragged_device_offsets"] = (
-            lambda: nm.mla_decode_ragged(rows, offsets, cache, p.scale))
+            lambda: nm.mla_decode_ragged(rows, offsets, cache, p.scale, backend=backend))
     try:
-        calls["prepare"] = nm.prepare(q, cache, p.scale)
+        calls["prepare"] = nm.prepare(q, cache, p.scale, backend=backend)
     except TypeError as e:  # host arrays (the simulator)
         missing["prepare"] = str(e)
     peers = {"flash_mla": (bench.providers.flash_mla, bench.providers._needs("flash_mla")),
@@ -152,6 +154,9 @@ def main(argv=None):
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--commit", default=None, help="commit to record (default: git's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="auto",
+                    help="numba_mla's backend (default auto; the tests take the quick 'simple' "
+                         "in the simulator: the paths' host costs are what is measured)")
     args = ap.parse_args(argv)
 
     from numba_mla import _compat
@@ -166,7 +171,7 @@ def main(argv=None):
     cfg = bench.Config(B, H, L, page_size=args.page_size, sweep="host_overhead")
     settings = bench.Settings.simulator() if dev.simulator else bench.Settings.gpu()
     p = bench.make_problem(cfg, dev, np.random.default_rng(args.seed), settings, args.seed)
-    calls, missing = calls_by_path(p, dev)
+    calls, missing = calls_by_path(p, dev, args.backend)
 
     rows = []
     for path in PATHS:
@@ -181,7 +186,7 @@ def main(argv=None):
     meta.update(
         shape=dict(batch=B, heads=H, seqlen=L, sq=1, page_size=args.page_size,
                    dtype="bfloat16"),
-        calls=args.calls, warmup=args.warmup, context_spins=bool(spin),
+        calls=args.calls, warmup=args.warmup, context_spins=bool(spin), backend=args.backend,
         inputs=("torch tensors" if dev.torch is not None else
                 "NumPy arrays (simulator)" if dev.simulator else "Numba device arrays"),
         timing=("call_sync_us: median wall time of one call + synchronize; enqueue_us: median "

@@ -466,14 +466,16 @@ def _script(name):
 @SIMULATOR_ONLY
 def test_host_overhead_script(tmp_path, capsys):
     """One call per path on a tiny shape: a row per path that runs here with both measures,
-    the others listed with their reason; meta with device, date, commit."""
+    the others listed with their reason; meta with device, date, commit and backend (the
+    quick ``"simple"`` kernel: the script's paths are what is tested)."""
     out = tmp_path / "h.json"
     mod = _script("host_overhead")
     assert mod.main(["--calls", "1", "--warmup", "0", "--shape", "1x1x8", "--page-size", "4",
-                     "--out", str(out), "--commit", "abc1234"]) == 0
+                     "--out", str(out), "--commit", "abc1234", "--backend", "simple"]) == 0
     doc = json.loads(out.read_text())
     meta, rows = doc["meta"], doc["rows"]
     assert (meta["device"], meta["commit"]) == ("CUDA simulator", "abc1234") and meta["date"]
+    assert meta["backend"] == "simple"
     assert [r["path"] for r in rows] == ["mla_decode", "mla_decode_new_lengths",
                                          "mla_decode_new_cache"]
     for r in rows:
