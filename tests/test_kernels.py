@@ -879,11 +879,14 @@ def test_gpu_torch_tensors(backend, rng):
 
 
 @KERNEL
-@pytest.mark.parametrize("rows", [2, 32], ids=["16rows", "32rows"])
+@pytest.mark.parametrize("rows", [pytest.param(2, id="16rows"),
+                                  pytest.param(32, id="32rows", marks=pytest.mark.slow)])
 def test_cache_not_16_byte_aligned_copies_words(rows, rng, monkeypatch):
     """A cache whose start is not 16-byte aligned (a view into a larger buffer: see the GPU
     test below) is copied in 4-byte pieces: the same answers. Here the alignment check is
-    made to say no, so the simulator runs that variant too."""
+    made to say no, so the simulator runs that variant too. (32 rows, a minute in the
+    simulator, runs with the slow tests; CI reaches its 4-byte copy through
+    test_one_partition_of_several_tiles.)"""
     monkeypatch.setattr(launch, "_aligned16", lambda dev: False)
     p = make_problem(rng, 2, 1, rows, [simt_tile(rows, BF16) + 3, 9], BF16, "paged", 16)
     check_kernel(p, nm.CausalMask(), nm.IdentityScoreMod(), num_partitions=2)

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import numba_mla as nm
 from helpers import BF16, make_bias, make_problem
 from numba_mla import _compat, factory, kernel_cache, plans
+from numba_mla.kernels import simple
 
 KERNEL = pytest.mark.kernel
 
@@ -58,10 +59,11 @@ def host(x):
 
 
 @KERNEL
-@pytest.mark.parametrize("backend", ["simt", "mma"])
+@pytest.mark.parametrize("backend", ["simple", "mma", pytest.param("simt", marks=pytest.mark.gpu)])
 def test_plain_call_reuses_its_plan(backend, rng):
     """Two plain calls: one plan kept, two output arrays, both results bit-identical to the
-    host-array call and to a prepared step."""
+    host-array call and to a prepared step. (The plan cache is the same for every backend;
+    the FMA kernel, 15 s a call in the simulator, runs it on the GPU only.)"""
     plans.clear()
     p = make_problem(rng, 2, 1, 1, [19, 7], BF16, "paged", 8)
     q, cache = on_device(p)
@@ -166,11 +168,12 @@ def test_flare_reuses_the_plain_calls_plan(rng, monkeypatch):
 @KERNEL
 def test_in_place_changes_are_honoured(rng):
     """q, the cache's rows and its lengths rewritten in device memory between two calls: the
-    second call sees them (lengths in place are the decode loop's fast idiom)."""
+    second call sees them (lengths in place are the decode loop's fast idiom). (The readable
+    kernel: what a plan keeps is the same for every backend.)"""
     plans.clear()
     p = make_problem(rng, 2, 1, 2, [11, 6], BF16, "paged", 4, capacity=16)
     q, cache = on_device(p)
-    nm.mla_decode(q, cache, p.scale, backend="simt")
+    nm.mla_decode(q, cache, p.scale, backend="simple")
     p2 = make_problem(rng, 2, 1, 2, [12, 8], BF16, "paged", 4, capacity=16)  # same pages
     # the second problem's data written into the first one's arrays
     q.view(np.int16).copy_to_device(np.ascontiguousarray(p2.q).view(np.int16))
@@ -178,9 +181,9 @@ def test_in_place_changes_are_honoured(rng):
         np.ascontiguousarray(p2.cache.storage).view(np.int16))
     cache.block_table.copy_to_device(p2.cache.block_table_host)
     cache.lengths.copy_to_device(p2.cache.lengths_host)
-    got = nm.mla_decode(q, cache, p.scale, backend="simt")
+    got = nm.mla_decode(q, cache, p.scale, backend="simple")
     assert plans.size() == 1
-    np.testing.assert_array_equal(host(got), p2.run(nm, backend="simt"))
+    np.testing.assert_array_equal(host(got), p2.run(nm, backend="simple"))
 
 
 @KERNEL
@@ -310,17 +313,25 @@ def test_clamped_offsets_are_valid(offsets, total):
 
 
 @KERNEL
-def test_new_lengths_keep_the_plan_while_the_schedule_holds(rng):
+def test_new_lengths_keep_the_plan_while_the_schedule_holds(rng, monkeypatch):
     """``with_lengths`` a few tokens on (a decode step): the split-K schedule (chunk, P) is
     the same, so the plan is kept; lengths that call for another schedule get their own plan.
-    Every result equals a fresh host-array call's."""
+    Every result equals a fresh host-array call's. (The readable kernel: the plans are the
+    same for every backend, and it is the fastest in the simulator.)"""
+    from numba_mla import heuristics
+
+    monkeypatch.setattr(heuristics, "sm_count", lambda: 16)  # (the same schedules on a GPU)
+    steps = (([38, 9], 1), ([39, 10], 1), ([117, 3], 2))
+    schedules = [heuristics.balanced_split(lengths, simple.BLOCK_N, 1, rows=1)
+                 for lengths, _ in steps]
+    assert schedules[0] == schedules[1] != schedules[2], schedules  # (what the test is about)
     plans.clear()
     p = make_problem(rng, 2, 1, 1, [117, 10], np.float32, "paged", 4, capacity=120)
     q, cache = on_device(p)
-    for lengths, n_plans in (([40, 9], 1), ([41, 10], 1), ([117, 3], 2)):
+    for lengths, n_plans in steps:
         lengths = np.array(lengths, np.int32)
-        got = nm.mla_decode(q, cache.with_lengths(lengths), p.scale, backend="simt")
-        expected = nm.mla_decode(p.q, p.cache.with_lengths(lengths), p.scale, backend="simt")
+        got = nm.mla_decode(q, cache.with_lengths(lengths), p.scale, backend="simple")
+        expected = nm.mla_decode(p.q, p.cache.with_lengths(lengths), p.scale, backend="simple")
         np.testing.assert_array_equal(got.copy_to_host(), expected)
         assert np.isfinite(expected).all()
         assert plans.size() == n_plans, lengths

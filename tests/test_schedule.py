@@ -147,7 +147,7 @@ def test_masks_count_kept_keys():
 # Kernels (simulator)
 # ---------------------------------------------------------------------------------------------
 CASES = [  # backend, dtype, lengths, simulated multiprocessors, (chunk, P) expected
-    ("simt", np.float32, [260, 20, 0, 90], 4, (5, 2)),   # 32-key tiles: 9 | 1 | 0 | 3
+    ("simt", np.float32, [140, 20, 0, 90], 4, (3, 2)),   # 32-key tiles: 5 | 1 | 0 | 3
     ("mma", BF16, [300, 40, 0, 130], 8, (2, 3)),         # 64-key tiles: 5 | 1 | 0 | 3
     ("simple", np.float32, [60, 13, 0, 30], 4, (4, 2)),  # 8-key tiles: 8 | 2 | 0 | 4
     # 13 | 2 | 0 | 5 tiles in 13 partitions: two combine steps, the second empty for two rows
@@ -157,7 +157,7 @@ CASES = [  # backend, dtype, lengths, simulated multiprocessors, (chunk, P) expe
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("backend,dtype,lengths,sms,want", CASES,
-                         ids=["simt-chunk5", "mma-chunk2", "simple-chunk4", "simple-chunk1"])
+                         ids=["simt-chunk3", "mma-chunk2", "simple-chunk4", "simple-chunk1"])
 def test_balanced_schedule_kernels(backend, dtype, lengths, sms, want, rng, monkeypatch):
     """Spread lengths (one sequence empty) under a device whose size makes the chunk differ
     from the even split of the longest sequence (a sequence of 3 tiles walks [0, 3) and leaves
