@@ -24,7 +24,7 @@ in the output dtype.
 """
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, uint64
 
 from .. import ptx
 from .._compat import JIT_OPTIONS
@@ -55,12 +55,13 @@ def make_combine_kernel(store, follows=False):
         if follows:
             ptx.grid_dependency_wait()
         # part_out [T, H, P, 512] f32, part_lse [T, H, P] f32 -> out [T, H, 512], lse [T, H] f32
-        t = cuda.blockIdx.x
-        h = cuda.blockIdx.y
-        x = cuda.threadIdx.x
-        g = cuda.threadIdx.y
-        S = cuda.blockDim.y
-        nparts = part_lse.shape[2]
+        # (unsigned indices: no wraparound test for negative ones, one base address a row)
+        t = uint64(cuda.blockIdx.x)
+        h = uint64(cuda.blockIdx.y)
+        x = uint64(cuda.threadIdx.x)
+        g = uint64(cuda.threadIdx.y)
+        S = uint64(cuda.blockDim.y)
+        nparts = uint64(part_lse.shape[2])
         acc = cuda.local.array(DIMS, float32)
         xs = cuda.local.array((UNROLL, DIMS), float32)
         ls = cuda.local.array(UNROLL, float32)
@@ -72,7 +73,7 @@ def make_combine_kernel(store, follows=False):
         nxt = cuda.local.array(UNROLL, float32)  # the next step's LSEs, loaded a step ahead
         for u in range(UNROLL):
             p = g * UNROLL + u
-            nxt[u] = part_lse[t, h, min(p, nparts - 1)] if p < nparts else float32(NEG_INF)
+            nxt[u] = part_lse[t, h, p] if p < nparts else float32(NEG_INF)
         for p0 in range(g * UNROLL, nparts, S * UNROLL):
             # Loads first: the outputs of the partitions that kept a key (an empty one, LSE
             # -inf, never wrote its output), then the next step's LSEs, all in flight at once.
@@ -80,10 +81,10 @@ def make_combine_kernel(store, follows=False):
                 ls[u] = nxt[u]
                 if ls[u] != float32(NEG_INF):  # (past the end: -inf)
                     for j in range(DIMS):
-                        xs[u, j] = part_out[t, h, p0 + u, x + NTHREADS * j]
+                        xs[u, j] = part_out[t, h, p0 + u, x + uint64(NTHREADS * j)]
             for u in range(UNROLL):
                 p = p0 + S * UNROLL + u
-                nxt[u] = part_lse[t, h, min(p, nparts - 1)] if p < nparts else float32(NEG_INF)
+                nxt[u] = part_lse[t, h, p] if p < nparts else float32(NEG_INF)
             m_new = m
             for u in range(UNROLL):
                 if ls[u] != ls[u]:
@@ -111,7 +112,7 @@ def make_combine_kernel(store, follows=False):
         s_total = cuda.shared.array(MAX_SPLIT, float32)
         s_nan = cuda.shared.array(MAX_SPLIT, float32)
         for j in range(DIMS):
-            s_acc[g, x + NTHREADS * j] = acc[j]
+            s_acc[g, x + uint64(NTHREADS * j)] = acc[j]
         if x == 0:
             s_m[g] = m
             s_total[g] = total
@@ -123,23 +124,28 @@ def make_combine_kernel(store, follows=False):
         for k in range(S):
             any_nan = any_nan or s_nan[k] != 0.0
             big = max(big, s_m[k])
+        # Each group's weight exp(m_k - big), then divided by the row's total: once a thread,
+        # not once a dim (an empty group, m_k = -inf, weighs 0).
+        wk = cuda.local.array(MAX_SPLIT, float32)
         row_total = float32(0.0)
-        for k in range(S):
-            if s_m[k] != float32(NEG_INF):
-                row_total += s_total[k] * math.exp(s_m[k] - big)
+        for k in range(MAX_SPLIT):
+            wk[k] = float32(0.0)
+            if k < S and s_m[k] != float32(NEG_INF):
+                wk[k] = math.exp(s_m[k] - big)
+                row_total += s_total[k] * wk[k]
+        inv = float32(1.0) / row_total if row_total > 0.0 else float32(0.0)
+        for k in range(MAX_SPLIT):
+            wk[k] *= inv
         first = x == 0 and g == 0  # the thread that writes the row's LSE
-        for j in range(g, DIMS, S):
-            d = x + NTHREADS * j
+        for j in range(g, uint64(DIMS), S):
+            d = x + uint64(NTHREADS) * j
             if any_nan:  # NaN among the row's scores: the row is NaN, as in the reference
                 y = float32(math.nan)
-            elif big == float32(NEG_INF):  # no kept key at all
+            else:  # (no kept key at all: every weight 0, y = 0)
                 y = float32(0.0)
-            else:
-                y = float32(0.0)
-                for k in range(S):
-                    if s_m[k] != float32(NEG_INF):
-                        y += s_acc[k, d] * math.exp(s_m[k] - big)
-                y /= row_total
+                for k in range(MAX_SPLIT):
+                    if k < S:
+                        y += s_acc[k, d] * wk[k]
             out[t, h, d] = store(y)
         if first:
             if any_nan:
