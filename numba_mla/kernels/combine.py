@@ -10,10 +10,10 @@ and lse = -inf (never NaN). A NaN LSE (NaN in the row's scores) makes the row Na
 reference.
 
 Grid ``(T, H)``, block ``(128, S)``: block (t, h) merges row (t, h). Thread (x, g) holds output
-dims x, x + 128, x + 256, x + 384 (each load of a warp is 128 contiguous bytes) and merges
+dims 4x .. 4x + 3 (one 16-byte load a partition; a warp's load is 512 contiguous bytes) and merges
 partitions g, g + S, ... in one pass, the maximum kept as it goes (as the partition kernel's
 online softmax does); the S groups then meet in shared memory. Every load of a step is issued
-before any is used (UNROLL partitions x 4 dims), so a thread keeps 32 loads in flight: the
+before any is used (UNROLL partitions, 16 bytes each), so a thread keeps 8 loads in flight: the
 merge is bound by memory latency, and one long row (B = 1) still spreads its partitions over
 S x 4 warps. A step's LSEs are loaded one step ahead, so that only the outputs of partitions
 that kept a key are read: under the balanced schedule (heuristics.balanced_split) a short
@@ -80,8 +80,9 @@ def make_combine_kernel(store, follows=False):
             for u in range(UNROLL):
                 ls[u] = nxt[u]
                 if ls[u] != float32(NEG_INF):  # (past the end: -inf)
+                    v = ptx.ld_global_x4(part_out, t, h, p0 + u, uint64(DIMS) * x)
                     for j in range(DIMS):
-                        xs[u, j] = part_out[t, h, p0 + u, x + uint64(NTHREADS * j)]
+                        xs[u, j] = v[j]
             for u in range(UNROLL):
                 p = p0 + S * UNROLL + u
                 nxt[u] = part_lse[t, h, p] if p < nparts else float32(NEG_INF)
@@ -99,20 +100,23 @@ def make_combine_kernel(store, follows=False):
                 acc[j] *= c
             m = m_new
             for u in range(UNROLL):
-                w = math.exp(ls[u] - m)
-                if w > 0.0:  # an empty or NaN partition adds nothing, whatever its output holds
-                    total += w
-                    for j in range(DIMS):
-                        acc[j] += w * xs[u, j]
+                # An empty or NaN partition adds nothing, whatever its output holds (and costs
+                # no exp: under the balanced schedule most slots of a short row are empty).
+                if ls[u] > float32(NEG_INF):
+                    w = math.exp(ls[u] - m)
+                    if w > 0.0:
+                        total += w
+                        for j in range(DIMS):
+                            acc[j] += w * xs[u, j]
 
         # The groups meet: each leaves m, total, NaN and its sums; every thread then finishes
-        # the dims x + 128 g' of its group's slot g.
+        # the dims 4x + j, j = g, g + S, ... of its four.
         s_acc = cuda.shared.array((MAX_SPLIT, D_V), float32)
         s_m = cuda.shared.array(MAX_SPLIT, float32)
         s_total = cuda.shared.array(MAX_SPLIT, float32)
         s_nan = cuda.shared.array(MAX_SPLIT, float32)
         for j in range(DIMS):
-            s_acc[g, x + uint64(NTHREADS * j)] = acc[j]
+            s_acc[g, uint64(DIMS) * x + uint64(j)] = acc[j]
         if x == 0:
             s_m[g] = m
             s_total[g] = total
@@ -138,7 +142,7 @@ def make_combine_kernel(store, follows=False):
             wk[k] *= inv
         first = x == 0 and g == 0  # the thread that writes the row's LSE
         for j in range(g, uint64(DIMS), S):
-            d = x + uint64(NTHREADS) * j
+            d = uint64(DIMS) * x + j
             if any_nan:  # NaN among the row's scores: the row is NaN, as in the reference
                 y = float32(math.nan)
             else:  # (no kept key at all: every weight 0, y = 0)

@@ -23,6 +23,8 @@
   ``arr``'s dtype) at ``arr[i0, i1, i2, i3 .. i3 + 3]`` (a 4-D array whose last axis is
   contiguous) in one 8- or 16-byte store, which must be aligned to its size (the twin checks
   the element's real address: a caller's array may start anywhere).
+  ``ld_global_x4(arr, i0, i1, i2, i3)`` loads ``arr[i0, i1, i2, i3 .. i3 + 3]`` the same way
+  (a tuple of four), aligned likewise.
 - ``cp_async_commit()`` closes a group of copies, ``cp_async_wait_all()`` waits for this
   thread's groups (``cp_async_wait_one()``: all but its most recent one); a barrier then
   publishes them (and ``fence_proxy_async``, in wgmma.py, to tensor-core reads).
@@ -220,6 +222,30 @@ def st_global_x4(typingctx, arr, i0, i1, i2, i3, x0, x1, x2, x3):
         st = b.store(v, b.bitcast(ptr, vec.as_pointer()))
         st.align = 4 * s.args[0].dtype.bitwidth // 8
         return ctx.get_dummy_value()
+
+    return sig, cg
+
+
+def _ld_global_x4_twin(arr, i0, i1, i2, i3):
+    at = (int(i0), int(i1), int(i2), int(i3))
+    n = 4 * arr.dtype.itemsize
+    _aligned(_address(arr) + sum(i * st for i, st in zip(at, arr.strides)), n, "ld_global_x4",
+             "global address")
+    return tuple(arr[at[0], at[1], at[2], at[3] + k] for k in range(4))
+
+
+@intrinsic_with_twin(_ld_global_x4_twin)
+def ld_global_x4(typingctx, arr, i0, i1, i2, i3):
+    sig = types.UniTuple(arr.dtype, 4)(arr, i0, i1, i2, i3)
+
+    def cg(ctx, b, s, args):
+        ptr = item_pointer(ctx, b, s.args[0], args[0], args[1:5], s.args[1:5])
+        elt = ctx.get_data_type(s.args[0].dtype)
+        vec = ir.VectorType(elt, 4)
+        ld = b.load(b.bitcast(ptr, vec.as_pointer()))
+        ld.align = 4 * s.args[0].dtype.bitwidth // 8
+        return ctx.make_tuple(b, s.return_type,
+                              [b.extract_element(ld, ir.Constant(i32, k)) for k in range(4)])
 
     return sig, cg
 
