@@ -81,6 +81,40 @@ def test_global_stores_of_four(dtype):
     np.testing.assert_array_equal(flags.copy_to_host(), 1)
 
 
+@cuda.jit
+def load_fours(src, out):
+    # thread t loads src[t // 2, t % 2, 1, 4 * i .. 4 * i + 3] for i = 0, 1 and writes them
+    # to out[t, 4 * i ..] in reverse order within the four
+    t = cuda.threadIdx.x
+    for i in range(2):
+        v = ptx.ld_global_x4(src, t // 2, t % 2, 1, 4 * i)
+        for k in range(4):
+            out[t, 4 * i + 3 - k] = v[k]
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_global_loads_of_four(dtype):
+    """``ld_global_x4``: four elements of the last axis in one load, from the right places
+    (the four in order: each thread writes them back reversed)."""
+    src = np.arange(2 * 2 * 2 * 8).reshape(2, 2, 2, 8).astype(dtype)
+    out = cuda.to_device(np.full((4, 8), np.nan, dtype))
+    load_fours[1, 4](cuda.to_device(src), out)
+    expect = src[:, :, 1, :].reshape(4, 2, 4)[:, :, ::-1].reshape(4, 8)
+    np.testing.assert_array_equal(out.copy_to_host(), expect)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a GPU faults on a misaligned access: simulator only")
+def test_global_load_of_four_misaligned_raises_in_simulator():
+    """A source that starts 4 bytes past a 16-byte boundary: a load of four float32 there
+    raises (where the GPU would fault)."""
+    whole = cuda.to_device(np.zeros(2 * 2 * 2 * 8 + 1, np.float32))
+    src = whole[1:].reshape(2, 2, 2, 8)
+    out = cuda.to_device(np.zeros((4, 8), np.float32))
+    with pytest.raises(Exception, match=r"ld_global_x4: global address \d+ is not 16-byte"):
+        load_fours[1, 4](src, out)
+
+
 @pytest.mark.skipif(not SIMULATOR, reason="a GPU faults on a misaligned access: simulator only")
 def test_global_store_of_four_misaligned_raises_in_simulator():
     """An array that starts 4 bytes past a 16-byte boundary: ``aligned_x4`` says so, and a
