@@ -10,14 +10,15 @@ and lse = -inf (never NaN). A NaN LSE (NaN in the row's scores) makes the row Na
 reference.
 
 Grid ``(T, H)``, block ``(128, S)``: block (t, h) merges row (t, h). Thread (x, g) holds output
-dims 4x .. 4x + 3 (one 16-byte load a partition; a warp's load is 512 contiguous bytes) and merges
-partitions g, g + S, ... in one pass, the maximum kept as it goes (as the partition kernel's
-online softmax does); the S groups then meet in shared memory. Every load of a step is issued
-before any is used (UNROLL partitions, 16 bytes each), so a thread keeps 8 loads in flight: the
-merge is bound by memory latency, and one long row (B = 1) still spreads its partitions over
-S x 4 warps. A step's LSEs are loaded one step ahead, so that only the outputs of partitions
-that kept a key are read: under the balanced schedule (heuristics.balanced_split) a short
-sequence leaves most of its P partitions empty, and those cost one LSE each, not 2 KB.
+dims 4x .. 4x + 3 (one 16-byte load a partition; a warp's load is 512 contiguous bytes) and
+merges partitions g, g + S, ... in one pass, the maximum kept as it goes (as the partition
+kernel's online softmax does); the S groups then meet in shared memory. Every load of a step is
+issued before any is used (UNROLL partitions, 16 bytes each), so a thread keeps 8 loads in
+flight (what bounds the merge, measured, is its instructions: docs/kernels/combine.md), and one
+long row (B = 1) still spreads its partitions over S x 4 warps. A step's LSEs are loaded one
+step ahead, so that only the outputs of partitions that kept a key are read: under the balanced
+schedule (heuristics.balanced_split) a short sequence leaves most of its P partitions empty, and
+those cost one LSE each, not 2 KB.
 ``split(rows, P)`` picks S (launch.py).
 Traffic: reads P LSEs and (partitions that kept a key) x 512 fp32 per row, writes 512 values
 in the output dtype.

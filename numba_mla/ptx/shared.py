@@ -198,11 +198,17 @@ def aligned_x4(typingctx, arr):
     return types.boolean(arr), cg
 
 
-def _st_global_x4_twin(arr, i0, i1, i2, i3, x0, x1, x2, x3):
+def _x4_at(arr, i0, i1, i2, i3, name):
+    """(Simulator) The indices of an x4 access, checked as the GPU would: its element's real
+    address aligned to the four elements' bytes."""
     at = (int(i0), int(i1), int(i2), int(i3))
-    n = 4 * arr.dtype.itemsize
-    _aligned(_address(arr) + sum(i * st for i, st in zip(at, arr.strides)), n, "st_global_x4",
-             "global address")
+    _aligned(_address(arr) + sum(i * st for i, st in zip(at, arr.strides)),
+             4 * arr.dtype.itemsize, name, "global address")
+    return at
+
+
+def _st_global_x4_twin(arr, i0, i1, i2, i3, x0, x1, x2, x3):
+    at = _x4_at(arr, i0, i1, i2, i3, "st_global_x4")
     for k, x in enumerate((x0, x1, x2, x3)):
         arr[at[0], at[1], at[2], at[3] + k] = x
 
@@ -227,10 +233,7 @@ def st_global_x4(typingctx, arr, i0, i1, i2, i3, x0, x1, x2, x3):
 
 
 def _ld_global_x4_twin(arr, i0, i1, i2, i3):
-    at = (int(i0), int(i1), int(i2), int(i3))
-    n = 4 * arr.dtype.itemsize
-    _aligned(_address(arr) + sum(i * st for i, st in zip(at, arr.strides)), n, "ld_global_x4",
-             "global address")
+    at = _x4_at(arr, i0, i1, i2, i3, "ld_global_x4")
     return tuple(arr[at[0], at[1], at[2], at[3] + k] for k in range(4))
 
 
