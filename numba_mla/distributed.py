@@ -77,11 +77,11 @@ def merge(outs, lses, dtype=None):
         args = (cuda.to_device(part_out), cuda.to_device(part_lse), out, lse)
     if rows:
         po, pl, o, ls = args  # the kernel's view: T = rows, H = 1, P = N
-        groups = combine.split(rows, n, heuristics.sm_count())
+        few, groups = combine.variant(rows, n, heuristics.sm_count())
         stream = current_stream(outs) if on_device else 0
         if stream:
             stream = cuda.external_stream(stream)
-        factory.combine_kernel(tag)[(rows, 1), (combine.NTHREADS, groups), stream](
+        factory.combine_kernel(tag, few=few)[(rows, 1), (combine.NTHREADS, groups), stream](
             po.reshape((rows, 1, n, D_V)), pl.reshape((rows, 1, n)),
             o.reshape((rows, 1, D_V)), ls.reshape((rows, 1)))
     if on_device:

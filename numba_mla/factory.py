@@ -216,12 +216,13 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    build)
 
 
-def combine_kernel(tag, follows=False):
+def combine_kernel(tag, follows=False, few=0):
     """The combine kernel; ``follows``: the variant launched as the partition kernel's
-    programmatic dependent (kernels/combine.py)."""
+    programmatic dependent; ``few``: the one-step kernel for at most that many partitions
+    (kernels/combine.py, ``variant``)."""
     def build():
         from .kernels.combine import make_combine_kernel
 
-        return make_combine_kernel(converters(tag)[1], follows)
+        return make_combine_kernel(converters(tag)[1], follows, few)
 
-    return _cached(("combine", tag, follows), build)
+    return _cached(("combine", tag, follows, few), build)

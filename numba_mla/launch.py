@@ -463,10 +463,10 @@ class Plan:
             self.slots["out"], self.slots["lse"] = (partition, len(args)), (partition, len(args) + 1)
         else:
             # (partition groups of a combine block; ``spec.groups`` are row groups)
-            merge_groups = combine.split(T * H, P, heuristics.sm_count())
+            few, merge_groups = combine.variant(T * H, P, heuristics.sm_count())
             follows = (_compat.SIMULATOR  # (in the simulator: the wait is a no-op)
                        or cuda.get_current_device().compute_capability >= (9, 0))
-            merge = _Launch(factory.combine_kernel(tag, follows),
+            merge = _Launch(factory.combine_kernel(tag, follows, few),
                             results + (self.out_dev, self.lse_dev), (T, H),
                             (combine.NTHREADS, merge_groups), follows=follows)
             self.launches.append(merge)

@@ -152,8 +152,8 @@ def main(argv=None):
             part_lse = cuda.to_device(np.zeros((T, H, n), np.float32))
             out = cuda.device_array((T, H, D_V), np.int16)
             lse = cuda.device_array((T, H), np.float32)
-            groups = combine.split(T * H, n, heuristics.sm_count())
-            kern = factory.combine_kernel("bf16")
+            few, groups = combine.variant(T * H, n, heuristics.sm_count())
+            kern = factory.combine_kernel("bf16", few=few)
 
             def merge():
                 kern[(T, H), (combine.NTHREADS, groups)](part_out, part_lse, out, lse)

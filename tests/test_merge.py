@@ -132,10 +132,35 @@ def test_merge_of_large_and_empty_lses():
 @pytest.mark.parametrize("groups", [1, 2, 3, 4])
 @pytest.mark.parametrize("parts", [1, 5, 13])
 def test_combine_kernel_matches_merge(groups, parts, rng):
-    """The combine kernel itself (fp32 output), for every number of partition groups a block may
-    have and partition counts that are not a multiple of a step: empty partitions whose output
-    is NaN garbage, a row with no kept key, a NaN row, large and spread LSEs; every element is
-    written (out starts as NaN)."""
+    """The general combine kernel itself (fp32 output), for every number of partition groups a
+    block may have and partition counts that are not a multiple of a step: empty partitions
+    whose output is NaN garbage, a row with no kept key, a NaN row, large and spread LSEs;
+    every element is written (out starts as NaN)."""
+    check_combine(rng, parts, groups, few=0)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4, 6, 8])
+def test_one_step_combine_matches_merge(parts, rng):
+    """The one-step kernel (at most 8 partitions: combine.variant picks it and its slots) on
+    the same rows as the general one, slots past the last partition included."""
+    from numba_mla.kernels import combine
+
+    few, groups = combine.variant(6, parts, 132)
+    assert groups == 1 and few >= parts and few in (2, 4, 8)
+    check_combine(rng, parts, groups, few)
+
+
+def test_combine_variant_choice():
+    """Up to 8 partitions take the one-step kernel with the fewest slots that hold them; more
+    take the general one with split's groups."""
+    from numba_mla.kernels import combine
+
+    assert [combine.variant(64, p, 132)[0] for p in (1, 2, 3, 4, 5, 8)] == [2, 2, 4, 4, 8, 8]
+    assert combine.variant(128, 9, 132) == (0, 1)
+    assert combine.variant(128, 64, 132) == (0, combine.MAX_SPLIT)
+
+
+def check_combine(rng, parts, groups, few):
     from numba import cuda
 
     from numba_mla import factory
@@ -143,6 +168,7 @@ def test_combine_kernel_matches_merge(groups, parts, rng):
     T, H = 2, 3
     outs, lses = random_partials(rng, parts, (T, H))
     lses = lses * 30.0 + 500.0  # spread (weights far from 1) and large (no overflow)
+    lses[:, 1, :2] = 500.0 + rng.random((parts, 2))  # weights alike: every partition counts
     lses[rng.random(lses.shape) < 0.3] = -np.inf
     outs[np.isneginf(lses)] = np.nan  # an empty partition's output is never read
     lses[:, 0, 1] = -np.inf  # a row with no kept key
@@ -153,7 +179,7 @@ def test_combine_kernel_matches_merge(groups, parts, rng):
     part_lse = cuda.to_device(np.ascontiguousarray(lses.transpose(1, 2, 0)))
     out = cuda.to_device(np.full((T, H, 512), np.nan, np.float32))
     lse = cuda.to_device(np.full((T, H), np.nan, np.float32))
-    factory.combine_kernel("f32")[(T, H), (128, groups)](part_out, part_lse, out, lse)
+    factory.combine_kernel("f32", few=few)[(T, H), (128, groups)](part_out, part_lse, out, lse)
     got_out, got_lse = out.copy_to_host(), lse.copy_to_host()
     assert np.all(np.isnan(got_out[1, 2])) and np.isnan(got_lse[1, 2])
     assert np.all(got_out[0, 1] == 0) and np.isneginf(got_lse[0, 1])

@@ -19,7 +19,8 @@ long row (B = 1) still spreads its partitions over S x 4 warps. A step's LSEs ar
 step ahead, so that only the outputs of partitions that kept a key are read: under the balanced
 schedule (heuristics.balanced_split) a short sequence leaves most of its P partitions empty, and
 those cost one LSE each, not 2 KB.
-``split(rows, P)`` picks S (launch.py).
+``split(rows, P)`` picks S (launch.py). Up to UNROLL partitions (two is the commonest split) a
+one-step kernel on the same grid does the merge instead (``variant``, ``_make_few_kernel``).
 Traffic: reads P LSEs and (partitions that kept a key) x 512 fp32 per row, writes 512 values
 in the output dtype.
 """
@@ -44,12 +45,25 @@ def split(rows, nparts, sms):
     return max(1, min(MAX_SPLIT, nparts // UNROLL, want))
 
 
-def make_combine_kernel(store, follows=False):
+def variant(rows, nparts, sms):
+    """``(few, groups)``: which kernel merges ``nparts`` partitions of ``rows`` rows, and the
+    partition groups of its block (its y dimension). Up to UNROLL partitions, the one-step
+    kernel (``few`` slots, the power of two at or above ``nparts``; one group); past that, the
+    general one (``few`` = 0) with ``split``'s groups."""
+    if nparts <= UNROLL:
+        return max(2, 1 << (max(nparts, 1) - 1).bit_length()), 1
+    return 0, split(rows, nparts, sms)
+
+
+def make_combine_kernel(store, follows=False, few=0):
     """``store(x)`` converts fp32 to the output's storage (see ptx.py). ``follows``: the
     kernel is launched as the partition kernel's programmatic dependent (sm_90, launch.py), so
     the driver may start it before that kernel has finished; it waits for it
     (``ptx.grid_dependency_wait``) before reading anything, and what is saved is the launch's
-    own latency between the two kernels."""
+    own latency between the two kernels. ``few``: the one-step kernel for at most ``few``
+    partitions (``variant``), else the general one."""
+    if few:
+        return _make_few_kernel(store, follows, few)
 
     @cuda.jit(**JIT_OPTIONS)
     def combine_kernel(part_out, part_lse, out, lse):
@@ -159,5 +173,61 @@ def make_combine_kernel(store, follows=False):
                 lse[t, h] = float32(NEG_INF)
             else:
                 lse[t, h] = big + math.log(row_total)
+
+    return combine_kernel
+
+
+def _make_few_kernel(store, follows, few):
+    """The merge of at most ``few`` partitions (a power of two, at most UNROLL), launched on the
+    general kernel's grid with one group a block: one step, no running maximum, no shared
+    memory. Thread x loads the row's LSEs, then the outputs of the partitions that kept a key
+    (all at once: ``few`` 16-byte loads in flight), and writes its four dims. What the general
+    kernel spends on a step sized for many partitions (the next step's LSEs, the rescales,
+    the groups' meeting) is gone: two partitions are the commonest split."""
+
+    @cuda.jit(**JIT_OPTIONS)
+    def combine_kernel(part_out, part_lse, out, lse):
+        if follows:
+            ptx.grid_dependency_wait()
+        t = uint64(cuda.blockIdx.x)
+        h = uint64(cuda.blockIdx.y)
+        x = uint64(cuda.threadIdx.x)
+        nparts = uint64(part_lse.shape[2])
+        ls = cuda.local.array(few, float32)
+        xs = cuda.local.array((few, DIMS), float32)
+        for u in range(few):
+            ls[u] = part_lse[t, h, uint64(u)] if uint64(u) < nparts else float32(NEG_INF)
+        m = float32(NEG_INF)  # the largest LSE
+        nan = False
+        for u in range(few):
+            if ls[u] != float32(NEG_INF):  # (an empty partition never wrote its output)
+                v = ptx.ld_global_x4(part_out, t, h, uint64(u), uint64(DIMS) * x)
+                for j in range(DIMS):
+                    xs[u, j] = v[j]
+            if ls[u] != ls[u]:
+                nan = True
+            elif ls[u] > m:
+                m = ls[u]
+        acc = cuda.local.array(DIMS, float32)
+        for j in range(DIMS):
+            acc[j] = 0.0
+        total = float32(0.0)
+        for u in range(few):
+            if ls[u] > float32(NEG_INF):  # kept a key (false for NaN)
+                w = math.exp(ls[u] - m)
+                total += w
+                for j in range(DIMS):
+                    acc[j] += w * xs[u, j]
+        inv = float32(1.0) / total if total > 0.0 else float32(0.0)  # (no kept key: out = 0)
+        for j in range(DIMS):
+            y = float32(math.nan) if nan else acc[j] * inv
+            out[t, h, uint64(DIMS) * x + uint64(j)] = store(y)
+        if x == 0:
+            if nan:
+                lse[t, h] = float32(math.nan)
+            elif m == float32(NEG_INF):
+                lse[t, h] = float32(NEG_INF)
+            else:
+                lse[t, h] = m + math.log(total)
 
     return combine_kernel
