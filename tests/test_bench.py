@@ -24,6 +24,7 @@ import pytest
 
 import numba_mla as nm
 from numba_mla import _compat, bench, cli, plot
+from numba_mla.arrays import to_host
 from numba_mla.bench import providers
 
 #: The tiny sweep's code path on the simulator (host arrays, NaN past each length); on a GPU
@@ -182,12 +183,13 @@ def test_problem_paged_varlen(rng):
     unused = np.arange(width)[None, :] >= used[:, None]
     assert (p.block_table_host[unused] == bench.UNUSED_PAGE).all()
     idx = p.token_index()
-    flat = p.pages.reshape(-1, 576)
+    pages = to_host(p.pages)  # (a torch tensor where torch and a GPU are there)
+    flat = pages.reshape(-1, 576)
     for b, n in enumerate(lengths):
         assert np.isfinite(flat[idx[b]].astype(np.float32)).all()   # torch reads finite data
         assert np.array_equal(flat[idx[b, :n]], p.cache.rows(b, n))
         if n % 4:   # the slots of the last page past the length hold NaN
-            tail = p.pages[p.block_table_host[b, used[b] - 1], n % 4:]
+            tail = pages[p.block_table_host[b, used[b] - 1], n % 4:]
             assert np.isnan(tail.astype(np.float32)).all()
     bias = p.keep_bias()
     assert bias.shape == (3, 2, 1, lengths.max())
