@@ -322,7 +322,8 @@ def test_listed_schedule_properties(keys, groups, sms, rows):
 def test_listed_schedule_examples():
     """The varlen bench's draws (bench.problems.draw_lengths, seed 0) that the H200 measured
     faster under the listed schedule take it on its 132 multiprocessors: 128 x 16 x 8192 at
-    spread 0.25 and 0.5, 64 x 16 x 4096 at 0.5 (0.91-0.97 of the balanced schedule's time);
+    spread 0.25 and 0.5, 64 x 16 x 4096 at 0.5 (0.91-0.97 of the balanced schedule's time),
+    16 x 128 x 32768 at 0.5 (its balanced grid hands out long pieces side by side);
     64 x 128 x 4096 at 0.5, measured 1.13x slower (its balanced schedule is one partition),
     does not, nor do equal lengths, B = 1, or a mask that keeps the same 256 keys of every
     sequence (the kept tiles are the work)."""
@@ -332,7 +333,8 @@ def test_listed_schedule_examples():
         lengths = problems.draw_lengths(Config(B, H, L, spread=spread, sweep="varlen"), 0)
         return heuristics.listed_split(lengths, 64, -(-H // 64), H200_SMS, rows=H)
 
-    for B, H, L, spread in [(128, 16, 8192, 0.25), (128, 16, 8192, 0.5), (64, 16, 4096, 0.5)]:
+    for B, H, L, spread in [(128, 16, 8192, 0.25), (128, 16, 8192, 0.5), (64, 16, 4096, 0.5),
+                            (16, 128, 32768, 0.5)]:
         assert listed(B, H, L, spread) is not None, (B, H, L, spread)
     for B, H, L, spread in [(64, 128, 4096, 0.5), (128, 16, 8192, 0.0), (64, 16, 4096, 0.0)]:
         assert listed(B, H, L, spread) is None, (B, H, L, spread)
@@ -395,3 +397,29 @@ def test_greedy_makespan_follows_the_rule():
         assert abs(heuristics._greedy_makespan(sizes, sms) - exact) <= 0.03 * exact
     assert heuristics._greedy_makespan([7.0] * 264, 132) == 14.0
     assert heuristics._greedy_makespan([3.0, 9.0, 5.0], 132) == 9.0
+
+
+def test_in_order_makespan_is_list_scheduling():
+    """_in_order_makespan hands blocks out in launch order to the multiprocessor that frees
+    first: two short blocks then a long one on two multiprocessors take 2 + 4, where largest
+    first takes 4; and it equals a block-by-block simulation of the rule on random lists."""
+    assert heuristics._in_order_makespan([2.0, 2.0, 4.0], 2) == 6.0
+    assert heuristics._greedy_makespan([2.0, 2.0, 4.0], 2) == 4.0
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        sms = int(rng.integers(1, 20))
+        sizes = rng.integers(1, 50, int(rng.integers(1, 100))).tolist()
+        free = [0] * sms
+        for size in sizes:
+            k = min(range(sms), key=lambda i: free[i])
+            free[k] += size
+        assert heuristics._in_order_makespan(sizes, sms) == max(free)
+
+
+def test_balanced_blocks_are_in_launch_order():
+    """_balanced_blocks lists the blocks as the (P, G, B) grid launches them: a sequence's
+    partitions side by side, for each row group, sequence after sequence."""
+    tiles = np.array([5, 1])
+    cost = heuristics._balanced_blocks(tiles, 3, 2, 2)
+    over, empty = heuristics.BLOCK_OVERHEAD_TILES, heuristics.EMPTY_BLOCK_TILES
+    np.testing.assert_array_equal(cost, [3 + over, 2 + over] * 2 + [1 + over, empty] * 2)
