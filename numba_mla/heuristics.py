@@ -295,12 +295,14 @@ def balanced_split(keys, block_n, row_groups, sms=None, max_parts=256, rows=None
 # ---------------------------------------------------------------------------------------------
 # The listed schedule: a piece count for each sequence, blocks launched longest first
 # ---------------------------------------------------------------------------------------------
-#: The listed schedule is taken where the balanced one splits (P > 1) and the listed one's
-#: modelled time is below this fraction of the balanced one's. Measured on the H200 (three
-#: varlen sweeps in one session, the listed schedule wherever the model gave any gain, then
-#: nowhere, then again; docs/performance.md): where the balanced schedule split, modelled
-#: 0.92 / 0.95 / 0.95 gave 0.91 / 0.95 / 0.97 of its time; where it ran one partition
-#: (64 x 128 x 4096, spread 0.5: no workspace, no combine), modelled 0.96 took 1.13x.
+#: The listed schedule is taken where its modelled time is below this fraction of the
+#: balanced one's. Measured on the H200 (three varlen sweeps in one session, the listed
+#: schedule wherever the model gave any gain, then nowhere, then again; docs/performance.md):
+#: where the balanced schedule split, modelled 0.92 / 0.95 / 0.95 gave 0.91 / 0.95 / 0.97 of
+#: its time. Where it ran one partition (64 x 128 x 4096, spread 0.5), modelled 0.96 took
+#: 1.13x with the first combine, and the listed schedule was kept to split launches; with the
+#: one-step combine (25bd3fc) a probe of forced targets there took 0.90x (48 tiles, two
+#: pieces at most) to 1.07x (one piece: workspace and combine for nothing) of its time.
 LISTED_GAIN = 0.97
 #: The most pieces the listed schedule cuts a sequence into, and how many of its candidates
 #: (those of the lowest bounds) are costed in full.
@@ -374,10 +376,8 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     batch has them, so that with spread lengths a multiprocessor may take two long pieces
     where others take short ones (16 x 128 x 32768 at spread 0.5 on the varlen bench's draw:
     169 tile-times in grid order, 132 largest first, 123 the work over 132 multiprocessors).
-    The listed one is taken where it is below ``LISTED_GAIN`` times that, and only where the
-    balanced schedule splits
-    (its one-partition launch writes ``out`` directly, which the model's workspace term
-    undervalues: measured, not modelled). Candidates: a target of ``ceil(longest / k)``
+    The listed one is taken where it is below ``LISTED_GAIN`` times that (a one-partition
+    balanced launch, which writes ``out`` directly, costs no workspace). Candidates: a target of ``ceil(longest / k)``
     tiles for k = 1 ... ``max_pieces``, and the targets that fill 1 ... ``LISTED_WAVES``
     waves (``_wave_targets``); the ``LISTED_CANDIDATES`` with the lowest bound (the larger
     of the longest block and the total work over ``sms``) and the wave-filling ones are
@@ -390,11 +390,10 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     groups = max(1, row_groups)
     share = WORKSPACE_TILES * _row_share(rows, groups)
     chunk, parts = balanced or balanced_split(keys, block_n, groups, sms=sms, rows=rows)
-    if parts == 1:
-        return None  # the balanced schedule runs direct (no workspace, no combine): kept
     blocks = _balanced_blocks(tiles, chunk, parts, groups)
     used = int((blocks > EMPTY_BLOCK_TILES).sum())
-    balanced_cost = _in_order_makespan(blocks, sms) + share * used / sms
+    # (one partition: the direct kernel, which writes out itself: no workspace, no combine)
+    balanced_cost = _in_order_makespan(blocks, sms) + (share * used / sms if parts > 1 else 0.0)
     longest = int(tiles.max())
     waves = _wave_targets(tiles, groups, sms, -(-longest // max_pieces), longest)
     targets = np.unique(np.concatenate([
