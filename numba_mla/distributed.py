@@ -81,8 +81,7 @@ def merge(outs, lses, dtype=None):
         stream = current_stream(outs) if on_device else 0
         if stream:
             stream = cuda.external_stream(stream)
-        merge = factory.combine_kernel(tag, few=few, groups=groups)
-        merge[(rows, 1), (combine.NTHREADS, groups), stream](
+        factory.combine_kernel(tag, few=few)[(rows, 1), (combine.NTHREADS, groups), stream](
             po.reshape((rows, 1, n, D_V)), pl.reshape((rows, 1, n)),
             o.reshape((rows, 1, D_V)), ls.reshape((rows, 1)))
     if on_device:

@@ -216,16 +216,13 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    build)
 
 
-def combine_kernel(tag, follows=False, few=0, groups=1):
+def combine_kernel(tag, follows=False, few=0):
     """The combine kernel; ``follows``: the variant launched as the partition kernel's
-    programmatic dependent; ``few``, ``groups``: the one-step kernel with ``few`` slots a
-    group, for blocks of ``groups`` groups (kernels/combine.py, ``variant``; ``few`` = 0: the
-    general kernel, which takes any number of groups)."""
-    grouped = bool(few) and groups > 1
-
+    programmatic dependent; ``few``: the one-step kernel for at most that many partitions
+    (kernels/combine.py, ``variant``)."""
     def build():
         from .kernels.combine import make_combine_kernel
 
-        return make_combine_kernel(converters(tag)[1], follows, few, grouped)
+        return make_combine_kernel(converters(tag)[1], follows, few)
 
-    return _cached(("combine", tag, follows, few, grouped), build)
+    return _cached(("combine", tag, follows, few), build)

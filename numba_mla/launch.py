@@ -466,7 +466,7 @@ class Plan:
             few, merge_groups = combine.variant(T * H, P, heuristics.sm_count())
             follows = (_compat.SIMULATOR  # (in the simulator: the wait is a no-op)
                        or cuda.get_current_device().compute_capability >= (9, 0))
-            merge = _Launch(factory.combine_kernel(tag, follows, few, merge_groups),
+            merge = _Launch(factory.combine_kernel(tag, follows, few),
                             results + (self.out_dev, self.lse_dev), (T, H),
                             (combine.NTHREADS, merge_groups), follows=follows)
             self.launches.append(merge)

@@ -153,7 +153,7 @@ def main(argv=None):
             out = cuda.device_array((T, H, D_V), np.int16)
             lse = cuda.device_array((T, H), np.float32)
             few, groups = combine.variant(T * H, n, heuristics.sm_count())
-            kern = factory.combine_kernel("bf16", few=few, groups=groups)
+            kern = factory.combine_kernel("bf16", few=few)
 
             def merge():
                 kern[(T, H), (combine.NTHREADS, groups)](part_out, part_lse, out, lse)

@@ -74,11 +74,8 @@ def partition_runs(ntiles, P):
 
 def combine_groups(rows, P):
     """(S, group of each partition): the combine's partition groups for ``rows`` output rows
-    (T x H) and P partitions: in the one-step kernel group g merges partitions few*g to
-    few*g + few - 1, in the general one partitions g*UNROLL ..., S*UNROLL apart."""
-    few, S = combine.variant(rows, P, heuristics.sm_count())
-    if few:
-        return S, [p // few for p in range(P)]
+    (T x H) and P partitions; group g merges partitions g*UNROLL ..., S*UNROLL apart."""
+    S = combine.split(rows, P, heuristics.sm_count())
     return S, [(p // combine.UNROLL) % S for p in range(P)]
 
 
@@ -192,25 +189,6 @@ def test_geometry_guards_can_fail():
     for case in CASES:  # the real cases pass, on every backend
         for backend in BACKENDS:
             geometry(case, backend)
-
-
-@pytest.mark.kernel
-def test_general_combine_path(rng):
-    """More partitions than the one-step merge takes (combine.variant: past 64) go through the
-    general combine kernel, its groups walking several steps: the readable kernel, one
-    sequence of 70 one-tile partitions and a short last tile, two heads."""
-    P = combine.UNROLL * combine.MAX_GROUPS + 6
-    few, S = combine.variant(2, P, heuristics.sm_count())
-    assert few == 0 and -(-P // (combine.UNROLL * S)) >= 2  # several steps a group
-    length = (P - 1) * simple.BLOCK_N + 3
-    p = make_problem(rng, 1, 1, 2, [length], DTYPES["fp32"], "contiguous", 16)
-    golden, same = references(p, nm.NullMask())
-    out = np.full(p.out_shape, np.nan, p.dtype)
-    got, lse = p.run(nm, mask=nm.NullMask(), num_partitions=P, return_lse=True, out=out,
-                     backend="simple")
-    assert got is out
-    assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0], "simple"), what="out")
-    assert_three_way(lse, same[1], golden[1], floor=fp32_floor(golden[1], "simple"), what="lse")
 
 
 # ---------------------------------------------------------------------------------------------

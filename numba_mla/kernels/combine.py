@@ -19,9 +19,8 @@ long row (B = 1) still spreads its partitions over S x 4 warps. A step's LSEs ar
 step ahead, so that only the outputs of partitions that kept a key are read: under the balanced
 schedule (heuristics.balanced_split) a short sequence leaves most of its P partitions empty, and
 those cost one LSE each, not 2 KB.
-``split(rows, P)`` picks S (launch.py). Up to UNROLL x MAX_GROUPS partitions (64) a one-step
-kernel on the same grid does the merge instead, each group taking UNROLL partitions or fewer
-(``variant``, ``_make_few_kernel``): two partitions are the commonest split.
+``split(rows, P)`` picks S (launch.py). Up to UNROLL partitions (two is the commonest split) a
+one-step kernel on the same grid does the merge instead (``variant``, ``_make_few_kernel``).
 Traffic: reads P LSEs and (partitions that kept a key) x 512 fp32 per row, writes 512 values
 in the output dtype.
 """
@@ -30,13 +29,12 @@ import math
 from numba import cuda, float32, uint64
 
 from .. import ptx
-from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
+from .._compat import JIT_OPTIONS
 from .common import D_V, NEG_INF
 
 NTHREADS = 128  # threads of one group: D_V / DIMS
 DIMS = D_V // NTHREADS  # output dims a thread
 MAX_SPLIT = 4  # partition groups of a block (its y dimension)
-MAX_GROUPS = 8  # the one-step kernel's groups (a block of 1024 threads)
 UNROLL = 8  # partitions a step
 
 
@@ -50,27 +48,22 @@ def split(rows, nparts, sms):
 def variant(rows, nparts, sms):
     """``(few, groups)``: which kernel merges ``nparts`` partitions of ``rows`` rows, and the
     partition groups of its block (its y dimension). Up to UNROLL partitions, the one-step
-    kernel with one group of ``few`` slots (the power of two at or above ``nparts``); up to
-    UNROLL x MAX_GROUPS, the one-step kernel with a group for every UNROLL partitions; past
-    that, the general one (``few`` = 0) with ``split``'s groups."""
+    kernel (``few`` slots, the power of two at or above ``nparts``; one group); past that, the
+    general one (``few`` = 0) with ``split``'s groups."""
     if nparts <= UNROLL:
         return max(2, 1 << (max(nparts, 1) - 1).bit_length()), 1
-    if nparts <= UNROLL * MAX_GROUPS:
-        return UNROLL, -(-nparts // UNROLL)
     return 0, split(rows, nparts, sms)
 
 
-def make_combine_kernel(store, follows=False, few=0, grouped=False):
+def make_combine_kernel(store, follows=False, few=0):
     """``store(x)`` converts fp32 to the output's storage (see ptx.py). ``follows``: the
     kernel is launched as the partition kernel's programmatic dependent (sm_90, launch.py), so
     the driver may start it before that kernel has finished; it waits for it
     (``ptx.grid_dependency_wait``) before reading anything, and what is saved is the launch's
-    own latency between the two kernels. ``few``: the one-step kernel with ``few`` slots a
-    group (``variant``), else the general one; ``grouped``: that kernel's form for more than
-    one group a block."""
+    own latency between the two kernels. ``few``: the one-step kernel for at most ``few``
+    partitions (``variant``), else the general one."""
     if few:
-        return _make_few_kernel(store, follows, few, grouped)
-    meet = _make_meet(store, MAX_SPLIT)
+        return _make_few_kernel(store, follows, few)
 
     @cuda.jit(**JIT_OPTIONS)
     def combine_kernel(part_out, part_lse, out, lse):
@@ -131,24 +124,12 @@ def make_combine_kernel(store, follows=False, few=0, grouped=False):
                         for j in range(DIMS):
                             acc[j] += w * xs[u, j]
 
-        meet(acc, m, total, nan, x, g, S, t, h, out, lse)
-
-    return combine_kernel
-
-
-def _make_meet(store, groups):
-    """The device function with which a block's partition groups (at most ``groups``) end a
-    row: each leaves its maximum ``m``, its ``total`` (sum of exp(l_p - m)), its NaN flag and
-    its four sums ``acc`` in shared memory; every thread then weighs the groups (exp(m_k -
-    M) / the row's total, once a thread) and writes the dims 4x + j, j = g, g + S, ... of its
-    four; thread (0, 0) writes the LSE. With one group it writes its own four dims."""
-
-    @cuda.jit(device=True, **INLINE)
-    def meet(acc, m, total, nan, x, g, S, t, h, out, lse):
-        s_acc = cuda.shared.array((groups, D_V), float32)
-        s_m = cuda.shared.array(groups, float32)
-        s_total = cuda.shared.array(groups, float32)
-        s_nan = cuda.shared.array(groups, float32)
+        # The groups meet: each leaves m, total, NaN and its sums; every thread then finishes
+        # the dims 4x + j, j = g, g + S, ... of its four.
+        s_acc = cuda.shared.array((MAX_SPLIT, D_V), float32)
+        s_m = cuda.shared.array(MAX_SPLIT, float32)
+        s_total = cuda.shared.array(MAX_SPLIT, float32)
+        s_nan = cuda.shared.array(MAX_SPLIT, float32)
         for j in range(DIMS):
             s_acc[g, uint64(DIMS) * x + uint64(j)] = acc[j]
         if x == 0:
@@ -164,27 +145,28 @@ def _make_meet(store, groups):
             big = max(big, s_m[k])
         # Each group's weight exp(m_k - big), then divided by the row's total: once a thread,
         # not once a dim (an empty group, m_k = -inf, weighs 0).
-        wk = cuda.local.array(groups, float32)
+        wk = cuda.local.array(MAX_SPLIT, float32)
         row_total = float32(0.0)
-        for k in range(groups):
+        for k in range(MAX_SPLIT):
             wk[k] = float32(0.0)
             if k < S and s_m[k] != float32(NEG_INF):
                 wk[k] = math.exp(s_m[k] - big)
                 row_total += s_total[k] * wk[k]
         inv = float32(1.0) / row_total if row_total > 0.0 else float32(0.0)
-        for k in range(groups):
+        for k in range(MAX_SPLIT):
             wk[k] *= inv
+        first = x == 0 and g == 0  # the thread that writes the row's LSE
         for j in range(g, uint64(DIMS), S):
             d = uint64(DIMS) * x + j
             if any_nan:  # NaN among the row's scores: the row is NaN, as in the reference
                 y = float32(math.nan)
             else:  # (no kept key at all: every weight 0, y = 0)
                 y = float32(0.0)
-                for k in range(groups):
+                for k in range(MAX_SPLIT):
                     if k < S:
                         y += s_acc[k, d] * wk[k]
             out[t, h, d] = store(y)
-        if x == 0 and g == 0:  # the row's LSE
+        if first:
             if any_nan:
                 lse[t, h] = float32(math.nan)
             elif big == float32(NEG_INF):
@@ -192,46 +174,34 @@ def _make_meet(store, groups):
             else:
                 lse[t, h] = big + math.log(row_total)
 
-    return meet
+    return combine_kernel
 
 
-def _make_few_kernel(store, follows, few, grouped):
-    """The merge in one step, each of the block's S partition groups taking ``few`` (a power
-    of two, at most UNROLL) partitions, group g partitions ``few g`` to ``few g + few - 1``:
-    launched on the general kernel's grid with block (128, S), ``variant`` choosing S (one
-    group up to UNROLL partitions, up to MAX_GROUPS of them to UNROLL x MAX_GROUPS). No running
-    maximum: thread (x, g) loads its group's LSEs, then the outputs of the partitions that
-    kept a key (all at once: ``few`` 16-byte loads in flight), weighs them against the
-    group's maximum, and either writes its four dims (one group: no shared memory) or meets
-    the other groups (``_make_meet``). What the general kernel spends on a step sized for
-    many partitions (the next step's LSEs, the rescales) is gone: two partitions are the
-    commonest split, and B = 1 splits into about 64. ``grouped``: the form for blocks of
-    several groups (one group: no shared memory at all)."""
-    meet = _make_meet(store, MAX_GROUPS)
-    # 1024 threads a block for eight groups: at most 64 registers a thread
-    bounds = {} if SIMULATOR or not grouped else dict(launch_bounds=NTHREADS * MAX_GROUPS)
+def _make_few_kernel(store, follows, few):
+    """The merge of at most ``few`` partitions (a power of two, at most UNROLL), launched on the
+    general kernel's grid with one group a block: one step, no running maximum, no shared
+    memory. Thread x loads the row's LSEs, then the outputs of the partitions that kept a key
+    (all at once: ``few`` 16-byte loads in flight), and writes its four dims. What the general
+    kernel spends on a step sized for many partitions (the next step's LSEs, the rescales,
+    the groups' meeting) is gone: two partitions are the commonest split."""
 
-    @cuda.jit(**JIT_OPTIONS, **bounds)
+    @cuda.jit(**JIT_OPTIONS)
     def combine_kernel(part_out, part_lse, out, lse):
         if follows:
             ptx.grid_dependency_wait()
         t = uint64(cuda.blockIdx.x)
         h = uint64(cuda.blockIdx.y)
         x = uint64(cuda.threadIdx.x)
-        g = uint64(cuda.threadIdx.y)
-        S = uint64(cuda.blockDim.y)
         nparts = uint64(part_lse.shape[2])
-        p0 = g * uint64(few)
         ls = cuda.local.array(few, float32)
         xs = cuda.local.array((few, DIMS), float32)
         for u in range(few):
-            p = p0 + uint64(u)
-            ls[u] = part_lse[t, h, p] if p < nparts else float32(NEG_INF)
-        m = float32(NEG_INF)  # the group's largest LSE
+            ls[u] = part_lse[t, h, uint64(u)] if uint64(u) < nparts else float32(NEG_INF)
+        m = float32(NEG_INF)  # the largest LSE
         nan = False
         for u in range(few):
             if ls[u] != float32(NEG_INF):  # (an empty partition never wrote its output)
-                v = ptx.ld_global_x4(part_out, t, h, p0 + uint64(u), uint64(DIMS) * x)
+                v = ptx.ld_global_x4(part_out, t, h, uint64(u), uint64(DIMS) * x)
                 for j in range(DIMS):
                     xs[u, j] = v[j]
             if ls[u] != ls[u]:
@@ -248,9 +218,6 @@ def _make_few_kernel(store, follows, few, grouped):
                 total += w
                 for j in range(DIMS):
                     acc[j] += w * xs[u, j]
-        if grouped:
-            meet(acc, m, total, nan, x, g, S, t, h, out, lse)
-            return
         inv = float32(1.0) / total if total > 0.0 else float32(0.0)  # (no kept key: out = 0)
         for j in range(DIMS):
             y = float32(math.nan) if nan else acc[j] * inv
