@@ -343,8 +343,8 @@ def _in_order_makespan(sizes, sms):
 
 
 def _balanced_blocks(tiles, chunk, parts, groups):
-    """The block costs of the balanced schedule (chunk, parts > 1) over sequences of
-    ``tiles``, in launch order: its grid is (P, G, B), the partition varying fastest."""
+    """The block costs of the balanced schedule (chunk, parts) over sequences of ``tiles``,
+    in launch order: its grid is (P, G, B), the partition varying fastest."""
     per = np.maximum(chunk, -(-tiles // parts))[:, None]
     t0 = np.minimum(np.arange(parts)[None, :] * per, tiles[:, None])
     n = np.minimum(t0 + per, tiles[:, None]) - t0
@@ -377,12 +377,13 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     where others take short ones (16 x 128 x 32768 at spread 0.5 on the varlen bench's draw:
     169 tile-times in grid order, 132 largest first, 123 the work over 132 multiprocessors).
     The listed one is taken where it is below ``LISTED_GAIN`` times that (a one-partition
-    balanced launch, which writes ``out`` directly, costs no workspace). Candidates: a target of ``ceil(longest / k)``
-    tiles for k = 1 ... ``max_pieces``, and the targets that fill 1 ... ``LISTED_WAVES``
-    waves (``_wave_targets``); the ``LISTED_CANDIDATES`` with the lowest bound (the larger
-    of the longest block and the total work over ``sms``) and the wave-filling ones are
-    costed in full where that bound is below the best cost so far. ``balanced``:
-    ``balanced_split``'s result for these arguments, when the caller has it."""
+    balanced launch, which writes ``out`` directly, costs no workspace). Candidates: a
+    target of ``ceil(longest / k)`` tiles for k = 1 ... ``max_pieces``, and the targets that
+    fill 1 ... ``LISTED_WAVES`` waves (``_wave_targets``); the ``LISTED_CANDIDATES`` with the
+    lowest bound (the larger of the longest block and the total work over ``sms``) and the
+    wave-filling ones are costed in full where that bound is below the best cost so far.
+    ``balanced``: ``balanced_split``'s result for these arguments, when the caller has it.
+    Host time: 0.2-0.3 ms for 64-512 sequences of spread lengths (once a cache object)."""
     sms = sm_count() if sms is None else sms
     tiles = -(-np.asarray(keys, np.int64) // block_n)
     if tiles.size < 2 or tiles.max(initial=0) <= 1 or tiles.min() == tiles.max():
