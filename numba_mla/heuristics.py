@@ -314,6 +314,11 @@ LISTED_CANDIDATES = 4
 #: best targets of all in the model, e.g. 128 x 16 x 8192 at spread 0.5: 83 tiles and 263
 #: blocks, 0.93x the modelled time of the best ``ceil(longest / k)``).
 LISTED_WAVES = 3
+#: Where the balanced schedule is one partition (the direct kernel, no merge), the listed one
+#: also pays the merge kernel's launch and its run, which the workspace term (a share of the
+#: device's bandwidth for each block) leaves out: about 5 us (Nsight Compute, the one-step
+#: merge at 64 x 16 x 4096), about two tiles' time. An estimate, not fitted.
+MERGE_TILES = 2.0
 
 
 def _greedy_makespan(sizes, sms):
@@ -377,7 +382,8 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     where others take short ones (16 x 128 x 32768 at spread 0.5 on the varlen bench's draw:
     169 tile-times in grid order, 132 largest first, 123 the work over 132 multiprocessors).
     The listed one is taken where it is below ``LISTED_GAIN`` times that (a one-partition
-    balanced launch, which writes ``out`` directly, costs no workspace). Candidates: a
+    balanced launch, which writes ``out`` directly, costs no workspace and no merge: the
+    listed one is charged ``MERGE_TILES`` more there). Candidates: a
     target of ``ceil(longest / k)`` tiles for k = 1 ... ``max_pieces``, and the targets that
     fill 1 ... ``LISTED_WAVES`` waves (``_wave_targets``); the ``LISTED_CANDIDATES`` with the
     lowest bound (the larger of the longest block and the total work over ``sms``) and the
@@ -393,8 +399,10 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     chunk, parts = balanced or balanced_split(keys, block_n, groups, sms=sms, rows=rows)
     blocks = _balanced_blocks(tiles, chunk, parts, groups)
     used = int((blocks > EMPTY_BLOCK_TILES).sum())
-    # (one partition: the direct kernel, which writes out itself: no workspace, no combine)
+    # (one partition: the direct kernel, which writes out itself: no workspace, no merge,
+    # whose launch and run the listed schedule then pays on top of its workspace)
     balanced_cost = _in_order_makespan(blocks, sms) + (share * used / sms if parts > 1 else 0.0)
+    merge = MERGE_TILES if parts == 1 else 0.0
     longest = int(tiles.max())
     waves = _wave_targets(tiles, groups, sms, -(-longest // max_pieces), longest)
     targets = np.unique(np.concatenate([
@@ -405,7 +413,8 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     P = pieces.max(axis=1)
     work = groups * ((pieces * piece).sum(axis=1)
                      + EMPTY_BLOCK_TILES * (tiles.size * P - pieces.sum(axis=1)))
-    bound = np.maximum(piece.max(axis=1), work / sms) + share * groups * pieces.sum(axis=1) / sms
+    bound = (np.maximum(piece.max(axis=1), work / sms)
+             + share * groups * pieces.sum(axis=1) / sms + merge)
     best, best_cost = None, balanced_cost * LISTED_GAIN
     order = np.argsort(bound, kind="stable")
     lowest = order[:LISTED_CANDIDATES]
@@ -417,7 +426,8 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
         sizes = np.concatenate([np.repeat(piece[i], pieces[i] * groups),
                                 np.full(int(groups * (tiles.size * P[i] - pieces[i].sum())),
                                         EMPTY_BLOCK_TILES)])
-        cost = _greedy_makespan(sizes, sms) + share * groups * int(pieces[i].sum()) / sms
+        cost = (_greedy_makespan(sizes, sms) + share * groups * int(pieces[i].sum()) / sms
+                + merge)
         if cost < best_cost:
             best, best_cost = i, cost
     return None if best is None else pieces[best].astype(np.int32)

@@ -29,8 +29,8 @@ runs is decided here, from the call and a few facts about its arrays:
    Elsewhere the lockstep kernel copies with cp.async. For spread lengths the seesaw kernel
    may take the listed schedule instead of the balanced one (heuristics.listed_split: each
    sequence cut into as many pieces as a common target length needs, the blocks launched
-   longest first from a table, heuristics.list_blocks), where the balanced schedule splits
-   and the cost model prefers the listed one.
+   longest first from a table, heuristics.list_blocks), where the cost model prefers it
+   (also over a one-partition launch, which it turns into a split one).
 
 The result is a :class:`KernelSpec`: the compiled-on-demand kernel and how to launch it.
 """
@@ -388,9 +388,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     tma = ((call.cache.kind in ("contiguous", "ragged")
             or call.cache.page_size % mma.BLOCK_N == 0) and facts.packed_rows and not fp8)
     if tma:
-        # Spread lengths: the listed schedule where the balanced one splits and the cost model
-        # prefers it (one piece count a sequence, blocks launched longest first; it writes the
-        # workspace)
+        # Spread lengths: the listed schedule where the cost model prefers it (one piece count
+        # a sequence, blocks launched longest first; it writes the workspace)
         pieces = None if fixed else heuristics.listed_split(keys, block_n, groups, sms=slots,
                                                             rows=rows, balanced=(chunk, P))
         if pieces is not None:

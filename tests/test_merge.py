@@ -131,23 +131,23 @@ def test_merge_of_large_and_empty_lses():
 
 @pytest.mark.parametrize("groups", [1, 2, 3, 4])
 @pytest.mark.parametrize("parts", [1, 5, 13])
-def test_combine_kernel_matches_merge(groups, parts, rng):
+def test_combine_kernel_matches_merge(groups, parts, rng, monkeypatch):
     """The general combine kernel itself (fp32 output), for every number of partition groups a
     block may have and partition counts that are not a multiple of a step: empty partitions
     whose output is NaN garbage, a row with no kept key, a NaN row, large and spread LSEs;
     every element is written (out starts as NaN)."""
-    check_combine(rng, parts, groups, few=0)
+    check_combine(rng, parts, groups, 0, monkeypatch)
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 4, 6, 8])
-def test_one_step_combine_matches_merge(parts, rng):
+def test_one_step_combine_matches_merge(parts, rng, monkeypatch):
     """The one-step kernel (at most 8 partitions: combine.variant picks it and its slots) on
     the same rows as the general one, slots past the last partition included."""
     from numba_mla.kernels import combine
 
     few, groups = combine.variant(6, parts, 132)
     assert groups == 1 and few >= parts and few in (2, 4, 8)
-    check_combine(rng, parts, groups, few)
+    check_combine(rng, parts, groups, few, monkeypatch)
 
 
 def test_combine_variant_choice():
@@ -160,10 +160,14 @@ def test_combine_variant_choice():
     assert combine.variant(128, 64, 132) == (0, combine.MAX_SPLIT)
 
 
-def check_combine(rng, parts, groups, few):
+def check_combine(rng, parts, groups, few, monkeypatch):
+    """The combine kernel (``few``: which one, combine.variant) on T x H = 2 x 3 rows of
+    ``parts`` partitions, against merge_partitions. In the simulator every output load is
+    checked as it is made: never a slot past the last partition, never an empty one (LSE
+    -inf: its output was never written)."""
     from numba import cuda
 
-    from numba_mla import factory
+    from numba_mla import _compat, factory, ptx
 
     T, H = 2, 3
     outs, lses = random_partials(rng, parts, (T, H))
@@ -174,6 +178,15 @@ def check_combine(rng, parts, groups, few):
     lses[:, 0, 1] = -np.inf  # a row with no kept key
     lses[parts // 2, 1, 2] = np.nan  # a row with a NaN score
     outs, lses = outs.astype(np.float32), lses.astype(np.float32)  # what the kernel reads
+    if _compat.SIMULATOR:
+        load = ptx.ld_global_x4
+
+        def checked_load(arr, t, h, p, d):
+            assert int(p) < parts, f"a load of slot {int(p)} past the {parts} partitions"
+            assert not np.isneginf(lses[int(p), int(t), int(h)]), "an empty partition's load"
+            return load(arr, t, h, p, d)
+
+        monkeypatch.setattr(ptx, "ld_global_x4", checked_load)
     want_out, want_lse = merge_partitions(np.nan_to_num(outs), lses)
     part_out = cuda.to_device(np.ascontiguousarray(outs.transpose(1, 2, 0, 3)))
     part_lse = cuda.to_device(np.ascontiguousarray(lses.transpose(1, 2, 0)))

@@ -2,9 +2,10 @@
 ``kernel``: the simulator in CI, the device where there is one).
 
 Each partition kernel cuts a sequence's kept keys into tiles and gives partition p of P the
-p-th run of ``ceil(tiles / P)`` consecutive tiles (``partition_runs``); the combine kernel
-merges the partitions of a row in ``split()`` groups of ``UNROLL`` partitions a step, the
-groups meeting at the end (kernels/combine.py). Tile sizes come from the kernel modules
+p-th run of ``ceil(tiles / P)`` consecutive tiles (``partition_runs``); the combine merges
+the partitions of a row, up to UNROLL of them in one step (the one-step kernel), more in
+``split()`` groups of ``UNROLL`` partitions a step, the groups meeting at the end
+(kernels/combine.py, ``variant``). Tile sizes come from the kernel modules
 (``Backend.tile_keys``), and each case asserts the geometry it is meant to have before it
 runs, so a change of tile size cannot quietly turn it into a case that no longer reaches
 its path:
