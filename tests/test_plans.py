@@ -251,7 +251,7 @@ def test_ragged_device_offsets_take_the_fast_path(rng, monkeypatch):
                      q_counts=[2, 1, 3])
     q, cache = on_device(p)
     offsets = to_device(p.q_offsets)
-    first = host(nm.mla_decode_ragged(q, offsets, cache, p.scale, backend="simt"))
+    first = host(nm.mla_decode_ragged(q, offsets, cache, p.scale, backend="simple"))
     moved = np.array([0, 3, 4, 6], np.int32)  # the same six rows, runs of 3, 1 and 2
     expected = nm.mla_decode_ragged(p.q, moved, p.cache, p.scale, backend="reference")
     checked = api.check_ragged
@@ -261,16 +261,16 @@ def test_ragged_device_offsets_take_the_fast_path(rng, monkeypatch):
 
     monkeypatch.setattr(api, "check_ragged", refuse)
     np.testing.assert_array_equal(
-        host(nm.mla_decode_ragged(q, offsets, cache, p.scale, backend="simt")), first)
+        host(nm.mla_decode_ragged(q, offsets, cache, p.scale, backend="simple")), first)
     offsets.copy_to_device(moved)
-    got = host(nm.mla_decode_ragged(q, offsets, cache, p.scale, backend="simt"))
+    got = host(nm.mla_decode_ragged(q, offsets, cache, p.scale, backend="simple"))
     np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-6)
     with pytest.raises(AssertionError, match="check_ragged ran"):  # host offsets: checked
-        nm.mla_decode_ragged(q, moved, cache, p.scale, backend="simt")
+        nm.mla_decode_ragged(q, moved, cache, p.scale, backend="simple")
     monkeypatch.setattr(api, "check_ragged", checked)
     with pytest.raises(ValueError, match="q_row_offsets"):
         nm.mla_decode_ragged(q, np.array([0, 3, 2, 6], np.int32), cache, p.scale,
-                             backend="simt")
+                             backend="simple")
 
 
 @KERNEL
