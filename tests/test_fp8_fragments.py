@@ -1,0 +1,147 @@
+"""The register fragments of the planned 16-row FP8 kernel (docs/fp8.md, "Next: a 16-row
+kernel for H = 16"): S^T = K Q^T with K's e4m3 codes converted straight into wgmma's register
+A operand (``ptx.wgmma_rs``, m64n16k16: 64 keys on M, 16 query rows on N), from the raw rows
+in shared memory, no 16-bit K tile in between.
+
+The dims are dealt to the k-steps so that one 16-byte shared load a row feeds four steps:
+thread t (= lane % 4) of a warp loads bytes 64J + 16t .. 64J + 16t + 15 of its two rows (r,
+r + 8), and word ``sub`` of that load holds, for k-step 4J + sub, the codes of its logical
+dims 2t, 2t + 1 (low half) and 2t + 8, 2t + 9 (high half). Q, the B operand, is laid out in
+shared memory in the same order (``q_image``), so the sum over the dims is unchanged.
+
+- ``kernel``: the simulator's twins in CI (one case), the real instructions on a GPU.
+- ``gpu``: more draws and dims on a real GPU (sm_90) only.
+"""
+import functools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from numba_mla import ptx  # before numba.cuda: applies numba_mla's environment shims
+from numba import cuda, float32, int32
+from test_ptx_wgmma import fragment_to_matrix
+
+ROW_BYTES = 576  # a raw e4m3 row: 512 latent + 64 rope codes
+KEYS = 64  # wgmma's M
+ROWS = 16  # query rows: wgmma's N
+NACC = ROWS // 2  # S^T's accumulators a thread
+STEP_BYTES = 512  # one k-step of Q's B image: [16 rows x 16 dims] fp16
+LBO, SBO = 128, 256  # B^T [16, 16] K-major, core matrices of 8 x 16 bytes
+
+
+def physical_dim(step, k):
+    """The dim of the row that logical column ``k`` (0..15) of k-step ``step`` stands for."""
+    J, sub = divmod(step, 4)
+    t, e = divmod(k % 8, 2)
+    return 64 * J + 16 * t + 4 * sub + (2 if k >= 8 else 0) + e
+
+
+def q_image(q, steps):
+    """Q [16, dims] fp16 -> the B operand's shared-memory image (int32 words): for each
+    k-step, B^T [16 rows, 16 logical dims] in core matrices (byte(c, k) = (c//8)*SBO +
+    (k//8)*LBO + (c%8)*16 + (k%8)*2), the logical dims in the order the A fragments take."""
+    img = np.zeros(steps * STEP_BYTES // 2, np.float16)
+    for s in range(steps):
+        for c in range(ROWS):
+            for k in range(16):
+                byte = s * STEP_BYTES + (c // 8) * SBO + (k // 8) * LBO + (c % 8) * 16 + (k % 8) * 2
+                img[byte // 2] = q[c, physical_dim(s, k)]
+    return img.view(np.int32)
+
+
+def kernel_fn(steps):
+    mma = ptx.wgmma_rs(ROWS, "f16", False)
+    wait = ptx.wgmma_wait(NACC)
+    desc = ptx.wgmma_desc(LBO, SBO)
+    raw_words = KEYS * ROW_BYTES // 4
+
+    def kernel(raw, qimg, out):
+        # raw [64 * 576 / 4] int32 (the keys' codes, rows 576 bytes apart), qimg [steps * 128]
+        # int32, out [128, 8] float32 (S^T's accumulator fragments)
+        sm = cuda.shared.array(0, int32)
+        tid = cuda.threadIdx.x
+        for j in range(tid, raw_words, 128):
+            sm[j] = raw[j]
+        for j in range(tid, qimg.size, 128):
+            sm[raw_words + j] = qimg[j]
+        ptx.fence_proxy_async()
+        # Rows and Q in place, visible to the tensor cores.
+        cuda.syncthreads()
+        warp, lane = tid // 32, tid % 32
+        r = 16 * warp + lane // 4
+        t = lane % 4
+        base = ptx.smem_addr(sm)
+        row_lo = base + r * ROW_BYTES + 16 * t
+        row_hi = row_lo + 8 * ROW_BYTES
+        d = desc(base + raw_words * 4)
+        acc = cuda.local.array(NACC, float32)
+        for i in range(NACC):
+            acc[i] = 0.0
+        ptx.wgmma_fence()
+        for J in range(steps // 4):
+            lo = ptx.lds128(sm, row_lo + 64 * J)
+            hi = ptx.lds128(sm, row_hi + 64 * J)
+            for sub in range(4):
+                a0, a2 = ptx.e4m3x4_to_f16x4(lo[sub])
+                a1, a3 = ptx.e4m3x4_to_f16x4(hi[sub])
+                mma(acc, a0, a1, a2, a3, sm, ptx.desc_advance(d, STEP_BYTES * (4 * J + sub)),
+                    1, tid)
+        ptx.wgmma_commit()
+        wait(acc)
+        for i in range(NACC):
+            out[tid, i] = acc[i]
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(steps):
+    return cuda.jit(kernel_fn(steps))
+
+
+def run(rng, dims):
+    steps = dims // 16
+    codes = rng.integers(0, 256, (KEYS, ROW_BYTES), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x3C  # no NaN codes (0x7F, 0xFF): finite keys
+    k = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    q = rng.standard_normal((ROWS, ROW_BYTES)).astype(np.float16)
+    raw = codes.reshape(-1).view(np.int32)
+    img = q_image(q, steps)
+    out = cuda.to_device(np.full((128, NACC), np.nan, np.float32))
+    smem = KEYS * ROW_BYTES + img.size * 4
+    compiled(steps)[1, 128, 0, smem](cuda.to_device(raw), cuda.to_device(img), out)
+    got = fragment_to_matrix(out.copy_to_host())  # [64 keys, 16 rows]
+    q64 = q.astype(np.float64)
+    want = k[:, :dims] @ q64[:, :dims].T
+    bound = np.abs(k[:, :dims]) @ np.abs(q64[:, :dims]).T * 2.0 ** -19 + 1e-30
+    assert not np.isnan(got).any(), "an output element was not written"
+    assert (np.abs(got - want) <= bound).all(), \
+        f"max error {np.max(np.abs(got - want) / bound):.2f} x the bound"
+
+
+def test_physical_dims_are_a_permutation():
+    """Every dim of a row is taken by exactly one (k-step, column), and a thread's four
+    k-steps of a 64-dim group read the 16 bytes it loads."""
+    dims = sorted(physical_dim(s, k) for s in range(36) for k in range(16))
+    assert dims == list(range(576))
+    for J in range(9):
+        for t in range(4):
+            taken = {physical_dim(4 * J + sub, k) for sub in range(4)
+                     for k in (2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9)}
+            assert taken == set(range(64 * J + 16 * t, 64 * J + 16 * t + 16))
+
+
+@pytest.mark.kernel
+def test_s_transposed_from_fp8_fragments(rng):
+    """S^T = K Q^T over the first 64 dims (four k-steps, one 16-byte load a row)."""
+    run(rng, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [64, 192])
+def test_gpu_s_transposed_from_fp8_fragments(dims, rng):
+    if cuda.get_current_device().compute_capability < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    for _ in range(5):
+        run(rng, dims)
