@@ -9,8 +9,13 @@ r + 8), and word ``sub`` of that load holds, for k-step 4J + sub, the codes of i
 dims 2t, 2t + 1 (low half) and 2t + 8, 2t + 9 (high half). Q, the B operand, is laid out in
 shared memory in the same order (``q_image``), so the sum over the dims is unchanged.
 
-- ``kernel``: the simulator's twins in CI (one case), the real instructions on a GPU.
-- ``gpu``: more draws and dims on a real GPU (sm_90) only.
+The second product, O^T += V^T P^T (512 dims on M in eight m64 blocks, the rows on N, the
+keys on K), takes V^T's register fragments by ``ldmatrix.trans`` from a 16-bit V tile (the
+converted codes, rows 1040 bytes apart so that the eight rows an ``ldmatrix`` reads fall in
+different banks) and P^T from shared memory in the same core-matrix layout as Q.
+
+- ``kernel``: the simulator's twins in CI (one case each), the real instructions on a GPU.
+- ``gpu``: more draws on a real GPU (sm_90) only.
 """
 import functools
 
@@ -120,6 +125,86 @@ def run(rng, dims):
         f"max error {np.max(np.abs(got - want) / bound):.2f} x the bound"
 
 
+V_ROW = 1040  # a converted V row: 512 dims x 2 bytes + 16 (no bank conflicts in ldmatrix)
+D_V = 512
+OACC = ROWS // 2  # O^T's accumulators a thread, for one 64-dim block
+
+
+def p_image(p):
+    """P [16 rows, 64 keys] fp16 -> P^T's B image: for each k-step of 16 keys, B^T [16 rows,
+    16 keys] in core matrices (byte(c, k) = (c//8)*SBO + (k//8)*LBO + (c%8)*16 + (k%8)*2)."""
+    img = np.zeros(KEYS // 16 * STEP_BYTES // 2, np.float16)
+    c, k = np.meshgrid(np.arange(ROWS), np.arange(KEYS), indexing="ij")
+    byte = (k // 16) * STEP_BYTES + (c // 8) * SBO + (k % 16 // 8) * LBO + (c % 8) * 16 + k % 8 * 2
+    img[byte // 2] = p
+    return img.view(np.int32)
+
+
+def pv_kernel_fn():
+    mma = ptx.wgmma_rs(ROWS, "f16", False)
+    wait = ptx.wgmma_wait(OACC)
+    desc = ptx.wgmma_desc(LBO, SBO)
+    v_words = KEYS * V_ROW // 4
+
+    def kernel(v, pimg, out):
+        # v [64 * 1040 / 4] int32 (16-bit V rows), pimg [512] int32, out [8, 128, 8] float32
+        sm = cuda.shared.array(0, int32)
+        tid = cuda.threadIdx.x
+        for j in range(tid, v_words, 128):
+            sm[j] = v[j]
+        for j in range(tid, pimg.size, 128):
+            sm[v_words + j] = pimg[j]
+        ptx.fence_proxy_async()
+        # V and P in place, visible to the tensor cores.
+        cuda.syncthreads()
+        warp, lane = tid // 32, tid % 32
+        base = ptx.smem_addr(sm)
+        # ldmatrix: lane l gives row l % 8 of matrix l // 8; matrix m covers keys
+        # 8 (m // 2) .. + 7 and dims 8 (m % 2) .. + 7 of the warp's 16 (a0 .. a3 of V^T)
+        m = lane // 8
+        row = base + (8 * (m // 2) + lane % 8) * V_ROW + 2 * (16 * warp + 8 * (m % 2))
+        d = desc(base + v_words * 4)
+        for blk in range(D_V // 64):
+            acc = cuda.local.array(OACC, float32)
+            for i in range(OACC):
+                acc[i] = 0.0
+            ptx.wgmma_fence()
+            for step in range(KEYS // 16):
+                a0, a1, a2, a3 = ptx.ldmatrix_x4_trans(sm, row + 16 * step * V_ROW + 128 * blk,
+                                                       tid)
+                mma(acc, a0, a1, a2, a3, sm, ptx.desc_advance(d, STEP_BYTES * step), 1, tid)
+            ptx.wgmma_commit()
+            wait(acc)
+            for i in range(OACC):
+                out[blk, tid, i] = acc[i]
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def pv_compiled():
+    return cuda.jit(pv_kernel_fn())
+
+
+def run_pv(rng):
+    v = rng.standard_normal((KEYS, D_V)).astype(np.float16)
+    p = rng.random((ROWS, KEYS)).astype(np.float16)  # probabilities: in [0, 1)
+    rows = np.zeros((KEYS, V_ROW // 2), np.float16)
+    rows[:, :D_V] = v
+    out = cuda.to_device(np.full((D_V // 64, 128, OACC), np.nan, np.float32))
+    img = p_image(p)
+    smem = KEYS * V_ROW + img.size * 4
+    pv_compiled()[1, 128, 0, smem](cuda.to_device(rows.reshape(-1).view(np.int32)),
+                                   cuda.to_device(img), out)
+    got = np.concatenate([fragment_to_matrix(f) for f in out.copy_to_host()])  # [512, 16]
+    v64, p64 = v.astype(np.float64), p.astype(np.float64)
+    want = v64.T @ p64.T
+    bound = np.abs(v64.T) @ np.abs(p64.T) * 2.0 ** -20 + 1e-30
+    assert not np.isnan(got).any(), "an output element was not written"
+    assert (np.abs(got - want) <= bound).all(), \
+        f"max error {np.max(np.abs(got - want) / bound):.2f} x the bound"
+
+
 def test_physical_dims_are_a_permutation():
     """Every dim of a row is taken by exactly one (k-step, column), and a thread's four
     k-steps of a 64-dim group read the 16 bytes it loads."""
@@ -136,6 +221,20 @@ def test_physical_dims_are_a_permutation():
 def test_s_transposed_from_fp8_fragments(rng):
     """S^T = K Q^T over the first 64 dims (four k-steps, one 16-byte load a row)."""
     run(rng, 64)
+
+
+@pytest.mark.kernel
+def test_o_transposed_from_v_fragments(rng):
+    """O^T = V^T P^T for one 64-key tile, the eight 64-dim blocks of V^T by ldmatrix.trans."""
+    run_pv(rng)
+
+
+@pytest.mark.gpu
+def test_gpu_o_transposed_from_v_fragments(rng):
+    if cuda.get_current_device().compute_capability < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    for _ in range(5):
+        run_pv(rng)
 
 
 @pytest.mark.gpu
