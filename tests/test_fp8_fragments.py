@@ -11,8 +11,10 @@ shared memory in the same order (``q_image``), so the sum over the dims is uncha
 
 The second product, O^T += V^T P^T (512 dims on M in eight m64 blocks, the rows on N, the
 keys on K), takes V^T's register fragments by ``ldmatrix.trans`` from a 16-bit V tile (the
-converted codes, rows 1040 bytes apart so that the eight rows an ``ldmatrix`` reads fall in
-different banks) and P^T from shared memory in the same core-matrix layout as Q.
+converted codes, rows 16 bytes longer than their dims so that the eight rows an ``ldmatrix``
+reads fall in different banks) and P^T from shared memory in the same core-matrix layout as
+Q. (Here 256 of the 512 dims, four m64 blocks: the tile then fits the 48 KB a launch gets
+without asking for more.)
 
 - ``kernel``: the simulator's twins in CI (one case each), the real instructions on a GPU.
 - ``gpu``: more draws on a real GPU (sm_90) only.
@@ -115,6 +117,7 @@ def run(rng, dims):
     img = q_image(q, steps)
     out = cuda.to_device(np.full((128, NACC), np.nan, np.float32))
     smem = KEYS * ROW_BYTES + img.size * 4
+    assert smem <= 48 * 1024  # (what a launch gets without asking the driver for more)
     compiled(steps)[1, 128, 0, smem](cuda.to_device(raw), cuda.to_device(img), out)
     got = fragment_to_matrix(out.copy_to_host())  # [64 keys, 16 rows]
     q64 = q.astype(np.float64)
@@ -125,8 +128,8 @@ def run(rng, dims):
         f"max error {np.max(np.abs(got - want) / bound):.2f} x the bound"
 
 
-V_ROW = 1040  # a converted V row: 512 dims x 2 bytes + 16 (no bank conflicts in ldmatrix)
-D_V = 512
+D_V = 256  # V's dims here (the kernel's 512 are eight m64 blocks, the same way)
+V_ROW = 2 * D_V + 16  # a converted V row, 16 bytes over (no bank conflicts in ldmatrix)
 OACC = ROWS // 2  # O^T's accumulators a thread, for one 64-dim block
 
 
@@ -147,7 +150,7 @@ def pv_kernel_fn():
     v_words = KEYS * V_ROW // 4
 
     def kernel(v, pimg, out):
-        # v [64 * 1040 / 4] int32 (16-bit V rows), pimg [512] int32, out [8, 128, 8] float32
+        # v [64 * V_ROW / 4] int32 (16-bit V rows), pimg [512] int32, out [4, 128, 8] float32
         sm = cuda.shared.array(0, int32)
         tid = cuda.threadIdx.x
         for j in range(tid, v_words, 128):
@@ -194,9 +197,10 @@ def run_pv(rng):
     out = cuda.to_device(np.full((D_V // 64, 128, OACC), np.nan, np.float32))
     img = p_image(p)
     smem = KEYS * V_ROW + img.size * 4
+    assert smem <= 48 * 1024
     pv_compiled()[1, 128, 0, smem](cuda.to_device(rows.reshape(-1).view(np.int32)),
                                    cuda.to_device(img), out)
-    got = np.concatenate([fragment_to_matrix(f) for f in out.copy_to_host()])  # [512, 16]
+    got = np.concatenate([fragment_to_matrix(f) for f in out.copy_to_host()])  # [256, 16]
     v64, p64 = v.astype(np.float64), p.astype(np.float64)
     want = v64.T @ p64.T
     bound = np.abs(v64.T) @ np.abs(p64.T) * 2.0 ** -20 + 1e-30
@@ -225,7 +229,7 @@ def test_s_transposed_from_fp8_fragments(rng):
 
 @pytest.mark.kernel
 def test_o_transposed_from_v_fragments(rng):
-    """O^T = V^T P^T for one 64-key tile, the eight 64-dim blocks of V^T by ldmatrix.trans."""
+    """O^T = V^T P^T for one 64-key tile, each 64-dim block of V^T by ldmatrix.trans."""
     run_pv(rng)
 
 
