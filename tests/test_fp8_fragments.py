@@ -21,6 +21,10 @@ softmax down S^T's columns (a query row's maximum over the tile's keys: within a
 shuffles across the warp's lanes, then the four warps through shared memory), P^T written as
 wgmma's B operand, then O^T = V^T P^T.
 
+``test_online_softmax`` runs several tiles with a running maximum a query row: O^T's columns
+and the threads' shares of the row sums rescaled when it moves, the sums met at the end, the
+output divided and written in q's row order.
+
 - ``kernel``: the simulator's twins in CI (one case each), the real instructions on a GPU.
 - ``gpu``: more draws on a real GPU (sm_90) only.
 """
@@ -349,6 +353,167 @@ def test_one_tile(rng):
     run_tile(rng)
 
 
+S_TILES = 3  # tiles of the online-softmax test
+S_QIMG = S_TILES * KEYS * T_DIMS  # codes of every tile first
+S_V = S_QIMG + T_DIMS // 16 * STEP_BYTES
+S_PIMG = S_V + S_TILES * KEYS * T_VROW
+S_RED = S_PIMG + KEYS // 16 * STEP_BYTES
+S_SMEM = S_RED + 4 * ROWS * 4
+
+
+def seq_kernel_fn():
+    mma = ptx.wgmma_rs(ROWS, "f16", False)
+    wait = ptx.wgmma_wait(NACC)
+    desc = ptx.wgmma_desc(LBO, SBO)
+
+    def kernel(image, out):
+        # image [S_PIMG / 4] int32: every tile's codes, Q's image, every tile's V rows;
+        # out [16, 64] float32: O = softmax(S) V for the 16 query rows, 64 dims
+        sm = cuda.shared.array(0, int32)
+        sm16 = cuda.shared.array(0, int16)
+        smf = cuda.shared.array(0, float32)
+        tid = cuda.threadIdx.x
+        for j in range(tid, image.size, 128):
+            sm[j] = image[j]
+        ptx.fence_proxy_async()
+        cuda.syncthreads()
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        base = ptx.smem_addr(sm)
+        dq = desc(base + S_QIMG)
+        dp = desc(base + S_PIMG)
+        mq = lane // 8
+        s_acc = cuda.local.array(NACC, float32)
+        o_acc = cuda.local.array(NACC, float32)
+        m_run = cuda.local.array(4, float32)  # this thread's four query rows (columns)
+        l_run = cuda.local.array(4, float32)  # its share of their sums
+        mx = cuda.local.array(4, float32)
+        for i in range(NACC):
+            o_acc[i] = 0.0
+        for j in range(4):
+            m_run[j] = float32(-math.inf)
+            l_run[j] = 0.0
+        for tile in range(S_TILES):
+            for i in range(NACC):
+                s_acc[i] = 0.0
+            ptx.wgmma_fence()
+            row_lo = base + (tile * KEYS + 16 * warp + g) * T_DIMS + 16 * t
+            lo = ptx.lds128(sm, row_lo)
+            hi = ptx.lds128(sm, row_lo + 8 * T_DIMS)
+            for sub in range(4):
+                a0, a2 = ptx.e4m3x4_to_f16x4(lo[sub])
+                a1, a3 = ptx.e4m3x4_to_f16x4(hi[sub])
+                mma(s_acc, a0, a1, a2, a3, sm, ptx.desc_advance(dq, STEP_BYTES * sub), 1, tid)
+            ptx.wgmma_commit()
+            wait(s_acc)
+            for j in range(4):  # element i = (j // 2) * 4 + j % 2 and i + 2: column j's keys
+                i = (j // 2) * 4 + j % 2
+                m = max(s_acc[i], s_acc[i + 2])
+                for step in (4, 8, 16):
+                    m = max(m, ptx.shfl_xor(m, step, tid))
+                mx[j] = m
+            if g == 0:
+                for j in range(4):
+                    smf[S_RED // 4 + ROWS * warp + 8 * (j // 2) + 2 * t + j % 2] = mx[j]
+            cuda.syncthreads()
+            for j in range(4):
+                c = 8 * (j // 2) + 2 * t + j % 2
+                m = m_run[j]
+                for w in range(4):
+                    m = max(m, smf[S_RED // 4 + ROWS * w + c])
+                alpha = math.exp(m_run[j] - m)  # 0 on the first tile (m_run = -inf)
+                l_run[j] *= alpha
+                for i in ((j // 2) * 4 + j % 2, (j // 2) * 4 + j % 2 + 2):
+                    o_acc[i] *= alpha  # O^T's column c: O^T rows are dims, no key in it
+                m_run[j] = m
+            for i in range(NACC):
+                j = (i // 4) * 2 + i % 2
+                c = 8 * (i // 4) + 2 * t + i % 2
+                pv = math.exp(s_acc[i] - m_run[j])
+                h = ptx.f32_to_f16(pv)
+                l_run[j] += ptx.f16_to_f32(h)  # the sum of P as rounded, as P V sees it
+                byte = (S_PIMG + STEP_BYTES * warp + (c // 8) * SBO + ((i // 2) % 2) * LBO
+                        + (c % 8) * 16 + 2 * g)
+                sm16[byte // 2] = h
+            ptx.fence_proxy_async()
+            # P^T complete and the maxima read: the next tile may overwrite both after P V
+            cuda.syncthreads()
+            vrow = (base + S_V + (tile * KEYS + 8 * (mq // 2) + lane % 8) * T_VROW
+                    + 2 * (16 * warp + 8 * (mq % 2)))
+            ptx.wgmma_fence()
+            for step in range(KEYS // 16):
+                a0, a1, a2, a3 = ptx.ldmatrix_x4_trans(sm, vrow + 16 * step * T_VROW, tid)
+                mma(o_acc, a0, a1, a2, a3, sm, ptx.desc_advance(dp, STEP_BYTES * step), 1, tid)
+            ptx.wgmma_commit()
+            wait(o_acc)
+            # (P V has read P^T: the next tile's may take its place)
+            cuda.syncthreads()
+        # Each row's sum: the thread's two keys a tile are in l_run; lanes, then warps
+        for j in range(4):
+            v = l_run[j]
+            for step in (4, 8, 16):
+                v += ptx.shfl_xor(v, step, tid)
+            l_run[j] = v
+        if g == 0:
+            for j in range(4):
+                smf[S_RED // 4 + ROWS * warp + 8 * (j // 2) + 2 * t + j % 2] = l_run[j]
+        cuda.syncthreads()
+        for i in range(NACC):
+            j = (i // 4) * 2 + i % 2
+            c = 8 * (i // 4) + 2 * t + i % 2
+            total = float32(0.0)
+            for w in range(4):
+                total += smf[S_RED // 4 + ROWS * w + c]
+            # (ptx.rcp: an IEEE division is a subroutine call, and a call in the function
+            # makes ptxas serialise every wgmma in it)
+            out[c, 16 * warp + g + 8 * ((i // 2) % 2)] = o_acc[i] * ptx.rcp(total)
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def seq_compiled():
+    return cuda.jit(seq_kernel_fn())
+
+
+def run_seq(rng):
+    n = S_TILES * KEYS
+    # e4m3 codes sign | exponent << 3 | mantissa, the middle tile's exponents larger (|k| up
+    # to 15 against 2 or 4): the running maximum moves there, and the last tile falls under it
+    exps = np.concatenate([rng.integers(lo, hi + 1, (KEYS, T_DIMS))
+                           for lo, hi in ((1, 7), (6, 10), (1, 8))])
+    codes = ((rng.integers(0, 2, (n, T_DIMS)) << 7) | (exps << 3)
+             | rng.integers(0, 8, (n, T_DIMS))).astype(np.uint8)
+    k = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    q = (rng.standard_normal((ROWS, ROW_BYTES)) * 0.1).astype(np.float16)
+    v = rng.standard_normal((n, T_DIMS)).astype(np.float16)
+    image = np.zeros(S_PIMG, np.uint8)
+    image[:S_QIMG] = codes.reshape(-1)
+    image[S_QIMG:S_V] = q_image(q, T_DIMS // 16).view(np.uint8)
+    vrows = np.zeros((n, T_VROW // 2), np.float16)
+    vrows[:, :T_DIMS] = v
+    image[S_V:S_PIMG] = vrows.reshape(-1).view(np.uint8)
+    out = cuda.to_device(np.full((ROWS, T_DIMS), np.nan, np.float32))
+    assert S_SMEM <= 48 * 1024
+    seq_compiled()[1, 128, 0, S_SMEM](cuda.to_device(image.view(np.int32)), out)
+    got = out.copy_to_host()
+    s = q.astype(np.float64)[:, :T_DIMS] @ k.T  # [16 rows, keys]
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    want = p @ v.astype(np.float64) / p.sum(axis=1, keepdims=True)
+    # P rounded to fp16 in the products and in the sums alike: each output moves by at most
+    # about a half-ulp of fp16 of the weighted values
+    bound = (p @ np.abs(v.astype(np.float64))) / p.sum(axis=1, keepdims=True) * 2.0 ** -9
+    assert not np.isnan(got).any(), "an output element was not written"
+    assert (np.abs(got - want) <= bound + 1e-6).all(), \
+        f"max error {np.max(np.abs(got - want) / (bound + 1e-6)):.2f} x the bound"
+
+
+@pytest.mark.kernel
+def test_online_softmax(rng):
+    """Three tiles, the maximum moving between them: O = softmax(S) V for every query row."""
+    run_seq(rng)
+
+
 def test_physical_dims_are_a_permutation():
     """Every dim of a row is taken by exactly one (k-step, column), and a thread's four
     k-steps of a 64-dim group read the 16 bytes it loads."""
@@ -371,6 +536,14 @@ def test_s_transposed_from_fp8_fragments(rng):
 def test_o_transposed_from_v_fragments(rng):
     """O^T = V^T P^T for one 64-key tile, each 64-dim block of V^T by ldmatrix.trans."""
     run_pv(rng)
+
+
+@pytest.mark.gpu
+def test_gpu_online_softmax(rng):
+    if cuda.get_current_device().compute_capability < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    for _ in range(5):
+        run_seq(rng)
 
 
 @pytest.mark.gpu
