@@ -16,14 +16,12 @@ reads fall in different banks) and P^T from shared memory in the same core-matri
 Q. (Here 256 of the 512 dims, four m64 blocks: the tile then fits the 48 KB a launch gets
 without asking for more.)
 
-``test_one_tile`` puts them together for one 64-key tile over 64 dims: S^T from the codes, the
-softmax down S^T's columns (a query row's maximum over the tile's keys: within a thread, three
-shuffles across the warp's lanes, then the four warps through shared memory), P^T written as
-wgmma's B operand, then O^T = V^T P^T.
-
-``test_online_softmax`` runs several tiles with a running maximum a query row: O^T's columns
-and the threads' shares of the row sums rescaled when it moves, the sums met at the end, the
-output divided and written in q's row order.
+``test_online_softmax`` puts them together over 64 dims, for one 64-key tile and for three:
+S^T from the codes, the softmax down S^T's columns (a query row's maximum over a tile's keys:
+within a thread, three shuffles across the warp's lanes, then the four warps through shared
+memory), P^T written as wgmma's B operand, O^T += V^T P^T; across tiles a running maximum a
+query row, O^T's columns and the threads' shares of the row sums rescaled when it moves, the
+sums met at the end, the output divided and written in q's row order.
 
 - ``kernel``: the simulator's twins in CI (one case each), the real instructions on a GPU.
 - ``gpu``: more draws on a real GPU (sm_90) only.
@@ -219,156 +217,33 @@ def run_pv(rng):
         f"max error {np.max(np.abs(got - want) / bound):.2f} x the bound"
 
 
-# One tile, end to end: byte offsets in shared memory (rows of 64 codes here: the 576-byte
-# stride is the first test's)
+# Tiles end to end: rows of 64 codes here (the 576-byte stride is the first test's)
 T_DIMS = 64
-T_KRAW = 0  # 64 keys x 64 codes
-T_QIMG = T_KRAW + KEYS * T_DIMS  # 4 k-steps of Q's B image
-T_V = T_QIMG + T_DIMS // 16 * STEP_BYTES  # 64 keys x (64 dims x 2 + 16) bytes
-T_VROW = 2 * T_DIMS + 16
-T_PIMG = T_V + KEYS * T_VROW  # 4 k-steps of P^T's B image
-T_RED = T_PIMG + KEYS // 16 * STEP_BYTES  # 4 warps x 16 row maxima (float32)
-T_SMEM = T_RED + 4 * ROWS * 4
+T_VROW = 2 * T_DIMS + 16  # a converted V row of 64 dims, 16 bytes over
 
 
-def tile_kernel_fn():
+def seq_layout(tiles):
+    """Byte offsets in shared memory for ``tiles`` tiles: every tile's codes from 0, then Q's
+    image (4 k-steps), every tile's V rows, P^T's image (4 k-steps), 4 warps x 16 row
+    statistics (float32), and the total."""
+    qimg = tiles * KEYS * T_DIMS
+    v = qimg + T_DIMS // 16 * STEP_BYTES
+    pimg = v + tiles * KEYS * T_VROW
+    red = pimg + KEYS // 16 * STEP_BYTES
+    return qimg, v, pimg, red, red + 4 * ROWS * 4
+
+
+def seq_kernel_fn(tiles):
+    S_QIMG, S_V, S_PIMG, S_RED, _ = seq_layout(tiles)
     mma = ptx.wgmma_rs(ROWS, "f16", False)
     wait = ptx.wgmma_wait(NACC)
     desc = ptx.wgmma_desc(LBO, SBO)
 
-    def kernel(image, out):
-        # image [T_PIMG / 4] int32: codes, Q's image, V rows; out [128, 8] float32 (O^T's
-        # accumulator fragments, 64 dims x 16 rows)
-        sm = cuda.shared.array(0, int32)
-        sm16 = cuda.shared.array(0, int16)  # (the same memory)
-        smf = cuda.shared.array(0, float32)
-        tid = cuda.threadIdx.x
-        for j in range(tid, image.size, 128):
-            sm[j] = image[j]
-        ptx.fence_proxy_async()
-        cuda.syncthreads()
-        warp, lane = tid // 32, tid % 32
-        g, t = lane // 4, lane % 4
-        base = ptx.smem_addr(sm)
-        # S^T = K Q^T: keys 16 warp + g (+ 8) on M, the query rows on N
-        s_acc = cuda.local.array(NACC, float32)
-        for i in range(NACC):
-            s_acc[i] = 0.0
-        ptx.wgmma_fence()
-        row_lo = base + T_KRAW + (16 * warp + g) * T_DIMS + 16 * t
-        lo = ptx.lds128(sm, row_lo)
-        hi = ptx.lds128(sm, row_lo + 8 * T_DIMS)
-        dq = desc(base + T_QIMG)
-        for sub in range(4):
-            a0, a2 = ptx.e4m3x4_to_f16x4(lo[sub])
-            a1, a3 = ptx.e4m3x4_to_f16x4(hi[sub])
-            mma(s_acc, a0, a1, a2, a3, sm, ptx.desc_advance(dq, STEP_BYTES * sub), 1, tid)
-        ptx.wgmma_commit()
-        wait(s_acc)
-        # Each query row's maximum over the 64 keys: element i is key 16 warp + g + 8 ((i//2)
-        # % 2) of row 8 (i//4) + 2t + i%2, so i and i + 2 share a row
-        mx = cuda.local.array(4, float32)
-        for j in range(4):
-            i = (j // 2) * 4 + j % 2
-            m = max(s_acc[i], s_acc[i + 2])
-            for step in (4, 8, 16):  # the warp's 8 lanes of one t
-                m = max(m, ptx.shfl_xor(m, step, tid))
-            mx[j] = m
-        if g == 0:
-            for j in range(4):
-                c = 8 * (j // 2) + 2 * t + j % 2
-                smf[T_RED // 4 + ROWS * warp + c] = mx[j]
-        cuda.syncthreads()
-        for j in range(4):
-            c = 8 * (j // 2) + 2 * t + j % 2
-            m = smf[T_RED // 4 + c]
-            for w in range(1, 4):
-                m = max(m, smf[T_RED // 4 + ROWS * w + c])
-            mx[j] = m
-        # P^T as the B operand: for k-step ``warp`` (its 16 keys), B^T [16 rows, 16 keys]
-        for i in range(NACC):
-            j = (i // 4) * 2 + i % 2
-            c = 8 * (i // 4) + 2 * t + i % 2
-            pv = math.exp(s_acc[i] - mx[j])
-            byte = (T_PIMG + STEP_BYTES * warp + (c // 8) * SBO + ((i // 2) % 2) * LBO
-                    + (c % 8) * 16 + 2 * g)
-            sm16[byte // 2] = ptx.f32_to_f16(pv)
-        ptx.fence_proxy_async()
-        # P^T complete, visible to the tensor cores.
-        cuda.syncthreads()
-        # O^T = V^T P^T over the 64 dims (one m64 block), V^T by ldmatrix.trans
-        o_acc = cuda.local.array(NACC, float32)
-        for i in range(NACC):
-            o_acc[i] = 0.0
-        mq = lane // 8
-        vrow = base + T_V + (8 * (mq // 2) + lane % 8) * T_VROW + 2 * (16 * warp + 8 * (mq % 2))
-        dp = desc(base + T_PIMG)
-        ptx.wgmma_fence()
-        for step in range(KEYS // 16):
-            a0, a1, a2, a3 = ptx.ldmatrix_x4_trans(sm, vrow + 16 * step * T_VROW, tid)
-            mma(o_acc, a0, a1, a2, a3, sm, ptx.desc_advance(dp, STEP_BYTES * step), 1, tid)
-        ptx.wgmma_commit()
-        wait(o_acc)
-        for i in range(NACC):
-            out[tid, i] = o_acc[i]
-
-    return kernel
-
-
-@functools.lru_cache(maxsize=None)
-def tile_compiled():
-    return cuda.jit(tile_kernel_fn())
-
-
-def run_tile(rng):
-    codes = rng.integers(0, 256, (KEYS, T_DIMS), dtype=np.uint8)
-    codes[(codes & 0x7F) == 0x7F] = 0x3C  # finite keys
-    codes[(codes & 0x78) >= 0x58] &= 0x87  # |k| < 16: scores of a few units, P not all 0
-    k = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
-    q = (rng.standard_normal((ROWS, ROW_BYTES)) * 0.1).astype(np.float16)
-    v = rng.standard_normal((KEYS, T_DIMS)).astype(np.float16)
-    image = np.zeros(T_PIMG, np.uint8)
-    image[T_KRAW:T_QIMG] = codes.reshape(-1)
-    image[T_QIMG:T_V] = q_image(q, T_DIMS // 16).view(np.uint8)
-    vrows = np.zeros((KEYS, T_VROW // 2), np.float16)
-    vrows[:, :T_DIMS] = v
-    image[T_V:T_PIMG] = vrows.reshape(-1).view(np.uint8)
-    out = cuda.to_device(np.full((128, NACC), np.nan, np.float32))
-    assert T_SMEM <= 48 * 1024
-    tile_compiled()[1, 128, 0, T_SMEM](cuda.to_device(image.view(np.int32)), out)
-    got = fragment_to_matrix(out.copy_to_host())  # O^T [64 dims, 16 rows]
-    s = k @ q.astype(np.float64)[:, :T_DIMS].T  # S^T [64 keys, 16 rows]
-    p = np.exp(s - s.max(axis=0))  # each row's maximum over the keys
-    want = v.astype(np.float64).T @ p
-    # P rounded to fp16 (half an ulp, 2^-11 relative) and fp32 sums
-    bound = np.abs(v.astype(np.float64)).T @ p * 2.0 ** -10 + 1e-30
-    assert not np.isnan(got).any(), "an output element was not written"
-    assert (np.abs(got - want) <= bound).all(), \
-        f"max error {np.max(np.abs(got - want) / bound):.2f} x the bound"
-
-
-@pytest.mark.kernel
-def test_one_tile(rng):
-    """S^T from e4m3 codes, the softmax down its columns, P^T, O^T = V^T P^T: one tile."""
-    run_tile(rng)
-
-
-S_TILES = 3  # tiles of the online-softmax test
-S_QIMG = S_TILES * KEYS * T_DIMS  # codes of every tile first
-S_V = S_QIMG + T_DIMS // 16 * STEP_BYTES
-S_PIMG = S_V + S_TILES * KEYS * T_VROW
-S_RED = S_PIMG + KEYS // 16 * STEP_BYTES
-S_SMEM = S_RED + 4 * ROWS * 4
-
-
-def seq_kernel_fn():
-    mma = ptx.wgmma_rs(ROWS, "f16", False)
-    wait = ptx.wgmma_wait(NACC)
-    desc = ptx.wgmma_desc(LBO, SBO)
-
-    def kernel(image, out):
+    def kernel(image, out, row_max):
         # image [S_PIMG / 4] int32: every tile's codes, Q's image, every tile's V rows;
-        # out [16, 64] float32: O = softmax(S) V for the 16 query rows, 64 dims
+        # out [16, 64] float32: O = softmax(S) V for the 16 query rows, 64 dims; row_max [16]:
+        # each row's running maximum at the end (a common reference that is not the maximum
+        # still gives the right O, short of overflow: the maxima are checked themselves)
         sm = cuda.shared.array(0, int32)
         sm16 = cuda.shared.array(0, int16)
         smf = cuda.shared.array(0, float32)
@@ -393,7 +268,7 @@ def seq_kernel_fn():
         for j in range(4):
             m_run[j] = float32(-math.inf)
             l_run[j] = 0.0
-        for tile in range(S_TILES):
+        for tile in range(tiles):
             for i in range(NACC):
                 s_acc[i] = 0.0
             ptx.wgmma_fence()
@@ -457,6 +332,8 @@ def seq_kernel_fn():
         if g == 0:
             for j in range(4):
                 smf[S_RED // 4 + ROWS * warp + 8 * (j // 2) + 2 * t + j % 2] = l_run[j]
+                if warp == 0:
+                    row_max[8 * (j // 2) + 2 * t + j % 2] = m_run[j]
         cuda.syncthreads()
         for i in range(NACC):
             j = (i // 4) * 2 + i % 2
@@ -472,32 +349,38 @@ def seq_kernel_fn():
 
 
 @functools.lru_cache(maxsize=None)
-def seq_compiled():
-    return cuda.jit(seq_kernel_fn())
+def seq_compiled(tiles):
+    return cuda.jit(seq_kernel_fn(tiles))
 
 
-def run_seq(rng):
-    n = S_TILES * KEYS
-    # e4m3 codes sign | exponent << 3 | mantissa, the middle tile's exponents larger (|k| up
-    # to 15 against 2 or 4): the running maximum moves there, and the last tile falls under it
+def run_seq(rng, tiles):
+    n = tiles * KEYS
+    qimg, vrow0, pimg, _, smem = seq_layout(tiles)
+    # e4m3 codes sign | exponent << 3 | mantissa, the second tile's exponents larger (|k| up
+    # to 15 against 2 or 4): the running maximum moves there, and the third falls under it
     exps = np.concatenate([rng.integers(lo, hi + 1, (KEYS, T_DIMS))
-                           for lo, hi in ((1, 7), (6, 10), (1, 8))])
+                           for lo, hi in ((1, 7), (6, 10), (1, 8))[:tiles]])
     codes = ((rng.integers(0, 2, (n, T_DIMS)) << 7) | (exps << 3)
              | rng.integers(0, 8, (n, T_DIMS))).astype(np.uint8)
     k = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     q = (rng.standard_normal((ROWS, ROW_BYTES)) * 0.1).astype(np.float16)
     v = rng.standard_normal((n, T_DIMS)).astype(np.float16)
-    image = np.zeros(S_PIMG, np.uint8)
-    image[:S_QIMG] = codes.reshape(-1)
-    image[S_QIMG:S_V] = q_image(q, T_DIMS // 16).view(np.uint8)
+    image = np.zeros(pimg, np.uint8)
+    image[:qimg] = codes.reshape(-1)
+    image[qimg:vrow0] = q_image(q, T_DIMS // 16).view(np.uint8)
     vrows = np.zeros((n, T_VROW // 2), np.float16)
     vrows[:, :T_DIMS] = v
-    image[S_V:S_PIMG] = vrows.reshape(-1).view(np.uint8)
+    image[vrow0:pimg] = vrows.reshape(-1).view(np.uint8)
     out = cuda.to_device(np.full((ROWS, T_DIMS), np.nan, np.float32))
-    assert S_SMEM <= 48 * 1024
-    seq_compiled()[1, 128, 0, S_SMEM](cuda.to_device(image.view(np.int32)), out)
+    row_max = cuda.to_device(np.full(ROWS, np.nan, np.float32))
+    assert smem <= 48 * 1024  # (what a launch gets without asking the driver for more)
+    seq_compiled(tiles)[1, 128, 0, smem](cuda.to_device(image.view(np.int32)), out, row_max)
     got = out.copy_to_host()
     s = q.astype(np.float64)[:, :T_DIMS] @ k.T  # [16 rows, keys]
+    s_bound = np.abs(q.astype(np.float64)[:, :T_DIMS]) @ np.abs(k.T) * 2.0 ** -20
+    top = s.argmax(axis=1)
+    assert (np.abs(row_max.copy_to_host() - s.max(axis=1))
+            <= s_bound[np.arange(ROWS), top] + 1e-30).all(), "a row's maximum is not its own"
     p = np.exp(s - s.max(axis=1, keepdims=True))
     want = p @ v.astype(np.float64) / p.sum(axis=1, keepdims=True)
     # P rounded to fp16 in the products and in the sums alike: each output moves by at most
@@ -509,9 +392,11 @@ def run_seq(rng):
 
 
 @pytest.mark.kernel
-def test_online_softmax(rng):
-    """Three tiles, the maximum moving between them: O = softmax(S) V for every query row."""
-    run_seq(rng)
+@pytest.mark.parametrize("tiles", [1, 3], ids=["one_tile", "three_tiles"])
+def test_online_softmax(tiles, rng):
+    """O = softmax(S) V for every query row: one tile (the softmax down S^T's columns, P^T as
+    the B operand), and three with the maximum moving between them."""
+    run_seq(rng, tiles)
 
 
 def test_physical_dims_are_a_permutation():
@@ -538,34 +423,16 @@ def test_o_transposed_from_v_fragments(rng):
     run_pv(rng)
 
 
-@pytest.mark.gpu
-def test_gpu_online_softmax(rng):
-    if cuda.get_current_device().compute_capability < (9, 0):
-        pytest.skip("wgmma needs sm_90")
-    for _ in range(5):
-        run_seq(rng)
+GPU_CHECKS = {"s_64": lambda rng: run(rng, 64), "s_192": lambda rng: run(rng, 192),
+              "pv": run_pv, "one_tile": lambda rng: run_seq(rng, 1),
+              "three_tiles": lambda rng: run_seq(rng, 3)}
 
 
 @pytest.mark.gpu
-def test_gpu_one_tile(rng):
+@pytest.mark.parametrize("check", list(GPU_CHECKS))
+def test_gpu_draws(check, rng):
+    """Each check above on five random draws, on a real GPU (sm_90) only."""
     if cuda.get_current_device().compute_capability < (9, 0):
         pytest.skip("wgmma needs sm_90")
     for _ in range(5):
-        run_tile(rng)
-
-
-@pytest.mark.gpu
-def test_gpu_o_transposed_from_v_fragments(rng):
-    if cuda.get_current_device().compute_capability < (9, 0):
-        pytest.skip("wgmma needs sm_90")
-    for _ in range(5):
-        run_pv(rng)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dims", [64, 192])
-def test_gpu_s_transposed_from_fp8_fragments(dims, rng):
-    if cuda.get_current_device().compute_capability < (9, 0):
-        pytest.skip("wgmma needs sm_90")
-    for _ in range(5):
-        run(rng, dims)
+        GPU_CHECKS[check](rng)
