@@ -406,7 +406,8 @@ class Plan:
                            spec.smem).spills()
 
         spec = self.spec = selector.select_kernel(call, tag, rows, keys, facts, spills)
-        self.backend = "mma" if spec.backend == "seesaw" else spec.backend  # the family asked
+        # the family asked
+        self.backend = "mma" if spec.backend in ("seesaw", "transposed") else spec.backend
         self.block_m = spec.block_m
         P = self.num_partitions = spec.num_partitions
         if P > _MAX_GRID_X:
@@ -493,7 +494,8 @@ class Plan:
         """The tensor maps of a TMA kernel (q, then the cache); placeholders for the lockstep
         tensor-core kernel that copies by cp.async; none for the others."""
         if not spec.tma:
-            return (_dummy((128,), np.uint8),) * 2 if spec.backend == "mma" else ()
+            return ((_dummy((128,), np.uint8),) * 2 if spec.backend in ("mma", "transposed")
+                    else ())
         return (self._tensor_map("q_map", q_dev, T * self.call.heads),
                 self._tensor_map("storage_map", storage, storage.shape[0] * storage.shape[1]))
 

@@ -201,18 +201,30 @@ def _mma_sync_shape(config, rows, fp8):
 def _tensor_core_honours(config, backend, rows, fp8):
     """Whether a config leaves a tensor-core kernel's fixed tiles alone, on this device
     (``"auto"`` runs the FMA kernel for one that asks otherwise)."""
-    from .kernels import mma, mma_sync
+    from .kernels import mma, mma_sync, transposed
 
     if config is None:
         return True
     if backend == "mma":
-        return (config.num_queries_per_block in (None, mma.BLOCK_M)
+        return (config.num_queries_per_block in ((None, mma.BLOCK_M, transposed.BLOCK_M)
+                                                 if fp8 == "e4m3" else (None, mma.BLOCK_M))
                 and config.num_keys_per_block in (None, mma.BLOCK_N)
                 and config.num_pipeline_stages in (None, PIPELINE_STAGES["mma"]))
     block_m, staged, fits = _mma_sync_shape(config, rows, fp8)
     return (fits and config.num_keys_per_block in (None, mma_sync.BLOCK_N)
             and config.num_pipeline_stages in (None, mma_sync.pipeline_stages(block_m, fp8,
                                                                                staged)))
+
+
+def _transposed(config, rows, fp8):
+    """Whether ``"mma"`` runs the transposed kernel (kernels/transposed.py): "e4m3" rows at
+    16 query rows a block (the config's rows, else where a sequence has at most 16)."""
+    from .kernels import transposed
+
+    if fp8 != "e4m3":
+        return False
+    want = None if config is None else config.num_queries_per_block
+    return want == transposed.BLOCK_M if want is not None else rows <= transposed.BLOCK_M
 
 
 def _check_config(config, backend, block_m, block_n, stages=None):
@@ -290,9 +302,12 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
 
         block_m, block_n = 16, simt.block_n(16, True, groups=2)
     elif backend == "mma":
-        from .kernels import mma, seesaw
+        from .kernels import mma, seesaw, transposed
 
-        block_m, block_n = mma.BLOCK_M, mma.BLOCK_N
+        if _transposed(config, rows, fp8):
+            block_m, block_n = transposed.BLOCK_M, transposed.BLOCK_N
+        else:
+            block_m, block_n = mma.BLOCK_M, mma.BLOCK_N
     elif backend == "mma_sync":
         from .kernels import mma_sync
 
@@ -341,6 +356,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
 
         slots *= heuristics.resident_blocks(mma_sync.smem_bytes(block_m, fp8, staged),
                                             mma_sync.min_blocks(block_m))
+    elif backend == "mma" and block_m == transposed.BLOCK_M:
+        slots *= heuristics.resident_blocks(transposed.SMEM_BYTES, 2)
     fixed = call.num_partitions or (config.num_partitions if config is not None else None)
     if fixed:
         chunk, P = 0, fixed
@@ -383,6 +400,10 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                                                  fp8, facts.cache_aligned16, staged)
         return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),
                           mma_sync.smem_bytes(block_m, fp8, staged),
+                          q_pairs=True, tma=False, **common)
+    if block_m == transposed.BLOCK_M:  # "e4m3" rows, 16 query rows a block
+        disp = factory.transposed_partition_kernel(mask, mod, tag, cache_cls, H, direct)
+        return KernelSpec("transposed", disp, transposed.NTHREADS, transposed.SMEM_BYTES,
                           q_pairs=True, tma=False, **common)
     # (a ragged cache is one page: its tiles never straddle pages either); FP8 rows: cp.async
     tma = ((call.cache.kind in ("contiguous", "ragged")

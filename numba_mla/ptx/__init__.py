@@ -20,12 +20,12 @@ Modules, by topic (each opens with the list of its primitives):
 - ``wgmma``: Hopper warpgroup products, their descriptors, fences and waits.
 - ``tma``: tensor maps and bulk tensor copies.
 - ``mma_sync``: warp products (``mma.sync`` m16n8k16) and ``ldmatrix`` (kernels/mma_sync.py).
-- ``arith``: 32-bit ``divmod`` and ``rcp`` without subroutine calls.
+- ``arith``: 32-bit ``divmod`` and ``rcp`` without subroutine calls; byte permutes (``prmt``).
 
 Every primitive is importable from ``numba_mla.ptx`` itself (``ptx.lds128(...)``).
 """
 from .accumulators import acc_col, acc_row, acc_scale, acc_scale_halves, acc_store, acc_zero
-from .arith import divmod_u32, rcp
+from .arith import byte_perm, divmod_u32, rcp
 from .barriers import (bar_arrive, bar_sync, grid_dependency_wait, mbar_expect_tx,
                        mbar_fence_init, mbar_init, mbar_try_wait)
 from .conversions import (bf16_to_f32, bf16x2_to_f32, f16_to_f32, f16x2_to_f32, f32_to_bf16,
@@ -38,7 +38,7 @@ from .shared import (aligned_x4, cp_async4_at, cp_async16_at, cp_async_commit,
 from .tma import tensor_map, tma_load
 from .warp import shfl_xor, syncwarp, warp_uniform
 from .wgmma import (desc_advance, fence_proxy_async, wgmma, wgmma_commit, wgmma_desc,
-                    wgmma_fence, wgmma_rs, wgmma_wait, wgmma_wait2)
+                    wgmma_fence, wgmma_rs, wgmma_wait, wgmma_wait2, wgmma_wait_pending)
 
 __all__ = [
     # conversions
@@ -60,11 +60,11 @@ __all__ = [
     "acc_row", "acc_col", "acc_zero", "acc_scale", "acc_scale_halves", "acc_store",
     # wgmma
     "wgmma_desc", "desc_advance", "wgmma", "wgmma_rs", "wgmma_fence", "wgmma_commit",
-    "wgmma_wait", "wgmma_wait2", "fence_proxy_async",
+    "wgmma_wait", "wgmma_wait2", "wgmma_wait_pending", "fence_proxy_async",
     # tma
     "tensor_map", "tma_load",
     # mma.sync
     "mma_m16n8k16", "ldmatrix_x2", "ldmatrix_x2_trans", "ldmatrix_x4", "ldmatrix_x4_trans",
     # arithmetic
-    "divmod_u32", "rcp",
+    "divmod_u32", "rcp", "byte_perm",
 ]

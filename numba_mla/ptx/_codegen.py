@@ -72,10 +72,10 @@ def f32_asm(text, result):
     return _impl
 
 
-def acc_pointers(ctx, b, aryty, ary, n):
-    """Pointers to the first ``n`` floats of an accumulator array (a ``cuda.local.array``
-    indexed only by constants, so it lives in registers)."""
-    return element_pointers(ctx, b, aryty, ary, n)
+def acc_pointers(ctx, b, aryty, ary, n, start=0):
+    """Pointers to ``n`` floats of an accumulator array from element ``start`` (a
+    ``cuda.local.array`` indexed only by constants, so it lives in registers)."""
+    return element_pointers(ctx, b, aryty, ary, n, start)
 
 
 def tied_asm(b, ptrs, text, in_types, in_cons, ins):

@@ -4,13 +4,19 @@
   (Python's ints make Numba divide in 64 bits, which ptxas turns into a subroutine call; any
   call in a kernel serialises its wgmma instructions).
 - ``rcp(x)``: 1/x to within an ulp (``rcp.approx``: an IEEE division is a subroutine call).
+- ``byte_perm(sel)`` -> ``perm(a, b)``: ``prmt.b32`` with the constant selector ``sel``: byte
+  k of the result is byte ``(sel >> 4k) & 7`` of the pair (bytes 0-3 of ``a``, 4-7 of ``b``);
+  e.g. 0x5140 interleaves the low bytes of two words (a0 b0 a1 b1), 0x7362 the high ones.
 """
 import numpy as np
 from numba.cuda import types
 
+from llvmlite import ir
+from numba.cuda.extending import intrinsic
+
 from .._compat import SIMULATOR
 from ._codegen import f32_asm, i32, pair
-from ._twin import intrinsic_with_twin
+from ._twin import intrinsic_with_twin, with_twin
 
 
 def _divmod_u32_twin(a, b):
@@ -34,3 +40,31 @@ def _rcp_twin(x):
 
 
 rcp = _rcp_twin if SIMULATOR else f32_asm("rcp.approx.f32 $0, $1;", types.float32)
+
+
+def _byte_perm_twin(sel):
+    picks = [(sel >> (4 * k)) & 7 for k in range(4)]
+
+    def perm(a, b):
+        src = np.array([a, b], np.int64).astype(np.uint32).view(np.uint8)
+        return int(src[picks].view(np.int32)[0])
+
+    return perm
+
+
+@with_twin(_byte_perm_twin)
+def byte_perm(sel):
+    assert sel & 0x8888 == 0 and 0 <= sel <= 0xFFFF, "selector nibbles 0..7 only"
+    text = f"prmt.b32 $0, $1, $2, {sel:#x};"
+
+    @intrinsic
+    def perm(typingctx, a, b):
+        def cg(ctx, bld, s, args):
+            x, y = (bld.trunc(ctx.cast(bld, v, t, types.int64), i32)
+                    for v, t in zip(args, s.args))
+            return bld.call(ir.InlineAsm(ir.FunctionType(i32, [i32, i32]), text, "=r,r,r"),
+                            [x, y])
+
+        return types.int32(a, b), cg
+
+    return perm

@@ -19,9 +19,9 @@ matrices of 8 rows x 16 bytes, each 128 contiguous bytes, placed at
 - ``wgmma(n, tag, trans_b)`` -> ``mma(acc, arr, desc_a, desc_b, accumulate, wtid)``: issue one
   m64n{n}k16 product (tag "bf16" or "f16") into ``acc[:n//2]``; ``accumulate`` 0 overwrites.
   ``arr`` (the shared array) and ``wtid`` (thread index in the warpgroup) serve the twin.
-- ``wgmma_rs(n, tag, trans_b)`` -> ``mma(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid)``:
-  the same product with A from registers: the thread's four int32 words of A [64 x 16]
-  (16-bit pairs) in mma.sync's A layout over its warp's 16 rows (r = 16*(warp % 4) +
+- ``wgmma_rs(n, tag, trans_b, start=0)`` -> ``mma(acc, a0, a1, a2, a3, arr, desc_b,
+  accumulate, tid)``: the same product into ``acc[start:start + n//2]`` with A from
+  registers: the thread's four int32 words of A [64 x 16] (16-bit pairs) in mma.sync's A layout over its warp's 16 rows (r = 16*(warp % 4) +
   lane//4, t = lane % 4): a0 = A[r, 2t:2t+2], a1 = A[r+8, 2t:2t+2], a2 = A[r, 2t+8:2t+10],
   a3 = A[r+8, 2t+8:2t+10]. That is an accumulator's layout: words packed from a score
   fragment (keys 16j..16j+15: elements 8j..8j+7, in pairs) are A for P V, no shared memory
@@ -30,7 +30,9 @@ matrices of 8 rows x 16 bytes, each 128 contiguous bytes, placed at
   accumulators), ``wgmma_commit()`` closes the batch; ``wgmma_wait(nacc)`` -> ``wait(acc)``
   waits for every committed batch, with ``acc[:nacc]`` tied through so no read of it moves
   above the wait; ``wgmma_wait2(n1, n2)`` -> ``wait(acc1, acc2)`` ties two accumulators
-  (a wait that also covers an earlier batch into another accumulator).
+  (a wait that also covers an earlier batch into another accumulator);
+  ``wgmma_wait_pending(n1, n2, k)`` -> ``wait(acc1, acc2)`` the same, but leaves the last
+  ``k`` batches running (``wgmma.wait_group k``).
 - ``fence_proxy_async()``: shared-memory writes by ordinary stores and cp.async become
   visible to wgmma (the async proxy); then a barrier.
 
@@ -117,13 +119,13 @@ def _operand(arr, desc, rows, kmajor, dtype):
 
 # -- products ----------------------------------------------------------------------------------
 
-def _twin_product(acc, a, bt, rows, cols, accumulate):
-    """(Simulator) The thread's accumulators ``acc[i] (+)= a[rows[i]] . bt[cols[i]]`` (float64
-    operands [., 16]; ``accumulate`` 0 overwrites)."""
+def _twin_product(acc, a, bt, rows, cols, accumulate, start=0):
+    """(Simulator) The thread's accumulators ``acc[start + i] (+)= a[rows[i]] . bt[cols[i]]``
+    (float64 operands [., 16]; ``accumulate`` 0 overwrites)."""
     d = (a[rows] * bt[cols]).sum(axis=1)
     if accumulate:
-        d += acc[:len(d)]
-    acc[:len(d)] = d
+        d += acc[start:start + len(d)]
+    acc[start:start + len(d)] = d
 
 
 #: The LLVM type and the inline-asm constraint of an integer operand, by its Numba type.
@@ -146,14 +148,14 @@ def _product_asm(n, tag, trans_b, a_in_registers):
             f"${desc_b}, p, 1, 1, {trans}; }}")
 
 
-def _product_cg(nacc, text, operands):
-    """Codegen of ``text`` with accumulator argument 0's first ``nacc`` values tied through,
-    then the arguments ``operands`` lists as (argument index, Numba type it is cast to); the
-    arguments not listed serve only the twin."""
+def _product_cg(nacc, text, operands, start=0):
+    """Codegen of ``text`` with accumulator argument 0's values ``start .. start + nacc - 1``
+    tied through, then the arguments ``operands`` lists as (argument index, Numba type it is
+    cast to); the arguments not listed serve only the twin."""
     lltypes, cons = zip(*(_ASM_OPERAND[ty] for _, ty in operands))
 
     def cg(ctx, b, sig, args):
-        ptrs = acc_pointers(ctx, b, sig.args[0], args[0], nacc)
+        ptrs = acc_pointers(ctx, b, sig.args[0], args[0], nacc, start)
         ins = [ctx.cast(b, args[k], sig.args[k], ty) for k, ty in operands]
         tied_asm(b, ptrs, text, list(lltypes), list(cons), ins)
         return ctx.get_dummy_value()
@@ -185,7 +187,7 @@ def wgmma(n, tag, trans_b):
     return mma
 
 
-def _wgmma_rs_twin(n, tag, trans_b):
+def _wgmma_rs_twin(n, tag, trans_b, start=0):
     dtype = DTYPES[tag]
     idx = np.arange(n // 2)
 
@@ -195,16 +197,17 @@ def _wgmma_rs_twin(n, tag, trans_b):
         a = a_fragment(halves(warp_gather((a0, a1, a2, a3), tid), dtype))
         wtid = tid % 128
         bt = _operand(arr, desc_b, n, not trans_b, dtype)
-        _twin_product(acc, a, bt, _acc_row(idx, wtid) % 16, _acc_col(idx, wtid), accumulate)
+        _twin_product(acc, a, bt, _acc_row(idx, wtid) % 16, _acc_col(idx, wtid), accumulate,
+                      start)
 
     return mma
 
 
 @with_twin(_wgmma_rs_twin)
-def wgmma_rs(n, tag, trans_b):
+def wgmma_rs(n, tag, trans_b, start=0):
     cg = _product_cg(n // 2, _product_asm(n, tag, trans_b, True),
                      [(k, types.int32) for k in range(1, 5)]
-                     + [(6, types.uint64), (7, types.uint32)])
+                     + [(6, types.uint64), (7, types.uint32)], start)
 
     @intrinsic
     def mma(typingctx, acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid):
@@ -220,14 +223,14 @@ wgmma_commit = no_op if SIMULATOR else void_asm("wgmma.commit_group.sync.aligned
 fence_proxy_async = no_op if SIMULATOR else void_asm("fence.proxy.async.shared::cta;")
 
 
-def _wait_all(counts):
-    """Codegen of ``wgmma.wait_group 0`` with the first ``counts[i]`` values of accumulator
-    argument i tied through."""
+def _wait_all(counts, pending=0):
+    """Codegen of ``wgmma.wait_group pending`` with the first ``counts[i]`` values of
+    accumulator argument i tied through."""
 
     def cg(ctx, b, sig, args):
         ptrs = [ptr for ty, acc, n in zip(sig.args, args, counts)
                 for ptr in acc_pointers(ctx, b, ty, acc, n)]
-        tied_asm(b, ptrs, "wgmma.wait_group.sync.aligned 0;", [], [], [])
+        tied_asm(b, ptrs, f"wgmma.wait_group.sync.aligned {pending};", [], [], [])
         return ctx.get_dummy_value()
 
     return cg
@@ -255,5 +258,24 @@ def wgmma_wait2(n1, n2):
     @intrinsic
     def wait(typingctx, acc1, acc2):
         return types.void(acc1, acc2), _wait_all((n1, n2))
+
+    return wait
+
+
+def _wgmma_wait_pending_twin(n1, n2, pending):
+    return no_op
+
+
+@with_twin(_wgmma_wait_pending_twin)
+def wgmma_wait_pending(n1, n2, pending):
+    """``wait(acc1, acc2)``: ``wgmma.wait_group pending``: every committed group but the last
+    ``pending`` is done (groups complete in order). ptxas then knows which products' register
+    A fragments are free again: a kernel that converts each group's fragments just before
+    issuing it needs registers for ``pending + 1`` groups, not for every product in flight
+    (nor serialised products)."""
+
+    @intrinsic
+    def wait(typingctx, acc1, acc2):
+        return types.void(acc1, acc2), _wait_all((n1, n2), pending)
 
     return wait

@@ -1,0 +1,449 @@
+"""Stage 1 of split-K decode for FP8 "e4m3" caches at up to 16 query rows a block, on Hopper
+tensor cores with the products turned around: S^T = K Q^T and O^T = V^T P^T.
+
+The lockstep kernel (kernels/mma.py) multiplies 64 query rows a tile, of which 16 are real at
+H = 16 (DeepSeek V3 at tensor-parallel 8): three quarters of its tensor work is padding, and
+its FP8 rows go through a converted 16-bit tile in shared memory. Here the 64 keys of a tile
+are wgmma's M and the 16 query rows its N (m64n16k16), so nothing is padded, and both
+products take their A operand from registers (``ptx.wgmma_rs``), converted from the raw codes
+where they are read: no 16-bit copy of K or V exists anywhere.
+
+Grid ``(P, G, B)``, block (p, g, b) owns sequence b, query rows ``[16g, 16g + 16)`` (row r =
+query token i * H + head h) and key partition p, as for the other kernels; 128 threads (one
+warpgroup); the partition's normalised output and natural-log LSE go to the fp32 workspace,
+or with one partition to ``out`` and ``lse`` (``store``).
+
+Shared memory (bytes, 97,152: two blocks a multiprocessor):
+    Q    36 k-steps x [16 rows x 16 dims] fp16     wgmma's B image (core matrices), dims in the
+                                                   order the K fragments take (below)
+    raw  [2][64 keys x 576] e4m3 codes             two stages: the tile after the next is
+                                                   copied by cp.async while this one is used
+    P    [2][4 k-steps x [16 rows x 16 keys]] fp16 P^T as wgmma's B image, double buffered
+    red  [2][4 warps x 16] f32                     per-warp column maxima (then sums)
+    qexp [16] int32                                each query row's power-of-two scale
+
+**q in fp16.** wgmma multiplies operands of one type, and an e4m3 code becomes an fp16 value
+in one instruction (``cvt.rn.f16x2.e4m3x2``, two codes) where bf16 takes four. So q (bf16 or
+fp16) is copied into the Q image as fp16, each row times a power of two 2^k that puts its
+largest magnitude in [2^12, 2^15) (fp16 stops at 65504): every bf16 value of the row at least
+2^-29 of the largest becomes fp16 exactly (fp16's 11 bits hold bf16's 8), and S's column is
+multiplied by 2^-k afterwards, exactly. An fp16 q keeps k = 0. P is fp16 too (11 bits: finer
+than bf16's 8).
+
+**S^T = K Q^T** (keys on M): thread (warp w, lane 4g + t) holds A's rows 16w + g and
+16w + g + 8, i.e. two keys, and columns 2t, 2t + 1, 2t + 8, 2t + 9 of each k-step. S sums over
+the dims, so the dims may be dealt to the k-steps in any order that Q's image follows: k-steps
+4J .. 4J + 3 give thread t the 16 dims 64J + 16t .. 64J + 16t + 15, one 16-byte shared load
+of each of its two keys' rows (word ``sub`` of the load holds step 4J + sub's four codes).
+A row is 576 bytes, 4 banks-groups of 16 bytes past a multiple of 128: the eight lanes of a
+load's phase (g = 0, 1; t = 0..3) hit eight different groups, no bank conflict.
+
+**O^T = V^T P^T** (512 dims on M, eight m64 blocks; rows on N; keys on K): thread (w, g, t)
+holds A's rows g, g + 8 of each block and keys 2t, 2t + 1, 2t + 8, 2t + 9 of each 16-key step.
+O's dims may be dealt to the rows in any order that the output stores follow: block b's rows
+16w + g and 16w + g + 8 are dims 128w + 16g + 2b and + 1, so the thread's 16 dims of every key
+are one 16-byte load (bytes 128w + 16g of the row), and a word of four codes (dims 4c ..
+4c + 3) feeds blocks 2c and 2c + 1. Its two keys of a pair are interleaved by a byte permute
+(``prmt``), then converted: a0 = (dim 4c, keys 2t, 2t + 1), a1 = (dim 4c + 1, same keys), ...
+The 16 dims of each of the thread's 4 query rows come out contiguous: the output is written
+from the accumulators, 16 bytes a store, without a pass through shared memory.
+
+**The softmax** runs down S^T's columns: a query row's maximum over a tile's keys is the
+thread's two keys, three shuffles across the lanes g of a warp, then the four warps through
+``red`` (one barrier); each thread keeps its share of the row sums (its keys), added once at
+the end. The running maximum moves only when a row's maximum passes it by more than
+RESCALE_SLACK (log2 units), as in the lockstep kernel; O^T's columns are then rescaled. The
+output divides by the sum of P as multiplied (fp16), the LSE uses the fp32 sum.
+
+Per tile: (wait for this tile's codes; barrier) S^T's 36 steps, each group of four issued as
+its codes are converted; V's 16 loads; wait for S^T (and the last tile's O^T); maxima (barrier,
+after which the raw stage is free: the tile after the next is copied into it); P^T written
+(barrier); O^T's 32 steps issued, not waited for (they run under the next tile's S^T).
+"""
+import math
+
+from numba import cuda, float32, int16, int32, uint64
+
+from .. import ptx
+from .._compat import INLINE, JIT_OPTIONS
+from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
+                     make_tile_run, make_tile_walk, mark_empty)
+
+BLOCK_M = 16  # query rows a block: wgmma's N
+BLOCK_N = 64  # keys a tile: wgmma's M
+NTHREADS = 128  # one warpgroup
+ROW_BYTES = D_QK  # a raw "e4m3" row: 576 codes
+TILE_BYTES = BLOCK_N * ROW_BYTES  # 36864
+PIECES = TILE_BYTES // 16 // NTHREADS  # 16-byte cp.async pieces a thread a tile (18)
+ROW_PIECES = ROW_BYTES // 16  # 36
+K_STEPS = D_QK // 16  # S^T's k16 steps (36)
+STEP_BYTES = BLOCK_M * 16 * 2  # one k-step of a [16 x 16] fp16 B image (512)
+LBO, SBO = 128, 256  # B^T [16 rows, 16 k] K-major: core matrices of 8 rows x 16 bytes
+NACC = BLOCK_M // 2  # accumulators of one m64n16 product a thread (8)
+NBLK = D_V // 64  # O^T's m64 blocks (8)
+NO = NBLK * NACC  # O^T's accumulators a thread (64)
+STAGES = 2
+Q_OFF = 0
+RAW_OFF = Q_OFF + K_STEPS * STEP_BYTES  # 18432
+P_OFF = RAW_OFF + STAGES * TILE_BYTES  # 92160
+P_BYTES = BLOCK_N // 16 * STEP_BYTES  # 2048
+RED_OFF = P_OFF + 2 * P_BYTES  # 96256
+RED_BYTES = 4 * BLOCK_M * 4  # 256
+QEXP_OFF = RED_OFF + 2 * RED_BYTES  # 96768
+SMEM_BYTES = QEXP_OFF + BLOCK_M * 4  # 96832
+RESCALE_SLACK = 8.0  # log2 units the running max may lag the true one
+Q_SCALE_TOP = 13  # a row's largest |q| times 2^k lands in [2^12, 2^15) (log2 may be 1 off)
+Q_EXP_LIMIT = 126  # |k| at most: 2^k and 2^-k are normal float32 values
+LO_PAIRS = 0x5140  # prmt: bytes a0 b0 a1 b1 (two keys' codes of dims 0, 1, interleaved)
+HI_PAIRS = 0x7362  # prmt: bytes a2 b2 a3 b3
+
+
+def smem_bytes():
+    return SMEM_BYTES
+
+
+def _q_image_byte(c, d):
+    """Byte offset in the Q image of query row ``c``'s dims ``d``, ``d + 1`` (d even): k-step
+    4J + sub, logical column 8 hi + 2t (+ 1) of the K fragments' order (module docstring)."""
+    J, t, sub, hi = d >> 6, (d >> 4) & 3, (d >> 2) & 3, (d >> 1) & 1
+    return ((4 * J + sub) * STEP_BYTES + (c >> 3) * SBO + hi * LBO + (c & 7) * 16 + 4 * t)
+
+
+q_image_byte = cuda.jit(device=True)(_q_image_byte)  # (plain arithmetic: the simulator too)
+
+
+def _make_pv_step():
+    """``pv_step(o, words..., sm, dp, tid)``: O^T += V^T P^T over one 16-key step, the 16 words
+    of codes being the thread's four keys' (2t, 2t + 1, 2t + 8, 2t + 9: a, b, c, d) dims
+    128w + 16g .. + 15, four words each. Written out: each block's product names its eight
+    accumulators by a constant offset, so that all 64 stay in registers."""
+    words = ", ".join(f"{k}{c}" for k in "abcd" for c in range(4))
+    lines = [f"def pv_step(o, s, {words}, sm, dp, tid):"]
+    for c in range(4):
+        lines += [f"    l01 = lo(a{c}, b{c})", f"    l89 = lo(c{c}, d{c})",
+                  f"    h01 = hi(a{c}, b{c})", f"    h89 = hi(c{c}, d{c})",
+                  "    f0, f1 = cvt(l01)", "    f2, f3 = cvt(l89)",
+                  "    g0, g1 = cvt(h01)", "    g2, g3 = cvt(h89)",
+                  "    fence()",
+                  f"    m{2 * c}(o, f0, f1, f2, f3, sm, dp, 1, tid)",
+                  f"    m{2 * c + 1}(o, g0, g1, g2, g3, sm, dp, 1, tid)",
+                  "    commit()",
+                  "    wait_prev(o, s)"]
+    scope = {f"m{b}": ptx.wgmma_rs(BLOCK_M, "f16", False, NACC * b) for b in range(NBLK)}
+    scope.update(lo=ptx.byte_perm(LO_PAIRS), hi=ptx.byte_perm(HI_PAIRS),
+                 cvt=ptx.e4m3x4_to_f16x4, fence=ptx.wgmma_fence, commit=ptx.wgmma_commit,
+                 wait_prev=ptx.wgmma_wait_pending(NO, NACC, 1))
+    exec("\n".join(lines), scope)  # (generated here, from the lines above: no outside input)
+    return cuda.jit(device=True, **INLINE)(scope["pv_step"])
+
+
+def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
+                          fold_scale, heads, store, key_count=None):
+    """The kernel for one configuration (factory.py): ``tag`` "bf16" or "f16" (q's type),
+    ``store`` fp32 -> ``part_out``; the cache holds "e4m3" rows, 16-byte aligned."""
+    H = heads
+    mma_s = ptx.wgmma_rs(BLOCK_M, "f16", False)
+    wait_all = ptx.wgmma_wait2(NACC, NO)
+    wait_prev = ptx.wgmma_wait_pending(NACC, NO, 1)  # all but the group just committed
+    desc = ptx.wgmma_desc(LBO, SBO)
+    unpack = ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32
+    pv_step = _make_pv_step()
+    log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
+    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
+                                          key_count=key_count)
+    first_tiles = make_partition_walk(key_tiles, next_tile)
+    tile_run = make_tile_run(locate)
+    SCALE_Q = tag == "bf16"
+
+    @cuda.jit(device=True)
+    def issue_tile(smk, dst, storage, block_table, page_size, npages, b, k0, k1, tid):
+        """Start copying the rows of keys [k0, k1) as they are into the raw stage at ``dst``
+        (zeros past k1), and commit them as one group. Piece j (16 bytes) of the tile is
+        thread j % 128's: one page's run of slots is one contiguous block of bytes in the
+        cache and in the stage, so a warp's copy reads and writes 512 contiguous bytes;
+        elsewhere each piece's row is looked up."""
+        page, slot, run = tile_run(block_table, page_size, npages, b, k0, k1)
+        nbytes = (k1 - k0) * ROW_BYTES
+        if run:
+            src = ptx.global_addr(storage, page, slot, 0)
+            for m in range(PIECES):
+                j = tid + NTHREADS * m
+                ok = 16 * j < nbytes
+                ptx.cp_async16_at(smk, dst + 16 * j, src + 16 * j if ok else src, ok)
+        else:
+            for m in range(PIECES):
+                j = tid + NTHREADS * m
+                n, piece = ptx.divmod_u32(j, ROW_PIECES)
+                ok = n < k1 - k0
+                pg, sl = locate(block_table, page_size, npages, b, k0 + min(n, k1 - k0 - 1))
+                ptx.cp_async16_at(smk, dst + 16 * j,
+                                  ptx.global_addr(storage, pg, sl, 0) + 16 * piece, ok)
+        ptx.cp_async_commit()
+
+    @cuda.jit(device=True)
+    def load_q(q, smk, smf, sb, row0, r0, nrows, tid):
+        """The block's 16 query rows into the Q image, each times its power of two (rows past
+        ``nrows`` zero); the exponents to ``qexp``."""
+        warp, lane = tid // 32, tid % 32
+        for rr in range(BLOCK_M // 4):  # warp w finds rows 4w .. 4w + 3's scales
+            c = 4 * warp + rr
+            k = 0
+            if SCALE_Q:
+                r = r0 + min(c, nrows - 1)
+                mx = float32(0.0)
+                for j in range(D_QK // 64):
+                    x0, x1 = unpack(q[row0 + r // H, r % H, lane + 32 * j])
+                    mx = max(mx, max(abs(x0), abs(x1)))
+                for o in (1, 2, 4, 8, 16):
+                    mx = max(mx, ptx.shfl_xor(mx, o, tid))
+                if mx > 0.0 and mx < math.inf:
+                    k = min(max(Q_SCALE_TOP - int32(math.floor(math.log2(mx))), -Q_EXP_LIMIT),
+                            Q_EXP_LIMIT)
+            if lane == 0:
+                smk[QEXP_OFF // 4 + c] = k
+        cuda.syncthreads()
+        for m in range(BLOCK_M * D_QK // 2 // NTHREADS):  # 36 words a thread
+            j = tid + NTHREADS * m
+            c, pw = ptx.divmod_u32(j, D_QK // 2)
+            w = int32(0)
+            if c < nrows:
+                r = r0 + c
+                w = q[row0 + r // H, r % H, pw]
+                if SCALE_Q:
+                    f = ptx.i32_as_f32((smk[QEXP_OFF // 4 + c] + 127) << 23)
+                    x0, x1 = unpack(w)
+                    w = ptx.pack_f16x2(x0 * f, x1 * f)
+            ptx.sts32(smk, sb + Q_OFF + q_image_byte(c, 2 * pw), w)
+        ptx.fence_proxy_async()  # (the first tile's barrier makes it visible to wgmma)
+
+    @cuda.jit(**JIT_OPTIONS)
+    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
+                         part_out, part_lse, tmap_q, tmap_kv):
+        # q [T, H, 288] int32 words of 16-bit pairs; storage [pages, page_size, 144] int32
+        # words of four codes; scale: softmax scale + 1j * kv_scale. (tmap_*: unused.)
+        p = cuda.blockIdx.x
+        nparts = cuda.gridDim.x
+        b = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        warp, lane = tid // 32, tid % 32
+        g, t4 = lane // 4, lane % 4
+        smk = cuda.shared.array(0, int32)
+        smf = cuda.shared.array(0, float32)
+        sm16 = cuda.shared.array(0, int16)
+        sb = ptx.smem_addr(smk)
+
+        row0 = q_offsets[b]
+        nq = q_offsets[b + 1] - row0
+        length = lengths[b]
+        page_size = storage.shape[1]
+        npages = storage.shape[0]
+        r0 = cuda.blockIdx.y * BLOCK_M
+        nrows = min(BLOCK_M, nq * H - r0)
+        if nrows <= 0:
+            return
+        q_lo, q_hi, kstart, kend, t, t_end = first_tiles(length, nq, r0, nrows, p, nparts,
+                                                            chunk)
+        if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
+            mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+            return
+        # The first tile's rows fly while Q is converted
+        if t < t_end:
+            k0 = kstart + t * BLOCK_N
+            issue_tile(smk, sb + RAW_OFF, storage, block_table, page_size, npages, b, k0,
+                       min(k0 + BLOCK_N, kend), tid)
+        load_q(q, smk, smf, sb, row0, r0, nrows, tid)
+
+        sm_scale, kv_scale = float32(scale.real), float32(scale.imag)
+        qscale = float32(sm_scale * LOG2E)
+        # This thread's four query rows (S^T's and O^T's columns): c = 8 (j // 2) + 2t + j % 2
+        colf = cuda.local.array(4, float32)  # 2^-k of each
+        m_run = cuda.local.array(4, float32)  # running max, log2 units
+        l_run = cuda.local.array(4, float32)  # this thread's share of the sum (fp32)
+        l_p = cuda.local.array(4, float32)  # ... of P as multiplied (fp16)
+        alpha = cuda.local.array(4, float32)
+        mx = cuda.local.array(4, float32)
+        for j in range(4):
+            c = 8 * (j // 2) + 2 * t4 + j % 2
+            colf[j] = ptx.i32_as_f32((127 - smk[QEXP_OFF // 4 + c]) << 23)
+            m_run[j] = float32(NEG_INF)
+            l_run[j] = float32(0.0)
+            l_p[j] = float32(0.0)
+        s_acc = cuda.local.array(NACC, float32)
+        o_acc = cuda.local.array(NO, float32)
+        for i in range(NO):
+            o_acc[i] = float32(0.0)
+        dq = desc(sb + Q_OFF)
+        # the thread's K loads: rows 16w + g, + 8 of the tile, 16 bytes at 16t (+ 64J)
+        k_lo = (16 * warp + g) * ROW_BYTES + 16 * t4
+        # its V loads: rows 16s + 2t + (0, 1, 8, 9), 16 bytes at 128w + 16g
+        v_at = 2 * t4 * ROW_BYTES + 128 * warp + 16 * g
+
+        stage = 0
+        it = 0
+        while t < t_end:
+            k0 = kstart + t * BLOCK_N
+            k1 = min(k0 + BLOCK_N, kend)
+            cls = mask_classify(k0, k1, q_lo, q_hi)
+            raw = sb + RAW_OFF + stage * TILE_BYTES
+            ptx.cp_async_wait_all()  # this tile's rows
+            # Every thread's pieces of them (the first time, Q too) are in place; every thread
+            # is done with the other stage (the last tile's) and the last tile's P^T.
+            cuda.syncthreads()
+            t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+            if t_next < t_end:  # the next tile's rows fly during this one
+                k0n = kstart + t_next * BLOCK_N
+                issue_tile(smk, sb + RAW_OFF + (1 - stage) * TILE_BYTES, storage, block_table,
+                           page_size, npages, b, k0n, min(k0n + BLOCK_N, kend), tid)
+
+            # -- S^T = K Q^T: 36 steps, four a 16-byte load of each of the thread's two keys --
+            for J in range(K_STEPS // 4):
+                lo = ptx.lds128(smk, raw + k_lo + 64 * J)
+                hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES + 64 * J)
+                a0, a2 = ptx.e4m3x4_to_f16x4(lo[0])
+                a1, a3 = ptx.e4m3x4_to_f16x4(hi[0])
+                b0, b2 = ptx.e4m3x4_to_f16x4(lo[1])
+                b1, b3 = ptx.e4m3x4_to_f16x4(hi[1])
+                c0, c2 = ptx.e4m3x4_to_f16x4(lo[2])
+                c1, c3 = ptx.e4m3x4_to_f16x4(hi[2])
+                d0, d2 = ptx.e4m3x4_to_f16x4(lo[3])
+                d1, d3 = ptx.e4m3x4_to_f16x4(hi[3])
+                # (a product's A registers are defined before its group opens: a conversion
+                # inside an open group makes ptxas serialise every wgmma)
+                ptx.wgmma_fence()
+                step = ptx.desc_advance(dq, 4 * STEP_BYTES * J)
+                mma_s(s_acc, a0, a1, a2, a3, smk, step, J, tid)
+                mma_s(s_acc, b0, b1, b2, b3, smk, ptx.desc_advance(step, STEP_BYTES), 1, tid)
+                mma_s(s_acc, c0, c1, c2, c3, smk, ptx.desc_advance(step, 2 * STEP_BYTES), 1,
+                      tid)
+                mma_s(s_acc, d0, d1, d2, d3, smk, ptx.desc_advance(step, 3 * STEP_BYTES), 1,
+                      tid)
+                ptx.wgmma_commit()
+                wait_prev(s_acc, o_acc)
+            wait_all(s_acc, o_acc)  # (this tile's S^T)
+
+            # -- scores (mask, score mod: log2 units), each column's maximum over the tile --
+            for j in range(4):
+                c = 8 * (j // 2) + 2 * t4 + j % 2
+                r = r0 + c
+                iq = r // H
+                h = r - iq * H
+                q_pos = length - nq + iq
+                m = float32(NEG_INF)
+                for e in range(2):
+                    i = 4 * (j // 2) + j % 2 + 2 * e
+                    k = k0 + 16 * warp + g + 8 * e
+                    s = float32(NEG_INF)
+                    if c < nrows and k < k1:
+                        s = log2_score(s_acc[i] * colf[j] * kv_scale, qscale, sm_scale, cls, b,
+                                       h, iq, q_pos, k, bias)
+                    s_acc[i] = s
+                    m = max(m, s)
+                for o in (4, 8, 16):  # the lanes g of the warp: its 16 keys
+                    m = max(m, ptx.shfl_xor(m, o, tid))
+                mx[j] = m
+            red = RED_OFF + (it % 2) * RED_BYTES
+            if g == 0:
+                for j in range(4):
+                    smf[red // 4 + BLOCK_M * warp + 8 * (j // 2) + 2 * t4 + j % 2] = mx[j]
+            # The four warps' maxima are in place.
+            cuda.syncthreads()
+            # -- online softmax down the columns; P^T (fp16) as wgmma's B image --
+            moved = False
+            for j in range(4):
+                c = 8 * (j // 2) + 2 * t4 + j % 2
+                m_old = m_run[j]
+                m_new = m_old
+                for w in range(4):
+                    m_new = max(m_new, smf[red // 4 + BLOCK_M * w + c])
+                if not (m_new <= m_old + float32(RESCALE_SLACK)):
+                    m_run[j] = m_new
+                m_ref = m_run[j] if m_run[j] != float32(NEG_INF) else float32(0.0)
+                alpha[j] = math.exp2(m_old - m_ref)
+                moved = moved or alpha[j] != float32(1.0)
+                l_run[j] *= alpha[j]
+                l_p[j] *= alpha[j]
+                for e in range(2):
+                    i = 4 * (j // 2) + j % 2 + 2 * e
+                    pr = math.exp2(s_acc[i] - m_ref)
+                    h16 = ptx.f32_to_f16(pr)
+                    l_run[j] += pr
+                    l_p[j] += ptx.f16_to_f32(h16)
+                    # key 16w + g + 8e: k-step w, logical key g + 8e
+                    byte = (P_OFF + (it % 2) * P_BYTES + STEP_BYTES * warp + (c // 8) * SBO
+                            + e * LBO + (c % 8) * 16 + 2 * g)
+                    sm16[byte // 2] = h16
+            if moved:
+                for blk in range(NBLK):
+                    for i in range(NACC):
+                        o_acc[NACC * blk + i] *= alpha[(i // 4) * 2 + i % 2]
+            ptx.fence_proxy_async()
+            # P^T is complete.
+            cuda.syncthreads()
+
+            # -- O^T += V^T P^T: four 16-key steps of eight m64 blocks, not waited for --
+            dp = desc(sb + P_OFF + (it % 2) * P_BYTES)
+            for s in range(BLOCK_N // 16):
+                a = raw + v_at + 16 * s * ROW_BYTES
+                a0, a1, a2, a3 = ptx.lds128(smk, a)
+                b0, b1, b2, b3 = ptx.lds128(smk, a + ROW_BYTES)
+                c0, c1, c2, c3 = ptx.lds128(smk, a + 8 * ROW_BYTES)
+                d0, d1, d2, d3 = ptx.lds128(smk, a + 9 * ROW_BYTES)
+                pv_step(o_acc, s_acc, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
+                        d0, d1, d2, d3, smk, ptx.desc_advance(dp, STEP_BYTES * s), tid)
+            wait_all(s_acc, o_acc)
+            stage = 1 - stage
+            it += 1
+            t = t_next
+
+        # -- the column sums: lanes g, then the four warps (``red``: free since the last
+        # tile's second barrier) --
+        for j in range(4):
+            a = l_run[j]
+            bsum = l_p[j]
+            for o in (4, 8, 16):
+                a += ptx.shfl_xor(a, o, tid)
+                bsum += ptx.shfl_xor(bsum, o, tid)
+            l_run[j] = a
+            l_p[j] = bsum
+        if g == 0:
+            for j in range(4):
+                c = 8 * (j // 2) + 2 * t4 + j % 2
+                smf[RED_OFF // 4 + BLOCK_M * warp + c] = l_run[j]
+                smf[(RED_OFF + RED_BYTES) // 4 + BLOCK_M * warp + c] = l_p[j]
+        cuda.syncthreads()
+        x4 = ptx.aligned_x4(part_out)
+        for j in range(4):
+            c = 8 * (j // 2) + 2 * t4 + j % 2
+            if c < nrows:
+                lsum = float32(0.0)
+                psum = float32(0.0)
+                for w in range(4):
+                    lsum += smf[RED_OFF // 4 + BLOCK_M * w + c]
+                    psum += smf[(RED_OFF + RED_BYTES) // 4 + BLOCK_M * w + c]
+                empty = lsum == 0.0
+                inv = float32(0.0) if empty else kv_scale * ptx.rcp(psum)
+                r = uint64(r0 + c)
+                t_row = uint64(row0) + r // uint64(H)
+                h = r % uint64(H)
+                if warp == 0 and g == 0:
+                    part_lse[t_row, h, p] = (float32(NEG_INF) if empty
+                                             else (m_run[j] + math.log2(lsum)) * float32(LN2))
+                # dims 128w + 16g + 2 blk + half: element NACC blk + 4 (j // 2) + 2 half + j % 2
+                i0 = 4 * (j // 2) + j % 2
+                d0 = 128 * warp + 16 * g
+                for qd in range(4):
+                    y0 = o_acc[NACC * (2 * qd) + i0] * inv
+                    y1 = o_acc[NACC * (2 * qd) + i0 + 2] * inv
+                    y2 = o_acc[NACC * (2 * qd + 1) + i0] * inv
+                    y3 = o_acc[NACC * (2 * qd + 1) + i0 + 2] * inv
+                    d = uint64(d0 + 4 * qd)
+                    if x4:
+                        ptx.st_global_x4(part_out, t_row, h, uint64(p), d, store(y0),
+                                         store(y1), store(y2), store(y3))
+                    else:
+                        part_out[t_row, h, p, d] = store(y0)
+                        part_out[t_row, h, p, d + 1] = store(y1)
+                        part_out[t_row, h, p, d + 2] = store(y2)
+                        part_out[t_row, h, p, d + 3] = store(y3)
+
+    return partition_kernel
