@@ -91,6 +91,10 @@ RED_OFF = P_OFF + 2 * P_BYTES  # 96256
 RED_BYTES = 4 * BLOCK_M * 4  # 256
 QEXP_OFF = RED_OFF + 2 * RED_BYTES  # 96768
 SMEM_BYTES = QEXP_OFF + BLOCK_M * 4  # 96832
+Q_WORDS = BLOCK_M * D_QK // 2 // NTHREADS  # words of q a thread copies into the image (36)
+PENDING = 1  # groups of products left in flight behind the one just issued
+V_AHEAD = 1  # 16-key steps of V's codes loaded ahead of the one converted
+PV_GROUP = 2  # words of V's codes a key (2 m64 blocks each) in one group of products
 RESCALE_SLACK = 8.0  # log2 units the running max may lag the true one
 Q_SCALE_TOP = 13  # a row's largest |q| times 2^k lands in [2^12, 2^15) (log2 may be 1 off)
 Q_EXP_LIMIT = 126  # |k| at most: 2^k and 2^-k are normal float32 values
@@ -112,29 +116,54 @@ def _q_image_byte(c, d):
 q_image_byte = cuda.jit(device=True)(_q_image_byte)  # (plain arithmetic: the simulator too)
 
 
-def _make_pv_step():
-    """``pv_step(o, words..., sm, dp, tid)``: O^T += V^T P^T over one 16-key step, the 16 words
-    of codes being the thread's four keys' (2t, 2t + 1, 2t + 8, 2t + 9: a, b, c, d) dims
-    128w + 16g .. + 15, four words each. Written out: each block's product names its eight
-    accumulators by a constant offset, so that all 64 stay in registers."""
-    words = ", ".join(f"{k}{c}" for k in "abcd" for c in range(4))
-    lines = [f"def pv_step(o, s, {words}, sm, dp, tid):"]
-    for c in range(4):
-        lines += [f"    l01 = lo(a{c}, b{c})", f"    l89 = lo(c{c}, d{c})",
-                  f"    h01 = hi(a{c}, b{c})", f"    h89 = hi(c{c}, d{c})",
-                  "    f0, f1 = cvt(l01)", "    f2, f3 = cvt(l89)",
-                  "    g0, g1 = cvt(h01)", "    g2, g3 = cvt(h89)",
-                  "    fence()",
-                  f"    m{2 * c}(o, f0, f1, f2, f3, sm, dp, 1, tid)",
-                  f"    m{2 * c + 1}(o, g0, g1, g2, g3, sm, dp, 1, tid)",
-                  "    commit()",
-                  "    wait_prev(o, s)"]
+def _make_pv_tile():
+    """``pv_tile(o, s, sm, va, dp, tid)``: O^T += V^T P^T over the tile's four 16-key steps,
+    V's codes read from the raw stage at ``va`` (this thread's first: key 2t, bytes 128w + 16g
+    of the row), P^T's B image at descriptor ``dp``. Step k's codes are the thread's four keys'
+    (2t, 2t + 1, 2t + 8, 2t + 9 of the step: a, b, c, d) dims 128w + 16g .. + 15, four words
+    each, loaded while step k - 1 is converted and multiplied; PV_GROUP words of each key
+    (2 m64 blocks each) make one group of products, issued once converted, and at most
+    PENDING groups stay in flight behind it. Written out: each block's product names its
+    eight accumulators by a constant offset, so that all 64 stay in registers."""
+    steps = BLOCK_N // 16
+    load = ["a{0}0, a{0}1, a{0}2, a{0}3 = lds(sm, va + {1})",
+            "b{0}0, b{0}1, b{0}2, b{0}3 = lds(sm, va + {2})",
+            "c{0}0, c{0}1, c{0}2, c{0}3 = lds(sm, va + {3})",
+            "d{0}0, d{0}1, d{0}2, d{0}3 = lds(sm, va + {4})"]
+    lines = ["def pv_tile(o, s, sm, va, dp, tid):"]
+
+    def loads(k):
+        base = 16 * k * ROW_BYTES
+        return ["    " + x.format(k, base, base + ROW_BYTES, base + 8 * ROW_BYTES,
+                                  base + 9 * ROW_BYTES) for x in load]
+
+    for k in range(V_AHEAD):
+        lines += loads(k)
+    for k in range(steps):
+        if k + V_AHEAD < steps:
+            lines += loads(k + V_AHEAD)
+        for c0 in range(0, 4, PV_GROUP):
+            regs = []
+            for c in range(c0, c0 + PV_GROUP):
+                w = f"{k}{c}"
+                lines += [f"    l01 = lo(a{w}, b{w})", f"    l89 = lo(c{w}, d{w})",
+                          f"    h01 = hi(a{w}, b{w})", f"    h89 = hi(c{w}, d{w})",
+                          f"    f{c}0, f{c}1 = cvt(l01)", f"    f{c}2, f{c}3 = cvt(l89)",
+                          f"    g{c}0, g{c}1 = cvt(h01)", f"    g{c}2, g{c}3 = cvt(h89)"]
+                regs.append(c)
+            lines.append("    fence()")
+            for c in regs:
+                d = f"desc_advance(dp, {STEP_BYTES * k})"
+                lines += [f"    m{2 * c}(o, f{c}0, f{c}1, f{c}2, f{c}3, sm, {d}, 1, tid)",
+                          f"    m{2 * c + 1}(o, g{c}0, g{c}1, g{c}2, g{c}3, sm, {d}, 1, tid)"]
+            lines += ["    commit()", "    wait_pending(o, s)"]
     scope = {f"m{b}": ptx.wgmma_rs(BLOCK_M, "f16", False, NACC * b) for b in range(NBLK)}
-    scope.update(lo=ptx.byte_perm(LO_PAIRS), hi=ptx.byte_perm(HI_PAIRS),
+    scope.update(lo=ptx.byte_perm(LO_PAIRS), hi=ptx.byte_perm(HI_PAIRS), lds=ptx.lds128,
                  cvt=ptx.e4m3x4_to_f16x4, fence=ptx.wgmma_fence, commit=ptx.wgmma_commit,
-                 wait_prev=ptx.wgmma_wait_pending(NO, NACC, 1))
+                 desc_advance=ptx.desc_advance,
+                 wait_pending=ptx.wgmma_wait_pending(NO, NACC, PENDING))
     exec("\n".join(lines), scope)  # (generated here, from the lines above: no outside input)
-    return cuda.jit(device=True, **INLINE)(scope["pv_step"])
+    return cuda.jit(device=True, **INLINE)(scope["pv_tile"])
 
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
@@ -144,10 +173,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     H = heads
     mma_s = ptx.wgmma_rs(BLOCK_M, "f16", False)
     wait_all = ptx.wgmma_wait2(NACC, NO)
-    wait_prev = ptx.wgmma_wait_pending(NACC, NO, 1)  # all but the group just committed
+    wait_pending = ptx.wgmma_wait_pending(NACC, NO, PENDING)
     desc = ptx.wgmma_desc(LBO, SBO)
     unpack = ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32
-    pv_step = _make_pv_step()
+    pv_tile = _make_pv_tile()
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
@@ -164,7 +193,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         elsewhere each piece's row is looked up."""
         page, slot, run = tile_run(block_table, page_size, npages, b, k0, k1)
         nbytes = (k1 - k0) * ROW_BYTES
-        if run:
+        if run and nbytes == TILE_BYTES:  # a whole tile in one page: no test a piece
+            src = ptx.global_addr(storage, page, slot, 0) + 16 * tid
+            for m in range(PIECES):
+                ptx.cp_async16_at(smk, dst + 16 * tid + 16 * NTHREADS * m,
+                                  src + 16 * NTHREADS * m, True)
+        elif run:
             src = ptx.global_addr(storage, page, slot, 0)
             for m in range(PIECES):
                 j = tid + NTHREADS * m
@@ -181,40 +215,43 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         ptx.cp_async_commit()
 
     @cuda.jit(device=True)
-    def load_q(q, smk, smf, sb, row0, r0, nrows, tid):
+    def load_q(q, smk, sb, row0, r0, nrows, tid):
         """The block's 16 query rows into the Q image, each times its power of two (rows past
-        ``nrows`` zero); the exponents to ``qexp``."""
-        warp, lane = tid // 32, tid % 32
-        for rr in range(BLOCK_M // 4):  # warp w finds rows 4w .. 4w + 3's scales
-            c = 4 * warp + rr
-            k = 0
+        ``nrows`` zero), the exponents to ``qexp``. Thread t takes row t // 8 and its words
+        t % 8 + 8m (m = 0..35): dims 2 (t % 8) + 16m, whose place in the image is the
+        thread's first plus (m // 4) * 2048 + (m % 4) * 4 (q_image_byte), and the row's eight
+        threads find its largest magnitude by three shuffles."""
+        c = tid // 8
+        u = tid % 8
+        r = r0 + min(c, nrows - 1)
+        rq = uint64(row0 + r // H)  # (unsigned indices: no test for negative ones)
+        hq = uint64(r % H)
+        words = cuda.local.array(Q_WORDS, int32)
+        for m in range(Q_WORDS):  # (all loads out before any is used)
+            words[m] = q[rq, hq, uint64(u + 8 * m)]
+        k = 0
+        f = float32(1.0)
+        if SCALE_Q:
+            mx = float32(0.0)
+            for m in range(Q_WORDS):
+                x0, x1 = unpack(words[m])
+                mx = max(mx, max(abs(x0), abs(x1)))
+            for o in (1, 2, 4):
+                mx = max(mx, ptx.shfl_xor(mx, o, tid))
+            if mx > 0.0 and mx < math.inf:
+                k = min(max(Q_SCALE_TOP - int32(math.floor(math.log2(mx))), -Q_EXP_LIMIT),
+                        Q_EXP_LIMIT)
+            f = ptx.i32_as_f32((k + 127) << 23)
+        if u == 0:
+            smk[uint64(QEXP_OFF // 4 + c)] = k
+        at = sb + Q_OFF + q_image_byte(c, 2 * u)
+        for m in range(Q_WORDS):
+            w = words[m]
             if SCALE_Q:
-                r = r0 + min(c, nrows - 1)
-                mx = float32(0.0)
-                for j in range(D_QK // 64):
-                    x0, x1 = unpack(q[row0 + r // H, r % H, lane + 32 * j])
-                    mx = max(mx, max(abs(x0), abs(x1)))
-                for o in (1, 2, 4, 8, 16):
-                    mx = max(mx, ptx.shfl_xor(mx, o, tid))
-                if mx > 0.0 and mx < math.inf:
-                    k = min(max(Q_SCALE_TOP - int32(math.floor(math.log2(mx))), -Q_EXP_LIMIT),
-                            Q_EXP_LIMIT)
-            if lane == 0:
-                smk[QEXP_OFF // 4 + c] = k
-        cuda.syncthreads()
-        for m in range(BLOCK_M * D_QK // 2 // NTHREADS):  # 36 words a thread
-            j = tid + NTHREADS * m
-            c, pw = ptx.divmod_u32(j, D_QK // 2)
-            w = int32(0)
-            if c < nrows:
-                r = r0 + c
-                w = q[row0 + r // H, r % H, pw]
-                if SCALE_Q:
-                    f = ptx.i32_as_f32((smk[QEXP_OFF // 4 + c] + 127) << 23)
-                    x0, x1 = unpack(w)
-                    w = ptx.pack_f16x2(x0 * f, x1 * f)
-            ptx.sts32(smk, sb + Q_OFF + q_image_byte(c, 2 * pw), w)
-        ptx.fence_proxy_async()  # (the first tile's barrier makes it visible to wgmma)
+                x0, x1 = unpack(w)
+                w = ptx.pack_f16x2(x0 * f, x1 * f)
+            ptx.sts32(smk, at + (m // 4) * 4 * STEP_BYTES + (m % 4) * 4, w if c < nrows else 0)
+        ptx.fence_proxy_async()  # (a barrier follows: the image is then visible to wgmma)
 
     @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
@@ -242,7 +279,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         if nrows <= 0:
             return
         q_lo, q_hi, kstart, kend, t, t_end = first_tiles(length, nq, r0, nrows, p, nparts,
-                                                            chunk)
+                                                         chunk)
         if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
             mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
             return
@@ -251,7 +288,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             k0 = kstart + t * BLOCK_N
             issue_tile(smk, sb + RAW_OFF, storage, block_table, page_size, npages, b, k0,
                        min(k0 + BLOCK_N, kend), tid)
-        load_q(q, smk, smf, sb, row0, r0, nrows, tid)
+        load_q(q, smk, sb, row0, r0, nrows, tid)
+        # The image and the exponents are in place.
+        cuda.syncthreads()
 
         sm_scale, kv_scale = float32(scale.real), float32(scale.imag)
         qscale = float32(sm_scale * LOG2E)
@@ -264,7 +303,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         mx = cuda.local.array(4, float32)
         for j in range(4):
             c = 8 * (j // 2) + 2 * t4 + j % 2
-            colf[j] = ptx.i32_as_f32((127 - smk[QEXP_OFF // 4 + c]) << 23)
+            colf[j] = ptx.i32_as_f32((127 - smk[uint64(QEXP_OFF // 4 + c)]) << 23)
             m_run[j] = float32(NEG_INF)
             l_run[j] = float32(0.0)
             l_p[j] = float32(0.0)
@@ -277,6 +316,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         k_lo = (16 * warp + g) * ROW_BYTES + 16 * t4
         # its V loads: rows 16s + 2t + (0, 1, 8, 9), 16 bytes at 128w + 16g
         v_at = 2 * t4 * ROW_BYTES + 128 * warp + 16 * g
+        # its P^T stores: k-step w, keys g (+ 8), rows 2t (+ 1, + 8, + 9)
+        p_at = P_OFF + STEP_BYTES * warp + 32 * t4 + 2 * g
 
         stage = 0
         it = 0
@@ -296,9 +337,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                            page_size, npages, b, k0n, min(k0n + BLOCK_N, kend), tid)
 
             # -- S^T = K Q^T: 36 steps, four a 16-byte load of each of the thread's two keys --
+            lo = ptx.lds128(smk, raw + k_lo)
+            hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES)
             for J in range(K_STEPS // 4):
-                lo = ptx.lds128(smk, raw + k_lo + 64 * J)
-                hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES + 64 * J)
                 a0, a2 = ptx.e4m3x4_to_f16x4(lo[0])
                 a1, a3 = ptx.e4m3x4_to_f16x4(hi[0])
                 b0, b2 = ptx.e4m3x4_to_f16x4(lo[1])
@@ -307,8 +348,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 c1, c3 = ptx.e4m3x4_to_f16x4(hi[2])
                 d0, d2 = ptx.e4m3x4_to_f16x4(lo[3])
                 d1, d3 = ptx.e4m3x4_to_f16x4(hi[3])
+                if J + 1 < K_STEPS // 4:  # the next codes load under this group's products
+                    lo = ptx.lds128(smk, raw + k_lo + 64 * (J + 1))
+                    hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES + 64 * (J + 1))
                 # (a product's A registers are defined before its group opens: a conversion
-                # inside an open group makes ptxas serialise every wgmma)
+                # inside an open group makes ptxas serialise every wgmma; and a wait for the
+                # groups before frees their registers for the next one's)
                 ptx.wgmma_fence()
                 step = ptx.desc_advance(dq, 4 * STEP_BYTES * J)
                 mma_s(s_acc, a0, a1, a2, a3, smk, step, J, tid)
@@ -318,7 +363,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 mma_s(s_acc, d0, d1, d2, d3, smk, ptx.desc_advance(step, 3 * STEP_BYTES), 1,
                       tid)
                 ptx.wgmma_commit()
-                wait_prev(s_acc, o_acc)
+                wait_pending(s_acc, o_acc)
             wait_all(s_acc, o_acc)  # (this tile's S^T)
 
             # -- scores (mask, score mod: log2 units), each column's maximum over the tile --
@@ -344,7 +389,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             red = RED_OFF + (it % 2) * RED_BYTES
             if g == 0:
                 for j in range(4):
-                    smf[red // 4 + BLOCK_M * warp + 8 * (j // 2) + 2 * t4 + j % 2] = mx[j]
+                    smf[uint64(red // 4 + BLOCK_M * warp + 8 * (j // 2) + 2 * t4 + j % 2)] = mx[j]
             # The four warps' maxima are in place.
             cuda.syncthreads()
             # -- online softmax down the columns; P^T (fp16) as wgmma's B image --
@@ -354,7 +399,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 m_old = m_run[j]
                 m_new = m_old
                 for w in range(4):
-                    m_new = max(m_new, smf[red // 4 + BLOCK_M * w + c])
+                    m_new = max(m_new, smf[uint64(red // 4 + BLOCK_M * w + c)])
                 if not (m_new <= m_old + float32(RESCALE_SLACK)):
                     m_run[j] = m_new
                 m_ref = m_run[j] if m_run[j] != float32(NEG_INF) else float32(0.0)
@@ -368,10 +413,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     h16 = ptx.f32_to_f16(pr)
                     l_run[j] += pr
                     l_p[j] += ptx.f16_to_f32(h16)
-                    # key 16w + g + 8e: k-step w, logical key g + 8e
-                    byte = (P_OFF + (it % 2) * P_BYTES + STEP_BYTES * warp + (c // 8) * SBO
-                            + e * LBO + (c % 8) * 16 + 2 * g)
-                    sm16[byte // 2] = h16
+                    # key 16w + g + 8e: k-step w, logical key g + 8e; row c = 8 (j // 2) +
+                    # 2t + j % 2
+                    sm16[uint64((p_at + (it % 2) * P_BYTES + (j // 2) * SBO + e * LBO
+                                 + (j % 2) * 16) // 2)] = h16
             if moved:
                 for blk in range(NBLK):
                     for i in range(NACC):
@@ -381,15 +426,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             cuda.syncthreads()
 
             # -- O^T += V^T P^T: four 16-key steps of eight m64 blocks, not waited for --
-            dp = desc(sb + P_OFF + (it % 2) * P_BYTES)
-            for s in range(BLOCK_N // 16):
-                a = raw + v_at + 16 * s * ROW_BYTES
-                a0, a1, a2, a3 = ptx.lds128(smk, a)
-                b0, b1, b2, b3 = ptx.lds128(smk, a + ROW_BYTES)
-                c0, c1, c2, c3 = ptx.lds128(smk, a + 8 * ROW_BYTES)
-                d0, d1, d2, d3 = ptx.lds128(smk, a + 9 * ROW_BYTES)
-                pv_step(o_acc, s_acc, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
-                        d0, d1, d2, d3, smk, ptx.desc_advance(dp, STEP_BYTES * s), tid)
+            pv_tile(o_acc, s_acc, smk, raw + v_at, desc(sb + P_OFF + (it % 2) * P_BYTES), tid)
             wait_all(s_acc, o_acc)
             stage = 1 - stage
             it += 1
@@ -408,8 +445,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         if g == 0:
             for j in range(4):
                 c = 8 * (j // 2) + 2 * t4 + j % 2
-                smf[RED_OFF // 4 + BLOCK_M * warp + c] = l_run[j]
-                smf[(RED_OFF + RED_BYTES) // 4 + BLOCK_M * warp + c] = l_p[j]
+                smf[uint64(RED_OFF // 4 + BLOCK_M * warp + c)] = l_run[j]
+                smf[uint64((RED_OFF + RED_BYTES) // 4 + BLOCK_M * warp + c)] = l_p[j]
         cuda.syncthreads()
         x4 = ptx.aligned_x4(part_out)
         for j in range(4):
@@ -418,8 +455,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 lsum = float32(0.0)
                 psum = float32(0.0)
                 for w in range(4):
-                    lsum += smf[RED_OFF // 4 + BLOCK_M * w + c]
-                    psum += smf[(RED_OFF + RED_BYTES) // 4 + BLOCK_M * w + c]
+                    lsum += smf[uint64(RED_OFF // 4 + BLOCK_M * w + c)]
+                    psum += smf[uint64((RED_OFF + RED_BYTES) // 4 + BLOCK_M * w + c)]
                 empty = lsum == 0.0
                 inv = float32(0.0) if empty else kv_scale * ptx.rcp(psum)
                 r = uint64(r0 + c)
