@@ -210,6 +210,9 @@ def main():
         if not tma:  # and its cp.async variant reading "e4m3" rows (converted in the block)
             variants.append(("mma8", factory.mma_partition_kernel(mask, mod, tag, cache, heads,
                                                                   direct, False, "e4m3")))
+        if heads <= 16:  # the transposed kernel ("e4m3" rows at up to 16 query rows)
+            variants.append(("tr8", factory.transposed_partition_kernel(mask, mod, tag, cache,
+                                                                        heads, direct)))
         if tma:
             variants.append(("seesaw", factory.seesaw_partition_kernel(mask, mod, tag, cache,
                                                                        heads, direct)))
@@ -218,17 +221,18 @@ def main():
                     mask, mod, tag, cache, heads, False, listed=True)))
         for name, kern in variants:
             sig = list(signature(direct, name == "listed"))
-            if name == "mma8":  # the cache as words of 4 codes, scale + 1j * kv_scale
+            if name in ("mma8", "tr8"):  # the cache as words of 4 codes, scale + 1j * kv_scale
                 sig[6] = types.complex64
             ptx, _ = cuda.compile_ptx(kern.py_func, tuple(sig), cc=(9, 0, "a"))
             sass, log = build_sass(ptx)
             regs, spills, calls = _resources(ptx, log)
-            hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256)x16", sass))
+            hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256|16)x16", sass))
             serial = "serialized" in log
             # lockstep: 36 for S and 4 for P V; seesaw: 4 a box in each warpgroup's two S
-            # sites (a loop over the boxes), 4 in each of their two P V sites
-            ok = (not spills and calls == 0 and hgmma == (40 if name in ("mma", "mma8") else 32)
-                  and not serial)
+            # sites (a loop over the boxes), 4 in each of their two P V sites; transposed: 8
+            # for S^T (its loop over groups of four, the first peeled) and 32 for O^T
+            ok = (not spills and calls == 0 and not serial
+                  and hgmma == (40 if name in ("mma", "mma8", "tr8") else 32))
             if name in ("seesaw", "listed"):  # the evict-first copies exactly from LAG_HEADS
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)
             bad += not ok

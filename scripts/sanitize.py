@@ -39,11 +39,14 @@ CASES = [(backend, *c[:4], "bf16" if backend in SIXTEEN_BIT and c[4] == "fp32" e
           *c[5:])
          for backend in BACKENDS[:5] for c in _SHAPES]
 #: FP8 caches (the last field: the layout) in the kernels that read them: both layouts, the
-#: warp tensor-core kernel's 16- and 32-row blocks, a split, a partial last tile.
+#: warp tensor-core kernel's 16- and 32-row blocks, a split, a partial last tile; under
+#: "mma", the transposed kernel (16 rows or fewer: the first and the last) and the lockstep
+#: one (32 rows).
 _FP8_SHAPES = [
     (2, 16, 97, 1, "bf16", "paged", 64, "causal", None, False, "e4m3"),
     (2, 20, 130, 1, "fp16", "contiguous", 0, "window", 2, False, "v32"),
     (1, 16, 300, 2, "bf16", "paged", 16, "null", 3, False, "e4m3"),
+    (3, 4, 400, 1, "fp16", "contiguous", 0, "window", 3, False, "e4m3"),
 ]
 CASES += [(backend, *c) for backend in ("simt", "mma_sync", "simple", "warpsplit")
           for c in _FP8_SHAPES]

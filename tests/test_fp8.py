@@ -351,19 +351,105 @@ def test_fp8_mma_kernel(dtype, cache, lengths, window, parts, rng, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(factory, "mma_partition_kernel", spy)
-    p = fp8_problem(rng, "e4m3", len(lengths), 1, 3, lengths, dtype, cache)
+    # (17 query rows a sequence: at 16 or fewer the transposed kernel runs instead)
+    p = fp8_problem(rng, "e4m3", len(lengths), 1, 17, lengths, dtype, cache)
     check(p, nm.SlidingWindowCausalMask(window), nm.IdentityScoreMod(), parts, "mma")
     assert seen and set(seen) == {(False, "e4m3")}  # cp.async tiles, FP8 rows
 
 
+def spy_transposed(monkeypatch):
+    """Record ``(tag, heads, direct)`` of every transposed kernel the selector asks for."""
+    from numba_mla import factory
+
+    seen, real = [], factory.transposed_partition_kernel
+
+    def spy(*args, **kwargs):  # (mask, score_mod, tag, cache_cls, heads, direct)
+        seen.append((args[2], args[4], args[5]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(factory, "transposed_partition_kernel", spy)
+    return seen
+
+
+@KERNEL
+@pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,parts", [
+    (BF16, "paged64", 1, 16, [200], "null", 1),
+    (np.float16, "paged16", 1, 3, [0, 330], "window100", 2),
+    (BF16, "contiguous", 2, 8, [150], "causal", 3)])
+def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, parts, rng,
+                               monkeypatch):
+    """The transposed kernel (kernels/transposed.py: "mma" on "e4m3" rows at up to 16 query
+    rows a sequence; S^T = K Q^T and O^T = V^T P^T with both A operands converted from the
+    codes in registers): four tiles in one partition, the first three whole pages of 64 (one
+    copy a tile, no test a piece) and a short last one; pages of 16 (each piece's row looked
+    up) under a window that skips tiles, split in two beside an empty sequence; two query
+    tokens of 8 heads (16 rows, two positions) under a causal mask in three partitions of 50
+    keys (tiles that end inside a page)."""
+    seen = spy_transposed(monkeypatch)
+    p = fp8_problem(rng, "e4m3", len(lengths), Sq, H, lengths, dtype, cache)
+    mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100"
+            else MASKS[mask_id].make(p, rng))
+    check(p, mask, nm.IdentityScoreMod(), parts, "mma")
+    assert seen and {s[:2] for s in seen} == {("bf16" if dtype == BF16 else "f16", H)}
+    assert {s[2] for s in seen} == {parts == 1}
+
+
+@KERNEL
+def test_fp8_transposed_kernel_scales_q_into_fp16(rng, monkeypatch):
+    """bf16 q is copied into fp16 times a power of two a row: a row whose magnitudes pass
+    fp16's largest value (1e6), one below its normal range (1e-7), one spanning 12 decades
+    and one of zeros give the reference's result (without the scale the first would be
+    inf, the second mostly subnormal or zero)."""
+    seen = spy_transposed(monkeypatch)
+    p = fp8_problem(rng, "e4m3", 1, 1, 4, [90], BF16, "paged64")
+    q = np.array(p.q).astype(np.float32)
+    q[..., 0, :] *= 1e6
+    q[..., 1, :] *= 1e-7
+    q[..., 2, :] *= 10.0 ** rng.uniform(-8, 4, 576)
+    q[..., 3, :] = 0
+    p = dataclasses.replace(p, q=q.astype(BF16))
+    check(p, nm.NullMask(), nm.IdentityScoreMod(), 1, "mma")
+    assert seen
+
+
+def test_transposed_q_image_is_the_fragments_layout():
+    """The transposed kernel's Q image puts dims d, d + 1 of query row c where the fragment
+    tests' layout (tests/test_fp8_fragments.py, q_image) puts them: the k-step and column
+    whose K fragment holds those dims."""
+    from test_fp8_fragments import LBO as F_LBO, SBO as F_SBO, STEP_BYTES as F_STEP
+    from test_fp8_fragments import physical_dim
+
+    from numba_mla.kernels import transposed
+
+    for c in range(16):
+        for step in range(36):
+            for k in range(0, 16, 2):
+                byte = (step * F_STEP + (c // 8) * F_SBO + (k // 8) * F_LBO + (c % 8) * 16
+                        + (k % 8) * 2)
+                assert transposed._q_image_byte(c, physical_dim(step, k)) == byte
+
+
+def test_byte_perm_twin():
+    """prmt's twin: byte k of the result is byte (sel >> 4k) & 7 of (a, b)."""
+    from numba_mla.ptx.arith import _byte_perm_twin
+
+    a, b = 0x03020100, 0x07060504
+    assert _byte_perm_twin(0x5140)(a, b) == 0x05010400
+    assert _byte_perm_twin(0x7362)(a, b) == 0x07030602
+    assert _byte_perm_twin(0x3210)(a, -1) == a
+    assert _byte_perm_twin(0x7654)(a, -1) == -1
+
+
 def test_auto_takes_wgmma_for_e4m3(rng):
-    """"auto" on an FP8 cache: the wgmma kernel for "e4m3" rows at any number of query rows,
-    the warp tensor-core kernel for "v32" rows (the simulator stands for an sm_90 GPU);
+    """"auto" on an FP8 cache: the wgmma kernels for "e4m3" rows (the transposed one at up to
+    16 query rows a sequence, the lockstep one past that), the warp tensor-core kernel for
+    "v32" rows (the simulator stands for an sm_90 GPU);
     nothing is launched."""
     from numba_mla import checks, launch
 
     for layout, Sq, H, want in (("e4m3", 1, 20, "mma"), ("e4m3", 2, 16, "mma"),
-                                ("e4m3", 1, 16, "mma"), ("e4m3", 1, 1, "mma"),
+                                ("e4m3", 1, 16, "transposed"), ("e4m3", 1, 1, "transposed"),
+                                ("e4m3", 2, 8, "transposed"),
                                 ("v32", 1, 20, "mma_sync"), ("v32", 1, 1, "mma_sync")):
         p = fp8_problem(rng, layout, 1, Sq, H, [40], BF16, "paged16")
         call = checks.check_decode(p.q, p.cache, p.scale, None, None, None, False, None, "auto")
@@ -436,6 +522,29 @@ def test_e4m3_primitives_match_their_twins(rng):
     assert np.array_equal(out.copy_to_host(), want, equal_nan=True)
     want_p = np.array([conversions._pack_e4m3x4_twin(*f) for f in floats], np.int32)
     assert np.array_equal(packed.copy_to_host(), want_p)
+
+
+@pytest.mark.gpu
+def test_byte_perm_matches_its_twin(rng):
+    from numba import cuda
+
+    from numba_mla import ptx
+    from numba_mla.ptx.arith import _byte_perm_twin
+
+    lo, hi = ptx.byte_perm(0x5140), ptx.byte_perm(0x7362)
+
+    @cuda.jit
+    def perm(a, b, out):
+        i = cuda.grid(1)
+        if i < a.shape[0]:
+            out[i, 0] = lo(a[i], b[i])
+            out[i, 1] = hi(a[i], b[i])
+
+    a, b = (rng.integers(-2**31, 2**31, 256).astype(np.int32) for _ in range(2))
+    out = cuda.device_array((256, 2), np.int32)
+    perm[2, 128](cuda.to_device(a), cuda.to_device(b), out)
+    want = [[_byte_perm_twin(sel)(x, y) for sel in (0x5140, 0x7362)] for x, y in zip(a, b)]
+    assert np.array_equal(out.copy_to_host(), np.array(want, np.int32))
 
 
 def _code_words():
