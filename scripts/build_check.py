@@ -229,10 +229,10 @@ def main():
             hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256|16)x16", sass))
             serial = "serialized" in log
             # lockstep: 36 for S and 4 for P V; seesaw: 4 a box in each warpgroup's two S
-            # sites (a loop over the boxes), 4 in each of their two P V sites; transposed: 8
-            # for S^T (its loop over groups of four, the first peeled) and 32 for O^T
-            ok = (not spills and calls == 0 and not serial
-                  and hgmma == (40 if name in ("mma", "mma8", "tr8") else 32))
+            # sites (a loop over the boxes), 4 in each of their two P V sites; transposed: 36
+            # for S^T and 32 for O^T (m64n16k16)
+            want = {"mma": 40, "mma8": 40, "tr8": 68}.get(name, 32)
+            ok = not spills and calls == 0 and not serial and hgmma == want
             if name in ("seesaw", "listed"):  # the evict-first copies exactly from LAG_HEADS
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)
             bad += not ok

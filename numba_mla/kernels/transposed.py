@@ -16,8 +16,8 @@ or with one partition to ``out`` and ``lse`` (``store``).
 Shared memory (bytes, 97,152: two blocks a multiprocessor):
     Q    36 k-steps x [16 rows x 16 dims] fp16     wgmma's B image (core matrices), dims in the
                                                    order the K fragments take (below)
-    raw  [2][64 keys x 576] e4m3 codes             two stages: the tile after the next is
-                                                   copied by cp.async while this one is used
+    raw  [2][64 keys x 576] e4m3 codes             two stages: the next tile is copied by
+                                                   cp.async while this one is used
     P    [2][4 k-steps x [16 rows x 16 keys]] fp16 P^T as wgmma's B image, double buffered
     red  [2][4 warps x 16] f32                     per-warp column maxima (then sums)
     qexp [16] int32                                each query row's power-of-two scale
@@ -55,10 +55,13 @@ the end. The running maximum moves only when a row's maximum passes it by more t
 RESCALE_SLACK (log2 units), as in the lockstep kernel; O^T's columns are then rescaled. The
 output divides by the sum of P as multiplied (fp16), the LSE uses the fp32 sum.
 
-Per tile: (wait for this tile's codes; barrier) S^T's 36 steps, each group of four issued as
-its codes are converted; V's 16 loads; wait for S^T (and the last tile's O^T); maxima (barrier,
-after which the raw stage is free: the tile after the next is copied into it); P^T written
-(barrier); O^T's 32 steps issued, not waited for (they run under the next tile's S^T).
+Per tile: wait for this tile's codes; barrier (every thread is then done with the other
+stage: the next tile's rows are copied into it, and fly during this tile); S^T's 36 steps in
+nine groups of four, each group's codes loaded and converted, then its products issued and
+committed, then all but that group waited for (``wgmma_wait_pending``: ptxas then reuses the
+registers of the groups done, and serialises nothing); the scores and each column's maximum
+(barrier); the online softmax and P^T (barrier); O^T's 32 steps in eight groups of four
+products, V's codes loaded a 16-key step ahead; all waited for at the end of the tile.
 """
 import math
 
@@ -337,9 +340,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                            page_size, npages, b, k0n, min(k0n + BLOCK_N, kend), tid)
 
             # -- S^T = K Q^T: 36 steps, four a 16-byte load of each of the thread's two keys --
-            lo = ptx.lds128(smk, raw + k_lo)
-            hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES)
             for J in range(K_STEPS // 4):
+                # (The next group's codes loaded here, under this group's products, gave wrong
+                # scores on the H200 in 9 of 11 mask x score-mod cases, never in the
+                # simulator: they are loaded at the top of each group.)
+                lo = ptx.lds128(smk, raw + k_lo + 64 * J)
+                hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES + 64 * J)
                 a0, a2 = ptx.e4m3x4_to_f16x4(lo[0])
                 a1, a3 = ptx.e4m3x4_to_f16x4(hi[0])
                 b0, b2 = ptx.e4m3x4_to_f16x4(lo[1])
@@ -348,9 +354,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 c1, c3 = ptx.e4m3x4_to_f16x4(hi[2])
                 d0, d2 = ptx.e4m3x4_to_f16x4(lo[3])
                 d1, d3 = ptx.e4m3x4_to_f16x4(hi[3])
-                if J + 1 < K_STEPS // 4:  # the next codes load under this group's products
-                    lo = ptx.lds128(smk, raw + k_lo + 64 * (J + 1))
-                    hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES + 64 * (J + 1))
                 # (a product's A registers are defined before its group opens: a conversion
                 # inside an open group makes ptxas serialise every wgmma; and a wait for the
                 # groups before frees their registers for the next one's)
