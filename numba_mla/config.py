@@ -9,7 +9,8 @@ the call's backend can honour is refused with a ``ValueError`` naming ``config.<
 field                      honoured by
 =========================  ============================================================
 ``num_queries_per_block``  query rows a block: "simt" 16 or 32 (32: 16-bit data only),
-                           "simple" its 8, "mma" its 64
+                           "simple" its 8, "mma" its 64 (and 16 for "e4m3" FP8 caches:
+                           the transposed kernel)
 ``num_keys_per_block``     keys a tile: each kernel has one per row count ("simt": 64 at
                            16 rows of 16-bit data, else 32; "mma" 64; "simple" 8)
 ``num_pipeline_stages``    key tiles in flight: 2 ("simt", "mma": double buffer), 1

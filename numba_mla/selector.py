@@ -49,7 +49,8 @@ class KernelSpec:
     """A partition kernel and what its launch needs (the factory's description)."""
 
     backend: str  # what runs: "simt", "simt_warpsplit" (simt, warp split-K), "simple",
-    #               "warpsplit" (simple, warp split-K), "mma" (lockstep wgmma) or "seesaw"
+    #               "warpsplit" (simple, warp split-K), "mma" (lockstep wgmma), "seesaw" or
+    #               "transposed" (wgmma, "e4m3" rows at up to 16 query rows)
     dispatcher: Any  # the Numba kernel (compiled for the argument types at first launch)
     threads: int  # threads a block
     smem: int  # dynamic shared memory a block, bytes
@@ -216,12 +217,14 @@ def _tensor_core_honours(config, backend, rows, fp8):
                                                                                staged)))
 
 
-def _transposed(config, rows, fp8):
+def _transposed(config, rows, fp8, packed):
     """Whether ``"mma"`` runs the transposed kernel (kernels/transposed.py): "e4m3" rows at
-    16 query rows a block (the config's rows, else where a sequence has at most 16)."""
+    16 query rows a block (the config's rows, else where a sequence has at most 16), in a
+    C-contiguous cache (``packed``: it copies a page's run of slots as one block of bytes; a
+    cache whose slots lie further apart takes the lockstep kernel, which finds each row)."""
     from .kernels import transposed
 
-    if fp8 != "e4m3":
+    if fp8 != "e4m3" or not packed:
         return False
     want = None if config is None else config.num_queries_per_block
     return want == transposed.BLOCK_M if want is not None else rows <= transposed.BLOCK_M
@@ -252,10 +255,10 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         if call.backend == "mma" and fp8 != "e4m3":
             raise ValueError(f"backend: 'mma' reads FP8 caches of the 'e4m3' layout, not "
                              f"'{fp8}'; use 'mma_sync', 'simt', 'simple' or 'auto'")
-        # "auto": wgmma's for "e4m3" rows on sm_90 (0.89-0.92x the warp kernel's time at
-        # H = 16, 0.39-0.43x at H = 128 on the H200's four fp8-sweep shapes: docs/fp8.md; below
-        # 16 query rows both kernels do a 16-row tile's work), else the warp tensor-core kernel
-        # (0.32-0.72x the FMA kernel's time there, both layouts)
+        # "auto": wgmma's for "e4m3" rows on sm_90 (at up to 16 query rows the transposed
+        # kernel, 0.43x the warp kernel's time at H = 16; past that the lockstep one, 0.39-0.43x
+        # at H = 128 on the H200's fp8-sweep shapes: docs/fp8.md), else the warp tensor-core
+        # kernel (0.32-0.72x the FMA kernel's time there, both layouts)
         backend = call.backend
         if backend == "auto":
             wgmma = (fp8 == "e4m3" and facts.aligned16
@@ -304,7 +307,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     elif backend == "mma":
         from .kernels import mma, seesaw, transposed
 
-        if _transposed(config, rows, fp8):
+        if _transposed(config, rows, fp8, facts.packed_rows):
             block_m, block_n = transposed.BLOCK_M, transposed.BLOCK_N
         else:
             block_m, block_n = mma.BLOCK_M, mma.BLOCK_N

@@ -372,44 +372,95 @@ def spy_transposed(monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,parts", [
-    (BF16, "paged64", 1, 16, [200], "null", 1),
-    (np.float16, "paged16", 1, 3, [0, 330], "window100", 2),
-    (BF16, "contiguous", 2, 8, [150], "causal", 3)])
-def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, parts, rng,
+@pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts", [
+    (BF16, "paged64", 1, 16, [200], "null", "identity", 1),
+    (np.float16, "paged16", 1, 3, [0, 330], "window100", "identity", 2),
+    (BF16, "contiguous", 2, 8, [150], "causal", "identity", 3),
+    (BF16, "paged64", 1, 16, [250], "null", "alibi", 1)])
+def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts, rng,
                                monkeypatch):
     """The transposed kernel (kernels/transposed.py: "mma" on "e4m3" rows at up to 16 query
     rows a sequence; S^T = K Q^T and O^T = V^T P^T with both A operands converted from the
     codes in registers): four tiles in one partition, the first three whole pages of 64 (one
     copy a tile, no test a piece) and a short last one; pages of 16 (each piece's row looked
-    up) under a window that skips tiles, split in two beside an empty sequence; two query
-    tokens of 8 heads (16 rows, two positions) under a causal mask in three partitions of 50
-    keys (tiles that end inside a page)."""
+    up) under a window (tiles the mask keeps in part), split in two beside an empty
+    sequence; two query tokens of 8 heads (16 rows, two positions) under a causal mask in
+    three partitions of one tile each (64, 64 and 22 keys: a run that ends inside the
+    tile); ALiBi's slopes over four tiles, whose rising scores move the running maximum past
+    its slack, so that O^T's columns are rescaled (hundreds of times a block)."""
     seen = spy_transposed(monkeypatch)
     p = fp8_problem(rng, "e4m3", len(lengths), Sq, H, lengths, dtype, cache)
     mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100"
             else MASKS[mask_id].make(p, rng))
-    check(p, mask, nm.IdentityScoreMod(), parts, "mma")
+    check(p, mask, SCORE_MODS[mod_id].make(p), parts, "mma")
     assert seen and {s[:2] for s in seen} == {("bf16" if dtype == BF16 else "f16", H)}
     assert {s[2] for s in seen} == {parts == 1}
 
 
 @KERNEL
-def test_fp8_transposed_kernel_scales_q_into_fp16(rng, monkeypatch):
-    """bf16 q is copied into fp16 times a power of two a row: a row whose magnitudes pass
-    fp16's largest value (1e6), one below its normal range (1e-7), one spanning 12 decades
-    and one of zeros give the reference's result (without the scale the first would be
-    inf, the second mostly subnormal or zero)."""
+@pytest.mark.parametrize("case", ["huge", "tiny"])
+def test_fp8_transposed_kernel_scales_q_into_fp16(case, rng, monkeypatch):
+    """bf16 q is copied into fp16 times a power of two a row. "huge": a row whose magnitudes
+    pass fp16's largest value (1e6), one spanning 12 decades, one of zeros and an ordinary
+    one (without the scale the first is inf in fp16: NaN out); "tiny": every row 1e-6 (below
+    fp16's normal range: without the scale its values keep a few bits), the softmax scale
+    times 1e6 so the scores still matter. Both give the reference's result."""
     seen = spy_transposed(monkeypatch)
     p = fp8_problem(rng, "e4m3", 1, 1, 4, [90], BF16, "paged64")
     q = np.array(p.q).astype(np.float32)
-    q[..., 0, :] *= 1e6
-    q[..., 1, :] *= 1e-7
-    q[..., 2, :] *= 10.0 ** rng.uniform(-8, 4, 576)
-    q[..., 3, :] = 0
-    p = dataclasses.replace(p, q=q.astype(BF16))
+    if case == "huge":
+        q[..., 0, :] *= 1e6
+        q[..., 2, :] *= 10.0 ** rng.uniform(-8, 4, 576)
+        q[..., 3, :] = 0
+        p = dataclasses.replace(p, q=q.astype(BF16))
+    else:
+        p = dataclasses.replace(p, q=(q * 1e-6).astype(BF16), scale=p.scale * 1e6)
     check(p, nm.NullMask(), nm.IdentityScoreMod(), 1, "mma")
     assert seen
+
+
+@KERNEL
+def test_fp8_transposed_kernel_in_row_groups(rng):
+    """A config of 16 rows a block runs the transposed kernel past 16 rows too: 2 tokens x 20
+    heads are three row groups of the grid (the last one of 8 rows)."""
+    from numba_mla import checks, launch
+
+    p = fp8_problem(rng, "e4m3", 1, 2, 20, [70], BF16, "paged64")
+    config = nm.MHAConfig(num_queries_per_block=16)
+    call = checks.check_decode(p.q, p.cache, p.scale, backend="mma")
+    call.config = config
+    spec = launch.Plan(call).spec
+    assert (spec.backend, spec.block_m, spec.groups) == ("transposed", 16, 3)
+    golden, same = references(p, nm.NullMask(), nm.IdentityScoreMod())
+    out = np.full(p.out_shape, np.nan, p.dtype)
+    nm.flare_mla_decoding(out, p.q, p.cache, nm.NullMask(), nm.IdentityScoreMod(), None,
+                          p.scale, backend="mma", config=config)
+    assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0], "mma"), what="out")
+
+
+@KERNEL
+def test_fp8_strided_device_cache_takes_the_lockstep_kernel(rng, monkeypatch):
+    """A device cache whose slots lie further apart than a row (a view of a wider buffer) is
+    not copied as whole runs of bytes: "mma" runs the lockstep kernel there, which finds each
+    row, and the result is the reference's."""
+    from numba import cuda
+
+    from numba_mla import factory
+
+    seen = spy_transposed(monkeypatch)
+    lockstep, real = [], factory.mma_partition_kernel
+    monkeypatch.setattr(factory, "mma_partition_kernel",
+                        lambda *a, **k: (lockstep.append(a[7]), real(*a, **k))[1])
+    p = fp8_problem(rng, "e4m3", 1, 1, 4, [90], BF16, "paged64")
+    codes = np.asarray(p.cache.storage).view(np.uint8)
+    wide = np.zeros(codes.shape[:2] + (592,), np.uint8)
+    wide[..., :576] = codes
+    view = cuda.to_device(wide)[..., :576]
+    assert not view.is_c_contiguous()
+    cache = nm.PagedKVCache(view, p.cache.block_table_host, p.lengths,
+                            kv_scale=p.cache.kv_scale)
+    check(dataclasses.replace(p, cache=cache), nm.NullMask(), nm.IdentityScoreMod(), 1, "mma")
+    assert lockstep == ["e4m3"] and not seen
 
 
 def test_transposed_q_image_is_the_fragments_layout():

@@ -13,7 +13,7 @@ query token i * H + head h) and key partition p, as for the other kernels; 128 t
 warpgroup); the partition's normalised output and natural-log LSE go to the fp32 workspace,
 or with one partition to ``out`` and ``lse`` (``store``).
 
-Shared memory (bytes, 97,152: two blocks a multiprocessor):
+Shared memory (bytes, 96,832: two blocks a multiprocessor):
     Q    36 k-steps x [16 rows x 16 dims] fp16     wgmma's B image (core matrices), dims in the
                                                    order the K fragments take (below)
     raw  [2][64 keys x 576] e4m3 codes             two stages: the next tile is copied by

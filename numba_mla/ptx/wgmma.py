@@ -21,8 +21,8 @@ matrices of 8 rows x 16 bytes, each 128 contiguous bytes, placed at
   ``arr`` (the shared array) and ``wtid`` (thread index in the warpgroup) serve the twin.
 - ``wgmma_rs(n, tag, trans_b, start=0)`` -> ``mma(acc, a0, a1, a2, a3, arr, desc_b,
   accumulate, tid)``: the same product into ``acc[start:start + n//2]`` with A from
-  registers: the thread's four int32 words of A [64 x 16] (16-bit pairs) in mma.sync's A layout over its warp's 16 rows (r = 16*(warp % 4) +
-  lane//4, t = lane % 4): a0 = A[r, 2t:2t+2], a1 = A[r+8, 2t:2t+2], a2 = A[r, 2t+8:2t+10],
+  registers: the thread's four int32 words of A [64 x 16] (16-bit pairs) in mma.sync's A
+  layout over its warp's 16 rows (r = 16*(warp % 4) + lane//4, t = lane % 4): a0 = A[r, 2t:2t+2], a1 = A[r+8, 2t:2t+2], a2 = A[r, 2t+8:2t+10],
   a3 = A[r+8, 2t+8:2t+10]. That is an accumulator's layout: words packed from a score
   fragment (keys 16j..16j+15: elements 8j..8j+7, in pairs) are A for P V, no shared memory
   in between. ``tid`` is the thread's index in its block (the twin exchanges within a warp).
