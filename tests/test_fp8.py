@@ -342,6 +342,15 @@ def test_fp8_mma_kernel(dtype, cache, lengths, window, parts, rng, monkeypatch):
     first kept tile straddles two pages (a lookup a row) and the other two lie in one (one
     lookup a tile). Split in two beside an empty sequence, pages of 16 (GPU: in CI, the
     first case)."""
+    seen = spy_lockstep(monkeypatch)
+    # (17 query rows a sequence: at 16 or fewer the transposed kernel runs instead)
+    p = fp8_problem(rng, "e4m3", len(lengths), 1, 17, lengths, dtype, cache)
+    check(p, nm.SlidingWindowCausalMask(window), nm.IdentityScoreMod(), parts, "mma")
+    assert seen and set(seen) == {(False, "e4m3")}  # cp.async tiles, FP8 rows
+
+
+def spy_lockstep(monkeypatch):
+    """Record ``(tma, fp8)`` of every lockstep wgmma kernel the selector asks for."""
     from numba_mla import factory
 
     seen, real = [], factory.mma_partition_kernel
@@ -351,10 +360,7 @@ def test_fp8_mma_kernel(dtype, cache, lengths, window, parts, rng, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(factory, "mma_partition_kernel", spy)
-    # (17 query rows a sequence: at 16 or fewer the transposed kernel runs instead)
-    p = fp8_problem(rng, "e4m3", len(lengths), 1, 17, lengths, dtype, cache)
-    check(p, nm.SlidingWindowCausalMask(window), nm.IdentityScoreMod(), parts, "mma")
-    assert seen and set(seen) == {(False, "e4m3")}  # cp.async tiles, FP8 rows
+    return seen
 
 
 def spy_transposed(monkeypatch):
@@ -445,12 +451,8 @@ def test_fp8_strided_device_cache_takes_the_lockstep_kernel(rng, monkeypatch):
     row, and the result is the reference's."""
     from numba import cuda
 
-    from numba_mla import factory
-
     seen = spy_transposed(monkeypatch)
-    lockstep, real = [], factory.mma_partition_kernel
-    monkeypatch.setattr(factory, "mma_partition_kernel",
-                        lambda *a, **k: (lockstep.append(a[7]), real(*a, **k))[1])
+    lockstep = spy_lockstep(monkeypatch)
     p = fp8_problem(rng, "e4m3", 1, 1, 4, [90], BF16, "paged64")
     codes = np.asarray(p.cache.storage).view(np.uint8)
     wide = np.zeros(codes.shape[:2] + (592,), np.uint8)
@@ -460,7 +462,7 @@ def test_fp8_strided_device_cache_takes_the_lockstep_kernel(rng, monkeypatch):
     cache = nm.PagedKVCache(view, p.cache.block_table_host, p.lengths,
                             kv_scale=p.cache.kv_scale)
     check(dataclasses.replace(p, cache=cache), nm.NullMask(), nm.IdentityScoreMod(), 1, "mma")
-    assert lockstep == ["e4m3"] and not seen
+    assert lockstep == [(False, "e4m3")] and not seen
 
 
 def test_transposed_q_image_is_the_fragments_layout():

@@ -105,10 +105,6 @@ LO_PAIRS = 0x5140  # prmt: bytes a0 b0 a1 b1 (two keys' codes of dims 0, 1, inte
 HI_PAIRS = 0x7362  # prmt: bytes a2 b2 a3 b3
 
 
-def smem_bytes():
-    return SMEM_BYTES
-
-
 def _q_image_byte(c, d):
     """Byte offset in the Q image of query row ``c``'s dims ``d``, ``d + 1`` (d even): k-step
     4J + sub, logical column 8 hi + 2t (+ 1) of the K fragments' order (module docstring)."""
@@ -145,18 +141,17 @@ def _make_pv_tile():
     for k in range(steps):
         if k + V_AHEAD < steps:
             lines += loads(k + V_AHEAD)
+        d = f"desc_advance(dp, {STEP_BYTES * k})"
         for c0 in range(0, 4, PV_GROUP):
-            regs = []
-            for c in range(c0, c0 + PV_GROUP):
+            group = range(c0, c0 + PV_GROUP)
+            for c in group:
                 w = f"{k}{c}"
                 lines += [f"    l01 = lo(a{w}, b{w})", f"    l89 = lo(c{w}, d{w})",
                           f"    h01 = hi(a{w}, b{w})", f"    h89 = hi(c{w}, d{w})",
                           f"    f{c}0, f{c}1 = cvt(l01)", f"    f{c}2, f{c}3 = cvt(l89)",
                           f"    g{c}0, g{c}1 = cvt(h01)", f"    g{c}2, g{c}3 = cvt(h89)"]
-                regs.append(c)
             lines.append("    fence()")
-            for c in regs:
-                d = f"desc_advance(dp, {STEP_BYTES * k})"
+            for c in group:
                 lines += [f"    m{2 * c}(o, f{c}0, f{c}1, f{c}2, f{c}3, sm, {d}, 1, tid)",
                           f"    m{2 * c + 1}(o, g{c}0, g{c}1, g{c}2, g{c}3, sm, {d}, 1, tid)"]
             lines += ["    commit()", "    wait_pending(o, s)"]

@@ -22,10 +22,11 @@ matrices of 8 rows x 16 bytes, each 128 contiguous bytes, placed at
 - ``wgmma_rs(n, tag, trans_b, start=0)`` -> ``mma(acc, a0, a1, a2, a3, arr, desc_b,
   accumulate, tid)``: the same product into ``acc[start:start + n//2]`` with A from
   registers: the thread's four int32 words of A [64 x 16] (16-bit pairs) in mma.sync's A
-  layout over its warp's 16 rows (r = 16*(warp % 4) + lane//4, t = lane % 4): a0 = A[r, 2t:2t+2], a1 = A[r+8, 2t:2t+2], a2 = A[r, 2t+8:2t+10],
-  a3 = A[r+8, 2t+8:2t+10]. That is an accumulator's layout: words packed from a score
-  fragment (keys 16j..16j+15: elements 8j..8j+7, in pairs) are A for P V, no shared memory
-  in between. ``tid`` is the thread's index in its block (the twin exchanges within a warp).
+  layout over its warp's 16 rows (r = 16*(warp % 4) + lane//4, t = lane % 4): a0 = A[r,
+  2t:2t+2], a1 = A[r+8, 2t:2t+2], a2 = A[r, 2t+8:2t+10], a3 = A[r+8, 2t+8:2t+10]. That is
+  an accumulator's layout: words packed from a score fragment (keys 16j..16j+15: elements
+  8j..8j+7, in pairs) are A for P V, no shared memory in between. ``tid`` is the thread's
+  index in its block (the twin exchanges within a warp).
 - ``wgmma_fence()`` before the first wgmma of a batch (orders register writes to the
   accumulators), ``wgmma_commit()`` closes the batch; ``wgmma_wait(nacc)`` -> ``wait(acc)``
   waits for every committed batch, with ``acc[:nacc]`` tied through so no read of it moves
@@ -249,19 +250,6 @@ def wgmma_wait(nacc):
     return wait
 
 
-def _wgmma_wait2_twin(n1, n2):
-    return no_op
-
-
-@with_twin(_wgmma_wait2_twin)
-def wgmma_wait2(n1, n2):
-    @intrinsic
-    def wait(typingctx, acc1, acc2):
-        return types.void(acc1, acc2), _wait_all((n1, n2))
-
-    return wait
-
-
 def _wgmma_wait_pending_twin(n1, n2, pending):
     return no_op
 
@@ -279,3 +267,8 @@ def wgmma_wait_pending(n1, n2, pending):
         return types.void(acc1, acc2), _wait_all((n1, n2), pending)
 
     return wait
+
+
+def wgmma_wait2(n1, n2):
+    """``wait(acc1, acc2)``: ``wgmma.wait_group 0`` with two accumulators tied through."""
+    return wgmma_wait_pending(n1, n2, 0)
