@@ -457,7 +457,7 @@ def test_fp8_strided_device_cache_takes_the_lockstep_kernel(rng, monkeypatch):
     codes = np.asarray(p.cache.storage).view(np.uint8)
     wide = np.zeros(codes.shape[:2] + (592,), np.uint8)
     wide[..., :576] = codes
-    view = cuda.to_device(wide)[..., :576]
+    view = cuda.to_device(wide)[:, :, :576]
     assert not view.is_c_contiguous()
     cache = nm.PagedKVCache(view, p.cache.block_table_host, p.lengths,
                             kv_scale=p.cache.kv_scale)
