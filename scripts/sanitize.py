@@ -51,6 +51,8 @@ _FP8_SHAPES = [
 CASES += [(backend, *c) for backend in ("simt", "mma_sync", "simple", "warpsplit")
           for c in _FP8_SHAPES]
 CASES += [("mma", *c) for c in _FP8_SHAPES if c[-1] == "e4m3"]  # (wgmma: "e4m3" rows only)
+#: and the transposed kernel on pages of 16 keys (its copy looks up each 16-byte piece's row)
+CASES += [("mma", 2, 8, 150, 1, "bf16", "paged", 16, "null", 2, False, "e4m3")]
 
 
 def run_cases(only=None, fp8_only=False):
