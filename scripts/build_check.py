@@ -226,12 +226,12 @@ def main():
             ptx, _ = cuda.compile_ptx(kern.py_func, tuple(sig), cc=(9, 0, "a"))
             sass, log = build_sass(ptx)
             regs, spills, calls = _resources(ptx, log)
-            hgmma = len(re.findall(r"[HQ]GMMA\.64x(?:64|48|32|256|16)x(?:16|32)", sass))
+            hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256|16)x16", sass))
             serial = "serialized" in log
             # lockstep: 36 for S and 4 for P V; seesaw: 4 a box in each warpgroup's two S
             # sites (a loop over the boxes), 4 in each of their two P V sites; transposed: 36
             # for S^T and 32 for O^T (m64n16k16)
-            want = {"mma": 40, "mma8": 40, "tr8": 50}.get(name, 32)
+            want = {"mma": 40, "mma8": 40, "tr8": 68}.get(name, 32)
             ok = not spills and calls == 0 and not serial and hgmma == want
             if name in ("seesaw", "listed"):  # the evict-first copies exactly from LAG_HEADS
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)

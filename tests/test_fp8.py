@@ -386,8 +386,8 @@ def spy_transposed(monkeypatch):
 def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts, rng,
                                monkeypatch):
     """The transposed kernel (kernels/transposed.py: "mma" on "e4m3" rows at up to 16 query
-    rows a sequence; S^T = K Q^T from e4m3 products, q split in parts, and O^T = V^T P^T with
-    V^T converted from the codes in registers): four tiles in one partition, the first three whole pages of 64 (one
+    rows a sequence; S^T = K Q^T and O^T = V^T P^T with both A operands converted from the
+    codes in registers): four tiles in one partition, the first three whole pages of 64 (one
     copy a tile, no test a piece) and a short last one; pages of 16 (each piece's row looked
     up) under a window (tiles the mask keeps in part), split in two beside an empty
     sequence; two query tokens of 8 heads (16 rows, two positions) under a causal mask in
@@ -405,12 +405,12 @@ def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, pa
 
 @KERNEL
 @pytest.mark.parametrize("case", ["huge", "tiny"])
-def test_fp8_transposed_kernel_scales_q_into_e4m3_parts(case, rng, monkeypatch):
-    """q is split into e4m3 parts after a power of two a row. "huge": a row whose magnitudes
-    pass e4m3's largest value (1e6), one spanning 12 decades, one of zeros and an ordinary
-    one (without the scale the first saturates at 448); "tiny": every row 1e-6 (below e4m3's
-    smallest value, 2^-9: without the scale the parts are zeros), the softmax scale times 1e6
-    so the scores still matter. Both give the reference's result."""
+def test_fp8_transposed_kernel_scales_q_into_fp16(case, rng, monkeypatch):
+    """bf16 q is copied into fp16 times a power of two a row. "huge": a row whose magnitudes
+    pass fp16's largest value (1e6), one spanning 12 decades, one of zeros and an ordinary
+    one (without the scale the first is inf in fp16: NaN out); "tiny": every row 1e-6 (below
+    fp16's normal range: without the scale its values keep a few bits), the softmax scale
+    times 1e6 so the scores still matter. Both give the reference's result."""
     seen = spy_transposed(monkeypatch)
     p = fp8_problem(rng, "e4m3", 1, 1, 4, [90], BF16, "paged64")
     q = np.array(p.q).astype(np.float32)
@@ -465,26 +465,21 @@ def test_fp8_strided_device_cache_takes_the_lockstep_kernel(rng, monkeypatch):
     assert lockstep == [(False, "e4m3")] and not seen
 
 
-@pytest.mark.parametrize("parts", [2, 3])
-def test_transposed_q_image_is_the_k_fragments_order(parts):
-    """The transposed kernel's Q image puts dims d .. d + 3 of query row c (part 0) where
-    S^T's K fragments hold them: in k32 step 2J + s, thread t's words lo[2s], lo[2s + 1] of
-    its 16-byte load (dims 64J + 16t + 8s .. + 7) are A's columns 4t .. 4t + 3 and 16 + 4t ..
-    16 + 4t + 3; B^T's column k of row c at (c//8)*SBO + (k//16)*LBO + (c%8)*16 + k%16 in
-    the step. Every dim has one place."""
-    from numba_mla.kernels import transposed as tr
+def test_transposed_q_image_is_the_fragments_layout():
+    """The transposed kernel's Q image puts dims d, d + 1 of query row c where the fragment
+    tests' layout (tests/test_fp8_fragments.py, q_image) puts them: the k-step and column
+    whose K fragment holds those dims."""
+    from test_fp8_fragments import LBO as F_LBO, SBO as F_SBO, STEP_BYTES as F_STEP
+    from test_fp8_fragments import physical_dim
 
-    step_bytes = parts * 16 * 32
-    dims = []
+    from numba_mla.kernels import transposed
+
     for c in range(16):
-        for st in range(18):
-            for k in range(0, 32, 4):
-                d = 64 * (st // 2) + 16 * (k % 16 // 4) + 8 * (st % 2) + 4 * (k // 16)
-                byte = (st * step_bytes + (c // 8) * tr.Q_SBO + (k // 16) * tr.Q_LBO
-                        + (c % 8) * 16 + k % 16)
-                assert tr._q_image_byte(c, d, parts) == byte
-                dims.append(d) if c == 0 else None
-    assert sorted(dims) == list(range(0, 576, 4))
+        for step in range(36):
+            for k in range(0, 16, 2):
+                byte = (step * F_STEP + (c // 8) * F_SBO + (k // 8) * F_LBO + (c % 8) * 16
+                        + (k % 8) * 2)
+                assert transposed._q_image_byte(c, physical_dim(step, k)) == byte
 
 
 def test_byte_perm_twin():

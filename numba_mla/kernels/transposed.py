@@ -4,43 +4,37 @@ tensor cores with the products turned around: S^T = K Q^T and O^T = V^T P^T.
 The lockstep kernel (kernels/mma.py) multiplies 64 query rows a tile, of which 16 are real at
 H = 16 (DeepSeek V3 at tensor-parallel 8): three quarters of its tensor work is padding, and
 its FP8 rows go through a converted 16-bit tile in shared memory. Here the 64 keys of a tile
-are wgmma's M and the 16 query rows its N, so nothing is padded, and both products take
-their A operand from registers (``ptx.wgmma_rs``): S^T multiplies K's codes as they are
-(e4m3 products, m64n32k32 or m64n48k32), O^T converts V's where they are read (m64n16k16):
-no 16-bit copy of K or V exists anywhere.
+are wgmma's M and the 16 query rows its N (m64n16k16), so nothing is padded, and both
+products take their A operand from registers (``ptx.wgmma_rs``), converted from the raw codes
+where they are read: no 16-bit copy of K or V exists anywhere.
 
 Grid ``(P, G, B)``, block (p, g, b) owns sequence b, query rows ``[16g, 16g + 16)`` (row r =
 query token i * H + head h) and key partition p, as for the other kernels; 128 threads (one
 warpgroup); the partition's normalised output and natural-log LSE go to the fp32 workspace,
 or with one partition to ``out`` and ``lse`` (``store``).
 
-Shared memory (bytes, 106,048: two blocks a multiprocessor):
-    Q    18 k32 steps x [parts x 16 rows x 32]     wgmma's B image (core matrices), dims in the
-         e4m3 codes                                order the K fragments take (below); room
-                                                   for 3 parts
+Shared memory (bytes, 96,832: two blocks a multiprocessor):
+    Q    36 k-steps x [16 rows x 16 dims] fp16     wgmma's B image (core matrices), dims in the
+                                                   order the K fragments take (below)
     raw  [2][64 keys x 576] e4m3 codes             two stages: the next tile is copied by
                                                    cp.async while this one is used
     P    [2][4 k-steps x [16 rows x 16 keys]] fp16 P^T as wgmma's B image, double buffered
     red  [2][4 warps x 16] f32                     per-warp column maxima (then sums)
     qexp [16] int32                                each query row's power-of-two scale
 
-**q in e4m3 parts.** wgmma multiplies operands of one type, and K's codes need no work at
-all if q is e4m3 too. One e4m3 value holds 4 significant bits, so q is split: each row times
-a power of two 2^k that puts its largest magnitude in [2^6, 2^7) (e4m3 stops at 448), then
-part 1 = the e4m3 rounding of x, part 2 = that of x - part 1 (exact in float32), part 3 of
-what is left (fp16 q only). Two parts hold bf16's 8 bits and three fp16's 11 exactly, for
-every value of the row within 2^-9 (bf16) or 2^-6 (fp16) of the largest; a smaller one is
-off by at most 2^-10 in scaled units, at most 2^-15 of the row's largest: far below the
-rounding of q itself. The parts are wgmma's N columns 16j + c (m64n32k32 / m64n48k32), added
-in fp32 after the products, and S's column is multiplied by 2^-k, exactly. A row holding an
-inf or a NaN is NaN codes (its output NaN). P is fp16 (11 bits: finer than bf16's 8).
+**q in fp16.** wgmma multiplies operands of one type, and an e4m3 code becomes an fp16 value
+in one instruction (``cvt.rn.f16x2.e4m3x2``, two codes) where bf16 takes four. So q (bf16 or
+fp16) is copied into the Q image as fp16, each row times a power of two 2^k that puts its
+largest magnitude in [2^12, 2^15) (fp16 stops at 65504): every bf16 value of the row at least
+2^-29 of the largest becomes fp16 exactly (fp16's 11 bits hold bf16's 8), and S's column is
+multiplied by 2^-k afterwards, exactly. An fp16 q keeps k = 0. P is fp16 too (11 bits: finer
+than bf16's 8).
 
 **S^T = K Q^T** (keys on M): thread (warp w, lane 4g + t) holds A's rows 16w + g and
-16w + g + 8, i.e. two keys, and columns 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3 of each k32
-step (a word of four codes each). S sums over the dims, so the dims may be dealt to the
-k-steps in any order that Q's image follows: steps 2J, 2J + 1 give thread t the 16 dims
-64J + 16t .. 64J + 16t + 15, one 16-byte shared load of each of its two keys' rows (words
-2s, 2s + 1 of the load are step 2J + s's).
+16w + g + 8, i.e. two keys, and columns 2t, 2t + 1, 2t + 8, 2t + 9 of each k-step. S sums over
+the dims, so the dims may be dealt to the k-steps in any order that Q's image follows: k-steps
+4J .. 4J + 3 give thread t the 16 dims 64J + 16t .. 64J + 16t + 15, one 16-byte shared load
+of each of its two keys' rows (word ``sub`` of the load holds step 4J + sub's four codes).
 A row is 576 bytes, 4 banks-groups of 16 bytes past a multiple of 128: the eight lanes of a
 load's phase (g = 0, 1; t = 0..3) hit eight different groups, no bank conflict.
 
@@ -62,9 +56,9 @@ RESCALE_SLACK (log2 units), as in the lockstep kernel; O^T's columns are then re
 output divides by the sum of P as multiplied (fp16), the LSE uses the fp32 sum.
 
 Per tile: wait for this tile's codes; barrier (every thread is then done with the other
-stage: the next tile's rows are copied into it, and fly during this tile); S^T's 18 steps in
-nine groups of two, each group's codes loaded, then its products issued and committed, then
-all but that group waited for (``wgmma_wait_pending``: ptxas then reuses the
+stage: the next tile's rows are copied into it, and fly during this tile); S^T's 36 steps in
+nine groups of four, each group's codes loaded and converted, then its products issued and
+committed, then all but that group waited for (``wgmma_wait_pending``: ptxas then reuses the
 registers of the groups done, and serialises nothing); the scores and each column's maximum
 (barrier); the online softmax and P^T (barrier); O^T's 32 steps in eight groups of four
 products, V's codes loaded a 16-key step ahead; all waited for at the end of the tile.
@@ -78,52 +72,44 @@ from .._compat import INLINE, JIT_OPTIONS
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
                      make_tile_run, make_tile_walk, mark_empty)
 
-BLOCK_M = 16  # query rows a block: wgmma's N (times q's parts in S^T)
+BLOCK_M = 16  # query rows a block: wgmma's N
 BLOCK_N = 64  # keys a tile: wgmma's M
 NTHREADS = 128  # one warpgroup
 ROW_BYTES = D_QK  # a raw "e4m3" row: 576 codes
 TILE_BYTES = BLOCK_N * ROW_BYTES  # 36864
 PIECES = TILE_BYTES // 16 // NTHREADS  # 16-byte cp.async pieces a thread a tile (18)
 ROW_PIECES = ROW_BYTES // 16  # 36
-S_STEPS = D_QK // 32  # S^T's k32 steps (18)
-PARTS = {"bf16": 2, "f16": 3}  # e4m3 parts a q value is split into, by q's type
-MAX_PARTS = 3
-Q_LBO, Q_SBO = 128, 256  # Q^T [16 parts rows, 32 k] K-major: core matrices of 8 rows x 16 codes
-STEP_BYTES = BLOCK_M * 16 * 2  # one k-step of P^T's [16 x 16] fp16 B image (512)
-LBO, SBO = 128, 256  # P^T [16 rows, 16 k] K-major: core matrices of 8 rows x 16 bytes
+K_STEPS = D_QK // 16  # S^T's k16 steps (36)
+STEP_BYTES = BLOCK_M * 16 * 2  # one k-step of a [16 x 16] fp16 B image (512)
+LBO, SBO = 128, 256  # B^T [16 rows, 16 k] K-major: core matrices of 8 rows x 16 bytes
 NACC = BLOCK_M // 2  # accumulators of one m64n16 product a thread (8)
 NBLK = D_V // 64  # O^T's m64 blocks (8)
 NO = NBLK * NACC  # O^T's accumulators a thread (64)
 STAGES = 2
 Q_OFF = 0
-Q_BYTES = S_STEPS * MAX_PARTS * BLOCK_M * 32  # 27648 (18432 used by bf16 q)
-RAW_OFF = Q_OFF + Q_BYTES  # 27648
-P_OFF = RAW_OFF + STAGES * TILE_BYTES  # 101376
+RAW_OFF = Q_OFF + K_STEPS * STEP_BYTES  # 18432
+P_OFF = RAW_OFF + STAGES * TILE_BYTES  # 92160
 P_BYTES = BLOCK_N // 16 * STEP_BYTES  # 2048
-RED_OFF = P_OFF + 2 * P_BYTES  # 105472
+RED_OFF = P_OFF + 2 * P_BYTES  # 96256
 RED_BYTES = 4 * BLOCK_M * 4  # 256
-QEXP_OFF = RED_OFF + 2 * RED_BYTES  # 105984
-SMEM_BYTES = QEXP_OFF + BLOCK_M * 4  # 106048
-Q_QUADS = BLOCK_M * D_QK // 4 // NTHREADS  # quads of q's dims a thread splits (18)
-Q_WORDS = 2 * Q_QUADS  # their words of 16-bit pairs (36)
+QEXP_OFF = RED_OFF + 2 * RED_BYTES  # 96768
+SMEM_BYTES = QEXP_OFF + BLOCK_M * 4  # 96832
+Q_WORDS = BLOCK_M * D_QK // 2 // NTHREADS  # words of q a thread copies into the image (36)
 PENDING = 1  # groups of products left in flight behind the one just issued
 V_AHEAD = 1  # 16-key steps of V's codes loaded ahead of the one converted
 PV_GROUP = 2  # words of V's codes a key (2 m64 blocks each) in one group of products
 RESCALE_SLACK = 8.0  # log2 units the running max may lag the true one
-Q_SCALE_TOP = 6  # a row's largest |q| times 2^k lands in [2^6, 2^7) (log2 may be 1 off: 2^5)
+Q_SCALE_TOP = 13  # a row's largest |q| times 2^k lands in [2^12, 2^15) (log2 may be 1 off)
 Q_EXP_LIMIT = 126  # |k| at most: 2^k and 2^-k are normal float32 values
-NAN_CODES = 0x7F7F7F7F  # four e4m3 NaN codes: a q row with an inf or a NaN
 LO_PAIRS = 0x5140  # prmt: bytes a0 b0 a1 b1 (two keys' codes of dims 0, 1, interleaved)
 HI_PAIRS = 0x7362  # prmt: bytes a2 b2 a3 b3
 
 
-def _q_image_byte(c, d, parts):
-    """Byte offset in the Q image of part 0 of query row ``c``'s dims ``d .. d + 3`` (d a
-    multiple of 4; part j is 512 j bytes further): k32 step 2J + s, logical columns
-    16 half + 4t .. + 3 of the K fragments' order (module docstring)."""
-    J, t, s, half = d >> 6, (d >> 4) & 3, (d >> 3) & 1, (d >> 2) & 1
-    return ((2 * J + s) * parts * BLOCK_M * 32 + (c >> 3) * Q_SBO + half * Q_LBO
-            + (c & 7) * 16 + 4 * t)
+def _q_image_byte(c, d):
+    """Byte offset in the Q image of query row ``c``'s dims ``d``, ``d + 1`` (d even): k-step
+    4J + sub, logical column 8 hi + 2t (+ 1) of the K fragments' order (module docstring)."""
+    J, t, sub, hi = d >> 6, (d >> 4) & 3, (d >> 2) & 3, (d >> 1) & 1
+    return ((4 * J + sub) * STEP_BYTES + (c >> 3) * SBO + hi * LBO + (c & 7) * 16 + 4 * t)
 
 
 q_image_byte = cuda.jit(device=True)(_q_image_byte)  # (plain arithmetic: the simulator too)
@@ -183,14 +169,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     """The kernel for one configuration (factory.py): ``tag`` "bf16" or "f16" (q's type),
     ``store`` fp32 -> ``part_out``; the cache holds "e4m3" rows, 16-byte aligned."""
     H = heads
-    NPARTS = PARTS[tag]
-    QSTEP = NPARTS * BLOCK_M * 32  # one k32 step of the Q image: NPARTS x [16 rows x 32]
-    NS = NPARTS * NACC  # S^T's accumulators a thread: column 16j + c is row c's part j
-    mma_s = ptx.wgmma_rs(NPARTS * BLOCK_M, "e4m3", False)
-    wait_all = ptx.wgmma_wait2(NS, NO)
-    wait_pending = ptx.wgmma_wait_pending(NS, NO, PENDING)
+    mma_s = ptx.wgmma_rs(BLOCK_M, "f16", False)
+    wait_all = ptx.wgmma_wait2(NACC, NO)
+    wait_pending = ptx.wgmma_wait_pending(NACC, NO, PENDING)
     desc = ptx.wgmma_desc(LBO, SBO)
-    qdesc = ptx.wgmma_desc(Q_LBO, Q_SBO)
     unpack = ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32
     pv_tile = _make_pv_tile()
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
@@ -198,6 +180,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                           key_count=key_count)
     first_tiles = make_partition_walk(key_tiles, next_tile)
     tile_run = make_tile_run(locate)
+    SCALE_Q = tag == "bf16"
 
     @cuda.jit(device=True)
     def issue_tile(smk, dst, storage, block_table, page_size, npages, b, k0, k1, tid):
@@ -231,54 +214,41 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
     @cuda.jit(device=True)
     def load_q(q, smk, sb, row0, r0, nrows, tid):
-        """The block's 16 query rows into the Q image as NPARTS e4m3 parts, each row times its
-        power of two first (rows past ``nrows`` zero; a row holding an inf or a NaN all NaN
-        codes), the exponents to ``qexp``. Thread t takes row t // 8 and its dims 4 (t % 8) +
-        32m .. + 3 (m = 0..17), whose place in the image is the thread's first plus
-        (m // 2) * 2 * QSTEP + (m % 2) * 8 (q_image_byte), and the row's eight threads find
-        its largest magnitude by three shuffles. Each quad's part j is the e4m3 rounding of
-        what the parts before it leave (differences of floats this close are exact)."""
+        """The block's 16 query rows into the Q image, each times its power of two (rows past
+        ``nrows`` zero), the exponents to ``qexp``. Thread t takes row t // 8 and its words
+        t % 8 + 8m (m = 0..35): dims 2 (t % 8) + 16m, whose place in the image is the
+        thread's first plus (m // 4) * 2048 + (m % 4) * 4 (q_image_byte), and the row's eight
+        threads find its largest magnitude by three shuffles."""
         c = tid // 8
         u = tid % 8
         r = r0 + min(c, nrows - 1)
         rq = uint64(row0 + r // H)  # (unsigned indices: no test for negative ones)
         hq = uint64(r % H)
         words = cuda.local.array(Q_WORDS, int32)
-        for m in range(Q_QUADS):  # (all loads out before any is used)
-            words[2 * m] = q[rq, hq, uint64(2 * u + 16 * m)]
-            words[2 * m + 1] = q[rq, hq, uint64(2 * u + 16 * m + 1)]
-        mx = float32(0.0)
-        bad = float32(0.0)
-        for m in range(Q_WORDS):
-            x0, x1 = unpack(words[m])
-            mx = max(mx, max(abs(x0), abs(x1)))
-            if not (abs(x0) < math.inf and abs(x1) < math.inf):  # (NaN too)
-                bad = float32(1.0)
-        for o in (1, 2, 4):
-            mx = max(mx, ptx.shfl_xor(mx, o, tid))
-            bad = max(bad, ptx.shfl_xor(bad, o, tid))
+        for m in range(Q_WORDS):  # (all loads out before any is used)
+            words[m] = q[rq, hq, uint64(u + 8 * m)]
         k = 0
-        if mx > 0.0 and bad == 0.0:
-            k = min(max(Q_SCALE_TOP - int32(math.floor(math.log2(mx))), -Q_EXP_LIMIT),
-                    Q_EXP_LIMIT)
-        f = ptx.i32_as_f32((k + 127) << 23)
+        f = float32(1.0)
+        if SCALE_Q:
+            mx = float32(0.0)
+            for m in range(Q_WORDS):
+                x0, x1 = unpack(words[m])
+                mx = max(mx, max(abs(x0), abs(x1)))
+            for o in (1, 2, 4):
+                mx = max(mx, ptx.shfl_xor(mx, o, tid))
+            if mx > 0.0 and mx < math.inf:
+                k = min(max(Q_SCALE_TOP - int32(math.floor(math.log2(mx))), -Q_EXP_LIMIT),
+                        Q_EXP_LIMIT)
+            f = ptx.i32_as_f32((k + 127) << 23)
         if u == 0:
             smk[uint64(QEXP_OFF // 4 + c)] = k
-        at = sb + Q_OFF + q_image_byte(c, 4 * u, NPARTS)
-        for m in range(Q_QUADS):
-            x0, x1 = unpack(words[2 * m])
-            x2, x3 = unpack(words[2 * m + 1])
-            x0, x1, x2, x3 = x0 * f, x1 * f, x2 * f, x3 * f
-            off = at + (m // 2) * 2 * QSTEP + (m % 2) * 8
-            for j in range(NPARTS):
-                w = ptx.pack_e4m3x4(x0, x1, x2, x3)
-                h0, h1, h2, h3 = ptx.e4m3x4_to_f32(w)
-                x0, x1, x2, x3 = x0 - h0, x1 - h1, x2 - h2, x3 - h3
-                if c >= nrows:
-                    w = 0
-                elif bad != 0.0:
-                    w = NAN_CODES
-                ptx.sts32(smk, off + j * 2 * Q_SBO, w)
+        at = sb + Q_OFF + q_image_byte(c, 2 * u)
+        for m in range(Q_WORDS):
+            w = words[m]
+            if SCALE_Q:
+                x0, x1 = unpack(w)
+                w = ptx.pack_f16x2(x0 * f, x1 * f)
+            ptx.sts32(smk, at + (m // 4) * 4 * STEP_BYTES + (m % 4) * 4, w if c < nrows else 0)
         ptx.fence_proxy_async()  # (a barrier follows: the image is then visible to wgmma)
 
     @cuda.jit(**JIT_OPTIONS)
@@ -335,11 +305,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             m_run[j] = float32(NEG_INF)
             l_run[j] = float32(0.0)
             l_p[j] = float32(0.0)
-        s_acc = cuda.local.array(NS, float32)
+        s_acc = cuda.local.array(NACC, float32)
         o_acc = cuda.local.array(NO, float32)
         for i in range(NO):
             o_acc[i] = float32(0.0)
-        dq = qdesc(sb + Q_OFF)
+        dq = desc(sb + Q_OFF)
         # the thread's K loads: rows 16w + g, + 8 of the tile, 16 bytes at 16t (+ 64J)
         k_lo = (16 * warp + g) * ROW_BYTES + 16 * t4
         # its V loads: rows 16s + 2t + (0, 1, 8, 9), 16 bytes at 128w + 16g
@@ -364,19 +334,31 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 issue_tile(smk, sb + RAW_OFF + (1 - stage) * TILE_BYTES, storage, block_table,
                            page_size, npages, b, k0n, min(k0n + BLOCK_N, kend), tid)
 
-            # -- S^T = K Q^T: 18 k32 steps of e4m3 products, two a 16-byte load of each of the
-            # thread's two keys: the codes are A as they are --
-            for J in range(S_STEPS // 2):
+            # -- S^T = K Q^T: 36 steps, four a 16-byte load of each of the thread's two keys --
+            for J in range(K_STEPS // 4):
                 # (The next group's codes loaded here, under this group's products, gave wrong
                 # scores on the H200 in 9 of 11 mask x score-mod cases, never in the
                 # simulator: they are loaded at the top of each group.)
                 lo = ptx.lds128(smk, raw + k_lo + 64 * J)
                 hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES + 64 * J)
-                # (a wait for the groups before frees their registers for the next one's)
+                a0, a2 = ptx.e4m3x4_to_f16x4(lo[0])
+                a1, a3 = ptx.e4m3x4_to_f16x4(hi[0])
+                b0, b2 = ptx.e4m3x4_to_f16x4(lo[1])
+                b1, b3 = ptx.e4m3x4_to_f16x4(hi[1])
+                c0, c2 = ptx.e4m3x4_to_f16x4(lo[2])
+                c1, c3 = ptx.e4m3x4_to_f16x4(hi[2])
+                d0, d2 = ptx.e4m3x4_to_f16x4(lo[3])
+                d1, d3 = ptx.e4m3x4_to_f16x4(hi[3])
+                # (a product's A registers are defined before its group opens: a conversion
+                # inside an open group makes ptxas serialise every wgmma; and a wait for the
+                # groups before frees their registers for the next one's)
                 ptx.wgmma_fence()
-                step = ptx.desc_advance(dq, 2 * QSTEP * J)
-                mma_s(s_acc, lo[0], hi[0], lo[1], hi[1], smk, step, J, tid)
-                mma_s(s_acc, lo[2], hi[2], lo[3], hi[3], smk, ptx.desc_advance(step, QSTEP), 1,
+                step = ptx.desc_advance(dq, 4 * STEP_BYTES * J)
+                mma_s(s_acc, a0, a1, a2, a3, smk, step, J, tid)
+                mma_s(s_acc, b0, b1, b2, b3, smk, ptx.desc_advance(step, STEP_BYTES), 1, tid)
+                mma_s(s_acc, c0, c1, c2, c3, smk, ptx.desc_advance(step, 2 * STEP_BYTES), 1,
+                      tid)
+                mma_s(s_acc, d0, d1, d2, d3, smk, ptx.desc_advance(step, 3 * STEP_BYTES), 1,
                       tid)
                 ptx.wgmma_commit()
                 wait_pending(s_acc, o_acc)
@@ -395,11 +377,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     k = k0 + 16 * warp + g + 8 * e
                     s = float32(NEG_INF)
                     if c < nrows and k < k1:
-                        dot = s_acc[i]
-                        for part in range(1, NPARTS):
-                            dot += s_acc[NACC * part + i]
-                        s = log2_score(dot * colf[j] * kv_scale, qscale, sm_scale, cls, b, h,
-                                       iq, q_pos, k, bias)
+                        s = log2_score(s_acc[i] * colf[j] * kv_scale, qscale, sm_scale, cls, b,
+                                       h, iq, q_pos, k, bias)
                     s_acc[i] = s
                     m = max(m, s)
                 for o in (4, 8, 16):  # the lanes g of the warp: its 16 keys

@@ -27,11 +27,6 @@ matrices of 8 rows x 16 bytes, each 128 contiguous bytes, placed at
   an accumulator's layout: words packed from a score fragment (keys 16j..16j+15: elements
   8j..8j+7, in pairs) are A for P V, no shared memory in between. ``tid`` is the thread's
   index in its block (the twin exchanges within a warp).
-  Tag "e4m3": both operands float8_e4m3fn codes, m64n{n}k32 (no transposes: 8-bit operands
-  are K-major only). A word then holds four consecutive K elements (first in its low byte):
-  a0 = A[r, 4t:4t+4], a1 = A[r+8, 4t:4t+4], a2 = A[r, 4t+16:4t+20], a3 = A[r+8, ...]; B is
-  B^T [n, 32] in core matrices of 8 rows x 16 codes (byte(c, k) = (c//8)*SBO + (k//16)*LBO +
-  (c%8)*16 + k%16).
 - ``wgmma_fence()`` before the first wgmma of a batch (orders register writes to the
   accumulators), ``wgmma_commit()`` closes the batch; ``wgmma_wait(nacc)`` -> ``wait(acc)``
   waits for every committed batch, with ``acc[:nacc]`` tied through so no read of it moves
@@ -45,7 +40,6 @@ matrices of 8 rows x 16 bytes, each 128 contiguous bytes, placed at
 The twins decode the descriptors' bits to find the operands in the shared array and compute the
 thread's part of the product in float64; the fences, commits and waits have nothing to do.
 """
-import ml_dtypes
 import numpy as np
 from llvmlite import ir
 from numba import uint64
@@ -124,30 +118,6 @@ def _operand(arr, desc, rows, kmajor, dtype):
     return np.asarray(arr).view(np.uint16)[byte // 2].view(dtype).astype(np.float64)
 
 
-def _operand8(arr, desc, rows):
-    """(Simulator) A K-major operand of e4m3 codes, no swizzle, as float64 [rows, 32]."""
-    addr = (desc & 0x3FFF) << 4
-    lbo = ((desc >> 16) & 0x3FFF) << 4
-    sbo = ((desc >> 32) & 0x3FFF) << 4
-    r = np.arange(rows)[:, None]
-    k = np.arange(32)[None, :]
-    byte = addr + (r // 8) * sbo + (k // 16) * lbo + (r % 8) * 16 + k % 16
-    codes = np.asarray(arr).view(np.uint8)[byte]
-    return codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
-
-
-def _a_fragment8(words):
-    """(Simulator) The warp's A [16 x 32] of e4m3 codes from its lanes' words [lane, 4]."""
-    w = (np.asarray(words, np.int64) & 0xFFFFFFFF).astype(np.uint32)
-    q = w.view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64).reshape(32, 4, 4)
-    g, t = np.arange(32) // 4, np.arange(32) % 4
-    a = np.empty((16, 32))
-    for e in range(4):
-        for j in range(4):  # rows +8 in a1, a3; columns +16 in a2, a3
-            a[g + 8 * (j % 2), 4 * t + 16 * (j // 2) + e] = q[:, j, e]
-    return a
-
-
 # -- products ----------------------------------------------------------------------------------
 
 def _twin_product(acc, a, bt, rows, cols, accumulate, start=0):
@@ -164,24 +134,19 @@ _ASM_OPERAND = {types.uint64: (i64, "l"), types.uint32: (i32, "r"), types.int32:
 
 
 def _product_asm(n, tag, trans_b, a_in_registers):
-    """The inline PTX of one m64n{n}k16 product (k32 for "e4m3"). Operands: the n/2
-    accumulators, A (its descriptor, or ``a_in_registers``: four 32-bit words, and then no
-    transpose flag for A), B's descriptor, the accumulate flag (0: overwrite). 8-bit
-    products take no transpose flags at all."""
+    """The inline PTX of one m64n{n}k16 product. Operands: the n/2 accumulators, A (its
+    descriptor, or ``a_in_registers``: four 32-bit words, and then no transpose flag for A),
+    B's descriptor, the accumulate flag (0: overwrite)."""
     nacc = n // 2
     acc = ",".join(f"${i}" for i in range(nacc))
     if a_in_registers:
         a = "{" + ",".join(f"${nacc + i}" for i in range(4)) + "}"
-        desc_b, trans = nacc + 4, f", {int(trans_b)}"
+        desc_b, trans = nacc + 4, f"{int(trans_b)}"
     else:
-        a, desc_b, trans = f"${nacc}", nacc + 1, f", 0, {int(trans_b)}"
-    k = 16
-    if tag == "e4m3":
-        assert not trans_b, "8-bit wgmma operands are K-major only"
-        k, trans = 32, ""
+        a, desc_b, trans = f"${nacc}", nacc + 1, f"0, {int(trans_b)}"
     return (f"{{ .reg .pred p; setp.ne.b32 p, ${desc_b + 1}, 0; "
-            f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{tag}.{tag} {{{acc}}}, {a}, "
-            f"${desc_b}, p, 1, 1{trans}; }}")
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{tag}.{tag} {{{acc}}}, {a}, "
+            f"${desc_b}, p, 1, 1, {trans}; }}")
 
 
 def _product_cg(nacc, text, operands, start=0):
@@ -224,17 +189,8 @@ def wgmma(n, tag, trans_b):
 
 
 def _wgmma_rs_twin(n, tag, trans_b, start=0):
-    idx = np.arange(n // 2)
-    if tag == "e4m3":
-        def mma8(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid):
-            a = _a_fragment8(warp_gather((a0, a1, a2, a3), tid))
-            wtid = tid % 128
-            bt = _operand8(arr, desc_b, n)
-            _twin_product(acc, a, bt, _acc_row(idx, wtid) % 16, _acc_col(idx, wtid),
-                          accumulate, start)
-
-        return mma8
     dtype = DTYPES[tag]
+    idx = np.arange(n // 2)
 
     def mma(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid):
         # The warp's 16 rows of A from its lanes' words (one warp exchange), then the
