@@ -27,9 +27,11 @@ _load_lock = threading.RLock()
 # ---------------------------------------------------------------------------------------------
 # Arrays
 # ---------------------------------------------------------------------------------------------
-def _as_device(x, sixteen_bit, shape=None, pairs=False):
+def _as_device(x, sixteen_bit, shape=None, pairs=False, name="an array"):
     """A Numba device array over x's memory, copying host data. 16-bit floats are seen as
-    int16 bits, or as int32 words of two (``pairs``: the last axis halves)."""
+    int16 bits, or as int32 words of two (``pairs``: the last axis halves). ``name``: the
+    argument, for the error a strided Numba device array gets (Numba changes the element
+    type of C-contiguous device arrays only; torch and CuPy views need only contiguous rows)."""
     if shape is not None:
         x = x.reshape(shape)
     view = (np.int32 if pairs else np.int16) if sixteen_bit else None
@@ -44,6 +46,10 @@ def _as_device(x, sixteen_bit, shape=None, pairs=False):
         return cuda.as_cuda_array(x.detach())
     # Numba device arrays (the simulator's too) are used as they are; CuPy and others by CAI
     d = x if hasattr(x, "copy_to_host") else cuda.as_cuda_array(x)
+    if view and not d.is_c_contiguous():
+        raise ValueError(f"{name}: a Numba device array is read as 32-bit words here, which "
+                         "Numba allows only for C-contiguous arrays; pass a contiguous copy "
+                         "(or the strided view as a torch or CuPy array)")
     return d.view(view) if view else d
 
 
@@ -380,14 +386,15 @@ class Plan:
         inputs = dict(
             offsets=offsets,
             # rows contiguous; FP8 rows as int32 words of four codes
-            storage=_as_device(cache.storage, sixteen or bool(cache.fp8_layout), pairs=True),
+            storage=_as_device(cache.storage, sixteen or bool(cache.fp8_layout), pairs=True,
+                               name="cache.storage"),
             lengths=_as_device(cache.device_lengths(), False),
             block_table=(_dummy((1, 1), np.int32) if cache.block_table is None
                          else _as_device(cache.device_block_table(), False)),
             bias=_dummy((1, 1, 1), np.float32) if call.mask.bias_array() is None
             else _as_device(call.mask.bias_array(), False))
         # q as 16-bit pairs (the tensor-core kernels' view), or as 16-bit values (the others')
-        q_pairs = _as_device(call.q, sixteen, self.q_shape3, pairs=sixteen)
+        q_pairs = _as_device(call.q, sixteen, self.q_shape3, pairs=sixteen, name="q")
         storage = inputs["storage"]
         facts = selector.ArrayFacts(
             aligned16=_aligned16(q_pairs) and _aligned16(storage),

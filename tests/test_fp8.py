@@ -446,23 +446,44 @@ def test_fp8_transposed_kernel_in_row_groups(rng):
 
 @KERNEL
 def test_fp8_strided_device_cache_takes_the_lockstep_kernel(rng, monkeypatch):
-    """A device cache whose slots lie further apart than a row (a view of a wider buffer) is
-    not copied as whole runs of bytes: "mma" runs the lockstep kernel there, which finds each
-    row, and the result is the reference's."""
-    from numba import cuda
+    """A device cache whose slots lie further apart than a row (a torch view of a wider
+    buffer) is not copied as whole runs of bytes: "mma" runs the lockstep kernel there, which
+    finds each row, and the result is the reference's."""
+    from helpers import cuda_torch
 
+    torch = cuda_torch()
     seen = spy_transposed(monkeypatch)
     lockstep = spy_lockstep(monkeypatch)
     p = fp8_problem(rng, "e4m3", 1, 1, 4, [90], BF16, "paged64")
     codes = np.asarray(p.cache.storage).view(np.uint8)
     wide = np.zeros(codes.shape[:2] + (592,), np.uint8)
     wide[..., :576] = codes
-    view = cuda.to_device(wide)[:, :, :576]
-    assert not view.is_c_contiguous()
+    view = torch.from_numpy(wide).cuda()[:, :, :576]
+    assert not view.is_contiguous()
     cache = nm.PagedKVCache(view, p.cache.block_table_host, p.lengths,
                             kv_scale=p.cache.kv_scale)
     check(dataclasses.replace(p, cache=cache), nm.NullMask(), nm.IdentityScoreMod(), 1, "mma")
     assert lockstep == [(False, "e4m3")] and not seen
+
+
+@KERNEL
+def test_fp8_strided_numba_device_cache_is_refused(rng):
+    """A strided Numba device array cannot be read as words of four codes (Numba changes the
+    element type of C-contiguous device arrays only): refused naming cache.storage, before
+    any launch, out untouched."""
+    from numba import cuda
+
+    p = fp8_problem(rng, "e4m3", 1, 1, 4, [90], BF16, "paged64")
+    codes = np.asarray(p.cache.storage).view(np.uint8)
+    wide = np.zeros(codes.shape[:2] + (592,), np.uint8)
+    wide[..., :576] = codes
+    view = cuda.to_device(wide)[:, :, :576]
+    cache = nm.PagedKVCache(view, p.cache.block_table_host, p.lengths,
+                            kv_scale=p.cache.kv_scale)
+    out = np.full(p.out_shape, np.nan, p.dtype)
+    with pytest.raises(ValueError, match="cache.storage: a Numba device array"):
+        nm.mla_decode(p.q, cache, p.scale, out=out, backend="mma")
+    assert np.isnan(out.astype(np.float32)).all()
 
 
 def test_transposed_q_image_is_the_fragments_layout():
