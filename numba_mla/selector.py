@@ -311,6 +311,12 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
             block_m, block_n = transposed.BLOCK_M, transposed.BLOCK_N
         else:
             block_m, block_n = mma.BLOCK_M, mma.BLOCK_N
+        want = None if config is None else config.num_queries_per_block
+        if (fp8 == "e4m3" and facts.packed_rows
+                and want not in (None, mma.BLOCK_M, transposed.BLOCK_M)):
+            # (both of wgmma's "e4m3" kernels run here: name both)
+            raise refuse("num_queries_per_block", want, "mma",
+                         (mma.BLOCK_M, transposed.BLOCK_M))
     elif backend == "mma_sync":
         from .kernels import mma_sync
 

@@ -444,6 +444,23 @@ def test_fp8_transposed_kernel_in_row_groups(rng):
     assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0], "mma"), what="out")
 
 
+def test_fp8_mma_config_rows_refused_naming_both_kernels(rng):
+    """"mma" on "e4m3" rows runs 64 query rows a block (the lockstep kernel) or 16 (the
+    transposed one): a config asking for 32 is refused naming both, before any launch."""
+    from numba_mla import checks, launch
+
+    p = fp8_problem(rng, "e4m3", 1, 1, 16, [70], BF16, "paged64")
+    call = checks.check_decode(p.q, p.cache, p.scale, backend="mma")
+    for rows, ok in ((32, False), (8, False), (16, True), (64, True)):
+        call.config = nm.MHAConfig(num_queries_per_block=rows)
+        if ok:
+            assert launch.Plan(call).spec.block_m == rows
+        else:
+            with pytest.raises(ValueError, match=r"config\.num_queries_per_block: the 'mma' "
+                                                 rf"kernel for this call runs 64 or 16, got {rows}"):
+                launch.Plan(call)
+
+
 @KERNEL
 def test_fp8_strided_device_cache_takes_the_lockstep_kernel(rng, monkeypatch):
     """A device cache whose slots lie further apart than a row (a torch view of a wider
