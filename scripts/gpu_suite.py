@@ -1,0 +1,90 @@
+"""Run the whole test suite on a GPU machine over several calls of limited length.
+
+A fresh GPU machine compiles every kernel the tests ask for, so the whole suite (``-m "gpu or
+not gpu"``) takes longer than one call of the device tool allows (about 860 s of tests on the
+H200 at 16 workers). Each run writes pytest's verbose log; the next run, given the logs so
+far, runs only the tests that none of them reports as passed or skipped (failed ones again,
+and those the time limit cut off), so that the calls together cover every test once.
+
+Usage (on a GPU machine, in the repository root):
+    python scripts/gpu_suite.py --log OUT/suite_1.txt --seconds 450
+    python scripts/gpu_suite.py --log OUT/suite_2.txt --done suite_1.txt --seconds 450
+Prints the counts and the failures; exit status 0 when every test has passed or been skipped
+in one of the logs, 1 when some failed, 2 when some were not reached in time. ``--list``
+prints the tests that are still to run, without running them (no GPU needed).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARKS = "gpu or not gpu"
+#: a result line of pytest-xdist's verbose log, "[gw3] [ 12%] PASSED tests/x.py::test_y[...]",
+#: or of its short summary, "FAILED tests/x.py::test_y[...] - message" (ids may hold spaces)
+RESULT = re.compile(r"^(?:\[gw\d+\] \[\s*\d+%\] )?(PASSED|SKIPPED|FAILED|ERROR|XFAIL|XPASS) "
+                    r"(tests/.*?)(?: - .*)?\s*$", re.M)
+
+
+def collect(paths):
+    """Every test id the suite has, in collection order."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", MARKS,
+                        "-p", "no:cacheprovider", *paths], capture_output=True, text=True,
+                       cwd=ROOT)
+    ids = [line.strip() for line in r.stdout.splitlines() if "::" in line]
+    if not ids:
+        sys.exit(f"gpu_suite: nothing collected:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return ids
+
+
+def results(logs):
+    """{test id: its last outcome} over the logs, in order."""
+    seen = {}
+    for log in logs:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            for m in RESULT.finditer(f.read()):
+                seen[m.group(2)] = m.group(1)
+    return seen
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--log", help="the verbose pytest log this run writes")
+    ap.add_argument("--done", nargs="*", default=[], help="logs of earlier runs")
+    ap.add_argument("--seconds", type=int, default=450,
+                    help="stop pytest after this long (SIGINT: results so far are kept)")
+    ap.add_argument("--workers", type=int, default=16, help="pytest-xdist workers")
+    ap.add_argument("--list", action="store_true", help="print the tests still to run")
+    ap.add_argument("paths", nargs="*", default=["tests"])
+    args = ap.parse_args(argv)
+
+    ids = collect(args.paths)
+    earlier = results(args.done)
+    todo = [i for i in ids if earlier.get(i) not in ("PASSED", "SKIPPED", "XFAIL")]
+    print(f"gpu_suite: {len(ids)} tests, {len(ids) - len(todo)} passed or skipped earlier, "
+          f"{len(todo)} to run")
+    if args.list:
+        print("\n".join(todo))
+        return 0
+    if not args.log:
+        ap.error("--log is needed to run")
+    if todo:
+        with open(args.log, "w") as out:
+            cmd = ["timeout", "-s", "INT", str(args.seconds), sys.executable, "-m", "pytest",
+                   "-n", str(args.workers), "-v", "-rfE", "-m", MARKS, "-p", "no:cacheprovider",
+                   *todo]
+            subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    now = results(args.done + ([args.log] if todo else []))
+    passed = [i for i in ids if now.get(i) in ("PASSED", "SKIPPED", "XFAIL")]
+    failed = [i for i in ids if now.get(i) in ("FAILED", "ERROR", "XPASS")]
+    missing = [i for i in ids if i not in now]
+    print(f"gpu_suite: {len(passed)} passed or skipped, {len(failed)} failed, "
+          f"{len(missing)} not reached (of {len(ids)})")
+    for i in failed:
+        print(f"FAILED {i}")
+    return 1 if failed else 2 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

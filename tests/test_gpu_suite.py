@@ -1,0 +1,31 @@
+"""scripts/gpu_suite.py's reading of pytest-xdist logs: which tests an earlier call passed,
+skipped or failed, ids with spaces, the short summary's messages, a later log's word last."""
+import importlib.util
+import os
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "gpu_suite.py")
+spec = importlib.util.spec_from_file_location("_gpu_suite", SCRIPT)
+gpu_suite = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_suite)
+
+#: (pytest-xdist ends a result line with a space)
+FIRST = "\n".join([
+    "tests/test_a.py::test_x[1]",
+    "[gw0] [  1%] PASSED tests/test_a.py::test_x[1] ",
+    "[gw3] [  2%] SKIPPED tests/test_a.py::test_y ",
+    "[gw1] [  3%] FAILED tests/test_b.py::test_z[(1, 'bf16', [130])] ",
+    "tests/test_b.py::test_w",
+    "=========================== short test summary info ============================",
+    "FAILED tests/test_b.py::test_z[(1, 'bf16', [130])] - AssertionError: max error 3"])
+SECOND = "[gw2] [ 50%] PASSED tests/test_b.py::test_z[(1, 'bf16', [130])] \n"
+
+
+def test_results_over_logs(tmp_path):
+    first, second = tmp_path / "1.txt", tmp_path / "2.txt"
+    first.write_text(FIRST)
+    second.write_text(SECOND)
+    z = "tests/test_b.py::test_z[(1, 'bf16', [130])]"
+    assert gpu_suite.results([first]) == {"tests/test_a.py::test_x[1]": "PASSED",
+                                          "tests/test_a.py::test_y": "SKIPPED", z: "FAILED"}
+    after = gpu_suite.results([first, second])
+    assert after[z] == "PASSED" and "tests/test_b.py::test_w" not in after  # (not reached)
