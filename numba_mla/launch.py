@@ -30,8 +30,9 @@ _load_lock = threading.RLock()
 def _as_device(x, sixteen_bit, shape=None, pairs=False, name="an array"):
     """A Numba device array over x's memory, copying host data. 16-bit floats are seen as
     int16 bits, or as int32 words of two (``pairs``: the last axis halves). ``name``: the
-    argument, for the error a strided Numba device array gets (Numba changes the element
-    type of C-contiguous device arrays only; torch and CuPy views need only contiguous rows)."""
+    argument, for the error a strided Numba (or CuPy) device array gets where it would be read
+    as wider elements (Numba changes the element size of C-contiguous device arrays only;
+    torch views need only contiguous rows)."""
     if shape is not None:
         x = x.reshape(shape)
     view = (np.int32 if pairs else np.int16) if sixteen_bit else None
@@ -46,10 +47,11 @@ def _as_device(x, sixteen_bit, shape=None, pairs=False, name="an array"):
         return cuda.as_cuda_array(x.detach())
     # Numba device arrays (the simulator's too) are used as they are; CuPy and others by CAI
     d = x if hasattr(x, "copy_to_host") else cuda.as_cuda_array(x)
-    if view and not d.is_c_contiguous():
-        raise ValueError(f"{name}: a Numba device array is read as 32-bit words here, which "
-                         "Numba allows only for C-contiguous arrays; pass a contiguous copy "
-                         "(or the strided view as a torch or CuPy array)")
+    if view and np.dtype(view).itemsize != d.dtype.itemsize and not d.is_c_contiguous():
+        raise ValueError(f"{name}: a strided Numba or CuPy device array is read as "
+                         f"{8 * np.dtype(view).itemsize}-bit words here, which Numba allows "
+                         "only for C-contiguous arrays; pass a contiguous copy (or the strided "
+                         "view as a torch tensor)")
     return d.view(view) if view else d
 
 
@@ -545,7 +547,8 @@ class Plan:
         if role == "q":
             return _as_device(array, sixteen, self.q_shape3, pairs=sixteen and self.spec.q_pairs)
         if role == "storage":
-            return _as_device(array, sixteen or bool(self.call.cache.fp8_layout), pairs=True)
+            return _as_device(array, sixteen or bool(self.call.cache.fp8_layout), pairs=True,
+                              name="cache.storage")
         if role == "out":
             v = _as_device(array, sixteen, (T, H, D_V))
             return v.reshape((T, H, 1, D_V)) if self.spec.direct else v

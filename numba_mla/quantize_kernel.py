@@ -119,7 +119,7 @@ def quantize_device(kv, fp8_layout, kv_scale=None):
     tag = factory.dtype_tag(dtype_of(kv))
     lead = shape_of(kv)[:-1]
     n = int(np.prod(lead))
-    x = _as_device(kv, tag != "f32", shape=(n, D_QK))  # 16-bit data as int16 bits
+    x = _as_device(kv, tag != "f32", shape=(n, D_QK), name="kv")  # 16-bit data as int16 bits
     width = fp8.ROW_BYTES[fp8_layout]
     out = cuda.device_array((n, width // 4), np.int32)
     amax_kernel, kernel = _kernels_for(tag, fp8_layout)

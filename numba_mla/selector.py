@@ -199,16 +199,18 @@ def _mma_sync_shape(config, rows, fp8):
     return block_m, staged, fits
 
 
-def _tensor_core_honours(config, backend, rows, fp8):
+def _tensor_core_honours(config, backend, rows, fp8, packed):
     """Whether a config leaves a tensor-core kernel's fixed tiles alone, on this device
-    (``"auto"`` runs the FMA kernel for one that asks otherwise)."""
+    (``"auto"`` runs the FMA kernel for one that asks otherwise); ``packed``: q and the cache
+    C-contiguous, where "e4m3" rows may run the transposed kernel's 16 rows."""
     from .kernels import mma, mma_sync, transposed
 
     if config is None:
         return True
     if backend == "mma":
         return (config.num_queries_per_block in ((None, mma.BLOCK_M, transposed.BLOCK_M)
-                                                 if fp8 == "e4m3" else (None, mma.BLOCK_M))
+                                                 if fp8 == "e4m3" and packed
+                                                 else (None, mma.BLOCK_M))
                 and config.num_keys_per_block in (None, mma.BLOCK_N)
                 and config.num_pipeline_stages in (None, PIPELINE_STAGES["mma"]))
     block_m, staged, fits = _mma_sync_shape(config, rows, fp8)
@@ -295,7 +297,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                          and config.num_pipeline_stages in (None, PIPELINE_STAGES["simt"]))
         backend = "simt_warpsplit" if simt_runs else "warpsplit"
     elif (backend in ("mma", "mma_sync") and call.backend == "auto"
-          and not _tensor_core_honours(config, backend, rows, fp8)):
+          and not _tensor_core_honours(config, backend, rows, fp8, facts.packed_rows)):
         backend = "simt"  # the FMA kernel runs what the config asks (or refuses it below)
 
     if backend in ("simple", "warpsplit"):

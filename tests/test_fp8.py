@@ -461,6 +461,42 @@ def test_fp8_mma_config_rows_refused_naming_both_kernels(rng):
                 launch.Plan(call)
 
 
+def test_fp8_config_of_16_rows_on_a_strided_cache(rng, monkeypatch):
+    """Where q or the cache is strided (a torch view: ``packed_rows`` false, forced here) only
+    the lockstep kernel runs "e4m3" rows under "mma": a config of 16 rows makes "auto" take
+    the FMA kernel, and "mma" refuses it naming 64."""
+    from numba_mla import checks, launch, selector
+
+    real = selector.ArrayFacts
+    monkeypatch.setattr(selector, "ArrayFacts",
+                        lambda **kw: real(**dict(kw, packed_rows=False)))
+    p = fp8_problem(rng, "e4m3", 1, 1, 16, [70], BF16, "paged64")
+    config = nm.MHAConfig(num_queries_per_block=16)
+    for backend in ("auto", "mma"):
+        call = checks.check_decode(p.q, p.cache, p.scale, backend=backend)
+        call.config = config
+        if backend == "auto":
+            assert launch.Plan(call).spec.backend == "simt"
+        else:
+            with pytest.raises(ValueError, match=r"config\.num_queries_per_block: the 'mma' "
+                                                 r"kernel for this call runs 64, got 16"):
+                launch.Plan(call)
+
+
+@KERNEL
+def test_quantize_a_strided_numba_device_array(rng):
+    """A strided fp16 Numba device array (rows of 576 inside wider ones) is quantized as it is
+    (read as int16 bits: an element of the same size, which Numba allows on strided arrays):
+    the codes are the host quantizer's."""
+    from numba import cuda
+
+    wide = rng.standard_normal((3, 600)).astype(np.float16)
+    codes, kv_scale, _ = fp8.quantize(cuda.to_device(wide)[:, :576], "e4m3")
+    want, want_scale = fp8.quantize_host(wide[:, :576], "e4m3")
+    got = codes.copy_to_host() if hasattr(codes, "copy_to_host") else np.asarray(codes)
+    assert kv_scale == want_scale and np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
 @KERNEL
 def test_fp8_strided_device_cache_takes_the_lockstep_kernel(rng, monkeypatch):
     """A device cache whose slots lie further apart than a row (a torch view of a wider
@@ -498,7 +534,7 @@ def test_fp8_strided_numba_device_cache_is_refused(rng):
     cache = nm.PagedKVCache(view, p.cache.block_table_host, p.lengths,
                             kv_scale=p.cache.kv_scale)
     out = np.full(p.out_shape, np.nan, p.dtype)
-    with pytest.raises(ValueError, match="cache.storage: a Numba device array"):
+    with pytest.raises(ValueError, match="cache.storage: a strided Numba or CuPy device array"):
         nm.mla_decode(p.q, cache, p.scale, out=out, backend="mma")
     assert np.isnan(out.astype(np.float32)).all()
 

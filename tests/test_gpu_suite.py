@@ -1,5 +1,6 @@
 """scripts/gpu_suite.py's reading of pytest-xdist logs: which tests an earlier call passed,
-skipped or failed, ids with spaces, the short summary's messages, a later log's word last."""
+skipped or failed, ids with spaces, the short summary's messages, a later log's word last;
+a collection error stops it."""
 import importlib.util
 import os
 
@@ -29,3 +30,12 @@ def test_results_over_logs(tmp_path):
                                           "tests/test_a.py::test_y": "SKIPPED", z: "FAILED"}
     after = gpu_suite.results([first, second])
     assert after[z] == "PASSED" and "tests/test_b.py::test_w" not in after  # (not reached)
+
+
+def test_a_module_that_does_not_import_stops_the_run(tmp_path):
+    """Collection errors are not passes: exit status 4, nothing run."""
+    (tmp_path / "test_ok.py").write_text("def test_a():\n    pass\n")
+    (tmp_path / "test_broken.py").write_text("import no_such_module_here\n")
+    assert gpu_suite.main(["--list", str(tmp_path)]) == 4
+    os.remove(tmp_path / "test_broken.py")
+    assert gpu_suite.main(["--list", str(tmp_path)]) == 0
