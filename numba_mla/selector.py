@@ -199,18 +199,24 @@ def _mma_sync_shape(config, rows, fp8):
     return block_m, staged, fits
 
 
+def _mma_rows(fp8, packed):
+    """The query rows a block that ``"mma"`` runs: the lockstep kernel's 64, and for "e4m3"
+    rows with q and the cache C-contiguous (``packed``) the transposed kernel's 16."""
+    from .kernels import mma, transposed
+
+    return (mma.BLOCK_M, transposed.BLOCK_M) if fp8 == "e4m3" and packed else (mma.BLOCK_M,)
+
+
 def _tensor_core_honours(config, backend, rows, fp8, packed):
     """Whether a config leaves a tensor-core kernel's fixed tiles alone, on this device
     (``"auto"`` runs the FMA kernel for one that asks otherwise); ``packed``: q and the cache
     C-contiguous, where "e4m3" rows may run the transposed kernel's 16 rows."""
-    from .kernels import mma, mma_sync, transposed
+    from .kernels import mma, mma_sync
 
     if config is None:
         return True
     if backend == "mma":
-        return (config.num_queries_per_block in ((None, mma.BLOCK_M, transposed.BLOCK_M)
-                                                 if fp8 == "e4m3" and packed
-                                                 else (None, mma.BLOCK_M))
+        return (config.num_queries_per_block in (None, *_mma_rows(fp8, packed))
                 and config.num_keys_per_block in (None, mma.BLOCK_N)
                 and config.num_pipeline_stages in (None, PIPELINE_STAGES["mma"]))
     block_m, staged, fits = _mma_sync_shape(config, rows, fp8)
@@ -314,11 +320,9 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         else:
             block_m, block_n = mma.BLOCK_M, mma.BLOCK_N
         want = None if config is None else config.num_queries_per_block
-        if (fp8 == "e4m3" and facts.packed_rows
-                and want not in (None, mma.BLOCK_M, transposed.BLOCK_M)):
-            # (both of wgmma's "e4m3" kernels run here: name both)
-            raise refuse("num_queries_per_block", want, "mma",
-                         (mma.BLOCK_M, transposed.BLOCK_M))
+        runs = _mma_rows(fp8, facts.packed_rows)
+        if want is not None and want not in runs:  # (both "e4m3" kernels named where both run)
+            raise refuse("num_queries_per_block", want, "mma", runs)
     elif backend == "mma_sync":
         from .kernels import mma_sync
 

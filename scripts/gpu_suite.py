@@ -25,6 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKS = "gpu or not gpu"
 #: a result line of pytest-xdist's verbose log, "[gw3] [ 12%] PASSED tests/x.py::test_y[...]",
 #: or of its short summary, "FAILED tests/x.py::test_y[...] - message" (ids may hold spaces)
+OK = ("PASSED", "SKIPPED", "XFAIL")  # outcomes that need no rerun
+BAD = ("FAILED", "ERROR", "XPASS")
 RESULT = re.compile(r"^(?:\[gw\d+\] \[\s*\d+%\] )?(PASSED|SKIPPED|FAILED|ERROR|XFAIL|XPASS) "
                     r"(tests/.*?)(?: - .*)?\s*$", re.M)
 
@@ -66,8 +68,9 @@ def main(argv=None):
     ids = collect(args.paths)
     if ids is None:
         return 4
-    earlier = results(args.done)
-    todo = [i for i in ids if earlier.get(i) not in ("PASSED", "SKIPPED", "XFAIL")]
+    per_log = [results([log]) for log in args.done]  # (each log read once)
+    earlier = {i: o for r in per_log for i, o in r.items()}  # (a later log's word last)
+    todo = [i for i in ids if earlier.get(i) not in OK]
     print(f"gpu_suite: {len(ids)} tests, {len(ids) - len(todo)} passed or skipped earlier, "
           f"{len(todo)} to run")
     if args.list:
@@ -82,16 +85,17 @@ def main(argv=None):
                    "-n", str(args.workers), "-v", "-rfE", "-m", MARKS, "-p", "no:cacheprovider",
                    *todo]
             subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    now = results(args.done + ([args.log] if todo else []))
-    passed = [i for i in ids if now.get(i) in ("PASSED", "SKIPPED", "XFAIL")]
-    failed = [i for i in ids if now.get(i) in ("FAILED", "ERROR", "XPASS")]
+    now = {**earlier, **(results([args.log]) if todo else {})}
+    passed = [i for i in ids if now.get(i) in OK]
+    failed = [i for i in ids if now.get(i) in BAD]
     missing = [i for i in ids if i not in now]
     print(f"gpu_suite: {len(passed)} passed or skipped, {len(failed)} failed, "
           f"{len(missing)} not reached (of {len(ids)})")
     for i in failed:
         print(f"FAILED {i}")
+    failed_before = {i for r in per_log for i, o in r.items() if o in BAD}
     for i in passed:
-        if any(results([log]).get(i) in ("FAILED", "ERROR") for log in args.done):
+        if i in failed_before:
             print(f"passed after failing in an earlier log: {i}")
     return 1 if failed else 3 if missing else 0
 

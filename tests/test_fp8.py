@@ -456,9 +456,17 @@ def test_fp8_mma_config_rows_refused_naming_both_kernels(rng):
         if ok:
             assert launch.Plan(call).spec.block_m == rows
         else:
-            with pytest.raises(ValueError, match=r"config\.num_queries_per_block: the 'mma' "
-                                                 rf"kernel for this call runs 64 or 16, got {rows}"):
+            want = rf"the 'mma' kernel for this call runs 64 or 16, got {rows}"
+            with pytest.raises(ValueError, match=r"config\.num_queries_per_block: " + want):
                 launch.Plan(call)
+
+
+def wider_rows(p):
+    """``p``'s cache codes as uint8 rows of 592 bytes, the first 576 of each the row's."""
+    codes = np.asarray(p.cache.storage).view(np.uint8)
+    wide = np.zeros(codes.shape[:2] + (592,), np.uint8)
+    wide[..., :576] = codes
+    return wide
 
 
 def test_fp8_config_of_16_rows_on_a_strided_cache(rng, monkeypatch):
@@ -508,10 +516,7 @@ def test_fp8_strided_device_cache_takes_the_lockstep_kernel(rng, monkeypatch):
     seen = spy_transposed(monkeypatch)
     lockstep = spy_lockstep(monkeypatch)
     p = fp8_problem(rng, "e4m3", 1, 1, 4, [90], BF16, "paged64")
-    codes = np.asarray(p.cache.storage).view(np.uint8)
-    wide = np.zeros(codes.shape[:2] + (592,), np.uint8)
-    wide[..., :576] = codes
-    view = torch.from_numpy(wide).cuda()[:, :, :576]
+    view = torch.from_numpy(wider_rows(p)).cuda()[:, :, :576]
     assert not view.is_contiguous()
     cache = nm.PagedKVCache(view, p.cache.block_table_host, p.lengths,
                             kv_scale=p.cache.kv_scale)
@@ -527,10 +532,7 @@ def test_fp8_strided_numba_device_cache_is_refused(rng):
     from numba import cuda
 
     p = fp8_problem(rng, "e4m3", 1, 1, 4, [90], BF16, "paged64")
-    codes = np.asarray(p.cache.storage).view(np.uint8)
-    wide = np.zeros(codes.shape[:2] + (592,), np.uint8)
-    wide[..., :576] = codes
-    view = cuda.to_device(wide)[:, :, :576]
+    view = cuda.to_device(wider_rows(p))[:, :, :576]
     cache = nm.PagedKVCache(view, p.cache.block_table_host, p.lengths,
                             kv_scale=p.cache.kv_scale)
     out = np.full(p.out_shape, np.nan, p.dtype)
