@@ -1,8 +1,8 @@
 """Run the whole test suite on a GPU machine over several calls of limited length.
 
 A fresh GPU machine compiles every kernel the tests ask for, so the whole suite (``-m "gpu or
-not gpu"``) takes longer than one call of the device tool allows (about 860 s of tests on the
-H200 at 16 workers). Each run writes pytest's verbose log; the next run, given the logs so
+not gpu"``) takes longer than one call of the device tool allows (more than 860 s of tests on
+the H200 at 16 workers). Each run writes pytest's verbose log; the next run, given the logs so
 far, runs only the tests that none of them reports as passed or skipped (failed ones again,
 and those the time limit cut off), so that the calls together cover every test once.
 
