@@ -39,7 +39,10 @@ A row is 576 bytes, 4 banks-groups of 16 bytes past a multiple of 128: the eight
 load's phase (g = 0, 1; t = 0..3) hit eight different groups, no bank conflict.
 
 **O^T = V^T P^T** (512 dims on M, eight m64 blocks; rows on N; keys on K): thread (w, g, t)
-holds A's rows g, g + 8 of each block and keys 2t, 2t + 1, 2t + 8, 2t + 9 of each 16-key step.
+holds A's rows g, g + 8 of each block and K positions 2t, 2t + 1, 2t + 8, 2t + 9 of each
+16-key step. A step's keys may sit at its K positions in any order that P^T's rows follow:
+``key_of`` swaps the keys of positions 2t and 2t + 1 for odd t, so that the eight lanes of a
+V load's phase read rows of both parities (two to a bank group, not four).
 O's dims may be dealt to the rows in any order that the output stores follow: block b's rows
 16w + g and 16w + g + 8 are dims 128w + 16g + 2b and + 1, so the thread's 16 dims of every key
 are one 16-byte load (bytes 128w + 16g of the row), and a word of four codes (dims 4c ..
@@ -68,44 +71,41 @@ import math
 from numba import cuda, float32, int16, int32, uint64
 
 from .. import ptx
-from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
+from .._compat import INLINE, JIT_OPTIONS
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
                      make_tile_run, make_tile_walk, mark_empty)
 
 BLOCK_M = 16  # query rows a block: wgmma's N
 BLOCK_N = 64  # keys a tile: wgmma's M
-WARPGROUPS = 2  # each takes half of S^T's dims and half of O^T's
-NTHREADS = 128 * WARPGROUPS
+NTHREADS = 128  # one warpgroup
 ROW_BYTES = D_QK  # a raw "e4m3" row: 576 codes
 TILE_BYTES = BLOCK_N * ROW_BYTES  # 36864
-PIECES = TILE_BYTES // 16 // NTHREADS  # 16-byte cp.async pieces a thread a tile (9)
+PIECES = TILE_BYTES // 16 // NTHREADS  # 16-byte cp.async pieces a thread a tile (18)
 ROW_PIECES = ROW_BYTES // 16  # 36
 K_STEPS = D_QK // 16  # S^T's k16 steps (36)
-K_GROUPS = 4  # groups of four k-steps a warpgroup (groups 5u .. 5u + 3), and half of group 4
 STEP_BYTES = BLOCK_M * 16 * 2  # one k-step of a [16 x 16] fp16 B image (512)
 LBO, SBO = 128, 256  # B^T [16 rows, 16 k] K-major: core matrices of 8 rows x 16 bytes
 NACC = BLOCK_M // 2  # accumulators of one m64n16 product a thread (8)
-NBLK = D_V // 64 // WARPGROUPS  # O^T's m64 blocks a warpgroup (4 of 8)
-NO = NBLK * NACC  # O^T's accumulators a thread (32)
+NBLK = D_V // 64  # O^T's m64 blocks (8)
+NO = NBLK * NACC  # O^T's accumulators a thread (64)
 STAGES = 2
 Q_OFF = 0
 RAW_OFF = Q_OFF + K_STEPS * STEP_BYTES  # 18432
 P_OFF = RAW_OFF + STAGES * TILE_BYTES  # 92160
-P_BYTES = BLOCK_N // 16 * STEP_BYTES  # 2048 (one a warpgroup, double buffered)
-X_OFF = P_OFF + 2 * WARPGROUPS * P_BYTES  # 100352: S^T's halves, [NACC][NTHREADS] f32
-RED_OFF = X_OFF + NACC * NTHREADS * 4  # 108544
-RED_BYTES = 4 * BLOCK_M * 4  # 256 (one a warpgroup, double buffered)
-QEXP_OFF = RED_OFF + 2 * WARPGROUPS * RED_BYTES  # 109568
-SMEM_BYTES = QEXP_OFF + BLOCK_M * 4  # 109632
-Q_WORDS = BLOCK_M * D_QK // 2 // NTHREADS  # words of q a thread copies into the image (18)
+P_BYTES = BLOCK_N // 16 * STEP_BYTES  # 2048
+RED_OFF = P_OFF + 2 * P_BYTES  # 96256
+RED_BYTES = 4 * BLOCK_M * 4  # 256
+QEXP_OFF = RED_OFF + 2 * RED_BYTES  # 96768
+SMEM_BYTES = QEXP_OFF + BLOCK_M * 4  # 96832
+Q_WORDS = BLOCK_M * D_QK // 2 // NTHREADS  # words of q a thread copies into the image (36)
 PENDING = 1  # groups of products left in flight behind the one just issued
 V_AHEAD = 1  # 16-key steps of V's codes loaded ahead of the one converted
+PV_GROUP = 2  # words of V's codes a key (2 m64 blocks each) in one group of products
 RESCALE_SLACK = 8.0  # log2 units the running max may lag the true one
 Q_SCALE_TOP = 13  # a row's largest |q| times 2^k lands in [2^12, 2^15) (log2 may be 1 off)
 Q_EXP_LIMIT = 126  # |k| at most: 2^k and 2^-k are normal float32 values
 LO_PAIRS = 0x5140  # prmt: bytes a0 b0 a1 b1 (two keys' codes of dims 0, 1, interleaved)
 HI_PAIRS = 0x7362  # prmt: bytes a2 b2 a3 b3
-JIT = JIT_OPTIONS if SIMULATOR else dict(JIT_OPTIONS, launch_bounds=(NTHREADS, 2))
 
 
 def _q_image_byte(c, d):
@@ -118,24 +118,37 @@ def _q_image_byte(c, d):
 q_image_byte = cuda.jit(device=True)(_q_image_byte)  # (plain arithmetic: the simulator too)
 
 
+def _key_of(p):
+    """The key (of a 16-key step) at K position ``p`` of O^T's products, and P^T's row of it:
+    positions 2t and 2t + 1 swap their keys for odd t (an involution). Thread t's V loads of
+    position 2t then read keys 0, 3, 4, 7 for t = 0..3: rows of both parities, whose 576-byte
+    strides put them 64 bytes apart in the banks, so a load's eight lanes of a phase meet two
+    to a bank group where in key order all four t met there (4-way conflicts)."""
+    return p ^ ((p >> 1) & 1)
+
+
+key_of = cuda.jit(device=True)(_key_of)
+
+
 def _make_pv_tile():
-    """``pv_tile(o, s, sm, va, dp, tid)``: O^T += V^T P^T for the warpgroup's four m64 blocks
-    over the tile's four 16-key steps, V's codes read from the raw stage at ``va`` (this
-    thread's first: key 2t, bytes 128w + 16g + 8u of the row), P^T's B image at descriptor
-    ``dp``. Step k's codes are the thread's four keys' (2t, 2t + 1, 2t + 8, 2t + 9 of the
-    step: a, b, c, d) dims 128w + 16g + 8u .. + 7, two words each, loaded while step k - 1 is
-    converted and multiplied; a step's four products make one group, issued once converted,
-    and at most PENDING groups stay in flight behind it. Written out: each block's product
-    names its eight accumulators by a constant offset, so that all stay in registers."""
+    """``pv_tile(o, s, sm, va, vb, dp, tid)``: O^T += V^T P^T over the tile's four 16-key
+    steps, V's codes read from the raw stage at ``va`` and ``vb`` (this thread's keys of K
+    positions 2t and 2t + 1, bytes 128w + 16g of the row: ``KEY_OF``), P^T's B image at
+    descriptor ``dp``. Step k's codes are the thread's four keys' (K positions 2t, 2t + 1,
+    2t + 8, 2t + 9 of the step: a, b, c, d) dims 128w + 16g .. + 15, four words each, loaded while step k - 1 is converted and multiplied; PV_GROUP words of each key
+    (2 m64 blocks each) make one group of products, issued once converted, and at most
+    PENDING groups stay in flight behind it. Written out: each block's product names its
+    eight accumulators by a constant offset, so that all 64 stay in registers."""
     steps = BLOCK_N // 16
-    load = ["a{0}0, a{0}1 = lds(sm, va + {1})", "b{0}0, b{0}1 = lds(sm, va + {2})",
-            "c{0}0, c{0}1 = lds(sm, va + {3})", "d{0}0, d{0}1 = lds(sm, va + {4})"]
-    lines = ["def pv_tile(o, s, sm, va, dp, tid):"]
+    load = ["a{0}0, a{0}1, a{0}2, a{0}3 = lds(sm, va + {1})",
+            "b{0}0, b{0}1, b{0}2, b{0}3 = lds(sm, vb + {1})",
+            "c{0}0, c{0}1, c{0}2, c{0}3 = lds(sm, va + {2})",
+            "d{0}0, d{0}1, d{0}2, d{0}3 = lds(sm, vb + {2})"]
+    lines = ["def pv_tile(o, s, sm, va, vb, dp, tid):"]
 
     def loads(k):
         base = 16 * k * ROW_BYTES
-        return ["    " + x.format(k, base, base + ROW_BYTES, base + 8 * ROW_BYTES,
-                                  base + 9 * ROW_BYTES) for x in load]
+        return ["    " + x.format(k, base, base + 8 * ROW_BYTES) for x in load]
 
     for k in range(V_AHEAD):
         lines += loads(k)
@@ -143,19 +156,21 @@ def _make_pv_tile():
         if k + V_AHEAD < steps:
             lines += loads(k + V_AHEAD)
         d = f"desc_advance(dp, {STEP_BYTES * k})"
-        for c in range(NBLK // 2):
-            w = f"{k}{c}"
-            lines += [f"    l01 = lo(a{w}, b{w})", f"    l89 = lo(c{w}, d{w})",
-                      f"    h01 = hi(a{w}, b{w})", f"    h89 = hi(c{w}, d{w})",
-                      f"    f{c}0, f{c}1 = cvt(l01)", f"    f{c}2, f{c}3 = cvt(l89)",
-                      f"    g{c}0, g{c}1 = cvt(h01)", f"    g{c}2, g{c}3 = cvt(h89)"]
-        lines.append("    fence()")
-        for c in range(NBLK // 2):
-            lines += [f"    m{2 * c}(o, f{c}0, f{c}1, f{c}2, f{c}3, sm, {d}, 1, tid)",
-                      f"    m{2 * c + 1}(o, g{c}0, g{c}1, g{c}2, g{c}3, sm, {d}, 1, tid)"]
-        lines += ["    commit()", "    wait_pending(o, s)"]
+        for c0 in range(0, 4, PV_GROUP):
+            group = range(c0, c0 + PV_GROUP)
+            for c in group:
+                w = f"{k}{c}"
+                lines += [f"    l01 = lo(a{w}, b{w})", f"    l89 = lo(c{w}, d{w})",
+                          f"    h01 = hi(a{w}, b{w})", f"    h89 = hi(c{w}, d{w})",
+                          f"    f{c}0, f{c}1 = cvt(l01)", f"    f{c}2, f{c}3 = cvt(l89)",
+                          f"    g{c}0, g{c}1 = cvt(h01)", f"    g{c}2, g{c}3 = cvt(h89)"]
+            lines.append("    fence()")
+            for c in group:
+                lines += [f"    m{2 * c}(o, f{c}0, f{c}1, f{c}2, f{c}3, sm, {d}, 1, tid)",
+                          f"    m{2 * c + 1}(o, g{c}0, g{c}1, g{c}2, g{c}3, sm, {d}, 1, tid)"]
+            lines += ["    commit()", "    wait_pending(o, s)"]
     scope = {f"m{b}": ptx.wgmma_rs(BLOCK_M, "f16", False, NACC * b) for b in range(NBLK)}
-    scope.update(lo=ptx.byte_perm(LO_PAIRS), hi=ptx.byte_perm(HI_PAIRS), lds=ptx.lds64,
+    scope.update(lo=ptx.byte_perm(LO_PAIRS), hi=ptx.byte_perm(HI_PAIRS), lds=ptx.lds128,
                  cvt=ptx.e4m3x4_to_f16x4, fence=ptx.wgmma_fence, commit=ptx.wgmma_commit,
                  desc_advance=ptx.desc_advance,
                  wait_pending=ptx.wgmma_wait_pending(NO, NACC, PENDING))
@@ -188,7 +203,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         thread j % 128's: one page's run of slots is one contiguous block of bytes in the
         cache and in the stage, so a warp's copy reads and writes 512 contiguous bytes;
         elsewhere each piece's row is looked up."""
-        tid = ptx.opaque(tid)  # (each piece's address computed here, not held in registers)
         page, slot, run = tile_run(block_table, page_size, npages, b, k0, k1)
         nbytes = (k1 - k0) * ROW_BYTES
         if run and nbytes == TILE_BYTES:  # a whole tile in one page: no test a piece
@@ -203,7 +217,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 ok = 16 * j < nbytes
                 ptx.cp_async16_at(smk, dst + 16 * j, src + 16 * j if ok else src, ok)
         else:
-            for m in range(PIECES + min(k0, 0)):  # (k0 >= 0: a loop, its lookups not all held)
+            for m in range(PIECES):
                 j = tid + NTHREADS * m
                 n, piece = ptx.divmod_u32(j, ROW_PIECES)
                 ok = n < k1 - k0
@@ -215,18 +229,18 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     @cuda.jit(device=True)
     def load_q(q, smk, sb, row0, r0, nrows, tid):
         """The block's 16 query rows into the Q image, each times its power of two (rows past
-        ``nrows`` zero), the exponents to ``qexp``. Thread t takes row t // 16 and its words
-        t % 16 + 16m (m = 0..17): dims 2 (t % 16) + 32m, whose place in the image is the
-        thread's first plus (m // 2) * 2048 + (m % 2) * 8 (q_image_byte), and the row's 16
-        threads find its largest magnitude by four shuffles."""
-        c = tid // 16
-        u = tid % 16
+        ``nrows`` zero), the exponents to ``qexp``. Thread t takes row t // 8 and its words
+        t % 8 + 8m (m = 0..35): dims 2 (t % 8) + 16m, whose place in the image is the
+        thread's first plus (m // 4) * 2048 + (m % 4) * 4 (q_image_byte), and the row's eight
+        threads find its largest magnitude by three shuffles."""
+        c = tid // 8
+        u = tid % 8
         r = r0 + min(c, nrows - 1)
         rq = uint64(row0 + r // H)  # (unsigned indices: no test for negative ones)
         hq = uint64(r % H)
         words = cuda.local.array(Q_WORDS, int32)
         for m in range(Q_WORDS):  # (all loads out before any is used)
-            words[m] = q[rq, hq, uint64(u + 16 * m)]
+            words[m] = q[rq, hq, uint64(u + 8 * m)]
         k = 0
         f = float32(1.0)
         if SCALE_Q:
@@ -234,7 +248,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             for m in range(Q_WORDS):
                 x0, x1 = unpack(words[m])
                 mx = max(mx, max(abs(x0), abs(x1)))
-            for o in (1, 2, 4, 8):
+            for o in (1, 2, 4):
                 mx = max(mx, ptx.shfl_xor(mx, o, tid))
             if mx > 0.0 and mx < math.inf:
                 k = min(max(Q_SCALE_TOP - int32(math.floor(math.log2(mx))), -Q_EXP_LIMIT),
@@ -248,10 +262,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             if SCALE_Q:
                 x0, x1 = unpack(w)
                 w = ptx.pack_f16x2(x0 * f, x1 * f)
-            ptx.sts32(smk, at + (m // 2) * 4 * STEP_BYTES + (m % 2) * 8, w if c < nrows else 0)
+            ptx.sts32(smk, at + (m // 4) * 4 * STEP_BYTES + (m % 4) * 4, w if c < nrows else 0)
         ptx.fence_proxy_async()  # (a barrier follows: the image is then visible to wgmma)
 
-    @cuda.jit(**JIT)
+    @cuda.jit(**JIT_OPTIONS)
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse, tmap_q, tmap_kv):
         # q [T, H, 288] int32 words of 16-bit pairs; storage [pages, page_size, 144] int32
@@ -260,8 +274,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         nparts = cuda.gridDim.x
         b = cuda.blockIdx.z
         tid = cuda.threadIdx.x
-        wg = tid // 128  # the warpgroup: S^T's and O^T's half
-        warp, lane = (tid % 128) // 32, tid % 32
+        warp, lane = tid // 32, tid % 32
         g, t4 = lane // 4, lane % 4
         smk = cuda.shared.array(0, int32)
         smf = cuda.shared.array(0, float32)
@@ -311,18 +324,15 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         for i in range(NO):
             o_acc[i] = float32(0.0)
         dq = desc(sb + Q_OFF)
-        # the warpgroup's k-steps: groups 5u .. 5u + 3 of four, then steps 16 + 2u, 17 + 2u
-        dq_w = ptx.desc_advance(dq, 4 * STEP_BYTES * (K_GROUPS + 1) * wg)
-        dq_h = ptx.desc_advance(dq, STEP_BYTES * (4 * K_GROUPS + 2 * wg))
-        # the thread's K loads: rows 16w + g, + 8 of the tile, 16 bytes at 16t + 64J (J =
-        # 5u + j), and 8 bytes at 16t + 256 + 8u
+        # the thread's K loads: rows 16w + g, + 8 of the tile, 16 bytes at 16t (+ 64J)
         k_lo = (16 * warp + g) * ROW_BYTES + 16 * t4
-        k_w = k_lo + 64 * (K_GROUPS + 1) * wg
-        k_h = k_lo + 64 * K_GROUPS + 8 * wg
-        # its V loads: rows 16s + 2t + (0, 1, 8, 9), 8 bytes at 128w + 16g + 8u
-        v_at = 2 * t4 * ROW_BYTES + 128 * warp + 16 * g + 8 * wg
-        # its P^T stores: k-step w, keys g (+ 8), rows 2t (+ 1, + 8, + 9)
-        p_at = P_OFF + STEP_BYTES * warp + 32 * t4 + 2 * g + 2 * P_BYTES * wg
+        # its V loads: the keys of K positions 2t, 2t + 1 (+ 8) of each 16-key step (key_of),
+        # 16 bytes at 128w + 16g
+        v_a = key_of(2 * t4) * ROW_BYTES + 128 * warp + 16 * g
+        v_b = key_of(2 * t4 + 1) * ROW_BYTES + 128 * warp + 16 * g
+        # its P^T stores: k-step w, keys g (+ 8) at K positions key_of(g) (+ 8), rows 2t (+ 1,
+        # + 8, + 9)
+        p_at = P_OFF + STEP_BYTES * warp + 32 * t4 + 2 * key_of(g)
 
         stage = 0
         it = 0
@@ -341,15 +351,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 issue_tile(smk, sb + RAW_OFF + (1 - stage) * TILE_BYTES, storage, block_table,
                            page_size, npages, b, k0n, min(k0n + BLOCK_N, kend), tid)
 
-            # -- S^T = K Q^T: the warpgroup's 18 steps, four a 16-byte load of each of the
-            # thread's two keys, then two of an 8-byte load --
-            dqt = ptx.opaque(dq_w)  # (its 16 steps' descriptors made where used, not held)
-            for j in range(K_GROUPS):
+            # -- S^T = K Q^T: 36 steps, four a 16-byte load of each of the thread's two keys --
+            for J in range(K_STEPS // 4):
                 # (The next group's codes loaded here, under this group's products, gave wrong
                 # scores on the H200 in 9 of 11 mask x score-mod cases, never in the
                 # simulator: they are loaded at the top of each group.)
-                lo = ptx.lds128(smk, raw + k_w + 64 * j)
-                hi = ptx.lds128(smk, raw + k_w + 8 * ROW_BYTES + 64 * j)
+                lo = ptx.lds128(smk, raw + k_lo + 64 * J)
+                hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES + 64 * J)
                 a0, a2 = ptx.e4m3x4_to_f16x4(lo[0])
                 a1, a3 = ptx.e4m3x4_to_f16x4(hi[0])
                 b0, b2 = ptx.e4m3x4_to_f16x4(lo[1])
@@ -362,8 +370,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 # inside an open group makes ptxas serialise every wgmma; and a wait for the
                 # groups before frees their registers for the next one's)
                 ptx.wgmma_fence()
-                step = ptx.desc_advance(dqt, 4 * STEP_BYTES * j)
-                mma_s(s_acc, a0, a1, a2, a3, smk, step, j, tid)
+                step = ptx.desc_advance(dq, 4 * STEP_BYTES * J)
+                mma_s(s_acc, a0, a1, a2, a3, smk, step, J, tid)
                 mma_s(s_acc, b0, b1, b2, b3, smk, ptx.desc_advance(step, STEP_BYTES), 1, tid)
                 mma_s(s_acc, c0, c1, c2, c3, smk, ptx.desc_advance(step, 2 * STEP_BYTES), 1,
                       tid)
@@ -371,24 +379,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                       tid)
                 ptx.wgmma_commit()
                 wait_pending(s_acc, o_acc)
-            lo2 = ptx.lds64(smk, raw + k_h)
-            hi2 = ptx.lds64(smk, raw + k_h + 8 * ROW_BYTES)
-            a0, a2 = ptx.e4m3x4_to_f16x4(lo2[0])
-            a1, a3 = ptx.e4m3x4_to_f16x4(hi2[0])
-            b0, b2 = ptx.e4m3x4_to_f16x4(lo2[1])
-            b1, b3 = ptx.e4m3x4_to_f16x4(hi2[1])
-            ptx.wgmma_fence()
-            mma_s(s_acc, a0, a1, a2, a3, smk, dq_h, 1, tid)
-            mma_s(s_acc, b0, b1, b2, b3, smk, ptx.desc_advance(dq_h, STEP_BYTES), 1, tid)
-            ptx.wgmma_commit()
-            wait_all(s_acc, o_acc)  # (this warpgroup's half of S^T)
-            # -- S^T's halves met: the thread and its twin in the other warpgroup hold the
-            # same eight scores (x + y == y + x: both warpgroups then hold the same bits) --
-            for i in range(NACC):
-                smf[uint64(X_OFF // 4 + NTHREADS * i + tid)] = s_acc[i]
-            cuda.syncthreads()
-            for i in range(NACC):
-                s_acc[i] += smf[uint64(X_OFF // 4 + NTHREADS * i + (tid ^ 128))]
+            wait_all(s_acc, o_acc)  # (this tile's S^T)
 
             # -- scores (mask, score mod: log2 units), each column's maximum over the tile --
             for j in range(4):
@@ -410,12 +401,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 for o in (4, 8, 16):  # the lanes g of the warp: its 16 keys
                     m = max(m, ptx.shfl_xor(m, o, tid))
                 mx[j] = m
-            red = RED_OFF + (2 * wg + it % 2) * RED_BYTES
+            red = RED_OFF + (it % 2) * RED_BYTES
             if g == 0:
                 for j in range(4):
                     smf[uint64(red // 4 + BLOCK_M * warp + 8 * (j // 2) + 2 * t4 + j % 2)] = mx[j]
-            # The warpgroup's four warps' maxima are in place.
-            ptx.bar_sync(1 + wg, 128)
+            # The four warps' maxima are in place.
+            cuda.syncthreads()
             # -- online softmax down the columns; P^T (fp16) as wgmma's B image --
             moved = False
             for j in range(4):
@@ -446,19 +437,19 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     for i in range(NACC):
                         o_acc[NACC * blk + i] *= alpha[(i // 4) * 2 + i % 2]
             ptx.fence_proxy_async()
-            # The warpgroup's P^T is complete.
-            ptx.bar_sync(1 + wg, 128)
+            # P^T is complete.
+            cuda.syncthreads()
 
             # -- O^T += V^T P^T: four 16-key steps of eight m64 blocks, not waited for --
-            pv_tile(o_acc, s_acc, smk, raw + v_at,
-                    desc(sb + P_OFF + (2 * wg + it % 2) * P_BYTES), tid)
+            pv_tile(o_acc, s_acc, smk, raw + v_a, raw + v_b,
+                    desc(sb + P_OFF + (it % 2) * P_BYTES), tid)
             wait_all(s_acc, o_acc)
             stage = 1 - stage
             it += 1
             t = t_next
 
-        # -- the column sums: lanes g, then the warpgroup's four warps (its ``red``: free
-        # since the last tile's second barrier) --
+        # -- the column sums: lanes g, then the four warps (``red``: free since the last
+        # tile's second barrier) --
         for j in range(4):
             a = l_run[j]
             bsum = l_p[j]
@@ -467,13 +458,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 bsum += ptx.shfl_xor(bsum, o, tid)
             l_run[j] = a
             l_p[j] = bsum
-        red0 = RED_OFF + 2 * wg * RED_BYTES
         if g == 0:
             for j in range(4):
                 c = 8 * (j // 2) + 2 * t4 + j % 2
-                smf[uint64(red0 // 4 + BLOCK_M * warp + c)] = l_run[j]
-                smf[uint64((red0 + RED_BYTES) // 4 + BLOCK_M * warp + c)] = l_p[j]
-        ptx.bar_sync(1 + wg, 128)
+                smf[uint64(RED_OFF // 4 + BLOCK_M * warp + c)] = l_run[j]
+                smf[uint64((RED_OFF + RED_BYTES) // 4 + BLOCK_M * warp + c)] = l_p[j]
+        cuda.syncthreads()
         x4 = ptx.aligned_x4(part_out)
         for j in range(4):
             c = 8 * (j // 2) + 2 * t4 + j % 2
@@ -481,21 +471,20 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 lsum = float32(0.0)
                 psum = float32(0.0)
                 for w in range(4):
-                    lsum += smf[uint64(red0 // 4 + BLOCK_M * w + c)]
-                    psum += smf[uint64((red0 + RED_BYTES) // 4 + BLOCK_M * w + c)]
+                    lsum += smf[uint64(RED_OFF // 4 + BLOCK_M * w + c)]
+                    psum += smf[uint64((RED_OFF + RED_BYTES) // 4 + BLOCK_M * w + c)]
                 empty = lsum == 0.0
                 inv = float32(0.0) if empty else kv_scale * ptx.rcp(psum)
                 r = uint64(r0 + c)
                 t_row = uint64(row0) + r // uint64(H)
                 h = r % uint64(H)
-                if wg == 0 and warp == 0 and g == 0:
+                if warp == 0 and g == 0:
                     part_lse[t_row, h, p] = (float32(NEG_INF) if empty
                                              else (m_run[j] + math.log2(lsum)) * float32(LN2))
-                # dims 128w + 16g + 8u + 2 blk + half (blk the warpgroup's): element NACC blk
-                # + 4 (j // 2) + 2 half + j % 2
+                # dims 128w + 16g + 2 blk + half: element NACC blk + 4 (j // 2) + 2 half + j % 2
                 i0 = 4 * (j // 2) + j % 2
-                d0 = 128 * warp + 16 * g + 8 * wg
-                for qd in range(NBLK // 2):
+                d0 = 128 * warp + 16 * g
+                for qd in range(4):
                     y0 = o_acc[NACC * (2 * qd) + i0] * inv
                     y1 = o_acc[NACC * (2 * qd) + i0 + 2] * inv
                     y2 = o_acc[NACC * (2 * qd + 1) + i0] * inv
