@@ -408,6 +408,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # The four warps' maxima are in place.
             cuda.syncthreads()
             # -- online softmax down the columns; P^T (fp16) as wgmma's B image --
+            p16 = uint64(p_at // 2) + uint64((it % 2) * (P_BYTES // 2))  # (16-bit elements)
             moved = False
             for j in range(4):
                 c = 8 * (j // 2) + 2 * t4 + j % 2
@@ -418,20 +419,19 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 if not (m_new <= m_old + float32(RESCALE_SLACK)):
                     m_run[j] = m_new
                 m_ref = m_run[j] if m_run[j] != float32(NEG_INF) else float32(0.0)
-                alpha[j] = math.exp2(m_old - m_ref)
+                alpha[j] = ptx.exp2_ftz(m_old - m_ref)
                 moved = moved or alpha[j] != float32(1.0)
                 l_run[j] *= alpha[j]
                 l_p[j] *= alpha[j]
                 for e in range(2):
                     i = 4 * (j // 2) + j % 2 + 2 * e
-                    pr = math.exp2(s_acc[i] - m_ref)
+                    pr = ptx.exp2_ftz(s_acc[i] - m_ref)
                     h16 = ptx.f32_to_f16(pr)
                     l_run[j] += pr
                     l_p[j] += ptx.f16_to_f32(h16)
-                    # key 16w + g + 8e: k-step w, logical key g + 8e; row c = 8 (j // 2) +
-                    # 2t + j % 2
-                    sm16[uint64((p_at + (it % 2) * P_BYTES + (j // 2) * SBO + e * LBO
-                                 + (j % 2) * 16) // 2)] = h16
+                    # key 16w + g + 8e: k-step w, position key_of(g) + 8e; row c = 8 (j // 2)
+                    # + 2t + j % 2 (a constant past the tile's base: one store, no arithmetic)
+                    sm16[p16 + uint64(((j // 2) * SBO + e * LBO + (j % 2) * 16) // 2)] = h16
             if moved:
                 for blk in range(NBLK):
                     for i in range(NACC):

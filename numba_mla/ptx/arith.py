@@ -4,6 +4,9 @@
   (Python's ints make Numba divide in 64 bits, which ptxas turns into a subroutine call; any
   call in a kernel serialises its wgmma instructions).
 - ``rcp(x)``: 1/x to within an ulp (``rcp.approx``: an IEEE division is a subroutine call).
+- ``exp2_ftz(x)``: 2^x as ``ex2.approx.ftz.f32``, one MUFU instruction; a result below 2^-126
+  (a subnormal) is 0. ``math.exp2`` keeps subnormal results at four instructions each
+  (a test, two multiplies around the MUFU).
 - ``opaque(x)``: ``x`` (an integer), through an asm the compiler cannot see into: what is
   computed from it is computed where it is used, not hoisted out of the loop around it and
   held in registers (ptxas kept 70 registers of a kernel's loop-invariant copy addresses).
@@ -62,6 +65,15 @@ def _rcp_twin(x):
 
 
 rcp = _rcp_twin if SIMULATOR else f32_asm("rcp.approx.f32 $0, $1;", types.float32)
+
+
+def _exp2_ftz_twin(x):
+    with np.errstate(over="ignore", under="ignore"):
+        y = np.exp2(np.float32(x), dtype=np.float32)
+    return np.float32(0.0) if abs(y) < np.float32(2.0 ** -126) else y
+
+
+exp2_ftz = _exp2_ftz_twin if SIMULATOR else f32_asm("ex2.approx.ftz.f32 $0, $1;", types.float32)
 
 
 def _byte_perm_twin(sel):
