@@ -7,9 +7,6 @@
 - ``exp2_ftz(x)``: 2^x as ``ex2.approx.ftz.f32``, one MUFU instruction; a result below 2^-126
   (a subnormal) is 0. ``math.exp2`` keeps subnormal results at four instructions each
   (a test, two multiplies around the MUFU).
-- ``opaque(x)``: ``x`` (an integer), through an asm the compiler cannot see into: what is
-  computed from it is computed where it is used, not hoisted out of the loop around it and
-  held in registers (ptxas kept 70 registers of a kernel's loop-invariant copy addresses).
 - ``byte_perm(sel)`` -> ``perm(a, b)``: ``prmt.b32`` with the constant selector ``sel``: byte
   k of the result is byte ``(sel >> 4k) & 7`` of the pair (bytes 0-3 of ``a``, 4-7 of ``b``);
   e.g. 0x5140 interleaves the low bytes of two words (a0 b0 a1 b1), 0x7362 the high ones.
@@ -39,25 +36,6 @@ def divmod_u32(typingctx, a, b):
         return pair(ctx, bld, s, quo, bld.sub(x, bld.mul(quo, y)))
 
     return sig, cg
-
-
-def _opaque_twin(x):
-    return x
-
-
-@intrinsic_with_twin(_opaque_twin)
-def opaque(typingctx, x):
-    if not isinstance(x, types.Integer) or x.bitwidth not in (32, 64):
-        return None
-    wide = x.bitwidth == 64
-    ty = ir.IntType(x.bitwidth)
-    text, con = ("mov.b64 $0, $1;", "=l,l") if wide else ("mov.b32 $0, $1;", "=r,r")
-
-    def cg(ctx, bld, s, args):
-        asm = ir.InlineAsm(ir.FunctionType(ty, [ty]), text, con, side_effect=True)
-        return bld.call(asm, [args[0]])
-
-    return x(x), cg
 
 
 def _rcp_twin(x):
