@@ -133,12 +133,13 @@ key_of = cuda.jit(device=True)(_key_of)
 def _make_pv_tile():
     """``pv_tile(o, s, sm, va, vb, dp, tid)``: O^T += V^T P^T over the tile's four 16-key
     steps, V's codes read from the raw stage at ``va`` and ``vb`` (this thread's keys of K
-    positions 2t and 2t + 1, bytes 128w + 16g of the row: ``KEY_OF``), P^T's B image at
+    positions 2t and 2t + 1, ``key_of``; bytes 128w + 16g of the row), P^T's B image at
     descriptor ``dp``. Step k's codes are the thread's four keys' (K positions 2t, 2t + 1,
-    2t + 8, 2t + 9 of the step: a, b, c, d) dims 128w + 16g .. + 15, four words each, loaded while step k - 1 is converted and multiplied; PV_GROUP words of each key
-    (2 m64 blocks each) make one group of products, issued once converted, and at most
-    PENDING groups stay in flight behind it. Written out: each block's product names its
-    eight accumulators by a constant offset, so that all 64 stay in registers."""
+    2t + 8, 2t + 9 of the step: a, b, c, d) dims 128w + 16g .. + 15, four words each, loaded
+    while step k - 1 is converted and multiplied; PV_GROUP words of each key (2 m64 blocks
+    each) make one group of products, issued once converted, and at most PENDING groups stay
+    in flight behind it. Written out: each block's product names its eight accumulators by a
+    constant offset, so that all 64 stay in registers."""
     steps = BLOCK_N // 16
     load = ["a{0}0, a{0}1, a{0}2, a{0}3 = lds(sm, va + {1})",
             "b{0}0, b{0}1, b{0}2, b{0}3 = lds(sm, vb + {1})",
