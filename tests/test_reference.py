@@ -285,10 +285,10 @@ def test_cache_addressing(kind, page_size, rng):
                          ids=["paged", "contiguous", "ragged"])
 def test_tile_run_agrees_with_locate(cls, rng):
     """``tile_run`` (kernels/common.py: one lookup for a tile whose keys lie in one page's
-    consecutive slots) says "run" only where ``locate`` puts key k0 + n at slot + n of one
-    page for every key of [k0, k1), and does say it wherever the keys lie in one page of
-    the table without a clamp: random page sizes, tables with repeated and out-of-range
-    entries, keys past the table, the capacity or the rows (run in a tiny kernel)."""
+    consecutive slots) says "run" exactly where ``locate`` puts key k0 + n at slot + n of one
+    page for every key of [k0, k1), in particular wherever the keys lie in one page of the
+    table without a clamp: random page sizes, tables with repeated and out-of-range entries,
+    keys past the table, the capacity or the rows (run in a tiny kernel)."""
     from numba_mla.kernels.common import make_tile_run
 
     locate = cls.device_locate()
@@ -315,7 +315,7 @@ def test_tile_run_agrees_with_locate(cls, rng):
             out[x, 0], out[x, 1], out[x, 2] = run, same, page
 
     kernel[1, n](page_size, npages, table, b, k0, k1, out)
-    assert np.all(out[:, 1] >= out[:, 0])  # a run is one
+    assert np.all(out[:, 1] == out[:, 0])  # a run is one, and one is found
     if cls is nm.PagedKVCache:  # one page of the table, no clamp: a run
         inside = ((k0 // page_size == (k1 - 1) // page_size) & (k0 // page_size < 4)
                   & (table[np.arange(n), b, np.minimum(k0 // page_size, 3)] >= 0)

@@ -47,7 +47,8 @@ O's dims may be dealt to the rows in any order that the output stores follow: bl
 16w + g and 16w + g + 8 are dims 128w + 16g + 2b and + 1, so the thread's 16 dims of every key
 are one 16-byte load (bytes 128w + 16g of the row), and a word of four codes (dims 4c ..
 4c + 3) feeds blocks 2c and 2c + 1. Its two keys of a pair are interleaved by a byte permute
-(``prmt``), then converted: a0 = (dim 4c, keys 2t, 2t + 1), a1 = (dim 4c + 1, same keys), ...
+(``prmt``), then converted: a0 = (dim 4c, K positions 2t, 2t + 1: keys key_of(2t),
+key_of(2t + 1)), a1 = (dim 4c + 1, same keys), ...
 The 16 dims of each of the thread's 4 query rows come out contiguous: the output is written
 from the accumulators, 16 bytes a store, without a pass through shared memory.
 
