@@ -119,16 +119,14 @@ def _q_image_byte(c, d):
 q_image_byte = cuda.jit(device=True)(_q_image_byte)  # (plain arithmetic: the simulator too)
 
 
-def _key_of(p):
+@cuda.jit(device=True)
+def key_of(p):
     """The key (of a 16-key step) at K position ``p`` of O^T's products, and P^T's row of it:
     positions 2t and 2t + 1 swap their keys for odd t (an involution). Thread t's V loads of
     position 2t then read keys 0, 3, 4, 7 for t = 0..3: rows of both parities, whose 576-byte
     strides put them 64 bytes apart in the banks, so a load's eight lanes of a phase meet two
     to a bank group where in key order all four t met there (4-way conflicts)."""
     return p ^ ((p >> 1) & 1)
-
-
-key_of = cuda.jit(device=True)(_key_of)
 
 
 def _make_pv_tile():
