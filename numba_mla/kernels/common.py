@@ -80,16 +80,20 @@ def make_read_pair(unpack, fp8):
 def make_tile_run(locate):
     """``tile_run(block_table, page_size, npages, b, k0, k1)`` -> ``(page, slot, run)``: where
     key k0 of sequence b lies, and whether keys [k0, k1) lie in consecutive slots of that one
-    page (then key k0 + n is at slot + n, and a tile's copy needs no lookup a row). Both ends
-    are looked up: the slots step by one from the first key to the last only within one page
-    of a paged cache, and only where no clamp (capacity, table width) moved the last, so the
-    rows found this way are the rows ``locate`` finds one by one."""
+    page (then key k0 + n is at slot + n, and a tile's copy needs no lookup a row). One
+    lookup: the run holds exactly when the last key's slot, ``slot + (k1 - 1 - k0)``, is still
+    below ``page_size``. For a paged cache the last key is then in the same table entry (the
+    same page after the same clamps) at that slot, and past it in another entry at a slot
+    that differs from it; a contiguous cache's ``page_size`` is its capacity and a ragged
+    one's its row count, where ``locate`` clamps the slot to ``page_size - 1``: below it the
+    slots step by one, at it they stop. So the rows found this way are the rows ``locate``
+    finds one by one (tests/test_kernels.py checks the three kinds against looking up both
+    ends)."""
 
     @cuda.jit(device=True, **INLINE)
     def tile_run(block_table, page_size, npages, b, k0, k1):
         page, slot = locate(block_table, page_size, npages, b, k0)
-        page1, slot1 = locate(block_table, page_size, npages, b, k1 - 1)
-        return page, slot, page1 == page and slot1 - slot == k1 - 1 - k0
+        return page, slot, slot + (k1 - 1 - k0) < page_size
 
     return tile_run
 
