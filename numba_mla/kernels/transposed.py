@@ -381,7 +381,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 wait_pending(s_acc, o_acc)
             wait_all(s_acc, o_acc)  # (this tile's S^T)
 
-            # -- scores (mask, score mod: log2 units), each column's maximum over the tile --
+            # -- scores (mask, score mod: log2 units); does any pass its row's running max
+            # by more than RESCALE_SLACK (or is NaN)? --
+            need = False
             for j in range(4):
                 c = 8 * (j // 2) + 2 * t4 + j % 2
                 r = r0 + c
@@ -398,31 +400,45 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                        h, iq, q_pos, k, bias)
                     s_acc[i] = s
                     m = max(m, s)
-                for o in (4, 8, 16):  # the lanes g of the warp: its 16 keys
-                    m = max(m, ptx.shfl_xor(m, o, tid))
                 mx[j] = m
-            red = RED_OFF + (it % 2) * RED_BYTES
-            if g == 0:
-                for j in range(4):
-                    smf[uint64(red // 4 + BLOCK_M * warp + 8 * (j // 2) + 2 * t4 + j % 2)] = mx[j]
-            # The four warps' maxima are in place.
-            cuda.syncthreads()
-            # -- online softmax down the columns; P^T (fp16) as wgmma's B image --
-            p16 = uint64(p_at // 2) + uint64((it % 2) * (P_BYTES // 2))  # (16-bit elements)
+                need = need or not (m <= m_run[j] + float32(RESCALE_SLACK))
+            # Only then are the columns' maxima over the tile needed (the first tile, a jump):
+            # every thread holding a column holds the same m_run of it, so where no score
+            # passes it the maxima could not move it, and the block skips their exchange
+            # (shuffles, ``red``, a barrier, the rescale), with the same result bit for bit.
             moved = False
             for j in range(4):
-                c = 8 * (j // 2) + 2 * t4 + j % 2
-                m_old = m_run[j]
-                m_new = m_old
-                for w in range(4):
-                    m_new = max(m_new, smf[uint64(red // 4 + BLOCK_M * w + c)])
-                if not (m_new <= m_old + float32(RESCALE_SLACK)):
-                    m_run[j] = m_new
+                alpha[j] = float32(1.0)
+            if cuda.syncthreads_or(int32(need)):
+                for j in range(4):
+                    m = mx[j]
+                    for o in (4, 8, 16):  # the lanes g of the warp: its 16 keys
+                        m = max(m, ptx.shfl_xor(m, o, tid))
+                    mx[j] = m
+                red = RED_OFF + (it % 2) * RED_BYTES
+                if g == 0:
+                    for j in range(4):
+                        smf[uint64(red // 4 + BLOCK_M * warp + 8 * (j // 2) + 2 * t4
+                                   + j % 2)] = mx[j]
+                # The four warps' maxima are in place.
+                cuda.syncthreads()
+                for j in range(4):
+                    c = 8 * (j // 2) + 2 * t4 + j % 2
+                    m_old = m_run[j]
+                    m_new = m_old
+                    for w in range(4):
+                        m_new = max(m_new, smf[uint64(red // 4 + BLOCK_M * w + c)])
+                    if not (m_new <= m_old + float32(RESCALE_SLACK)):
+                        m_run[j] = m_new
+                    m_ref = m_run[j] if m_run[j] != float32(NEG_INF) else float32(0.0)
+                    alpha[j] = ptx.exp2_ftz(m_old - m_ref)
+                    moved = moved or alpha[j] != float32(1.0)
+                    l_run[j] *= alpha[j]
+                    l_p[j] *= alpha[j]
+            # -- online softmax down the columns; P^T (fp16) as wgmma's B image --
+            p16 = uint64(p_at // 2) + uint64((it % 2) * (P_BYTES // 2))  # (16-bit elements)
+            for j in range(4):
                 m_ref = m_run[j] if m_run[j] != float32(NEG_INF) else float32(0.0)
-                alpha[j] = ptx.exp2_ftz(m_old - m_ref)
-                moved = moved or alpha[j] != float32(1.0)
-                l_run[j] *= alpha[j]
-                l_p[j] *= alpha[j]
                 for e in range(2):
                     i = 4 * (j // 2) + j % 2 + 2 * e
                     pr = ptx.exp2_ftz(s_acc[i] - m_ref)
