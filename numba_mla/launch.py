@@ -106,15 +106,30 @@ def _workspace(nfloats, stream=0, private=False):
     what = "num_partitions: the split-K workspace (T x H x P x 513 float32)"
     if private:
         _check_fits(4 * nfloats, what)
-        return cuda.device_array(max(nfloats, 1), np.float32)
+        return _zeroed(max(nfloats, 1), stream)
     pools = getattr(_tls, "workspaces", None)
     if pools is None:
         pools = _tls.workspaces = {}
     pool = pools.get(stream)
     if pool is None or pool.size < nfloats:
         _check_fits(4 * nfloats, what)
-        pool = pools[stream] = cuda.device_array(max(nfloats, 1 << 20), np.float32)
+        pool = pools[stream] = _zeroed(max(nfloats, 1 << 20), stream)
     return pool
+
+
+def _zeroed(nfloats, stream):
+    """A new float32 device array of zeros (set on ``stream``, in its order). The combine
+    reads an empty partition's output slot beside its LSE, before it knows the LSE is -inf,
+    and ignores it: that slot then holds zeros or an earlier call's values, never memory
+    no kernel wrote. (The simulator's arrays are left as NumPy makes them.)"""
+    arr = cuda.device_array(nfloats, np.float32)
+    if not _compat.SIMULATOR:
+        from cuda.bindings import driver as binding
+
+        err, = binding.cuMemsetD32Async(arr.device_ctypes_pointer.value, 0, nfloats, stream)
+        if err:
+            raise RuntimeError(f"numba_mla: clearing the split-K workspace failed ({err})")
+    return arr
 
 
 def current_stream(q):

@@ -180,8 +180,9 @@ def make_combine_kernel(store, follows=False, few=0):
 def _make_few_kernel(store, follows, few):
     """The merge of at most ``few`` partitions (a power of two, at most UNROLL), launched on the
     general kernel's grid with one group a block: one step, no running maximum, no shared
-    memory. Thread x loads the row's LSEs, then the outputs of the partitions that kept a key
-    (all at once: ``few`` 16-byte loads in flight), and writes its four dims. What the general
+    memory. Thread x loads the row's LSEs and beside them every partition's output (all at
+    once: one round trip, ``few`` 16-byte loads in flight; an empty partition's output, which
+    its block never wrote, is read and ignored), and writes its four dims. What the general
     kernel spends on a step sized for many partitions (the next step's LSEs, the rescales,
     the groups' meeting) is gone: two partitions are the commonest split."""
 
@@ -195,15 +196,19 @@ def _make_few_kernel(store, follows, few):
         nparts = uint64(part_lse.shape[2])
         ls = cuda.local.array(few, float32)
         xs = cuda.local.array((few, DIMS), float32)
+        # Every load at once, the outputs beside their LSEs. An empty partition's output slot
+        # holds whatever its buffer held (the split-K workspace: zeros or an earlier call's
+        # values, launch._zeroed): it is read, never used.
         for u in range(few):
-            ls[u] = part_lse[t, h, uint64(u)] if uint64(u) < nparts else float32(NEG_INF)
-        m = float32(NEG_INF)  # the largest LSE
-        nan = False
-        for u in range(few):
-            if ls[u] != float32(NEG_INF):  # (an empty partition never wrote its output)
+            ls[u] = float32(NEG_INF)
+            if uint64(u) < nparts:
+                ls[u] = part_lse[t, h, uint64(u)]
                 v = ptx.ld_global_x4(part_out, t, h, uint64(u), uint64(DIMS) * x)
                 for j in range(DIMS):
                     xs[u, j] = v[j]
+        m = float32(NEG_INF)  # the largest LSE
+        nan = False
+        for u in range(few):
             if ls[u] != ls[u]:
                 nan = True
             elif ls[u] > m:
