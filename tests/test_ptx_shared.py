@@ -125,3 +125,32 @@ def test_global_store_of_four_misaligned_raises_in_simulator():
     with pytest.raises(Exception, match=r"st_global_x4: global address \d+ is not 16-byte"):
         store_fours[1, 4](out, flags)
     np.testing.assert_array_equal(flags.copy_to_host()[:1], 0)
+
+
+@cuda.jit
+def prefetch_then_load(table, out):
+    # every thread prefetches one entry of a 2-D table, then reads another thread's
+    t = cuda.threadIdx.x
+    ptx.prefetch_l2(table, t // 8, t % 8)
+    cuda.syncthreads()
+    out[t] = table[(31 - t) // 8, (31 - t) % 8]
+
+
+@pytest.mark.kernel
+def test_prefetch_l2_changes_nothing(rng):
+    """``ptx.prefetch_l2`` (``prefetch.global.L2``) compiles and runs, and the loads after it
+    read what the table holds."""
+    table = rng.integers(-1000, 1000, (4, 8)).astype(np.int32)
+    out = cuda.to_device(np.zeros(32, np.int32))
+    prefetch_then_load[1, 32](cuda.to_device(table), out)
+    assert np.array_equal(out.copy_to_host(), table.ravel()[::-1])
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's bounds check: simulator only")
+def test_prefetch_l2_out_of_bounds_raises_in_simulator():
+    @cuda.jit
+    def past_the_end(table):
+        ptx.prefetch_l2(table, 0, 8)
+
+    with pytest.raises(Exception, match="out of bounds|index"):
+        past_the_end[1, 1](cuda.to_device(np.zeros((4, 8), np.int32)))

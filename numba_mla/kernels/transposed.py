@@ -227,20 +227,27 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         ptx.cp_async_commit()
 
     @cuda.jit(device=True)
-    def load_q(q, smk, sb, row0, r0, nrows, tid):
-        """The block's 16 query rows into the Q image, each times its power of two (rows past
-        ``nrows`` zero), the exponents to ``qexp``. Thread t takes row t // 8 and its words
-        t % 8 + 8m (m = 0..35): dims 2 (t % 8) + 16m, whose place in the image is the
-        thread's first plus (m // 4) * 2048 + (m % 4) * 4 (q_image_byte), and the row's eight
-        threads find its largest magnitude by three shuffles."""
+    def fetch_q(q, words, row0, r0, nrows, tid):
+        """This thread's words of the block's 16 query rows into ``words`` (all the loads out
+        before any is used; ``load_q`` uses them): row t // 8 (rows past ``nrows`` repeat the
+        last), words t % 8 + 8m (m = 0..35)."""
         c = tid // 8
         u = tid % 8
         r = r0 + min(c, nrows - 1)
         rq = uint64(row0 + r // H)  # (unsigned indices: no test for negative ones)
         hq = uint64(r % H)
-        words = cuda.local.array(Q_WORDS, int32)
-        for m in range(Q_WORDS):  # (all loads out before any is used)
+        for m in range(Q_WORDS):
             words[m] = q[rq, hq, uint64(u + 8 * m)]
+
+    @cuda.jit(device=True)
+    def load_q(words, smk, sb, nrows, tid):
+        """The block's 16 query rows (``fetch_q``'s words) into the Q image, each times its
+        power of two (rows past ``nrows`` zero), the exponents to ``qexp``. Thread t holds row
+        t // 8's words t % 8 + 8m (m = 0..35): dims 2 (t % 8) + 16m, whose place in the image
+        is the thread's first plus (m // 4) * 2048 + (m % 4) * 4 (q_image_byte), and the
+        row's eight threads find its largest magnitude by three shuffles."""
+        c = tid // 8
+        u = tid % 8
         k = 0
         f = float32(1.0)
         if SCALE_Q:
@@ -281,10 +288,20 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         sm16 = cuda.shared.array(0, int16)
         sb = ptx.smem_addr(smk)
 
+        # A block starts on a chain of dependent loads (the sequence's offsets and length, its
+        # first tile's page-table entry, the tile's rows), each a trip to memory. The entry is
+        # guessed here and fetched into L2 meanwhile: the guess, partition p's first tile at
+        # p * chunk tiles from key 0, is right for masks that keep every key (or from key 0),
+        # and a wrong one costs a line.
+        page_size = storage.shape[1]
+        if tid == 0 and chunk > 0 and block_table.shape[0] > 0 and block_table.shape[1] > 0:
+            entry = ptx.divmod_u32(p * chunk * BLOCK_N, page_size)[0]
+            ptx.prefetch_l2(block_table, min(b, block_table.shape[0] - 1),
+                            min(entry, block_table.shape[1] - 1))
+
         row0 = q_offsets[b]
         nq = q_offsets[b + 1] - row0
         length = lengths[b]
-        page_size = storage.shape[1]
         npages = storage.shape[0]
         r0 = cuda.blockIdx.y * BLOCK_M
         nrows = min(BLOCK_M, nq * H - r0)
@@ -295,12 +312,15 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
             mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
             return
-        # The first tile's rows fly while Q is converted
+        # q's loads go out first, then the first tile's copies (its page-table entry is in L2
+        # by now), whose rows fly while Q is converted
+        words = cuda.local.array(Q_WORDS, int32)
+        fetch_q(q, words, row0, r0, nrows, tid)
         if t < t_end:
             k0 = kstart + t * BLOCK_N
             issue_tile(smk, sb + RAW_OFF, storage, block_table, page_size, npages, b, k0,
                        min(k0 + BLOCK_N, kend), tid)
-        load_q(q, smk, sb, row0, r0, nrows, tid)
+        load_q(words, smk, sb, nrows, tid)
         # The image and the exponents are in place.
         cuda.syncthreads()
 

@@ -12,7 +12,8 @@ Modules, by topic (each opens with the list of its primitives):
 - ``conversions``: bfloat16 / float16 bits to and from float32, single and packed pairs;
   float8_e4m3fn codes, four a word.
 - ``shared``: shared memory through 32-bit addresses (``lds*``, ``sts*``), 4-element stores
-  to global memory, and asynchronous copies from global memory (``cp.async``, commit, wait).
+  to global memory, asynchronous copies from global memory (``cp.async``, commit, wait), and
+  an L2 prefetch.
 - ``warp``: shuffles, ``warp_uniform``, ``syncwarp`` (and the simulator's warp exchange).
 - ``barriers``: named barriers (``bar.sync``/``bar.arrive``), mbarriers, and the wait of a
   grid launched behind another (``griddepcontrol.wait``).
@@ -35,7 +36,7 @@ from .conversions import (bf16_to_f32, bf16x2_to_f32, f16_to_f32, f16x2_to_f32, 
 from .mma_sync import ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16
 from .shared import (aligned_x4, cp_async4_at, cp_async16_at, cp_async_commit,
                      cp_async_wait_all, cp_async_wait_one, global_addr, ld_global_x4, lds32, lds64,
-                     lds128, smem_addr, st_global_x4, sts32, sts64, sts128)
+                     lds128, prefetch_l2, smem_addr, st_global_x4, sts32, sts64, sts128)
 from .tma import tensor_map, tma_load
 from .warp import shfl_xor, syncwarp, warp_uniform
 from .wgmma import (desc_advance, fence_proxy_async, wgmma, wgmma_commit, wgmma_desc,
@@ -50,8 +51,8 @@ __all__ = [
     # shared memory and asynchronous copies
     "smem_addr", "lds32", "sts32", "lds64", "lds128", "sts64", "sts128",
     "aligned_x4", "st_global_x4", "ld_global_x4",
-    "global_addr", "cp_async4_at", "cp_async16_at", "cp_async_commit", "cp_async_wait_all",
-    "cp_async_wait_one",
+    "global_addr", "prefetch_l2", "cp_async4_at", "cp_async16_at", "cp_async_commit",
+    "cp_async_wait_all", "cp_async_wait_one",
     # warp
     "shfl_xor", "warp_uniform", "syncwarp",
     # barriers

@@ -25,6 +25,10 @@
   the element's real address: a caller's array may start anywhere).
   ``ld_global_x4(arr, i0, i1, i2, i3)`` loads ``arr[i0, i1, i2, i3 .. i3 + 3]`` the same way
   (a tuple of four), aligned likewise.
+- ``prefetch_l2(arr, i0, i1)``: starts bringing the line of ``arr[i0, i1]`` (a 2-D array;
+  the indices must be in bounds) into the L2 cache (``prefetch.global.L2``): nothing waits
+  for it and nothing changes but where a later load finds the line. The simulator does
+  nothing, after checking the indices.
 - ``cp_async_commit()`` closes a group of copies, ``cp_async_wait_all()`` waits for this
   thread's groups (``cp_async_wait_one()``: all but its most recent one); a barrier then
   publishes them (and ``fence_proxy_async``, in wgmma.py, to tensor-core reads).
@@ -280,6 +284,23 @@ def global_addr(typingctx, src, i0, i1, i2):
 
     def cg(ctx, b, s, args):
         return global_window(b, item_pointer(ctx, b, s.args[0], args[0], args[1:4], s.args[1:4]))
+
+    return sig, cg
+
+
+def _prefetch_l2_twin(arr, i0, i1):
+    arr[int(i0), int(i1)]  # (an index out of bounds fails here, as a GPU might fault)
+
+
+@intrinsic_with_twin(_prefetch_l2_twin)
+def prefetch_l2(typingctx, arr, i0, i1):
+    sig = types.void(arr, i0, i1)
+
+    def cg(ctx, b, s, args):
+        addr = global_window(b, item_pointer(ctx, b, s.args[0], args[0], args[1:3], s.args[1:3]))
+        fnty = ir.FunctionType(ir.VoidType(), [i64])
+        b.call(ir.InlineAsm(fnty, "prefetch.global.L2 [$0];", "l", side_effect=True), [addr])
+        return ctx.get_dummy_value()
 
     return sig, cg
 
