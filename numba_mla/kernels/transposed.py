@@ -52,19 +52,22 @@ key_of(2t + 1)), a1 = (dim 4c + 1, same keys), ...
 The 16 dims of each of the thread's 4 query rows come out contiguous: the output is written
 from the accumulators, 16 bytes a store, without a pass through shared memory.
 
-**The softmax** runs down S^T's columns: a query row's maximum over a tile's keys is the
-thread's two keys, three shuffles across the lanes g of a warp, then the four warps through
-``red`` (one barrier); each thread keeps its share of the row sums (its keys), added once at
-the end. The running maximum moves only when a row's maximum passes it by more than
-RESCALE_SLACK (log2 units), as in the lockstep kernel; O^T's columns are then rescaled. The
-output divides by the sum of P as multiplied (fp16), the LSE uses the fp32 sum.
+**The softmax** runs down S^T's columns. The running maximum moves only when a row's
+maximum over the tile passes it by more than RESCALE_SLACK (log2 units), as in the lockstep
+kernel, so a thread first checks its own scores against it, and one ``syncthreads_or`` tells
+the block whether any row may move (or holds a NaN). Only then is each row's maximum found:
+the thread's two keys, three shuffles across the lanes g of a warp, the four warps through
+``red`` (a barrier); and O^T's columns rescaled. Each thread keeps its share of the row sums
+(its keys), added once at the end. The output divides by the sum of P as multiplied (fp16),
+the LSE uses the fp32 sum.
 
 Per tile: wait for this tile's codes; barrier (every thread is then done with the other
 stage: the next tile's rows are copied into it, and fly during this tile); S^T's 36 steps in
 nine groups of four, each group's codes loaded and converted, then its products issued and
 committed, then all but that group waited for (``wgmma_wait_pending``: ptxas then reuses the
-registers of the groups done, and serialises nothing); the scores and each column's maximum
-(barrier); the online softmax and P^T (barrier); O^T's 32 steps in eight groups of four
+registers of the groups done, and serialises nothing); the scores (barrier with a vote; the
+columns' maxima and a second barrier only when the vote asks); the online softmax and P^T
+(barrier); O^T's 32 steps in eight groups of four
 products, V's codes loaded a 16-key step ahead; all waited for at the end of the tile.
 """
 import math
