@@ -106,7 +106,7 @@ def _workspace(nfloats, stream=0, private=False):
     what = "num_partitions: the split-K workspace (T x H x P x 513 float32)"
     if private:
         _check_fits(4 * nfloats, what)
-        return _zeroed(max(nfloats, 1), stream)
+        return _zeroed(max(nfloats, 1), stream, settle=True)
     pools = getattr(_tls, "workspaces", None)
     if pools is None:
         pools = _tls.workspaces = {}
@@ -117,16 +117,24 @@ def _workspace(nfloats, stream=0, private=False):
     return pool
 
 
-def _zeroed(nfloats, stream):
+def _zeroed(nfloats, stream, settle=False):
     """A new float32 device array of zeros (set on ``stream``, in its order). The combine
     reads an empty partition's output slot beside its LSE, before it knows the LSE is -inf,
     and ignores it: that slot then holds zeros or an earlier call's values, never memory
-    no kernel wrote. (The simulator's arrays are left as NumPy makes them.)"""
+    no kernel wrote. ``settle``: the array will be used on other streams too (a prepared
+    decoder's, launched on whatever stream is current at each call), so the host waits for
+    the clearing here, unless ``stream`` is being captured into a CUDA graph (the clearing
+    is then the graph's, ordered before its kernels). (The simulator's arrays are left as
+    NumPy makes them.)"""
     arr = cuda.device_array(nfloats, np.float32)
     if not _compat.SIMULATOR:
         from cuda.bindings import driver as binding
 
         err, = binding.cuMemsetD32Async(arr.device_ctypes_pointer.value, 0, nfloats, stream)
+        if not err and settle:
+            err, status = binding.cuStreamIsCapturing(stream)
+            if not err and status == binding.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
+                err, = binding.cuStreamSynchronize(stream)
         if err:
             raise RuntimeError(f"numba_mla: clearing the split-K workspace failed ({err})")
     return arr

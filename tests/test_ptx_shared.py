@@ -152,5 +152,10 @@ def test_prefetch_l2_out_of_bounds_raises_in_simulator():
     def past_the_end(table):
         ptx.prefetch_l2(table, 0, 8)
 
-    with pytest.raises(Exception, match="out of bounds|index"):
-        past_the_end[1, 1](cuda.to_device(np.zeros((4, 8), np.int32)))
+    @cuda.jit
+    def before_the_start(table):
+        ptx.prefetch_l2(table, 0, -1)
+
+    for kernel in (past_the_end, before_the_start):
+        with pytest.raises(Exception, match="out of bounds"):
+            kernel[1, 1](cuda.to_device(np.zeros((4, 8), np.int32)))

@@ -18,11 +18,11 @@ flight (what bounds the merge, measured, is its instructions: docs/kernels/combi
 long row (B = 1) still spreads its partitions over S x 4 warps. A step's LSEs are loaded one
 step ahead, so that only the outputs of partitions that kept a key are read: under the balanced
 schedule (heuristics.balanced_split) a short sequence leaves most of its P partitions empty, and
-those cost one LSE each, not 2 KB.
+those cost one LSE each, not 2 KB (the one-step kernel below reads every slot, in one trip).
 ``split(rows, P)`` picks S (launch.py). Up to UNROLL partitions (two is the commonest split) a
 one-step kernel on the same grid does the merge instead (``variant``, ``_make_few_kernel``).
-Traffic: reads P LSEs and (partitions that kept a key) x 512 fp32 per row, writes 512 values
-in the output dtype.
+Traffic: reads P LSEs and (partitions that kept a key) x 512 fp32 per row (the one-step
+kernel: every partition's 512), writes 512 values in the output dtype.
 """
 import math
 

@@ -185,7 +185,8 @@ def partition_tiles(ntiles, p, nparts, chunk):
 def mark_empty(part_lse, row0, r0, nrows, p, heads, tid, nthreads):
     """Partition ``p`` keeps no key of the block's rows ``[r0, r0 + nrows)`` (of the sequence
     whose first q row is ``row0``): LSE -inf for each, and nothing else. The combine gives
-    such a partition weight 0 and never reads its output, so the block can leave at once."""
+    such a partition weight 0 and never uses its output (the one-step combine reads it and
+    ignores it), so the block can leave at once."""
     for m in range(tid, nrows, nthreads):
         r = r0 + m
         part_lse[row0 + r // heads, r % heads, p] = float32(NEG_INF)

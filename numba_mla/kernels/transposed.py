@@ -55,7 +55,7 @@ from the accumulators, 16 bytes a store, without a pass through shared memory.
 **The softmax** runs down S^T's columns. The running maximum moves only when a row's
 maximum over the tile passes it by more than RESCALE_SLACK (log2 units), as in the lockstep
 kernel, so a thread first checks its own scores against it, and one ``syncthreads_or`` tells
-the block whether any row may move (or holds a NaN). Only then is each row's maximum found:
+the block whether any row may move. Only then is each row's maximum found:
 the thread's two keys, three shuffles across the lanes g of a warp, the four warps through
 ``red`` (a barrier); and O^T's columns rescaled. Each thread keeps its share of the row sums
 (its keys), added once at the end. The output divides by the sum of P as multiplied (fp16),
@@ -405,7 +405,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             wait_all(s_acc, o_acc)  # (this tile's S^T)
 
             # -- scores (mask, score mod: log2 units); does any pass its row's running max
-            # by more than RESCALE_SLACK (or is NaN)? --
+            # by more than RESCALE_SLACK? (A NaN score drops out of ``max`` here, as it did
+            # from the maxima before: its P is NaN and makes the row NaN all the same.) --
             need = False
             for j in range(4):
                 c = 8 * (j // 2) + 2 * t4 + j % 2

@@ -289,7 +289,11 @@ def global_addr(typingctx, src, i0, i1, i2):
 
 
 def _prefetch_l2_twin(arr, i0, i1):
-    arr[int(i0), int(i1)]  # (an index out of bounds fails here, as a GPU might fault)
+    # (an index out of bounds fails here, as a GPU might fault; NumPy would take a negative
+    # one from the end)
+    if not (0 <= int(i0) < arr.shape[0] and 0 <= int(i1) < arr.shape[1]):
+        raise IndexError(f"prefetch_l2: index ({int(i0)}, {int(i1)}) out of bounds for an "
+                         f"array of shape {tuple(arr.shape)}")
 
 
 @intrinsic_with_twin(_prefetch_l2_twin)
