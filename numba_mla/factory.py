@@ -177,19 +177,21 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 
-def transposed_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False):
-    """The stage-1 tensor-core kernel for "e4m3" rows at up to 16 query rows a block
-    (kernels/transposed.py: S^T = K Q^T, O^T = V^T P^T, A from registers); ``tag`` q's type
-    (bf16, f16); ``direct`` as for the others."""
+def transposed_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False,
+                                block_m=16):
+    """The stage-1 tensor-core kernel for "e4m3" rows at 16 or 32 query rows a block
+    (``block_m``; kernels/transposed.py: S^T = K Q^T, O^T = V^T P^T, A from registers);
+    ``tag`` q's type (bf16, f16); ``direct`` as for the others."""
 
     def build():
         from .kernels.transposed import make_partition_kernel
 
         return make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
+                                     block_m=block_m,
                                      **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(("transposed", tag, heads, direct) + _mods_key(mask, score_mod, cache_cls),
-                   build)
+    return _cached(("transposed", tag, heads, direct, block_m)
+                   + _mods_key(mask, score_mod, cache_cls), build)
 
 
 def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, direct=False,

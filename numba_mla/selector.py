@@ -50,7 +50,7 @@ class KernelSpec:
 
     backend: str  # what runs: "simt", "simt_warpsplit" (simt, warp split-K), "simple",
     #               "warpsplit" (simple, warp split-K), "mma" (lockstep wgmma), "seesaw" or
-    #               "transposed" (wgmma, "e4m3" rows at up to 16 query rows)
+    #               "transposed" (wgmma, "e4m3" rows, 16 or 32 query rows a block)
     dispatcher: Any  # the Numba kernel (compiled for the argument types at first launch)
     threads: int  # threads a block
     smem: int  # dynamic shared memory a block, bytes
@@ -162,6 +162,10 @@ def check_simt_warp_split(tag, fp8):
 WARP_SPLIT_ASKS = {"simt_warpsplit": "simt", "warpsplit": "simple"}
 
 #: Key tiles in flight: the FMA and tensor-core kernels double-buffer, "simple" does not.
+# "e4m3" rows past 16 query rows a sequence (H = 128): the transposed kernel's 32-row block
+# (its conversion, in registers, hides under the products of the block beside it), or 0 for
+# the lockstep kernel (its rows through a 16-bit tile)
+TRANSPOSED_PAST_16 = 32
 PIPELINE_STAGES = {"simt": 2, "simt_warpsplit": 2, "mma": 2, "mma_sync": 1, "simple": 1,
                    "warpsplit": 1}
 
@@ -201,10 +205,10 @@ def _mma_sync_shape(config, rows, fp8):
 
 def _mma_rows(fp8, packed):
     """The query rows a block that ``"mma"`` runs: the lockstep kernel's 64, and for "e4m3"
-    rows with q and the cache C-contiguous (``packed``) the transposed kernel's 16."""
+    rows with q and the cache C-contiguous (``packed``) the transposed kernel's 16 or 32."""
     from .kernels import mma, transposed
 
-    return (mma.BLOCK_M, transposed.BLOCK_M) if fp8 == "e4m3" and packed else (mma.BLOCK_M,)
+    return (mma.BLOCK_M, *transposed.BLOCKS) if fp8 == "e4m3" and packed else (mma.BLOCK_M,)
 
 
 def _tensor_core_honours(config, backend, rows, fp8, packed):
@@ -226,16 +230,19 @@ def _tensor_core_honours(config, backend, rows, fp8, packed):
 
 
 def _transposed(config, rows, fp8, packed):
-    """Whether ``"mma"`` runs the transposed kernel (kernels/transposed.py): "e4m3" rows at
-    16 query rows a block (the config's rows, else where a sequence has at most 16), in a
-    C-contiguous cache (``packed``: it copies a page's run of slots as one block of bytes; a
-    cache whose slots lie further apart takes the lockstep kernel, which finds each row)."""
+    """The rows a block of the transposed kernel (kernels/transposed.py) where ``"mma"`` runs
+    it, else 0: "e4m3" rows in a C-contiguous cache (``packed``: it copies a page's run of
+    slots as one block of bytes; a cache whose slots lie further apart takes the lockstep
+    kernel, which finds each row); the config's rows, else 16 where a sequence has at most
+    16 and 32 past that."""
     from .kernels import transposed
 
     if fp8 != "e4m3" or not packed:
-        return False
+        return 0
     want = None if config is None else config.num_queries_per_block
-    return want == transposed.BLOCK_M if want is not None else rows <= transposed.BLOCK_M
+    if want is not None:
+        return want if want in transposed.BLOCKS else 0
+    return transposed.BLOCKS[0] if rows <= transposed.BLOCKS[0] else TRANSPOSED_PAST_16
 
 
 def _check_config(config, backend, block_m, block_n, stages=None):
@@ -315,8 +322,9 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     elif backend == "mma":
         from .kernels import mma, seesaw, transposed
 
-        if _transposed(config, rows, fp8, facts.packed_rows):
-            block_m, block_n = transposed.BLOCK_M, transposed.BLOCK_N
+        block_t = _transposed(config, rows, fp8, facts.packed_rows)
+        if block_t:
+            block_m, block_n = block_t, transposed.BLOCK_N
         else:
             block_m, block_n = mma.BLOCK_M, mma.BLOCK_N
         want = None if config is None else config.num_queries_per_block
@@ -371,8 +379,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
 
         slots *= heuristics.resident_blocks(mma_sync.smem_bytes(block_m, fp8, staged),
                                             mma_sync.min_blocks(block_m))
-    elif backend == "mma" and block_m == transposed.BLOCK_M:
-        slots *= heuristics.resident_blocks(transposed.SMEM_BYTES, 2)
+    elif backend == "mma" and block_m in transposed.BLOCKS:
+        slots *= heuristics.resident_blocks(transposed.smem_bytes(block_m), 2)
     fixed = call.num_partitions or (config.num_partitions if config is not None else None)
     if fixed:
         chunk, P = 0, fixed
@@ -416,9 +424,11 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),
                           mma_sync.smem_bytes(block_m, fp8, staged),
                           q_pairs=True, tma=False, **common)
-    if block_m == transposed.BLOCK_M:  # "e4m3" rows, 16 query rows a block
-        disp = factory.transposed_partition_kernel(mask, mod, tag, cache_cls, H, direct)
-        return KernelSpec("transposed", disp, transposed.NTHREADS, transposed.SMEM_BYTES,
+    if block_m in transposed.BLOCKS:  # "e4m3" rows, 16 or 32 query rows a block
+        disp = factory.transposed_partition_kernel(mask, mod, tag, cache_cls, H, direct,
+                                                   block_m)
+        return KernelSpec("transposed", disp, transposed.NTHREADS,
+                          transposed.smem_bytes(block_m),
                           q_pairs=True, tma=False, **common)
     # (a ragged cache is one page: its tiles never straddle pages either); FP8 rows: cp.async
     tma = ((call.cache.kind in ("contiguous", "ragged")

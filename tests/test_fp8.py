@@ -341,9 +341,12 @@ def test_fp8_mma_kernel(dtype, cache, lengths, window, parts, rng, monkeypatch):
     first two copy the tile after the next, the last finds none); with pages of 96 keys the
     first kept tile straddles two pages (a lookup a row) and the other two lie in one (one
     lookup a tile). Split in two beside an empty sequence, pages of 16 (GPU: in CI, the
-    first case)."""
+    first case). (The transposed kernel is turned off past 16 rows, as
+    ``TRANSPOSED_PAST_16 = 0`` would choose.)"""
+    from numba_mla import selector
+
+    monkeypatch.setattr(selector, "TRANSPOSED_PAST_16", 0)
     seen = spy_lockstep(monkeypatch)
-    # (17 query rows a sequence: at 16 or fewer the transposed kernel runs instead)
     p = fp8_problem(rng, "e4m3", len(lengths), 1, 17, lengths, dtype, cache)
     check(p, nm.SlidingWindowCausalMask(window), nm.IdentityScoreMod(), parts, "mma")
     assert seen and set(seen) == {(False, "e4m3")}  # cp.async tiles, FP8 rows
@@ -364,13 +367,14 @@ def spy_lockstep(monkeypatch):
 
 
 def spy_transposed(monkeypatch):
-    """Record ``(tag, heads, direct)`` of every transposed kernel the selector asks for."""
+    """Record ``(tag, heads, direct, block_m)`` of every transposed kernel the selector asks
+    for."""
     from numba_mla import factory
 
     seen, real = [], factory.transposed_partition_kernel
 
-    def spy(*args, **kwargs):  # (mask, score_mod, tag, cache_cls, heads, direct)
-        seen.append((args[2], args[4], args[5]))
+    def spy(*args, **kwargs):  # (mask, score_mod, tag, cache_cls, heads, direct, block_m)
+        seen.append((args[2], args[4], args[5], args[6]))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(factory, "transposed_partition_kernel", spy)
@@ -382,7 +386,11 @@ def spy_transposed(monkeypatch):
     (BF16, "paged64", 1, 16, [200], "null", "identity", 1),
     (np.float16, "paged16", 1, 3, [0, 330], "window100", "identity", 2),
     (BF16, "contiguous", 2, 8, [150], "causal", "identity", 3),
-    (BF16, "paged64", 1, 16, [250], "null", "alibi", 1)])
+    (BF16, "paged64", 1, 16, [250], "null", "alibi", 1),
+    (BF16, "paged64", 1, 32, [200], "null", "identity", 1),
+    (np.float16, "paged16", 2, 20, [0, 330], "window100", "identity", 2),
+    (BF16, "contiguous", 4, 8, [150], "causal", "identity", 3),
+    (BF16, "paged64", 1, 40, [250], "null", "alibi", 1)])
 def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts, rng,
                                monkeypatch):
     """The transposed kernel (kernels/transposed.py: "mma" on "e4m3" rows at up to 16 query
@@ -393,7 +401,10 @@ def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, pa
     sequence; two query tokens of 8 heads (16 rows, two positions) under a causal mask in
     three partitions of one tile each (64, 64 and 22 keys: a run that ends inside the
     tile); ALiBi's slopes over four tiles, whose rising scores move the running maximum past
-    its slack, so that O^T's columns are rescaled (hundreds of times a block)."""
+    its slack, so that O^T's columns are rescaled (hundreds of times a block). Past 16 query
+    rows a sequence the same four in blocks of 32 rows: 32 heads (one whole block); two
+    tokens of 20 heads (40 rows: a whole block and one of 8); four tokens of 8 heads (32 rows,
+    four positions); 40 heads (a whole block and one of 8)."""
     seen = spy_transposed(monkeypatch)
     p = fp8_problem(rng, "e4m3", len(lengths), Sq, H, lengths, dtype, cache)
     mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100"
@@ -401,6 +412,7 @@ def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, pa
     check(p, mask, SCORE_MODS[mod_id].make(p), parts, "mma")
     assert seen and {s[:2] for s in seen} == {("bf16" if dtype == BF16 else "f16", H)}
     assert {s[2] for s in seen} == {parts == 1}
+    assert {s[3] for s in seen} == {16 if Sq * H <= 16 else 32}
 
 
 @KERNEL
@@ -445,18 +457,20 @@ def test_fp8_transposed_kernel_in_row_groups(rng):
 
 
 def test_fp8_mma_config_rows_refused_naming_both_kernels(rng):
-    """"mma" on "e4m3" rows runs 64 query rows a block (the lockstep kernel) or 16 (the
-    transposed one): a config asking for 32 is refused naming both, before any launch."""
+    """"mma" on "e4m3" rows runs 64 query rows a block (the lockstep kernel), 16 or 32 (the
+    transposed one): a config asking for 8 or 48 is refused naming all three, before any
+    launch."""
     from numba_mla import checks, launch
 
     p = fp8_problem(rng, "e4m3", 1, 1, 16, [70], BF16, "paged64")
     call = checks.check_decode(p.q, p.cache, p.scale, backend="mma")
-    for rows, ok in ((32, False), (8, False), (16, True), (64, True)):
+    for rows, ok in ((48, False), (8, False), (16, True), (32, True), (64, True)):
         call.config = nm.MHAConfig(num_queries_per_block=rows)
         if ok:
-            assert launch.Plan(call).spec.block_m == rows
+            spec = launch.Plan(call).spec
+            assert (spec.block_m, spec.backend) == (rows, "mma" if rows == 64 else "transposed")
         else:
-            want = rf"the 'mma' kernel for this call runs 64 or 16, got {rows}"
+            want = rf"the 'mma' kernel for this call runs 64 or 16 or 32, got {rows}"
             with pytest.raises(ValueError, match=r"config\.num_queries_per_block: " + want):
                 launch.Plan(call)
 
@@ -556,6 +570,11 @@ def test_transposed_q_image_is_the_fragments_layout():
                 byte = (step * F_STEP + (c // 8) * F_SBO + (k // 8) * F_LBO + (c % 8) * 16
                         + (k % 8) * 2)
                 assert transposed._q_image_byte(c, physical_dim(step, k)) == byte
+                # the 32-row block: twice the k-step, its rows 16-31 past the first 16's
+                for c2 in (c, c + 16):
+                    byte = (step * 2 * F_STEP + (c2 // 8) * F_SBO + (k // 8) * F_LBO
+                            + (c2 % 8) * 16 + (k % 8) * 2)
+                    assert transposed._q_image_byte(c2, physical_dim(step, k), 2 * F_STEP) == byte
 
 
 def test_byte_perm_twin():
@@ -570,19 +589,24 @@ def test_byte_perm_twin():
 
 
 def test_auto_takes_wgmma_for_e4m3(rng):
-    """"auto" on an FP8 cache: the wgmma kernels for "e4m3" rows (the transposed one at up to
-    16 query rows a sequence, the lockstep one past that), the warp tensor-core kernel for
+    """"auto" on an FP8 cache: the wgmma kernels for "e4m3" rows (the transposed one, 16
+    query rows a block at up to 16 a sequence, 32 past that), the warp tensor-core kernel for
     "v32" rows (the simulator stands for an sm_90 GPU);
     nothing is launched."""
     from numba_mla import checks, launch
 
-    for layout, Sq, H, want in (("e4m3", 1, 20, "mma"), ("e4m3", 2, 16, "mma"),
-                                ("e4m3", 1, 16, "transposed"), ("e4m3", 1, 1, "transposed"),
-                                ("e4m3", 2, 8, "transposed"),
-                                ("v32", 1, 20, "mma_sync"), ("v32", 1, 1, "mma_sync")):
+    for layout, Sq, H, want in (("e4m3", 1, 20, ("transposed", 32)),
+                                ("e4m3", 2, 16, ("transposed", 32)),
+                                ("e4m3", 1, 128, ("transposed", 32)),
+                                ("e4m3", 1, 16, ("transposed", 16)),
+                                ("e4m3", 1, 1, ("transposed", 16)),
+                                ("e4m3", 2, 8, ("transposed", 16)),
+                                ("v32", 1, 20, ("mma_sync", None)),
+                                ("v32", 1, 1, ("mma_sync", None))):
         p = fp8_problem(rng, layout, 1, Sq, H, [40], BF16, "paged16")
         call = checks.check_decode(p.q, p.cache, p.scale, None, None, None, False, None, "auto")
-        assert launch.Plan(call).spec.backend == want, (layout, Sq, H)
+        spec = launch.Plan(call).spec
+        assert (spec.backend, spec.block_m if want[1] else None) == want, (layout, Sq, H)
 
 
 @KERNEL

@@ -79,7 +79,8 @@ from .._compat import INLINE, JIT_OPTIONS
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
                      make_tile_run, make_tile_walk, mark_empty)
 
-BLOCK_M = 16  # query rows a block: wgmma's N
+BLOCK_M = 16  # query rows a block: wgmma's N (16, or 32: ``BLOCKS``)
+BLOCKS = (16, 32)  # the row counts a block may take (``layout``)
 BLOCK_N = 64  # keys a tile: wgmma's M
 NTHREADS = 128  # one warpgroup
 ROW_BYTES = D_QK  # a raw "e4m3" row: 576 codes
@@ -87,21 +88,10 @@ TILE_BYTES = BLOCK_N * ROW_BYTES  # 36864
 PIECES = TILE_BYTES // 16 // NTHREADS  # 16-byte cp.async pieces a thread a tile (18)
 ROW_PIECES = ROW_BYTES // 16  # 36
 K_STEPS = D_QK // 16  # S^T's k16 steps (36)
-STEP_BYTES = BLOCK_M * 16 * 2  # one k-step of a [16 x 16] fp16 B image (512)
-LBO, SBO = 128, 256  # B^T [16 rows, 16 k] K-major: core matrices of 8 rows x 16 bytes
-NACC = BLOCK_M // 2  # accumulators of one m64n16 product a thread (8)
+LBO, SBO = 128, 256  # B^T [N rows, 16 k] K-major: core matrices of 8 rows x 16 bytes
 NBLK = D_V // 64  # O^T's m64 blocks (8)
-NO = NBLK * NACC  # O^T's accumulators a thread (64)
 STAGES = 2
-Q_OFF = 0
-RAW_OFF = Q_OFF + K_STEPS * STEP_BYTES  # 18432
-P_OFF = RAW_OFF + STAGES * TILE_BYTES  # 92160
-P_BYTES = BLOCK_N // 16 * STEP_BYTES  # 2048
-RED_OFF = P_OFF + 2 * P_BYTES  # 96256
-RED_BYTES = 4 * BLOCK_M * 4  # 256
-QEXP_OFF = RED_OFF + 2 * RED_BYTES  # 96768
-SMEM_BYTES = QEXP_OFF + BLOCK_M * 4  # 96832
-Q_WORDS = BLOCK_M * D_QK // 2 // NTHREADS  # words of q a thread copies into the image (36)
+Q_PASS_WORDS = 16 * D_QK // 2 // NTHREADS  # words of q a thread copies a pass of 16 rows (36)
 PENDING = 1  # groups of products left in flight behind the one just issued
 V_AHEAD = 1  # 16-key steps of V's codes loaded ahead of the one converted
 PV_GROUP = 2  # words of V's codes a key (2 m64 blocks each) in one group of products
@@ -112,14 +102,67 @@ LO_PAIRS = 0x5140  # prmt: bytes a0 b0 a1 b1 (two keys' codes of dims 0, 1, inte
 HI_PAIRS = 0x7362  # prmt: bytes a2 b2 a3 b3
 
 
-def _q_image_byte(c, d):
+class Layout:
+    """Sizes and shared-memory offsets (bytes) of a block of ``block_m`` query rows.
+
+    16 rows: 96,832 bytes, P^T and ``red`` double buffered. 32 rows: P^T and ``red`` once
+    (the loop's barriers already keep a tile's writers behind the last tile's readers) and
+    ``qexp`` in ``red``'s second half (read before the loop, which uses the first half; the
+    column sums at the end take both), 115,712 bytes: two blocks a multiprocessor exactly
+    (233,472 bytes, 1 KB of it reserved a block)."""
+
+    def __init__(self, block_m):
+        assert block_m in BLOCKS
+        self.block_m = block_m
+        self.ncol = block_m // 4  # a thread's columns (query rows) of S^T and O^T
+        self.nacc = block_m // 2  # accumulators of one m64 product a thread
+        self.no = NBLK * self.nacc  # O^T's accumulators a thread
+        self.step_bytes = block_m * 16 * 2  # one k-step of a [block_m x 16] fp16 B image
+        self.q_passes = block_m // 16  # passes of 16 rows that copy q
+        self.q_words = self.q_passes * Q_PASS_WORDS
+        self.bufs = 2 if block_m == 16 else 1  # of P^T and ``red`` in the loop
+        import os
+        self.v_ahead = int(os.environ.get("VA", V_AHEAD)) if block_m > 16 else V_AHEAD
+        self.pv_group = int(os.environ.get("PG", PV_GROUP)) if block_m > 16 else PV_GROUP
+        self.q_off = 0
+        self.raw_off = self.q_off + K_STEPS * self.step_bytes
+        self.p_off = self.raw_off + STAGES * TILE_BYTES
+        self.p_bytes = BLOCK_N // 16 * self.step_bytes
+        self.red_off = self.p_off + self.bufs * self.p_bytes
+        self.red_bytes = 4 * block_m * 4  # 4 warps x block_m f32
+        self.qexp_off = (self.red_off + 2 * self.red_bytes if self.bufs == 2
+                         else self.red_off + self.red_bytes)
+        self.smem_bytes = max(self.red_off + 2 * self.red_bytes, self.qexp_off + block_m * 4)
+
+
+LAYOUTS = {m: Layout(m) for m in BLOCKS}
+SMEM_BYTES = LAYOUTS[BLOCK_M].smem_bytes  # 96832
+STEP_BYTES = LAYOUTS[BLOCK_M].step_bytes  # 512
+
+
+def smem_bytes(block_m):
+    """Shared memory of a block of ``block_m`` rows (bytes)."""
+    return LAYOUTS[block_m].smem_bytes
+
+
+def _q_image_byte(c, d, step_bytes=STEP_BYTES):
     """Byte offset in the Q image of query row ``c``'s dims ``d``, ``d + 1`` (d even): k-step
-    4J + sub, logical column 8 hi + 2t (+ 1) of the K fragments' order (module docstring)."""
+    4J + sub, logical column 8 hi + 2t (+ 1) of the K fragments' order (module docstring);
+    ``step_bytes``: a k-step's (the block's rows x 32)."""
     J, t, sub, hi = d >> 6, (d >> 4) & 3, (d >> 2) & 3, (d >> 1) & 1
-    return ((4 * J + sub) * STEP_BYTES + (c >> 3) * SBO + hi * LBO + (c & 7) * 16 + 4 * t)
+    return ((4 * J + sub) * step_bytes + (c >> 3) * SBO + hi * LBO + (c & 7) * 16 + 4 * t)
 
 
-q_image_byte = cuda.jit(device=True)(_q_image_byte)  # (plain arithmetic: the simulator too)
+def make_q_image_byte(step_bytes):
+    """``_q_image_byte`` for one block size, as a device function (plain arithmetic: the
+    simulator runs it too)."""
+    image_byte = cuda.jit(device=True)(_q_image_byte)
+
+    @cuda.jit(device=True)
+    def q_image_byte(c, d):
+        return image_byte(c, d, step_bytes)
+
+    return q_image_byte
 
 
 @cuda.jit(device=True)
@@ -132,8 +175,8 @@ def key_of(p):
     return p ^ ((p >> 1) & 1)
 
 
-def _make_pv_tile():
-    """``pv_tile(o, s, sm, va, vb, dp, tid)``: O^T += V^T P^T over the tile's four 16-key
+def _make_pv_tile(lay):
+    """``pv_tile(o, s, sm, va, vb, dp, tid)`` for the block of ``lay`` (a Layout): O^T += V^T P^T over the tile's four 16-key
     steps, V's codes read from the raw stage at ``va`` and ``vb`` (this thread's keys of K
     positions 2t and 2t + 1, ``key_of``; bytes 128w + 16g of the row), P^T's B image at
     descriptor ``dp``. Step k's codes are the thread's four keys' (K positions 2t, 2t + 1,
@@ -153,14 +196,15 @@ def _make_pv_tile():
         base = 16 * k * ROW_BYTES
         return ["    " + x.format(k, base, base + 8 * ROW_BYTES) for x in load]
 
-    for k in range(V_AHEAD):
+    v_ahead, pv_group = lay.v_ahead, lay.pv_group
+    for k in range(v_ahead):
         lines += loads(k)
     for k in range(steps):
-        if k + V_AHEAD < steps:
-            lines += loads(k + V_AHEAD)
-        d = f"desc_advance(dp, {STEP_BYTES * k})"
-        for c0 in range(0, 4, PV_GROUP):
-            group = range(c0, c0 + PV_GROUP)
+        if k + v_ahead < steps:
+            lines += loads(k + v_ahead)
+        d = f"desc_advance(dp, {lay.step_bytes * k})"
+        for c0 in range(0, 4, pv_group):
+            group = range(c0, c0 + pv_group)
             for c in group:
                 w = f"{k}{c}"
                 lines += [f"    l01 = lo(a{w}, b{w})", f"    l89 = lo(c{w}, d{w})",
@@ -172,26 +216,68 @@ def _make_pv_tile():
                 lines += [f"    m{2 * c}(o, f{c}0, f{c}1, f{c}2, f{c}3, sm, {d}, 1, tid)",
                           f"    m{2 * c + 1}(o, g{c}0, g{c}1, g{c}2, g{c}3, sm, {d}, 1, tid)"]
             lines += ["    commit()", "    wait_pending(o, s)"]
-    scope = {f"m{b}": ptx.wgmma_rs(BLOCK_M, "f16", False, NACC * b) for b in range(NBLK)}
+    scope = {f"m{b}": ptx.wgmma_rs(lay.block_m, "f16", False, lay.nacc * b)
+             for b in range(NBLK)}
     scope.update(lo=ptx.byte_perm(LO_PAIRS), hi=ptx.byte_perm(HI_PAIRS), lds=ptx.lds128,
                  cvt=ptx.e4m3x4_to_f16x4, fence=ptx.wgmma_fence, commit=ptx.wgmma_commit,
                  desc_advance=ptx.desc_advance,
-                 wait_pending=ptx.wgmma_wait_pending(NO, NACC, PENDING))
+                 wait_pending=ptx.wgmma_wait_pending(lay.no, lay.nacc, PENDING))
     exec("\n".join(lines), scope)  # (generated here, from the lines above: no outside input)
     return cuda.jit(device=True, **INLINE)(scope["pv_tile"])
 
 
+def _make_write_o(lay, store):
+    """``write_o(o, part_out, rows, heads, oks, p, d0, x4)``: the thread's O^T columns (already
+    divided by their sums) to ``part_out[rows[j], heads[j], p, d0 .. d0 + 15]`` for each
+    column j with ``oks[j]`` (16 bytes a store where ``x4``), written out so that every index
+    into ``o`` is a constant (a loop over the 32-row block's eight columns is not unrolled,
+    and ``o`` would then live in local memory). Column j's dims d0 + 4qd .. + 3 are elements
+    NACC (2qd) + i0, + 2, NACC (2qd + 1) + i0, + 2 (i0 = 4 (j // 2) + j % 2)."""
+    lines = ["def write_o(o, part_out, rows, heads, oks, p, d0, x4):"]
+    for j in range(lay.ncol):
+        i0 = 4 * (j // 2) + j % 2
+        lines += [f"    if oks[{j}]:", f"        t_row = rows[{j}]", f"        h = heads[{j}]"]
+        for qd in range(4):
+            e = [lay.nacc * 2 * qd + i0, lay.nacc * 2 * qd + i0 + 2,
+                 lay.nacc * (2 * qd + 1) + i0, lay.nacc * (2 * qd + 1) + i0 + 2]
+            lines += [f"        d = d0 + uint64({4 * qd})", "        if x4:",
+                      "            st_global_x4(part_out, t_row, h, p, d, "
+                      + ", ".join(f"store(o[{x}])" for x in e) + ")", "        else:"]
+            lines += [f"            part_out[t_row, h, p, d + uint64({k})] = store(o[{x}])"
+                      for k, x in enumerate(e)]
+    scope = dict(st_global_x4=ptx.st_global_x4, store=store, uint64=uint64)
+    exec("\n".join(lines), scope)  # (generated here, from the lines above: no outside input)
+    return cuda.jit(device=True, **INLINE)(scope["write_o"])
+
+
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads, store, key_count=None):
+                          fold_scale, heads, store, key_count=None, block_m=BLOCK_M):
     """The kernel for one configuration (factory.py): ``tag`` "bf16" or "f16" (q's type),
-    ``store`` fp32 -> ``part_out``; the cache holds "e4m3" rows, 16-byte aligned."""
+    ``store`` fp32 -> ``part_out``; the cache holds "e4m3" rows, 16-byte aligned;
+    ``block_m`` query rows a block (``BLOCKS``)."""
     H = heads
+    lay = LAYOUTS[block_m]
+    BLOCK_M, NCOL, NACC, NO, STEP_BYTES = block_m, lay.ncol, lay.nacc, lay.no, lay.step_bytes
+    Q_OFF, RAW_OFF, P_OFF, P_BYTES = lay.q_off, lay.raw_off, lay.p_off, lay.p_bytes
+    RED_OFF, RED_BYTES, QEXP_OFF, BUFS = lay.red_off, lay.red_bytes, lay.qexp_off, lay.bufs
+    Q_PASSES, Q_WORDS = lay.q_passes, lay.q_words
+    # The 32-row block holds 128 of O^T's accumulators a thread: it reads each column's 2^-k
+    # from ``qexp`` a tile, and rescales O^T as soon as the factors are known, so that
+    # neither stays live through the scores or P^T (at 255 registers, ptxas spilled the
+    # causal and chunked masks' scores without this).
+    LEAN = block_m > 16
+    import os
+    S_HALVES = bool(int(os.environ.get("SH", "1")))
+    q_image_byte = make_q_image_byte(STEP_BYTES)
+    zero_o = ptx.acc_zero(NO)
+    write_o = _make_write_o(lay, store)
+    scale_cols = ptx.acc_scale_cols(NO, NACC)
     mma_s = ptx.wgmma_rs(BLOCK_M, "f16", False)
     wait_all = ptx.wgmma_wait2(NACC, NO)
     wait_pending = ptx.wgmma_wait_pending(NACC, NO, PENDING)
     desc = ptx.wgmma_desc(LBO, SBO)
     unpack = ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32
-    pv_tile = _make_pv_tile()
+    pv_tile = _make_pv_tile(lay)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
@@ -231,48 +317,51 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
     @cuda.jit(device=True)
     def fetch_q(q, words, row0, r0, nrows, tid):
-        """This thread's words of the block's 16 query rows into ``words`` (all the loads out
-        before any is used; ``load_q`` uses them): row t // 8 (rows past ``nrows`` repeat the
-        last), words t % 8 + 8m (m = 0..35)."""
-        c = tid // 8
+        """This thread's words of the block's query rows into ``words`` (all the loads out
+        before any is used; ``load_q`` uses them): in pass z (16 rows each), row
+        16z + t // 8 (rows past ``nrows`` repeat the last), words t % 8 + 8m (m = 0..35)."""
         u = tid % 8
-        r = r0 + min(c, nrows - 1)
-        rq = uint64(row0 + r // H)  # (unsigned indices: no test for negative ones)
-        hq = uint64(r % H)
-        for m in range(Q_WORDS):
-            words[m] = q[rq, hq, uint64(u + 8 * m)]
+        for z in range(Q_PASSES):
+            r = r0 + min(tid // 8 + 16 * z, nrows - 1)
+            rq = uint64(row0 + r // H)  # (unsigned indices: no test for negative ones)
+            hq = uint64(r % H)
+            for m in range(Q_PASS_WORDS):
+                words[Q_PASS_WORDS * z + m] = q[rq, hq, uint64(u + 8 * m)]
 
     @cuda.jit(device=True)
     def load_q(words, smk, sb, nrows, tid):
-        """The block's 16 query rows (``fetch_q``'s words) into the Q image, each times its
-        power of two (rows past ``nrows`` zero), the exponents to ``qexp``. Thread t holds row
-        t // 8's words t % 8 + 8m (m = 0..35): dims 2 (t % 8) + 16m, whose place in the image
-        is the thread's first plus (m // 4) * 2048 + (m % 4) * 4 (q_image_byte), and the
-        row's eight threads find its largest magnitude by three shuffles."""
-        c = tid // 8
+        """The block's query rows (``fetch_q``'s words) into the Q image, each times its power
+        of two (rows past ``nrows`` zero), the exponents to ``qexp``. In pass z thread t holds
+        row c = 16z + t // 8's words t % 8 + 8m (m = 0..35): dims 2 (t % 8) + 16m, whose place
+        in the image is the thread's first plus (m // 4) * 4 k-steps + (m % 4) * 4
+        (q_image_byte), and the row's eight threads find its largest magnitude by three
+        shuffles."""
         u = tid % 8
-        k = 0
-        f = float32(1.0)
-        if SCALE_Q:
-            mx = float32(0.0)
-            for m in range(Q_WORDS):
-                x0, x1 = unpack(words[m])
-                mx = max(mx, max(abs(x0), abs(x1)))
-            for o in (1, 2, 4):
-                mx = max(mx, ptx.shfl_xor(mx, o, tid))
-            if mx > 0.0 and mx < math.inf:
-                k = min(max(Q_SCALE_TOP - int32(math.floor(math.log2(mx))), -Q_EXP_LIMIT),
-                        Q_EXP_LIMIT)
-            f = ptx.i32_as_f32((k + 127) << 23)
-        if u == 0:
-            smk[uint64(QEXP_OFF // 4 + c)] = k
-        at = sb + Q_OFF + q_image_byte(c, 2 * u)
-        for m in range(Q_WORDS):
-            w = words[m]
+        for z in range(Q_PASSES):
+            c = tid // 8 + 16 * z
+            k = 0
+            f = float32(1.0)
             if SCALE_Q:
-                x0, x1 = unpack(w)
-                w = ptx.pack_f16x2(x0 * f, x1 * f)
-            ptx.sts32(smk, at + (m // 4) * 4 * STEP_BYTES + (m % 4) * 4, w if c < nrows else 0)
+                mx = float32(0.0)
+                for m in range(Q_PASS_WORDS):
+                    x0, x1 = unpack(words[Q_PASS_WORDS * z + m])
+                    mx = max(mx, max(abs(x0), abs(x1)))
+                for o in (1, 2, 4):
+                    mx = max(mx, ptx.shfl_xor(mx, o, tid))
+                if mx > 0.0 and mx < math.inf:
+                    k = min(max(Q_SCALE_TOP - int32(math.floor(math.log2(mx))), -Q_EXP_LIMIT),
+                            Q_EXP_LIMIT)
+                f = ptx.i32_as_f32((k + 127) << 23)
+            if u == 0:
+                smk[uint64(QEXP_OFF // 4 + c)] = k
+            at = sb + Q_OFF + q_image_byte(c, 2 * u)
+            for m in range(Q_PASS_WORDS):
+                w = words[Q_PASS_WORDS * z + m]
+                if SCALE_Q:
+                    x0, x1 = unpack(w)
+                    w = ptx.pack_f16x2(x0 * f, x1 * f)
+                ptx.sts32(smk, at + (m // 4) * 4 * STEP_BYTES + (m % 4) * 4,
+                          w if c < nrows else 0)
         ptx.fence_proxy_async()  # (a barrier follows: the image is then visible to wgmma)
 
     @cuda.jit(**JIT_OPTIONS)
@@ -329,23 +418,27 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
         sm_scale, kv_scale = float32(scale.real), float32(scale.imag)
         qscale = float32(sm_scale * LOG2E)
-        # This thread's four query rows (S^T's and O^T's columns): c = 8 (j // 2) + 2t + j % 2
-        colf = cuda.local.array(4, float32)  # 2^-k of each
-        m_run = cuda.local.array(4, float32)  # running max, log2 units
-        l_run = cuda.local.array(4, float32)  # this thread's share of the sum (fp32)
-        l_p = cuda.local.array(4, float32)  # ... of P as multiplied (fp16)
-        alpha = cuda.local.array(4, float32)
-        mx = cuda.local.array(4, float32)
-        for j in range(4):
+        # This thread's NCOL query rows (S^T's and O^T's columns): c = 8 (j // 2) + 2t + j % 2
+        colf = cuda.local.array(NCOL, float32)  # 2^-k of each
+        m_run = cuda.local.array(NCOL, float32)  # running max, log2 units
+        l_run = cuda.local.array(NCOL, float32)  # this thread's share of the sum (fp32)
+        l_p = cuda.local.array(NCOL, float32)  # ... of P as multiplied (fp16)
+        alpha = cuda.local.array(NCOL, float32)
+        mx = cuda.local.array(NCOL, float32)
+        for j in range(NCOL):
             c = 8 * (j // 2) + 2 * t4 + j % 2
-            colf[j] = ptx.i32_as_f32((127 - smk[uint64(QEXP_OFF // 4 + c)]) << 23)
+            if not LEAN:
+                colf[j] = ptx.i32_as_f32((127 - smk[uint64(QEXP_OFF // 4 + c)]) << 23)
             m_run[j] = float32(NEG_INF)
             l_run[j] = float32(0.0)
             l_p[j] = float32(0.0)
         s_acc = cuda.local.array(NACC, float32)
         o_acc = cuda.local.array(NO, float32)
-        for i in range(NO):
-            o_acc[i] = float32(0.0)
+        if LEAN:
+            zero_o(o_acc)
+        else:
+            for i in range(NO):
+                o_acc[i] = float32(0.0)
         dq = desc(sb + Q_OFF)
         # the thread's K loads: rows 16w + g, + 8 of the tile, 16 bytes at 16t (+ 64J)
         k_lo = (16 * warp + g) * ROW_BYTES + 16 * t4
@@ -362,7 +455,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         while t < t_end:
             k0 = kstart + t * BLOCK_N
             k1 = min(k0 + BLOCK_N, kend)
-            cls = mask_classify(k0, k1, q_lo, q_hi)
+            if not LEAN:
+                cls = mask_classify(k0, k1, q_lo, q_hi)
             raw = sb + RAW_OFF + stage * TILE_BYTES
             ptx.cp_async_wait_all()  # this tile's rows
             # Every thread's pieces of them (the first time, Q too) are in place; every thread
@@ -381,6 +475,30 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 # simulator: they are loaded at the top of each group.)
                 lo = ptx.lds128(smk, raw + k_lo + 64 * J)
                 hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES + 64 * J)
+                if LEAN and S_HALVES:  # two groups of two steps: fewer registers in flight
+                    a0, a2 = ptx.e4m3x4_to_f16x4(lo[0])
+                    a1, a3 = ptx.e4m3x4_to_f16x4(hi[0])
+                    b0, b2 = ptx.e4m3x4_to_f16x4(lo[1])
+                    b1, b3 = ptx.e4m3x4_to_f16x4(hi[1])
+                    ptx.wgmma_fence()
+                    step = ptx.desc_advance(dq, 4 * STEP_BYTES * J)
+                    mma_s(s_acc, a0, a1, a2, a3, smk, step, J, tid)
+                    mma_s(s_acc, b0, b1, b2, b3, smk, ptx.desc_advance(step, STEP_BYTES), 1,
+                          tid)
+                    ptx.wgmma_commit()
+                    wait_pending(s_acc, o_acc)
+                    c0, c2 = ptx.e4m3x4_to_f16x4(lo[2])
+                    c1, c3 = ptx.e4m3x4_to_f16x4(hi[2])
+                    d0, d2 = ptx.e4m3x4_to_f16x4(lo[3])
+                    d1, d3 = ptx.e4m3x4_to_f16x4(hi[3])
+                    ptx.wgmma_fence()
+                    mma_s(s_acc, c0, c1, c2, c3, smk, ptx.desc_advance(step, 2 * STEP_BYTES),
+                          1, tid)
+                    mma_s(s_acc, d0, d1, d2, d3, smk, ptx.desc_advance(step, 3 * STEP_BYTES),
+                          1, tid)
+                    ptx.wgmma_commit()
+                    wait_pending(s_acc, o_acc)
+                    continue
                 a0, a2 = ptx.e4m3x4_to_f16x4(lo[0])
                 a1, a3 = ptx.e4m3x4_to_f16x4(hi[0])
                 b0, b2 = ptx.e4m3x4_to_f16x4(lo[1])
@@ -408,9 +526,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # by more than RESCALE_SLACK? (A NaN score drops out of ``max`` here, as it did
             # from the maxima before: its P is NaN and makes the row NaN all the same.) --
             need = False
-            for j in range(4):
+            # (LEAN: the columns' rows, heads and positions found here each tile, not hoisted
+            # out of the loop into eight columns' registers held through it)
+            rt = ptx.opaque_i32(r0) if LEAN else r0
+            if LEAN:
+                cls = mask_classify(k0, k1, q_lo, q_hi)
+            for j in range(NCOL):
                 c = 8 * (j // 2) + 2 * t4 + j % 2
-                r = r0 + c
+                r = rt + c
                 iq = r // H
                 h = r - iq * H
                 q_pos = length - nq + iq
@@ -420,33 +543,39 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     k = k0 + 16 * warp + g + 8 * e
                     s = float32(NEG_INF)
                     if c < nrows and k < k1:
-                        s = log2_score(s_acc[i] * colf[j] * kv_scale, qscale, sm_scale, cls, b,
-                                       h, iq, q_pos, k, bias)
+                        f = (ptx.i32_as_f32((127 - smk[uint64(QEXP_OFF // 4 + c)]) << 23)
+                             if LEAN else colf[j])
+                        s = log2_score(s_acc[i] * f * kv_scale, qscale, sm_scale, cls, b, h,
+                                       iq, q_pos, k, bias)
                     s_acc[i] = s
                     m = max(m, s)
-                mx[j] = m
+                if not LEAN:  # (LEAN: found again from S^T where the exchange needs it)
+                    mx[j] = m
                 need = need or not (m <= m_run[j] + float32(RESCALE_SLACK))
             # Only then are the columns' maxima over the tile needed (the first tile, a jump):
             # every thread holding a column holds the same m_run of it, so where no score
             # passes it the maxima could not move it, and the block skips their exchange
             # (shuffles, ``red``, a barrier, the rescale), with the same result bit for bit.
             moved = False
-            for j in range(4):
+            for j in range(NCOL):
                 alpha[j] = float32(1.0)
             if cuda.syncthreads_or(int32(need)):
-                for j in range(4):
+                for j in range(NCOL):
                     m = mx[j]
+                    if LEAN:
+                        i = 4 * (j // 2) + j % 2
+                        m = max(s_acc[i], s_acc[i + 2])
                     for o in (4, 8, 16):  # the lanes g of the warp: its 16 keys
                         m = max(m, ptx.shfl_xor(m, o, tid))
                     mx[j] = m
-                red = RED_OFF + (it % 2) * RED_BYTES
+                red = RED_OFF + (it % BUFS) * RED_BYTES
                 if g == 0:
-                    for j in range(4):
+                    for j in range(NCOL):
                         smf[uint64(red // 4 + BLOCK_M * warp + 8 * (j // 2) + 2 * t4
                                    + j % 2)] = mx[j]
                 # The four warps' maxima are in place.
                 cuda.syncthreads()
-                for j in range(4):
+                for j in range(NCOL):
                     c = 8 * (j // 2) + 2 * t4 + j % 2
                     m_old = m_run[j]
                     m_new = m_old
@@ -459,9 +588,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     moved = moved or alpha[j] != float32(1.0)
                     l_run[j] *= alpha[j]
                     l_p[j] *= alpha[j]
+                if LEAN and moved:
+                    scale_cols(o_acc, alpha)
             # -- online softmax down the columns; P^T (fp16) as wgmma's B image --
-            p16 = uint64(p_at // 2) + uint64((it % 2) * (P_BYTES // 2))  # (16-bit elements)
-            for j in range(4):
+            p16 = uint64(p_at // 2) + uint64((it % BUFS) * (P_BYTES // 2))  # (16-bit elements)
+            for j in range(NCOL):
                 m_ref = m_run[j] if m_run[j] != float32(NEG_INF) else float32(0.0)
                 for e in range(2):
                     i = 4 * (j // 2) + j % 2 + 2 * e
@@ -472,7 +603,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     # key 16w + g + 8e: k-step w, position key_of(g) + 8e; row c = 8 (j // 2)
                     # + 2t + j % 2 (a constant past the tile's base: one store, no arithmetic)
                     sm16[p16 + uint64(((j // 2) * SBO + e * LBO + (j % 2) * 16) // 2)] = h16
-            if moved:
+            if not LEAN and moved:
                 for blk in range(NBLK):
                     for i in range(NACC):
                         o_acc[NACC * blk + i] *= alpha[(i // 4) * 2 + i % 2]
@@ -482,15 +613,18 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
             # -- O^T += V^T P^T: four 16-key steps of eight m64 blocks, not waited for --
             pv_tile(o_acc, s_acc, smk, raw + v_a, raw + v_b,
-                    desc(sb + P_OFF + (it % 2) * P_BYTES), tid)
+                    desc(sb + P_OFF + (it % BUFS) * P_BYTES), tid)
             wait_all(s_acc, o_acc)
             stage = 1 - stage
             it += 1
             t = t_next
 
         # -- the column sums: lanes g, then the four warps (``red``: free since the last
-        # tile's second barrier) --
-        for j in range(4):
+        # tile's second barrier; with one buffer its second half held ``qexp``, read before
+        # the loop: where no tile ran, a barrier keeps the sums behind those reads) --
+        if BUFS == 1 and it == 0:
+            cuda.syncthreads()
+        for j in range(NCOL):
             a = l_run[j]
             bsum = l_p[j]
             for o in (4, 8, 16):
@@ -499,14 +633,22 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             l_run[j] = a
             l_p[j] = bsum
         if g == 0:
-            for j in range(4):
+            for j in range(NCOL):
                 c = 8 * (j // 2) + 2 * t4 + j % 2
                 smf[uint64(RED_OFF // 4 + BLOCK_M * warp + c)] = l_run[j]
                 smf[uint64((RED_OFF + RED_BYTES) // 4 + BLOCK_M * warp + c)] = l_p[j]
         cuda.syncthreads()
         x4 = ptx.aligned_x4(part_out)
-        for j in range(4):
+        if LEAN:  # (every index into o_acc a constant: ``write_o``)
+            inv_c = cuda.local.array(NCOL, float32)
+            rows = cuda.local.array(NCOL, uint64)
+            heads_c = cuda.local.array(NCOL, uint64)
+            oks = cuda.local.array(NCOL, int32)
+        for j in range(NCOL):
             c = 8 * (j // 2) + 2 * t4 + j % 2
+            if LEAN:
+                inv_c[j] = float32(0.0)
+                oks[j] = int32(c < nrows)
             if c < nrows:
                 lsum = float32(0.0)
                 psum = float32(0.0)
@@ -521,6 +663,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 if warp == 0 and g == 0:
                     part_lse[t_row, h, p] = (float32(NEG_INF) if empty
                                              else (m_run[j] + math.log2(lsum)) * float32(LN2))
+                if LEAN:
+                    inv_c[j] = inv
+                    rows[j] = t_row
+                    heads_c[j] = h
+                    continue
                 # dims 128w + 16g + 2 blk + half: element NACC blk + 4 (j // 2) + 2 half + j % 2
                 i0 = 4 * (j // 2) + j % 2
                 d0 = 128 * warp + 16 * g
@@ -538,5 +685,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         part_out[t_row, h, p, d + 1] = store(y1)
                         part_out[t_row, h, p, d + 2] = store(y2)
                         part_out[t_row, h, p, d + 3] = store(y3)
+        if LEAN:
+            scale_cols(o_acc, inv_c)
+            write_o(o_acc, part_out, rows, heads_c, oks, uint64(p),
+                    uint64(128 * warp + 16 * g), x4)
 
     return partition_kernel

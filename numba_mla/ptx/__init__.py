@@ -26,8 +26,9 @@ Modules, by topic (each opens with the list of its primitives):
 
 Every primitive is importable from ``numba_mla.ptx`` itself (``ptx.lds128(...)``).
 """
-from .accumulators import acc_col, acc_row, acc_scale, acc_scale_halves, acc_store, acc_zero
-from .arith import byte_perm, divmod_u32, exp2_ftz, rcp
+from .accumulators import (acc_col, acc_row, acc_scale, acc_scale_cols, acc_scale_halves,
+                           acc_store, acc_zero)
+from .arith import byte_perm, divmod_u32, exp2_ftz, opaque_i32, rcp
 from .barriers import (bar_arrive, bar_sync, grid_dependency_wait, mbar_expect_tx,
                        mbar_fence_init, mbar_init, mbar_try_wait)
 from .conversions import (bf16_to_f32, bf16x2_to_f32, f16_to_f32, f16x2_to_f32, f32_to_bf16,
@@ -59,7 +60,8 @@ __all__ = [
     "bar_sync", "bar_arrive", "mbar_init", "mbar_fence_init", "mbar_expect_tx", "mbar_try_wait",
     "grid_dependency_wait",
     # accumulators
-    "acc_row", "acc_col", "acc_zero", "acc_scale", "acc_scale_halves", "acc_store",
+    "acc_row", "acc_col", "acc_zero", "acc_scale", "acc_scale_halves", "acc_scale_cols",
+    "acc_store",
     # wgmma
     "wgmma_desc", "desc_advance", "wgmma", "wgmma_rs", "wgmma_fence", "wgmma_commit",
     "wgmma_wait", "wgmma_wait2", "wgmma_wait_pending", "fence_proxy_async",
@@ -68,5 +70,5 @@ __all__ = [
     # mma.sync
     "mma_m16n8k16", "ldmatrix_x2", "ldmatrix_x2_trans", "ldmatrix_x4", "ldmatrix_x4_trans",
     # arithmetic
-    "divmod_u32", "rcp", "exp2_ftz", "byte_perm",
+    "divmod_u32", "rcp", "exp2_ftz", "byte_perm", "opaque_i32",
 ]

@@ -17,6 +17,10 @@ would then live in local memory), hence the written-out forms.
 - ``acc_scale(n)`` -> ``scale(acc, a0, a1)``: rows of the fragment's upper and lower 8 times
   a0 and a1; ``acc_scale_halves(n)`` -> ``scale(acc, a0, a1, a2, a3)``: the same with a0, a1
   for acc[:n/2] and a2, a3 for acc[n/2:] (two m16 tiles of mma.sync accumulators).
+- ``acc_scale_cols(n, nacc)`` -> ``scale(acc, f)``: every column of each product's fragment
+  (``nacc`` elements a product, n / nacc products) times its factor: element i times
+  ``f[2 * (k // 4) + k % 2]``, k = i % nacc (``f``: a local array of nacc / 2 floats, the
+  thread's columns).
 - ``acc_store(n)`` -> ``store(acc, arr, addr, row_bytes)``: element i to ``addr +
   8*((i//2)%2)*row_bytes + 4*(8*(i//4) + i%2)``, i.e. the fragment into a float32 row-major
   shared array whose thread-dependent origin is the shared address ``addr`` (8-byte aligned:
@@ -111,6 +115,31 @@ def acc_scale_halves(n):
             return ctx.get_dummy_value()
 
         return types.void(acc, a0, a1, a2, a3), cg
+
+    return scale
+
+
+def _acc_scale_cols_twin(n, nacc):
+    def scale(acc, f):
+        for i in range(n):
+            k = i % nacc
+            acc[i] *= f[2 * (k // 4) + k % 2]
+
+    return scale
+
+
+@with_twin(_acc_scale_cols_twin)
+def acc_scale_cols(n, nacc):
+    @intrinsic
+    def scale(typingctx, acc, f):
+        def cg(ctx, b, sig, args):
+            fs = [b.load(p) for p in acc_pointers(ctx, b, sig.args[1], args[1], nacc // 2)]
+            for i, p in enumerate(acc_pointers(ctx, b, sig.args[0], args[0], n)):
+                k = i % nacc
+                b.store(b.fmul(b.load(p), fs[2 * (k // 4) + k % 2]), p)
+            return ctx.get_dummy_value()
+
+        return types.void(acc, f), cg
 
     return scale
 

@@ -10,6 +10,9 @@
 - ``byte_perm(sel)`` -> ``perm(a, b)``: ``prmt.b32`` with the constant selector ``sel``: byte
   k of the result is byte ``(sel >> 4k) & 7`` of the pair (bytes 0-3 of ``a``, 4-7 of ``b``);
   e.g. 0x5140 interleaves the low bytes of two words (a0 b0 a1 b1), 0x7362 the high ones.
+- ``opaque_i32(x)``: ``x`` through a ``mov.b32`` the compiler keeps where it stands (volatile
+  asm): what is computed from the result is computed there, not hoisted out of a loop into
+  registers held across it.
 """
 import numpy as np
 from numba.cuda import types
@@ -80,3 +83,17 @@ def byte_perm(sel):
         return types.int32(a, b), cg
 
     return perm
+
+
+def _opaque_i32_twin(x):
+    return x
+
+
+@intrinsic_with_twin(_opaque_i32_twin)
+def opaque_i32(typingctx, x):
+    def cg(ctx, bld, s, args):
+        v = bld.trunc(ctx.cast(bld, args[0], s.args[0], types.int64), i32)
+        return bld.call(ir.InlineAsm(ir.FunctionType(i32, [i32]), "mov.b32 $0, $1;", "=r,r",
+                                     side_effect=True), [v])
+
+    return types.int32(x), cg
