@@ -213,6 +213,9 @@ def main():
         if heads <= 16:  # the transposed kernel ("e4m3" rows at up to 16 query rows)
             variants.append(("tr8", factory.transposed_partition_kernel(mask, mod, tag, cache,
                                                                         heads, direct)))
+        # and its 32-row block (past 16 query rows a sequence), at every case's heads
+        variants.append(("tr8x32", factory.transposed_partition_kernel(mask, mod, tag, cache,
+                                                                       heads, direct, 32)))
         if tma:
             variants.append(("seesaw", factory.seesaw_partition_kernel(mask, mod, tag, cache,
                                                                        heads, direct)))
@@ -221,7 +224,7 @@ def main():
                     mask, mod, tag, cache, heads, False, listed=True)))
         for name, kern in variants:
             sig = list(signature(direct, name == "listed"))
-            if name in ("mma8", "tr8"):  # the cache as words of 4 codes, scale + 1j * kv_scale
+            if name in ("mma8", "tr8", "tr8x32"):  # cache: words of 4 codes; scale + 1j * kv_scale
                 sig[6] = types.complex64
             ptx, _ = cuda.compile_ptx(kern.py_func, tuple(sig), cc=(9, 0, "a"))
             sass, log = build_sass(ptx)
@@ -230,8 +233,8 @@ def main():
             serial = "serialized" in log
             # lockstep: 36 for S and 4 for P V; seesaw: 4 a box in each warpgroup's two S
             # sites (a loop over the boxes), 4 in each of their two P V sites; transposed: 36
-            # for S^T and 32 for O^T (m64n16k16)
-            want = {"mma": 40, "mma8": 40, "tr8": 68}.get(name, 32)
+            # for S^T and 32 for O^T (m64n16k16; the 32-row block's m64n32k16)
+            want = {"mma": 40, "mma8": 40, "tr8": 68, "tr8x32": 68}.get(name, 32)
             ok = not spills and calls == 0 and not serial and hgmma == want
             if name in ("seesaw", "listed"):  # the evict-first copies exactly from LAG_HEADS
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)

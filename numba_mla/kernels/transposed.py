@@ -121,9 +121,10 @@ class Layout:
         self.q_passes = block_m // 16  # passes of 16 rows that copy q
         self.q_words = self.q_passes * Q_PASS_WORDS
         self.bufs = 2 if block_m == 16 else 1  # of P^T and ``red`` in the loop
-        import os
-        self.v_ahead = int(os.environ.get("VA", V_AHEAD)) if block_m > 16 else V_AHEAD
-        self.pv_group = int(os.environ.get("PG", PV_GROUP)) if block_m > 16 else PV_GROUP
+        # O^T's V codes: 16-key steps loaded ahead, words a key in one group of products.
+        # The 32-row block takes neither (V_AHEAD 1, PV_GROUP 2 ran 3.5% faster on the H200 at
+        # 64 x 128 x 4096 but spilled 4 bytes with a causal mask and soft cap)
+        self.v_ahead, self.pv_group = (V_AHEAD, PV_GROUP) if block_m == 16 else (0, 1)
         self.q_off = 0
         self.raw_off = self.q_off + K_STEPS * self.step_bytes
         self.p_off = self.raw_off + STAGES * TILE_BYTES
@@ -176,15 +177,16 @@ def key_of(p):
 
 
 def _make_pv_tile(lay):
-    """``pv_tile(o, s, sm, va, vb, dp, tid)`` for the block of ``lay`` (a Layout): O^T += V^T P^T over the tile's four 16-key
-    steps, V's codes read from the raw stage at ``va`` and ``vb`` (this thread's keys of K
-    positions 2t and 2t + 1, ``key_of``; bytes 128w + 16g of the row), P^T's B image at
-    descriptor ``dp``. Step k's codes are the thread's four keys' (K positions 2t, 2t + 1,
-    2t + 8, 2t + 9 of the step: a, b, c, d) dims 128w + 16g .. + 15, four words each, loaded
-    while step k - 1 is converted and multiplied; PV_GROUP words of each key (2 m64 blocks
-    each) make one group of products, issued once converted, and at most PENDING groups stay
-    in flight behind it. Written out: each block's product names its eight accumulators by a
-    constant offset, so that all 64 stay in registers."""
+    """``pv_tile(o, s, sm, va, vb, dp, tid)`` for the block of ``lay`` (a Layout): O^T +=
+    V^T P^T over the tile's four 16-key steps, V's codes read from the raw stage at ``va``
+    and ``vb`` (this thread's keys of K positions 2t and 2t + 1, ``key_of``; bytes
+    128w + 16g of the row), P^T's B image at descriptor ``dp``. Step k's codes are the
+    thread's four keys' (K positions 2t, 2t + 1, 2t + 8, 2t + 9 of the step: a, b, c, d) dims
+    128w + 16g .. + 15, four words each, loaded ``lay.v_ahead`` steps ahead of their
+    conversion (0: at its start); ``lay.pv_group`` words of each key (2 m64 blocks each) make
+    one group of products, issued once converted, and at most PENDING groups stay in flight
+    behind it. Written out: each block's product names its accumulators by a constant
+    offset, so that all of O^T stays in registers."""
     steps = BLOCK_N // 16
     load = ["a{0}0, a{0}1, a{0}2, a{0}3 = lds(sm, va + {1})",
             "b{0}0, b{0}1, b{0}2, b{0}3 = lds(sm, vb + {1})",
@@ -266,8 +268,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     # neither stays live through the scores or P^T (at 255 registers, ptxas spilled the
     # causal and chunked masks' scores without this).
     LEAN = block_m > 16
-    import os
-    S_HALVES = bool(int(os.environ.get("SH", "1")))
     q_image_byte = make_q_image_byte(STEP_BYTES)
     zero_o = ptx.acc_zero(NO)
     write_o = _make_write_o(lay, store)
@@ -475,7 +475,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 # simulator: they are loaded at the top of each group.)
                 lo = ptx.lds128(smk, raw + k_lo + 64 * J)
                 hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES + 64 * J)
-                if LEAN and S_HALVES:  # two groups of two steps: fewer registers in flight
+                if LEAN:  # two groups of two steps: fewer registers in flight
                     a0, a2 = ptx.e4m3x4_to_f16x4(lo[0])
                     a1, a3 = ptx.e4m3x4_to_f16x4(hi[0])
                     b0, b2 = ptx.e4m3x4_to_f16x4(lo[1])
@@ -638,6 +638,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 smf[uint64(RED_OFF // 4 + BLOCK_M * warp + c)] = l_run[j]
                 smf[uint64((RED_OFF + RED_BYTES) // 4 + BLOCK_M * warp + c)] = l_p[j]
         cuda.syncthreads()
+        if LEAN:  # (read again past the barrier: not a register held through the loop)
+            row0 = q_offsets[b]
         x4 = ptx.aligned_x4(part_out)
         if LEAN:  # (every index into o_acc a constant: ``write_o``)
             inv_c = cuda.local.array(NCOL, float32)
