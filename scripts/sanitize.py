@@ -40,8 +40,8 @@ CASES = [(backend, *c[:4], "bf16" if backend in SIXTEEN_BIT and c[4] == "fp32" e
          for backend in BACKENDS[:5] for c in _SHAPES]
 #: FP8 caches (the last field: the layout) in the kernels that read them: both layouts, the
 #: warp tensor-core kernel's 16- and 32-row blocks, a split, a partial last tile; under
-#: "mma", the transposed kernel (16 rows or fewer: the first and the last) and the lockstep
-#: one (32 rows).
+#: "mma", the transposed kernel's 16-row block (16 rows or fewer: the first and the last)
+#: and its 32-row block (32 rows).
 _FP8_SHAPES = [
     (2, 16, 97, 1, "bf16", "paged", 64, "causal", None, False, "e4m3"),
     (2, 20, 130, 1, "fp16", "contiguous", 0, "window", 2, False, "v32"),
@@ -51,8 +51,10 @@ _FP8_SHAPES = [
 CASES += [(backend, *c) for backend in ("simt", "mma_sync", "simple", "warpsplit")
           for c in _FP8_SHAPES]
 CASES += [("mma", *c) for c in _FP8_SHAPES if c[-1] == "e4m3"]  # (wgmma: "e4m3" rows only)
-#: and the transposed kernel on pages of 16 keys (its copy looks up each 16-byte piece's row)
-CASES += [("mma", 2, 8, 150, 1, "bf16", "paged", 16, "null", 2, False, "e4m3")]
+#: and the transposed kernel on pages of 16 keys (its copy looks up each 16-byte piece's row),
+#: and its 32-row block with a partial second block (40 heads) under a causal mask
+CASES += [("mma", 2, 8, 150, 1, "bf16", "paged", 16, "null", 2, False, "e4m3"),
+          ("mma", 2, 40, 200, 1, "fp16", "paged", 64, "causal", 2, False, "e4m3")]
 
 
 def run_cases(only=None, fp8_only=False):
