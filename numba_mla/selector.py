@@ -270,10 +270,11 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         if call.backend == "mma" and fp8 != "e4m3":
             raise ValueError(f"backend: 'mma' reads FP8 caches of the 'e4m3' layout, not "
                              f"'{fp8}'; use 'mma_sync', 'simt', 'simple' or 'auto'")
-        # "auto": wgmma's for "e4m3" rows on sm_90 (at up to 16 query rows the transposed
-        # kernel, 0.43x the warp kernel's time at H = 16; past that the lockstep one, 0.39-0.43x
-        # at H = 128 on the H200's fp8-sweep shapes: docs/fp8.md), else the warp tensor-core
-        # kernel (0.32-0.72x the FMA kernel's time there, both layouts)
+        # "auto": wgmma's for "e4m3" rows on sm_90 (the transposed kernel, 16 rows a block at up
+        # to 16 query rows, 0.43x the warp kernel's time at H = 16; 32 past that, 0.88x the
+        # lockstep kernel's time at H = 128, which was 0.39-0.43x the warp kernel's, on the
+        # H200's fp8-sweep shapes: docs/fp8.md), else the warp tensor-core kernel (0.32-0.72x
+        # the FMA kernel's time there, both layouts)
         backend = call.backend
         if backend == "auto":
             wgmma = (fp8 == "e4m3" and facts.aligned16

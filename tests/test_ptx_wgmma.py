@@ -177,3 +177,40 @@ def build_check():
 
 if __name__ == "__main__":
     sys.exit(build_check())
+
+
+@functools.lru_cache(maxsize=None)
+def _scale_cols_kernel(n, nacc):
+    scale = ptx.acc_scale_cols(n, nacc)
+    ncol = nacc // 2
+
+    @cuda.jit
+    def kernel(out):
+        t = ptx.opaque_i32(cuda.threadIdx.x)
+        acc = cuda.local.array(n, float32)
+        f = cuda.local.array(ncol, float32)
+        for i in range(n):
+            acc[i] = float32(i + 1)
+        for j in range(ncol):  # the thread's columns, in the order the kernels keep them
+            f[j] = float32(8 * (j // 2) + 2 * (t % 4) + j % 2 + 1)
+        scale(acc, f)
+        for i in range(n):
+            out[t, i] = acc[i]
+
+    return kernel
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("n,nacc", [(64, 16), (64, 8)])
+def test_acc_scale_cols_scales_each_column(n, nacc):
+    """``ptx.acc_scale_cols``: every accumulator times the factor of its column, the column
+    being the fragment's (module docstring of ptx/accumulators.py: 8 (k // 4) + 2 (lane % 4)
+    + k % 2 for element k of a product of ``nacc``), over n / nacc products."""
+    out = cuda.to_device(np.zeros((128, n), np.float32))
+    _scale_cols_kernel(n, nacc)[1, 128](out)
+    got = out.copy_to_host()
+    for t in range(128):
+        for i in range(n):
+            k = i % nacc
+            col = 8 * (k // 4) + 2 * (t % 4) + k % 2
+            assert got[t, i] == (i + 1) * (col + 1), (t, i)

@@ -1,4 +1,4 @@
-"""Stage 1 of split-K decode for FP8 "e4m3" caches at up to 16 query rows a block, on Hopper
+"""Stage 1 of split-K decode for FP8 "e4m3" caches at 16 or 32 query rows a block, on Hopper
 tensor cores with the products turned around: S^T = K Q^T and O^T = V^T P^T.
 
 The lockstep kernel (kernels/mma.py) multiplies 64 query rows a tile, of which 16 are real at
@@ -8,12 +8,24 @@ are wgmma's M and the 16 query rows its N (m64n16k16), so nothing is padded, and
 products take their A operand from registers (``ptx.wgmma_rs``), converted from the raw codes
 where they are read: no 16-bit copy of K or V exists anywhere.
 
-Grid ``(P, G, B)``, block (p, g, b) owns sequence b, query rows ``[16g, 16g + 16)`` (row r =
-query token i * H + head h) and key partition p, as for the other kernels; 128 threads (one
-warpgroup); the partition's normalised output and natural-log LSE go to the fp32 workspace,
-or with one partition to ``out`` and ``lse`` (``store``).
+Grid ``(P, G, B)``, block (p, g, b) owns sequence b, query rows ``[Mg, Mg + M)`` (M = 16 or
+32 rows a block; row r = query token i * H + head h) and key partition p, as for the other
+kernels; 128 threads (one warpgroup); the partition's normalised output and natural-log LSE
+go to the fp32 workspace, or with one partition to ``out`` and ``lse`` (``store``).
 
-Shared memory (bytes, 96,832: two blocks a multiprocessor):
+**The 32-row block** (past 16 query rows a sequence: H = 128, or several query tokens)
+multiplies m64n32k16: each tile's codes are converted once for 32 rows instead of 16, and
+O^T takes 128 accumulators a thread. At 255 registers that is the whole budget, so this block
+(``LEAN``): finds each column's 2^-k in ``qexp`` a tile instead of holding it; rescales O^T as
+soon as the factors are known; issues S^T's products in groups of two steps (fewer A
+registers in flight); loads V's codes at the start of their step, one word a group; and
+writes O^T's zeroing, rescale and stores out with constant indices (``ptx.acc_zero``,
+``ptx.acc_scale_cols``, ``_make_write_o``: a loop over its eight columns is not unrolled,
+and O^T would live in local memory). ``ptx.opaque_i32`` keeps the columns' rows, heads and
+positions from being hoisted out of the tile loop into registers held through it. Its
+shared memory is two blocks a multiprocessor exactly (``Layout``).
+
+Shared memory (bytes, 16 rows: 96,832, two blocks a multiprocessor; 32 rows: ``Layout``):
     Q    36 k-steps x [16 rows x 16 dims] fp16     wgmma's B image (core matrices), dims in the
                                                    order the K fragments take (below)
     raw  [2][64 keys x 576] e4m3 codes             two stages: the next tile is copied by
