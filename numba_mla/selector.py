@@ -214,7 +214,7 @@ def _mma_rows(fp8, packed):
 def _tensor_core_honours(config, backend, rows, fp8, packed):
     """Whether a config leaves a tensor-core kernel's fixed tiles alone, on this device
     (``"auto"`` runs the FMA kernel for one that asks otherwise); ``packed``: q and the cache
-    C-contiguous, where "e4m3" rows may run the transposed kernel's 16 rows."""
+    C-contiguous, where "e4m3" rows may run the transposed kernel's 16 or 32 rows."""
     from .kernels import mma, mma_sync
 
     if config is None:
@@ -242,6 +242,7 @@ def _transposed(config, rows, fp8, packed):
     want = None if config is None else config.num_queries_per_block
     if want is not None:
         return want if want in transposed.BLOCKS else 0
+    assert TRANSPOSED_PAST_16 in (0, *transposed.BLOCKS), TRANSPOSED_PAST_16
     return transposed.BLOCKS[0] if rows <= transposed.BLOCKS[0] else TRANSPOSED_PAST_16
 
 

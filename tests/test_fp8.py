@@ -390,7 +390,8 @@ def spy_transposed(monkeypatch):
     (BF16, "paged64", 1, 32, [200], "null", "identity", 1),
     (np.float16, "paged16", 2, 20, [0, 330], "window100", "identity", 2),
     (BF16, "contiguous", 4, 8, [150], "causal", "identity", 3),
-    (BF16, "paged64", 1, 40, [250], "null", "alibi", 1)])
+    (BF16, "paged64", 1, 40, [250], "null", "alibi", 1),
+    (BF16, "paged64", 1, 40, [0, 130], "null", "identity", 1)])
 def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts, rng,
                                monkeypatch):
     """The transposed kernel (kernels/transposed.py: "mma" on "e4m3" rows at up to 16 query
@@ -404,7 +405,8 @@ def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, pa
     its slack, so that O^T's columns are rescaled (hundreds of times a block). Past 16 query
     rows a sequence the same four in blocks of 32 rows: 32 heads (one whole block); two
     tokens of 20 heads (40 rows: a whole block and one of 8); four tokens of 8 heads (32 rows,
-    four positions); 40 heads (a whole block and one of 8)."""
+    four positions); 40 heads (a whole block and one of 8); and 40 heads beside an empty
+    sequence in one partition (its blocks run no tile and write zeros themselves)."""
     seen = spy_transposed(monkeypatch)
     p = fp8_problem(rng, "e4m3", len(lengths), Sq, H, lengths, dtype, cache)
     mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100"
@@ -413,6 +415,21 @@ def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, pa
     assert seen and {s[:2] for s in seen} == {("bf16" if dtype == BF16 else "f16", H)}
     assert {s[2] for s in seen} == {parts == 1}
     assert {s[3] for s in seen} == {16 if Sq * H <= 16 else 32}
+
+
+@KERNEL
+@pytest.mark.parametrize("H", [16, 32])
+def test_fp8_transposed_kernel_columns_keep_their_q_scales(H, rng, monkeypatch):
+    """Each query row's power of two is its own: heads scaled by 2^-6 .. 2^6 in turn, so that
+    a column multiplied back by another column's 2^-k would be off by up to 2^12 (random q
+    alone gives nearly one exponent for every row). In both blocks (16 and 32 rows)."""
+    seen = spy_transposed(monkeypatch)
+    p = fp8_problem(rng, "e4m3", 1, 1, H, [150], BF16, "paged64")
+    f = 2.0 ** (np.arange(H) % 13 - 6)
+    q = np.array(p.q).astype(np.float32) * f[:, None].astype(np.float32)
+    check(dataclasses.replace(p, q=q.astype(BF16)), nm.NullMask(), nm.IdentityScoreMod(), 1,
+          "mma")
+    assert {s[3] for s in seen} == {H}
 
 
 @KERNEL
@@ -440,20 +457,23 @@ def test_fp8_transposed_kernel_scales_q_into_fp16(case, rng, monkeypatch):
 @KERNEL
 def test_fp8_transposed_kernel_in_row_groups(rng):
     """A config of 16 rows a block runs the transposed kernel past 16 rows too: 2 tokens x 20
-    heads are three row groups of the grid (the last one of 8 rows)."""
+    heads are three row groups of the grid (the last one of 8 rows); and one of 32 at 8 rows
+    a sequence runs its 32-row block (24 rows of it past the sequence's)."""
     from numba_mla import checks, launch
 
-    p = fp8_problem(rng, "e4m3", 1, 2, 20, [70], BF16, "paged64")
-    config = nm.MHAConfig(num_queries_per_block=16)
-    call = checks.check_decode(p.q, p.cache, p.scale, backend="mma")
-    call.config = config
-    spec = launch.Plan(call).spec
-    assert (spec.backend, spec.block_m, spec.groups) == ("transposed", 16, 3)
-    golden, same = references(p, nm.NullMask(), nm.IdentityScoreMod())
-    out = np.full(p.out_shape, np.nan, p.dtype)
-    nm.flare_mla_decoding(out, p.q, p.cache, nm.NullMask(), nm.IdentityScoreMod(), None,
-                          p.scale, backend="mma", config=config)
-    assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0], "mma"), what="out")
+    for Sq, H, rows, groups in ((2, 20, 16, 3), (1, 8, 32, 1)):
+        p = fp8_problem(rng, "e4m3", 1, Sq, H, [70], BF16, "paged64")
+        config = nm.MHAConfig(num_queries_per_block=rows)
+        call = checks.check_decode(p.q, p.cache, p.scale, backend="mma")
+        call.config = config
+        spec = launch.Plan(call).spec
+        assert (spec.backend, spec.block_m, spec.groups) == ("transposed", rows, groups)
+        golden, same = references(p, nm.NullMask(), nm.IdentityScoreMod())
+        out = np.full(p.out_shape, np.nan, p.dtype)
+        nm.flare_mla_decoding(out, p.q, p.cache, nm.NullMask(), nm.IdentityScoreMod(), None,
+                              p.scale, backend="mma", config=config)
+        assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0], "mma"),
+                         what="out")
 
 
 def test_fp8_mma_config_rows_refused_naming_both_kernels(rng):
@@ -806,11 +826,17 @@ def test_device_quantizer_matches_host_gpu(layout, rng):
     ("simt", "e4m3"), ("simt", "v32"), ("mma_sync", "e4m3"), ("mma_sync", "v32"),
     ("mma", "e4m3")])
 @pytest.mark.parametrize("cache", ["contiguous", "paged16", "paged64"])
-def test_fp8_kernel_every_mask_and_mod_gpu(layout, cache, backend, rng):
+def test_fp8_kernel_every_mask_and_mod_gpu(layout, cache, backend, rng, monkeypatch):
     """Every mask and every score mod over an FP8 cache. Their whole cross product is
     test_kernels' (the FP8 row load is independent of them, and each pair is a kernel to
     compile: the product here took minutes a case); each parameter set pairs them with its
-    own offset, so the fifteen sets together meet many pairs."""
+    own offset, so the fifteen sets together meet many pairs. Under "mma" the 2 x 128-row
+    problems run the transposed kernel's 32-row block, but with pages of 64 the lockstep
+    kernel (``TRANSPOSED_PAST_16 = 0``: what a strided cache or a config of 64 rows runs)."""
+    if backend == "mma" and cache == "paged64":
+        from numba_mla import selector
+
+        monkeypatch.setattr(selector, "TRANSPOSED_PAST_16", 0)
     shift = ("contiguous", "paged16", "paged64").index(cache) + 3 * ("e4m3", "v32").index(layout)
     for i in range(max(len(MASK_CASES), len(SCORE_MOD_CASES))):
         j, k = i % len(MASK_CASES), (i + shift) % len(SCORE_MOD_CASES)

@@ -175,10 +175,6 @@ def build_check():
     return 1 if bad else 0
 
 
-if __name__ == "__main__":
-    sys.exit(build_check())
-
-
 @functools.lru_cache(maxsize=None)
 def _scale_cols_kernel(n, nacc):
     scale = ptx.acc_scale_cols(n, nacc)
@@ -201,7 +197,7 @@ def _scale_cols_kernel(n, nacc):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("n,nacc", [(64, 16), (64, 8)])
+@pytest.mark.parametrize("n,nacc", [(128, 16), (64, 8)])
 def test_acc_scale_cols_scales_each_column(n, nacc):
     """``ptx.acc_scale_cols``: every accumulator times the factor of its column, the column
     being the fragment's (module docstring of ptx/accumulators.py: 8 (k // 4) + 2 (lane % 4)
@@ -214,3 +210,7 @@ def test_acc_scale_cols_scales_each_column(n, nacc):
             k = i % nacc
             col = 8 * (k // 4) + 2 * (t % 4) + k % 2
             assert got[t, i] == (i + 1) * (col + 1), (t, i)
+
+
+if __name__ == "__main__":
+    sys.exit(build_check())

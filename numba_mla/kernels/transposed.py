@@ -61,8 +61,8 @@ are one 16-byte load (bytes 128w + 16g of the row), and a word of four codes (di
 4c + 3) feeds blocks 2c and 2c + 1. Its two keys of a pair are interleaved by a byte permute
 (``prmt``), then converted: a0 = (dim 4c, K positions 2t, 2t + 1: keys key_of(2t),
 key_of(2t + 1)), a1 = (dim 4c + 1, same keys), ...
-The 16 dims of each of the thread's 4 query rows come out contiguous: the output is written
-from the accumulators, 16 bytes a store, without a pass through shared memory.
+The 16 dims of each of the thread's M / 4 query rows come out contiguous: the output is
+written from the accumulators, 16 bytes a store, without a pass through shared memory.
 
 **The softmax** runs down S^T's columns. The running maximum moves only when a row's
 maximum over the tile passes it by more than RESCALE_SLACK (log2 units), as in the lockstep
@@ -80,7 +80,9 @@ committed, then all but that group waited for (``wgmma_wait_pending``: ptxas the
 registers of the groups done, and serialises nothing); the scores (barrier with a vote; the
 columns' maxima and a second barrier only when the vote asks); the online softmax and P^T
 (barrier); O^T's 32 steps in eight groups of four
-products, V's codes loaded a 16-key step ahead; all waited for at the end of the tile.
+products, V's codes loaded a 16-key step ahead; all waited for at the end of the tile. The
+32-row block (``LEAN``, above) issues S^T in eighteen groups of two, and O^T in sixteen
+groups of two with each step's V codes loaded at its start.
 """
 import math
 
@@ -119,9 +121,10 @@ class Layout:
 
     16 rows: 96,832 bytes, P^T and ``red`` double buffered. 32 rows: P^T and ``red`` once
     (the loop's barriers already keep a tile's writers behind the last tile's readers) and
-    ``qexp`` in ``red``'s second half (read before the loop, which uses the first half; the
-    column sums at the end take both), 115,712 bytes: two blocks a multiprocessor exactly
-    (233,472 bytes, 1 KB of it reserved a block)."""
+    ``qexp`` in ``red``'s second half (read in each tile's scores, while the loop uses only
+    the first half; the column sums at the end take both, after the last tile's barriers),
+    115,712 bytes: two blocks a multiprocessor exactly (233,472 bytes, 1 KB of it reserved a
+    block)."""
 
     def __init__(self, block_m):
         assert block_m in BLOCKS
@@ -632,8 +635,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             t = t_next
 
         # -- the column sums: lanes g, then the four warps (``red``: free since the last
-        # tile's second barrier; with one buffer its second half held ``qexp``, read before
-        # the loop: where no tile ran, a barrier keeps the sums behind those reads) --
+        # tile's second barrier; with one buffer, the 32-row block, its second half holds
+        # ``qexp``, read in each tile's scores, before that tile's barriers. Where no tile
+        # ran nothing read it, and the barrier below is not needed: written for a one-buffer
+        # block that reads ``qexp`` before the loop, harmless here (block-uniform)) --
         if BUFS == 1 and it == 0:
             cuda.syncthreads()
         for j in range(NCOL):
