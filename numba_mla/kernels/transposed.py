@@ -490,45 +490,30 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 # simulator: they are loaded at the top of each group.)
                 lo = ptx.lds128(smk, raw + k_lo + 64 * J)
                 hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES + 64 * J)
+                a0, a2 = ptx.e4m3x4_to_f16x4(lo[0])
+                a1, a3 = ptx.e4m3x4_to_f16x4(hi[0])
+                b0, b2 = ptx.e4m3x4_to_f16x4(lo[1])
+                b1, b3 = ptx.e4m3x4_to_f16x4(hi[1])
+                # (a product's A registers are defined before its group opens: a conversion
+                # inside an open group makes ptxas serialise every wgmma; and a wait for the
+                # groups before frees their registers for the next one's)
+                step = ptx.desc_advance(dq, 4 * STEP_BYTES * J)
                 if LEAN:  # two groups of two steps: fewer registers in flight
-                    a0, a2 = ptx.e4m3x4_to_f16x4(lo[0])
-                    a1, a3 = ptx.e4m3x4_to_f16x4(hi[0])
-                    b0, b2 = ptx.e4m3x4_to_f16x4(lo[1])
-                    b1, b3 = ptx.e4m3x4_to_f16x4(hi[1])
                     ptx.wgmma_fence()
-                    step = ptx.desc_advance(dq, 4 * STEP_BYTES * J)
                     mma_s(s_acc, a0, a1, a2, a3, smk, step, J, tid)
                     mma_s(s_acc, b0, b1, b2, b3, smk, ptx.desc_advance(step, STEP_BYTES), 1,
                           tid)
                     ptx.wgmma_commit()
                     wait_pending(s_acc, o_acc)
-                    c0, c2 = ptx.e4m3x4_to_f16x4(lo[2])
-                    c1, c3 = ptx.e4m3x4_to_f16x4(hi[2])
-                    d0, d2 = ptx.e4m3x4_to_f16x4(lo[3])
-                    d1, d3 = ptx.e4m3x4_to_f16x4(hi[3])
-                    ptx.wgmma_fence()
-                    mma_s(s_acc, c0, c1, c2, c3, smk, ptx.desc_advance(step, 2 * STEP_BYTES),
-                          1, tid)
-                    mma_s(s_acc, d0, d1, d2, d3, smk, ptx.desc_advance(step, 3 * STEP_BYTES),
-                          1, tid)
-                    ptx.wgmma_commit()
-                    wait_pending(s_acc, o_acc)
-                    continue
-                a0, a2 = ptx.e4m3x4_to_f16x4(lo[0])
-                a1, a3 = ptx.e4m3x4_to_f16x4(hi[0])
-                b0, b2 = ptx.e4m3x4_to_f16x4(lo[1])
-                b1, b3 = ptx.e4m3x4_to_f16x4(hi[1])
                 c0, c2 = ptx.e4m3x4_to_f16x4(lo[2])
                 c1, c3 = ptx.e4m3x4_to_f16x4(hi[2])
                 d0, d2 = ptx.e4m3x4_to_f16x4(lo[3])
                 d1, d3 = ptx.e4m3x4_to_f16x4(hi[3])
-                # (a product's A registers are defined before its group opens: a conversion
-                # inside an open group makes ptxas serialise every wgmma; and a wait for the
-                # groups before frees their registers for the next one's)
                 ptx.wgmma_fence()
-                step = ptx.desc_advance(dq, 4 * STEP_BYTES * J)
-                mma_s(s_acc, a0, a1, a2, a3, smk, step, J, tid)
-                mma_s(s_acc, b0, b1, b2, b3, smk, ptx.desc_advance(step, STEP_BYTES), 1, tid)
+                if not LEAN:  # one group of four
+                    mma_s(s_acc, a0, a1, a2, a3, smk, step, J, tid)
+                    mma_s(s_acc, b0, b1, b2, b3, smk, ptx.desc_advance(step, STEP_BYTES), 1,
+                          tid)
                 mma_s(s_acc, c0, c1, c2, c3, smk, ptx.desc_advance(step, 2 * STEP_BYTES), 1,
                       tid)
                 mma_s(s_acc, d0, d1, d2, d3, smk, ptx.desc_advance(step, 3 * STEP_BYTES), 1,
@@ -576,10 +561,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 alpha[j] = float32(1.0)
             if cuda.syncthreads_or(int32(need)):
                 for j in range(NCOL):
-                    m = mx[j]
-                    if LEAN:
-                        i = 4 * (j // 2) + j % 2
-                        m = max(s_acc[i], s_acc[i + 2])
+                    i = 4 * (j // 2) + j % 2
+                    m = max(s_acc[i], s_acc[i + 2]) if LEAN else mx[j]
                     for o in (4, 8, 16):  # the lanes g of the warp: its 16 keys
                         m = max(m, ptx.shfl_xor(m, o, tid))
                     mx[j] = m
