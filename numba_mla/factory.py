@@ -178,19 +178,21 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
 
 
 def transposed_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False,
-                                block_m=16):
+                                block_m=16, v_ahead=None):
     """The stage-1 tensor-core kernel for "e4m3" rows at 16 or 32 query rows a block
     (``block_m``; kernels/transposed.py: S^T = K Q^T, O^T = V^T P^T, A from registers);
-    ``tag`` q's type (bf16, f16); ``direct`` as for the others."""
+    ``tag`` q's type (bf16, f16); ``direct`` as for the others; ``v_ahead``: O^T's V codes
+    loaded that many steps ahead (None: the block's default)."""
 
     def build():
         from .kernels.transposed import make_partition_kernel
 
         return make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
-                                     block_m=block_m,
+                                     block_m=block_m, v_ahead=v_ahead,
                                      **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("transposed", tag, heads, direct, block_m)
+                   + ((("v_ahead", v_ahead),) if v_ahead is not None else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

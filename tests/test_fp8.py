@@ -371,10 +371,12 @@ def spy_transposed(monkeypatch):
     for."""
     from numba_mla import factory
 
-    seen, real = [], factory.transposed_partition_kernel
+    seen, ahead, real = [], [], factory.transposed_partition_kernel
+    spy_transposed.ahead = ahead  # (the v_ahead of each, in the same order)
 
-    def spy(*args, **kwargs):  # (mask, score_mod, tag, cache_cls, heads, direct, block_m)
-        seen.append((args[2], args[4], args[5], args[6]))
+    def spy(*args, **kwargs):  # (mask, score_mod, tag, cache_cls, heads, direct, block_m,
+        seen.append((args[2], args[4], args[5], args[6]))  # v_ahead)
+        ahead.append(args[7])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(factory, "transposed_partition_kernel", spy)
@@ -415,6 +417,23 @@ def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, pa
     assert seen and {s[:2] for s in seen} == {("bf16" if dtype == BF16 else "f16", H)}
     assert {s[2] for s in seen} == {parts == 1}
     assert {s[3] for s in seen} == {16 if Sq * H <= 16 else 32}
+
+
+@KERNEL
+@pytest.mark.parametrize("spill", [False, True])
+def test_fp8_transposed_32_rows_v_ahead_unless_it_spills(spill, rng, monkeypatch):
+    """The 32-row block loads V's codes a step ahead (selector.TRANSPOSED_V_AHEAD) where that
+    build uses no local memory, and else the block's own form (at their step): both give the
+    reference's result (the simulator never spills, so the fallback is made to happen)."""
+    from numba_mla import launch, selector
+
+    if spill:
+        monkeypatch.setattr(launch._Launch, "spills", lambda self: True)
+    seen = spy_transposed(monkeypatch)
+    p = fp8_problem(rng, "e4m3", 2, 1, 40, [130, 70], BF16, "paged64")
+    check(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 2, "mma")
+    want = [selector.TRANSPOSED_V_AHEAD, None] if spill else [selector.TRANSPOSED_V_AHEAD]
+    assert spy_transposed.ahead == want and {s[3] for s in seen} == {32}
 
 
 @KERNEL

@@ -137,8 +137,10 @@ class Layout:
         self.q_words = self.q_passes * Q_PASS_WORDS
         self.bufs = 2 if block_m == 16 else 1  # of P^T and ``red`` in the loop
         # O^T's V codes: 16-key steps loaded ahead, words a key in one group of products.
-        # The 32-row block takes neither (V_AHEAD 1, PV_GROUP 2 ran 3.5% faster on the H200 at
-        # 64 x 128 x 4096 but spilled 4 bytes with a causal mask and soft cap)
+        # The 32-row block groups one word, and loads a step ahead only where that does not
+        # spill (``make_partition_kernel``'s ``v_ahead``; the selector builds it first and
+        # falls back to 0): a step ahead ran 3.5% faster on the H200 at 64 x 128 x 4096, and
+        # spilled 4 bytes with a causal mask and soft cap
         self.v_ahead, self.pv_group = (V_AHEAD, PV_GROUP) if block_m == 16 else (0, 1)
         self.q_off = 0
         self.raw_off = self.q_off + K_STEPS * self.step_bytes
@@ -191,13 +193,13 @@ def key_of(p):
     return p ^ ((p >> 1) & 1)
 
 
-def _make_pv_tile(lay):
+def _make_pv_tile(lay, v_ahead):
     """``pv_tile(o, s, sm, va, vb, dp, tid)`` for the block of ``lay`` (a Layout): O^T +=
     V^T P^T over the tile's four 16-key steps, V's codes read from the raw stage at ``va``
     and ``vb`` (this thread's keys of K positions 2t and 2t + 1, ``key_of``; bytes
     128w + 16g of the row), P^T's B image at descriptor ``dp``. Step k's codes are the
     thread's four keys' (K positions 2t, 2t + 1, 2t + 8, 2t + 9 of the step: a, b, c, d) dims
-    128w + 16g .. + 15, four words each, loaded ``lay.v_ahead`` steps ahead of their
+    128w + 16g .. + 15, four words each, loaded ``v_ahead`` steps ahead of their
     conversion (0: at its start); ``lay.pv_group`` words of each key (2 m64 blocks each) make
     one group of products, issued once converted, and at most PENDING groups stay in flight
     behind it. Written out: each block's product names its accumulators by a constant
@@ -213,7 +215,7 @@ def _make_pv_tile(lay):
         base = 16 * k * ROW_BYTES
         return ["    " + x.format(k, base, base + 8 * ROW_BYTES) for x in load]
 
-    v_ahead, pv_group = lay.v_ahead, lay.pv_group
+    pv_group = lay.pv_group
     for k in range(v_ahead):
         lines += loads(k)
     for k in range(steps):
@@ -268,10 +270,12 @@ def _make_write_o(lay, store):
 
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads, store, key_count=None, block_m=BLOCK_M):
+                          fold_scale, heads, store, key_count=None, block_m=BLOCK_M,
+                          v_ahead=None):
     """The kernel for one configuration (factory.py): ``tag`` "bf16" or "f16" (q's type),
     ``store`` fp32 -> ``part_out``; the cache holds "e4m3" rows, 16-byte aligned;
-    ``block_m`` query rows a block (``BLOCKS``)."""
+    ``block_m`` query rows a block (``BLOCKS``); ``v_ahead``: O^T's V codes loaded this many
+    16-key steps ahead (None: the block's ``Layout``)."""
     H = heads
     lay = LAYOUTS[block_m]
     BLOCK_M, NCOL, NACC, NO, STEP_BYTES = block_m, lay.ncol, lay.nacc, lay.no, lay.step_bytes
@@ -292,7 +296,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     wait_pending = ptx.wgmma_wait_pending(NACC, NO, PENDING)
     desc = ptx.wgmma_desc(LBO, SBO)
     unpack = ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32
-    pv_tile = _make_pv_tile(lay)
+    pv_tile = _make_pv_tile(lay, lay.v_ahead if v_ahead is None else v_ahead)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
