@@ -166,6 +166,8 @@ WARP_SPLIT_ASKS = {"simt_warpsplit": "simt", "warpsplit": "simple"}
 # (its conversion, in registers, hides under the products of the block beside it), or 0 for
 # the lockstep kernel (its rows through a 16-bit tile)
 TRANSPOSED_PAST_16 = 32
+# ... and past 32 query rows a sequence: the 64-row block of two warpgroups, or 32
+TRANSPOSED_PAST_32 = 64
 # The 32-row block's V codes loaded this many steps ahead where its build does not spill
 # (3.5% less time at 64 x 128 x 4096 on the H200; 4 bytes spilled with a causal mask and soft
 # cap, where the block loads them at their step)
@@ -247,7 +249,12 @@ def _transposed(config, rows, fp8, packed):
     if want is not None:
         return want if want in transposed.BLOCKS else 0
     assert TRANSPOSED_PAST_16 in (0, *transposed.BLOCKS), TRANSPOSED_PAST_16
-    return transposed.BLOCKS[0] if rows <= transposed.BLOCKS[0] else TRANSPOSED_PAST_16
+    assert TRANSPOSED_PAST_32 in transposed.BLOCKS[1:], TRANSPOSED_PAST_32
+    if rows <= transposed.BLOCKS[0]:
+        return transposed.BLOCKS[0]
+    if rows <= 32 or TRANSPOSED_PAST_16 != 32:
+        return TRANSPOSED_PAST_16
+    return TRANSPOSED_PAST_32
 
 
 def _check_config(config, backend, block_m, block_n, stages=None):
@@ -434,7 +441,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         def spec_of(v_ahead):
             disp = factory.transposed_partition_kernel(mask, mod, tag, cache_cls, H, direct,
                                                        block_m, v_ahead)
-            return KernelSpec("transposed", disp, transposed.NTHREADS,
+            return KernelSpec("transposed", disp, transposed.threads(block_m),
                               transposed.smem_bytes(block_m), q_pairs=True, tma=False,
                               **common)
 

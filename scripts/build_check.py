@@ -220,6 +220,11 @@ def main():
         # (spills allowed here: reported, not failed)
         variants.append(("tr8x32a", factory.transposed_partition_kernel(
             mask, mod, tag, cache, heads, direct, 32, selector.TRANSPOSED_V_AHEAD)))
+        # and its 64-row block of two warpgroups (past 32), in both forms
+        variants.append(("tr8x64", factory.transposed_partition_kernel(mask, mod, tag, cache,
+                                                                       heads, direct, 64)))
+        variants.append(("tr8x64a", factory.transposed_partition_kernel(
+            mask, mod, tag, cache, heads, direct, 64, selector.TRANSPOSED_V_AHEAD)))
         if tma:
             variants.append(("seesaw", factory.seesaw_partition_kernel(mask, mod, tag, cache,
                                                                        heads, direct)))
@@ -228,7 +233,8 @@ def main():
                     mask, mod, tag, cache, heads, False, listed=True)))
         for name, kern in variants:
             sig = list(signature(direct, name == "listed"))
-            if name in ("mma8", "tr8", "tr8x32", "tr8x32a"):  # cache: 4-code words; complex scale
+            if name in ("mma8", "tr8", "tr8x32", "tr8x32a", "tr8x64", "tr8x64a"):  # cache: codes;
+                # complex scale
                 sig[6] = types.complex64
             ptx, _ = cuda.compile_ptx(kern.py_func, tuple(sig), cc=(9, 0, "a"))
             sass, log = build_sass(ptx)
@@ -237,9 +243,12 @@ def main():
             serial = "serialized" in log
             # lockstep: 36 for S and 4 for P V; seesaw: 4 a box in each warpgroup's two S
             # sites (a loop over the boxes), 4 in each of their two P V sites; transposed: 36
-            # for S^T and 32 for O^T (m64n16k16; the 32-row block's m64n32k16)
-            want = {"mma": 40, "mma8": 40, "tr8": 68, "tr8x32": 68, "tr8x32a": 68}.get(name, 32)
-            ok = (not spills or name == "tr8x32a") and calls == 0 and not serial and hgmma == want
+            # for S^T and 32 for O^T (m64n16k16; the 32-row block's m64n32k16); its 64-row
+            # block 18 + 16 a warpgroup (m64n64k16)
+            want = {"mma": 40, "mma8": 40, "tr8": 68, "tr8x32": 68, "tr8x32a": 68, "tr8x64": 34,
+                    "tr8x64a": 34}.get(name, 32)
+            ok = ((not spills or name in ("tr8x32a", "tr8x64a")) and calls == 0 and not serial
+                  and hgmma == want)
             if name in ("seesaw", "listed"):  # the evict-first copies exactly from LAG_HEADS
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)
             bad += not ok

@@ -408,7 +408,11 @@ def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, pa
     rows a sequence the same four in blocks of 32 rows: 32 heads (one whole block); two
     tokens of 20 heads (40 rows: a whole block and one of 8); four tokens of 8 heads (32 rows,
     four positions); 40 heads (a whole block and one of 8); and 40 heads beside an empty
-    sequence in one partition (its blocks run no tile and write zeros themselves)."""
+    sequence in one partition (its blocks run no tile and write zeros themselves). (Past 32
+    rows the 32-row block is kept here: the 64-row block has a test of its own.)"""
+    from numba_mla import selector
+
+    monkeypatch.setattr(selector, "TRANSPOSED_PAST_32", 32)
     seen = spy_transposed(monkeypatch)
     p = fp8_problem(rng, "e4m3", len(lengths), Sq, H, lengths, dtype, cache)
     mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100"
@@ -417,6 +421,33 @@ def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, pa
     assert seen and {s[:2] for s in seen} == {("bf16" if dtype == BF16 else "f16", H)}
     assert {s[2] for s in seen} == {parts == 1}
     assert {s[3] for s in seen} == {16 if Sq * H <= 16 else 32}
+
+
+@KERNEL
+@pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts", [
+    (BF16, "paged64", 1, 64, [200], "null", "identity", 1),
+    (np.float16, "paged16", 2, 20, [0, 330], "window100", "identity", 2),
+    (BF16, "contiguous", 1, 72, [150], "causal", "softcap", 3),
+    (BF16, "paged64", 1, 40, [250], "null", "alibi", 1),
+    (BF16, "paged64", 1, 70, [0, 130], "null", "identity", 1)])
+def test_fp8_transposed_64_rows(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts, rng,
+                                monkeypatch):
+    """The transposed kernel's 64-row block (past 32 query rows a sequence): two warpgroups,
+    each S^T over half the dims, the partial sums added through shared memory, each the
+    softmax of its half of the columns and O^T over half the output dims. 64 heads over four
+    tiles (three whole pages); two tokens of 20 heads (40 rows: one block, 24 rows empty) on
+    pages of 16 under a window in two partitions beside an empty sequence; 72 heads (a whole
+    block and one of 8) causal with a soft cap in three partitions (a run that ends inside a
+    tile); ALiBi over four tiles (the running max moves: both warpgroups rescale O^T's
+    columns from the factors the other found); 70 heads beside an empty sequence (blocks that
+    run no tile and write zeros themselves)."""
+    seen = spy_transposed(monkeypatch)
+    p = fp8_problem(rng, "e4m3", len(lengths), Sq, H, lengths, dtype, cache)
+    mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100"
+            else MASKS[mask_id].make(p, rng))
+    check(p, mask, SCORE_MODS[mod_id].make(p), parts, "mma")
+    assert seen and {s[3] for s in seen} == {64}
+    assert {s[2] for s in seen} == {parts == 1}
 
 
 @KERNEL

@@ -94,18 +94,17 @@ from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_parti
                      make_tile_run, make_tile_walk, mark_empty)
 
 BLOCK_M = 16  # query rows a block: wgmma's N (16, or 32: ``BLOCKS``)
-BLOCKS = (16, 32)  # the row counts a block may take (``layout``)
+BLOCKS = (16, 32, 64)  # the row counts a block may take (``layout``)
 BLOCK_N = 64  # keys a tile: wgmma's M
-NTHREADS = 128  # one warpgroup
+NTHREADS = 128  # one warpgroup (the 64-row block: two, ``Layout.threads``)
 ROW_BYTES = D_QK  # a raw "e4m3" row: 576 codes
 TILE_BYTES = BLOCK_N * ROW_BYTES  # 36864
-PIECES = TILE_BYTES // 16 // NTHREADS  # 16-byte cp.async pieces a thread a tile (18)
 ROW_PIECES = ROW_BYTES // 16  # 36
 K_STEPS = D_QK // 16  # S^T's k16 steps (36)
 LBO, SBO = 128, 256  # B^T [N rows, 16 k] K-major: core matrices of 8 rows x 16 bytes
 NBLK = D_V // 64  # O^T's m64 blocks (8)
 STAGES = 2
-Q_PASS_WORDS = 16 * D_QK // 2 // NTHREADS  # words of q a thread copies a pass of 16 rows (36)
+Q_PASS_WORDS = D_QK // 2 // 8  # words of q a thread copies a pass (8 threads a row: 36)
 PENDING = 1  # groups of products left in flight behind the one just issued
 V_AHEAD = 1  # 16-key steps of V's codes loaded ahead of the one converted
 PV_GROUP = 2  # words of V's codes a key (2 m64 blocks each) in one group of products
@@ -129,11 +128,17 @@ class Layout:
     def __init__(self, block_m):
         assert block_m in BLOCKS
         self.block_m = block_m
-        self.ncol = block_m // 4  # a thread's columns (query rows) of S^T and O^T
+        # 64 rows: two warpgroups, each S^T over half the dims (summed through ``xch``) and
+        # O^T over half the output dims; each owns half the columns in the softmax
+        self.wgs = 2 if block_m == 64 else 1
+        self.threads = NTHREADS * self.wgs
+        self.pieces = TILE_BYTES // 16 // self.threads  # 16-byte copies a thread a tile
         self.nacc = block_m // 2  # accumulators of one m64 product a thread
-        self.no = NBLK * self.nacc  # O^T's accumulators a thread
+        self.ncol = block_m // 4 // self.wgs  # a thread's own columns (query rows) of S^T
+        self.nblk = NBLK // self.wgs  # O^T's m64 blocks a warpgroup
+        self.no = self.nblk * self.nacc  # O^T's accumulators a thread
         self.step_bytes = block_m * 16 * 2  # one k-step of a [block_m x 16] fp16 B image
-        self.q_passes = block_m // 16  # passes of 16 rows that copy q
+        self.q_passes = block_m * 8 // self.threads  # passes of threads / 8 rows that copy q
         self.q_words = self.q_passes * Q_PASS_WORDS
         self.bufs = 2 if block_m == 16 else 1  # of P^T and ``red`` in the loop
         # O^T's V codes: 16-key steps loaded ahead, words a key in one group of products.
@@ -150,7 +155,13 @@ class Layout:
         self.red_bytes = 4 * block_m * 4  # 4 warps x block_m f32
         self.qexp_off = (self.red_off + 2 * self.red_bytes if self.bufs == 2
                          else self.red_off + self.red_bytes)
-        self.smem_bytes = max(self.red_off + 2 * self.red_bytes, self.qexp_off + block_m * 4)
+        end = max(self.red_off + 2 * self.red_bytes, self.qexp_off + block_m * 4)
+        # two warpgroups: S^T's partial sums exchanged (each thread's 16 of the other's
+        # columns), and the columns' rescale factors for O^T
+        self.xch_off = end
+        self.xch_bytes = 16 * NTHREADS * 4 * self.wgs if self.wgs > 1 else 0
+        self.alpha_off = self.xch_off + self.xch_bytes
+        self.smem_bytes = self.alpha_off + (block_m * 4 if self.wgs > 1 else 0)
 
 
 LAYOUTS = {m: Layout(m) for m in BLOCKS}
@@ -161,6 +172,11 @@ STEP_BYTES = LAYOUTS[BLOCK_M].step_bytes  # 512
 def smem_bytes(block_m):
     """Shared memory of a block of ``block_m`` rows (bytes)."""
     return LAYOUTS[block_m].smem_bytes
+
+
+def threads(block_m):
+    """Threads a block of ``block_m`` rows."""
+    return LAYOUTS[block_m].threads
 
 
 def _q_image_byte(c, d, step_bytes=STEP_BYTES):
@@ -205,10 +221,9 @@ def _make_pv_tile(lay, v_ahead):
     behind it. Written out: each block's product names its accumulators by a constant
     offset, so that all of O^T stays in registers."""
     steps = BLOCK_N // 16
-    load = ["a{0}0, a{0}1, a{0}2, a{0}3 = lds(sm, va + {1})",
-            "b{0}0, b{0}1, b{0}2, b{0}3 = lds(sm, vb + {1})",
-            "c{0}0, c{0}1, c{0}2, c{0}3 = lds(sm, va + {2})",
-            "d{0}0, d{0}1, d{0}2, d{0}3 = lds(sm, vb + {2})"]
+    wpk = lay.nblk // 2  # words of V's codes a key: 4 (16 bytes), the 64-row block's 2
+    load = [", ".join(x + "{0}" + str(c) for c in range(wpk)) + f" = lds(sm, {v} + {{{o}}})"
+            for x, v, o in (("a", "va", 1), ("b", "vb", 1), ("c", "va", 2), ("d", "vb", 2))]
     lines = ["def pv_tile(o, s, sm, va, vb, dp, tid):"]
 
     def loads(k):
@@ -222,7 +237,7 @@ def _make_pv_tile(lay, v_ahead):
         if k + v_ahead < steps:
             lines += loads(k + v_ahead)
         d = f"desc_advance(dp, {lay.step_bytes * k})"
-        for c0 in range(0, 4, pv_group):
+        for c0 in range(0, wpk, pv_group):
             group = range(c0, c0 + pv_group)
             for c in group:
                 w = f"{k}{c}"
@@ -236,8 +251,9 @@ def _make_pv_tile(lay, v_ahead):
                           f"    m{2 * c + 1}(o, g{c}0, g{c}1, g{c}2, g{c}3, sm, {d}, 1, tid)"]
             lines += ["    commit()", "    wait_pending(o, s)"]
     scope = {f"m{b}": ptx.wgmma_rs(lay.block_m, "f16", False, lay.nacc * b)
-             for b in range(NBLK)}
-    scope.update(lo=ptx.byte_perm(LO_PAIRS), hi=ptx.byte_perm(HI_PAIRS), lds=ptx.lds128,
+             for b in range(lay.nblk)}
+    scope.update(lo=ptx.byte_perm(LO_PAIRS), hi=ptx.byte_perm(HI_PAIRS),
+                 lds=ptx.lds128 if wpk == 4 else ptx.lds64,
                  cvt=ptx.e4m3x4_to_f16x4, fence=ptx.wgmma_fence, commit=ptx.wgmma_commit,
                  desc_advance=ptx.desc_advance,
                  wait_pending=ptx.wgmma_wait_pending(lay.no, lay.nacc, PENDING))
@@ -253,10 +269,10 @@ def _make_write_o(lay, store):
     and ``o`` would then live in local memory). Column j's dims d0 + 4qd .. + 3 are elements
     NACC (2qd) + i0, + 2, NACC (2qd + 1) + i0, + 2 (i0 = 4 (j // 2) + j % 2)."""
     lines = ["def write_o(o, part_out, rows, heads, oks, p, d0, x4):"]
-    for j in range(lay.ncol):
+    for j in range(lay.block_m // 4):  # (the columns of a product a thread)
         i0 = 4 * (j // 2) + j % 2
         lines += [f"    if oks[{j}]:", f"        t_row = rows[{j}]", f"        h = heads[{j}]"]
-        for qd in range(4):
+        for qd in range(lay.nblk // 2):
             e = [lay.nacc * 2 * qd + i0, lay.nacc * 2 * qd + i0 + 2,
                  lay.nacc * (2 * qd + 1) + i0, lay.nacc * (2 * qd + 1) + i0 + 2]
             lines += [f"        d = d0 + uint64({4 * qd})", "        if x4:",
@@ -279,6 +295,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     H = heads
     lay = LAYOUTS[block_m]
     BLOCK_M, NCOL, NACC, NO, STEP_BYTES = block_m, lay.ncol, lay.nacc, lay.no, lay.step_bytes
+    THREADS, PIECES, OCOL = lay.threads, lay.pieces, block_m // 4
+    ROWS_PASS = THREADS // 8  # q rows a pass of load_q
+    # The 64-row block: two warpgroups (``Layout``); S^T's partial sums meet in ``xch``
+    TWO = lay.wgs == 2
+    XCH_OFF, ALPHA_OFF = lay.xch_off, lay.alpha_off
     Q_OFF, RAW_OFF, P_OFF, P_BYTES = lay.q_off, lay.raw_off, lay.p_off, lay.p_bytes
     RED_OFF, RED_BYTES, QEXP_OFF, BUFS = lay.red_off, lay.red_bytes, lay.qexp_off, lay.bufs
     Q_PASSES, Q_WORDS = lay.q_passes, lay.q_words
@@ -308,7 +329,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     def issue_tile(smk, dst, storage, block_table, page_size, npages, b, k0, k1, tid):
         """Start copying the rows of keys [k0, k1) as they are into the raw stage at ``dst``
         (zeros past k1), and commit them as one group. Piece j (16 bytes) of the tile is
-        thread j % 128's: one page's run of slots is one contiguous block of bytes in the
+        thread j % THREADS's: one page's run of slots is one contiguous block of bytes in the
         cache and in the stage, so a warp's copy reads and writes 512 contiguous bytes;
         elsewhere each piece's row is looked up."""
         page, slot, run = tile_run(block_table, page_size, npages, b, k0, k1)
@@ -316,17 +337,17 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         if run and nbytes == TILE_BYTES:  # a whole tile in one page: no test a piece
             src = ptx.global_addr(storage, page, slot, 0) + 16 * tid
             for m in range(PIECES):
-                ptx.cp_async16_at(smk, dst + 16 * tid + 16 * NTHREADS * m,
-                                  src + 16 * NTHREADS * m, True)
+                ptx.cp_async16_at(smk, dst + 16 * tid + 16 * THREADS * m,
+                                  src + 16 * THREADS * m, True)
         elif run:
             src = ptx.global_addr(storage, page, slot, 0)
             for m in range(PIECES):
-                j = tid + NTHREADS * m
+                j = tid + THREADS * m
                 ok = 16 * j < nbytes
                 ptx.cp_async16_at(smk, dst + 16 * j, src + 16 * j if ok else src, ok)
         else:
             for m in range(PIECES):
-                j = tid + NTHREADS * m
+                j = tid + THREADS * m
                 n, piece = ptx.divmod_u32(j, ROW_PIECES)
                 ok = n < k1 - k0
                 pg, sl = locate(block_table, page_size, npages, b, k0 + min(n, k1 - k0 - 1))
@@ -337,11 +358,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     @cuda.jit(device=True)
     def fetch_q(q, words, row0, r0, nrows, tid):
         """This thread's words of the block's query rows into ``words`` (all the loads out
-        before any is used; ``load_q`` uses them): in pass z (16 rows each), row
-        16z + t // 8 (rows past ``nrows`` repeat the last), words t % 8 + 8m (m = 0..35)."""
+        before any is used; ``load_q`` uses them): in pass z (THREADS / 8 rows each), row
+        ROWS_PASS z + t // 8 (rows past ``nrows`` repeat the last), words t % 8 + 8m
+        (m = 0..35)."""
         u = tid % 8
         for z in range(Q_PASSES):
-            r = r0 + min(tid // 8 + 16 * z, nrows - 1)
+            r = r0 + min(tid // 8 + ROWS_PASS * z, nrows - 1)
             rq = uint64(row0 + r // H)  # (unsigned indices: no test for negative ones)
             hq = uint64(r % H)
             for m in range(Q_PASS_WORDS):
@@ -351,13 +373,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     def load_q(words, smk, sb, nrows, tid):
         """The block's query rows (``fetch_q``'s words) into the Q image, each times its power
         of two (rows past ``nrows`` zero), the exponents to ``qexp``. In pass z thread t holds
-        row c = 16z + t // 8's words t % 8 + 8m (m = 0..35): dims 2 (t % 8) + 16m, whose place
+        row c = ROWS_PASS z + t // 8's words t % 8 + 8m (m = 0..35): dims 2 (t % 8) + 16m, whose place
         in the image is the thread's first plus (m // 4) * 4 k-steps + (m % 4) * 4
         (q_image_byte), and the row's eight threads find its largest magnitude by three
         shuffles."""
         u = tid % 8
         for z in range(Q_PASSES):
-            c = tid // 8 + 16 * z
+            c = tid // 8 + ROWS_PASS * z
             k = 0
             f = float32(1.0)
             if SCALE_Q:
@@ -392,7 +414,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         nparts = cuda.gridDim.x
         b = cuda.blockIdx.z
         tid = cuda.threadIdx.x
-        warp, lane = tid // 32, tid % 32
+        # (two warpgroups: wg, and the warp within it; one: wg 0)
+        # (warp_uniform: the descriptors that depend on it are then uniform, not spilled)
+        wg = ptx.warp_uniform(tid // NTHREADS, tid) if TWO else 0
+        warp, lane = ((tid // 32) % 4 if TWO else tid // 32), tid % 32
+        cw = 32 * wg  # the first of the thread's own columns (two warpgroups: its half)
         g, t4 = lane // 4, lane % 4
         smk = cuda.shared.array(0, int32)
         smf = cuda.shared.array(0, float32)
@@ -421,7 +447,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         q_lo, q_hi, kstart, kend, t, t_end = first_tiles(length, nq, r0, nrows, p, nparts,
                                                          chunk)
         if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
-            mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+            mark_empty(part_lse, row0, r0, nrows, p, H, tid, THREADS)
             return
         # q's loads go out first, then the first tile's copies (its page-table entry is in L2
         # by now), whose rows fly while Q is converted
@@ -445,7 +471,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         alpha = cuda.local.array(NCOL, float32)
         mx = cuda.local.array(NCOL, float32)
         for j in range(NCOL):
-            c = 8 * (j // 2) + 2 * t4 + j % 2
+            c = cw + 8 * (j // 2) + 2 * t4 + j % 2
             if not LEAN:
                 colf[j] = ptx.i32_as_f32((127 - smk[uint64(QEXP_OFF // 4 + c)]) << 23)
             m_run[j] = float32(NEG_INF)
@@ -459,15 +485,17 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             for i in range(NO):
                 o_acc[i] = float32(0.0)
         dq = desc(sb + Q_OFF)
-        # the thread's K loads: rows 16w + g, + 8 of the tile, 16 bytes at 16t (+ 64J)
-        k_lo = (16 * warp + g) * ROW_BYTES + 16 * t4
+        # the thread's K loads: rows 16w + g, + 8 of the tile, 16 bytes at 16t (+ 64J); two
+        # warpgroups: 8 bytes at 16t + 8wg (k-steps 4J + 2wg, + 1)
+        k_lo = (16 * warp + g) * ROW_BYTES + 16 * t4 + 8 * wg
         # its V loads: the keys of K positions 2t, 2t + 1 (+ 8) of each 16-key step (key_of),
-        # 16 bytes at 128w + 16g
-        v_a = key_of(2 * t4) * ROW_BYTES + 128 * warp + 16 * g
-        v_b = key_of(2 * t4 + 1) * ROW_BYTES + 128 * warp + 16 * g
-        # its P^T stores: k-step w, keys g (+ 8) at K positions key_of(g) (+ 8), rows 2t (+ 1,
-        # + 8, + 9)
-        p_at = P_OFF + STEP_BYTES * warp + 32 * t4 + 2 * key_of(g)
+        # 16 bytes at 128w + 16g; two warpgroups: 8 bytes at 256wg + 64w + 8g
+        v_dims = 256 * wg + 64 * warp + 8 * g if TWO else 128 * warp + 16 * g
+        v_a = key_of(2 * t4) * ROW_BYTES + v_dims
+        v_b = key_of(2 * t4 + 1) * ROW_BYTES + v_dims
+        # its P^T stores: k-step w, keys g (+ 8) at K positions key_of(g) (+ 8), rows
+        # cw + 2t (+ 1, + 8, + 9)
+        p_at = P_OFF + STEP_BYTES * warp + 32 * t4 + 2 * key_of(g) + (cw >> 3) * SBO
 
         stage = 0
         it = 0
@@ -492,16 +520,25 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 # (The next group's codes loaded here, under this group's products, gave wrong
                 # scores on the H200 in 9 of 11 mask x score-mod cases, never in the
                 # simulator: they are loaded at the top of each group.)
-                lo = ptx.lds128(smk, raw + k_lo + 64 * J)
-                hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES + 64 * J)
-                a0, a2 = ptx.e4m3x4_to_f16x4(lo[0])
-                a1, a3 = ptx.e4m3x4_to_f16x4(hi[0])
-                b0, b2 = ptx.e4m3x4_to_f16x4(lo[1])
-                b1, b3 = ptx.e4m3x4_to_f16x4(hi[1])
+                if TWO:  # (8 bytes: this warpgroup's two k-steps of the four)
+                    lo2 = ptx.lds64(smk, raw + k_lo + 64 * J)
+                    hi2 = ptx.lds64(smk, raw + k_lo + 8 * ROW_BYTES + 64 * J)
+                    wa, wb, xa, xb = lo2[0], hi2[0], lo2[1], hi2[1]
+                else:
+                    lo = ptx.lds128(smk, raw + k_lo + 64 * J)
+                    hi = ptx.lds128(smk, raw + k_lo + 8 * ROW_BYTES + 64 * J)
+                    wa, wb, xa, xb = lo[0], hi[0], lo[1], hi[1]
+                a0, a2 = ptx.e4m3x4_to_f16x4(wa)
+                a1, a3 = ptx.e4m3x4_to_f16x4(wb)
+                b0, b2 = ptx.e4m3x4_to_f16x4(xa)
+                b1, b3 = ptx.e4m3x4_to_f16x4(xb)
                 # (a product's A registers are defined before its group opens: a conversion
                 # inside an open group makes ptxas serialise every wgmma; and a wait for the
                 # groups before frees their registers for the next one's)
                 step = ptx.desc_advance(dq, 4 * STEP_BYTES * J)
+                if TWO:  # this warpgroup's k-steps 4J + 2wg, + 1 (from its address, as
+                    # mma.py's descriptors: a uniform value, not one held per step)
+                    step = desc(sb + Q_OFF + STEP_BYTES * (4 * J + 2 * wg))
                 if LEAN:  # two groups of two steps: fewer registers in flight
                     ptx.wgmma_fence()
                     mma_s(s_acc, a0, a1, a2, a3, smk, step, J, tid)
@@ -509,6 +546,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           tid)
                     ptx.wgmma_commit()
                     wait_pending(s_acc, o_acc)
+                if TWO:
+                    continue
                 c0, c2 = ptx.e4m3x4_to_f16x4(lo[2])
                 c1, c3 = ptx.e4m3x4_to_f16x4(hi[2])
                 d0, d2 = ptx.e4m3x4_to_f16x4(lo[3])
@@ -525,6 +564,20 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 ptx.wgmma_commit()
                 wait_pending(s_acc, o_acc)
             wait_all(s_acc, o_acc)  # (this tile's S^T)
+            if TWO:
+                # Each warpgroup summed half the dims: a thread hands its partial sums of the
+                # other half's columns (accumulators 16 (1 - wg) ..) to the other warpgroup's
+                # thread of its place, and adds that thread's of its own columns, which it
+                # then holds in s_acc[0 .. 15] (the loop below reads no more).
+                xo = uint64(XCH_OFF // 4 + (1 - wg) * 16 * NTHREADS + tid % NTHREADS)
+                for i in range(16):
+                    smf[xo + uint64(NTHREADS * i)] = s_acc[i] if wg == 1 else s_acc[16 + i]
+                # Every thread's partial sums are in place.
+                cuda.syncthreads()
+                xi = uint64(XCH_OFF // 4 + wg * 16 * NTHREADS + tid % NTHREADS)
+                for i in range(16):
+                    mine = s_acc[16 + i] if wg == 1 else s_acc[i]
+                    s_acc[i] = mine + smf[xi + uint64(NTHREADS * i)]
 
             # -- scores (mask, score mod: log2 units); does any pass its row's running max
             # by more than RESCALE_SLACK? (A NaN score drops out of ``max`` here, as it did
@@ -536,7 +589,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             if LEAN:
                 cls = mask_classify(k0, k1, q_lo, q_hi)
             for j in range(NCOL):
-                c = 8 * (j // 2) + 2 * t4 + j % 2
+                c = cw + 8 * (j // 2) + 2 * t4 + j % 2
                 r = rt + c
                 iq = r // H
                 h = r - iq * H
@@ -561,9 +614,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # passes it the maxima could not move it, and the block skips their exchange
             # (shuffles, ``red``, a barrier, the rescale), with the same result bit for bit.
             moved = False
+            exch = False
             for j in range(NCOL):
                 alpha[j] = float32(1.0)
             if cuda.syncthreads_or(int32(need)):
+                exch = True
                 for j in range(NCOL):
                     i = 4 * (j // 2) + j % 2
                     m = max(s_acc[i], s_acc[i + 2]) if LEAN else mx[j]
@@ -573,12 +628,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 red = RED_OFF + (it % BUFS) * RED_BYTES
                 if g == 0:
                     for j in range(NCOL):
-                        smf[uint64(red // 4 + BLOCK_M * warp + 8 * (j // 2) + 2 * t4
+                        smf[uint64(red // 4 + BLOCK_M * warp + cw + 8 * (j // 2) + 2 * t4
                                    + j % 2)] = mx[j]
                 # The four warps' maxima are in place.
                 cuda.syncthreads()
                 for j in range(NCOL):
-                    c = 8 * (j // 2) + 2 * t4 + j % 2
+                    c = cw + 8 * (j // 2) + 2 * t4 + j % 2
                     m_old = m_run[j]
                     m_new = m_old
                     for w in range(4):
@@ -590,7 +645,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     moved = moved or alpha[j] != float32(1.0)
                     l_run[j] *= alpha[j]
                     l_p[j] *= alpha[j]
-                if LEAN and moved:
+                if TWO:  # (O^T holds every column: both warpgroups rescale, below)
+                    if warp == 0 and g == 0:
+                        for j in range(NCOL):
+                            smf[uint64(ALPHA_OFF // 4 + cw + 8 * (j // 2) + 2 * t4
+                                       + j % 2)] = alpha[j]
+                elif LEAN and moved:
                     scale_cols(o_acc, alpha)
             # -- online softmax down the columns; P^T (fp16) as wgmma's B image --
             p16 = uint64(p_at // 2) + uint64((it % BUFS) * (P_BYTES // 2))  # (16-bit elements)
@@ -610,8 +670,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     for i in range(NACC):
                         o_acc[NACC * blk + i] *= alpha[(i // 4) * 2 + i % 2]
             ptx.fence_proxy_async()
-            # P^T is complete.
+            # P^T is complete (two warpgroups: and the columns' rescale factors).
             cuda.syncthreads()
+            if TWO and exch:
+                alpha_o = cuda.local.array(OCOL, float32)
+                for n in range(OCOL):
+                    alpha_o[n] = smf[uint64(ALPHA_OFF // 4 + 8 * (n // 2) + 2 * t4 + n % 2)]
+                scale_cols(o_acc, alpha_o)
 
             # -- O^T += V^T P^T: four 16-key steps of eight m64 blocks, not waited for --
             pv_tile(o_acc, s_acc, smk, raw + v_a, raw + v_b,
@@ -638,19 +703,30 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             l_p[j] = bsum
         if g == 0:
             for j in range(NCOL):
-                c = 8 * (j // 2) + 2 * t4 + j % 2
+                c = cw + 8 * (j // 2) + 2 * t4 + j % 2
                 smf[uint64(RED_OFF // 4 + BLOCK_M * warp + c)] = l_run[j]
                 smf[uint64((RED_OFF + RED_BYTES) // 4 + BLOCK_M * warp + c)] = l_p[j]
         cuda.syncthreads()
         if LEAN:  # (read again past the barrier: not a register held through the loop)
             row0 = q_offsets[b]
         x4 = ptx.aligned_x4(part_out)
+        if TWO:  # the LSE of the warpgroup's own columns (O^T holds all 64, below)
+            for j in range(NCOL):
+                c = cw + 8 * (j // 2) + 2 * t4 + j % 2
+                if c < nrows and warp == 0 and g == 0:
+                    lsum = float32(0.0)
+                    for w in range(4):
+                        lsum += smf[uint64(RED_OFF // 4 + BLOCK_M * w + c)]
+                    r = uint64(r0 + c)
+                    part_lse[uint64(row0) + r // uint64(H), r % uint64(H), p] = (
+                        float32(NEG_INF) if lsum == 0.0
+                        else (m_run[j] + math.log2(lsum)) * float32(LN2))
         if LEAN:  # (every index into o_acc a constant: ``write_o``)
-            inv_c = cuda.local.array(NCOL, float32)
-            rows = cuda.local.array(NCOL, uint64)
-            heads_c = cuda.local.array(NCOL, uint64)
-            oks = cuda.local.array(NCOL, int32)
-        for j in range(NCOL):
+            inv_c = cuda.local.array(OCOL, float32)
+            rows = cuda.local.array(OCOL, uint64)
+            heads_c = cuda.local.array(OCOL, uint64)
+            oks = cuda.local.array(OCOL, int32)
+        for j in range(OCOL):  # (the thread's columns of O^T: two warpgroups, all 16)
             c = 8 * (j // 2) + 2 * t4 + j % 2
             if LEAN:
                 inv_c[j] = float32(0.0)
@@ -666,7 +742,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 r = uint64(r0 + c)
                 t_row = uint64(row0) + r // uint64(H)
                 h = r % uint64(H)
-                if warp == 0 and g == 0:
+                if warp == 0 and g == 0 and not TWO:
                     part_lse[t_row, h, p] = (float32(NEG_INF) if empty
                                              else (m_run[j] + math.log2(lsum)) * float32(LN2))
                 if LEAN:
@@ -694,6 +770,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         if LEAN:
             scale_cols(o_acc, inv_c)
             write_o(o_acc, part_out, rows, heads_c, oks, uint64(p),
-                    uint64(128 * warp + 16 * g), x4)
+                    uint64(256 * wg + 64 * warp + 8 * g if TWO else 128 * warp + 16 * g), x4)
 
     return partition_kernel
