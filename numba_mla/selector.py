@@ -211,10 +211,13 @@ def _mma_sync_shape(config, rows, fp8):
 
 def _mma_rows(fp8, packed):
     """The query rows a block that ``"mma"`` runs: the lockstep kernel's 64, and for "e4m3"
-    rows with q and the cache C-contiguous (``packed``) the transposed kernel's 16 or 32."""
+    rows with q and the cache C-contiguous (``packed``) the transposed kernel's 16, 32 or 64
+    (which then takes a config of 64)."""
     from .kernels import mma, transposed
 
-    return (mma.BLOCK_M, *transposed.BLOCKS) if fp8 == "e4m3" and packed else (mma.BLOCK_M,)
+    if fp8 == "e4m3" and packed:  # (64 there: the transposed kernel's 64-row block)
+        return (mma.BLOCK_M,) + tuple(m for m in transposed.BLOCKS if m != mma.BLOCK_M)
+    return (mma.BLOCK_M,)
 
 
 def _tensor_core_honours(config, backend, rows, fp8, packed):
@@ -240,7 +243,7 @@ def _transposed(config, rows, fp8, packed):
     it, else 0: "e4m3" rows in a C-contiguous cache (``packed``: it copies a page's run of
     slots as one block of bytes; a cache whose slots lie further apart takes the lockstep
     kernel, which finds each row); the config's rows, else 16 where a sequence has at most
-    16 and 32 past that."""
+    16, 32 up to 32 and TRANSPOSED_PAST_32 (64: two warpgroups) past that."""
     from .kernels import transposed
 
     if fp8 != "e4m3" or not packed:
@@ -326,6 +329,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
           and not _tensor_core_honours(config, backend, rows, fp8, facts.packed_rows)):
         backend = "simt"  # the FMA kernel runs what the config asks (or refuses it below)
 
+    block_t = 0  # the transposed kernel's rows a block where it runs (its 64 is not mma.py's)
     if backend in ("simple", "warpsplit"):
         block_m, block_n = _simple_tiles(backend)
     elif backend == "simt_warpsplit":
@@ -392,7 +396,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
 
         slots *= heuristics.resident_blocks(mma_sync.smem_bytes(block_m, fp8, staged),
                                             mma_sync.min_blocks(block_m))
-    elif backend == "mma" and block_m in transposed.BLOCKS:
+    elif backend == "mma" and block_t:
         slots *= heuristics.resident_blocks(transposed.smem_bytes(block_m), 2)
     fixed = call.num_partitions or (config.num_partitions if config is not None else None)
     if fixed:
@@ -437,7 +441,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),
                           mma_sync.smem_bytes(block_m, fp8, staged),
                           q_pairs=True, tma=False, **common)
-    if block_m in transposed.BLOCKS:  # "e4m3" rows, 16 or 32 query rows a block
+    if block_t:  # "e4m3" rows, 16, 32 or 64 query rows a block
         def spec_of(v_ahead):
             disp = factory.transposed_partition_kernel(mask, mod, tag, cache_cls, H, direct,
                                                        block_m, v_ahead)

@@ -52,9 +52,11 @@ CASES += [(backend, *c) for backend in ("simt", "mma_sync", "simple", "warpsplit
           for c in _FP8_SHAPES]
 CASES += [("mma", *c) for c in _FP8_SHAPES if c[-1] == "e4m3"]  # (wgmma: "e4m3" rows only)
 #: and the transposed kernel on pages of 16 keys (its copy looks up each 16-byte piece's row),
-#: and its 32-row block with a partial second block (40 heads) under a causal mask
+#: its 32-row block with a partial block (2 tokens x 12 heads: 24 rows), and its 64-row block
+#: of two warpgroups with a partial second block (72 heads), both under a causal mask
 CASES += [("mma", 2, 8, 150, 1, "bf16", "paged", 16, "null", 2, False, "e4m3"),
-          ("mma", 2, 40, 200, 1, "fp16", "paged", 64, "causal", 2, False, "e4m3")]
+          ("mma", 2, 12, 200, 2, "fp16", "paged", 64, "causal", 2, False, "e4m3"),
+          ("mma", 2, 72, 200, 1, "fp16", "paged", 64, "causal", 2, False, "e4m3")]
 
 
 def run_cases(only=None, fp8_only=False):

@@ -451,20 +451,23 @@ def test_fp8_transposed_64_rows(dtype, cache, Sq, H, lengths, mask_id, mod_id, p
 
 
 @KERNEL
+@pytest.mark.parametrize("block", [32, 64])
 @pytest.mark.parametrize("spill", [False, True])
-def test_fp8_transposed_32_rows_v_ahead_unless_it_spills(spill, rng, monkeypatch):
-    """The 32-row block loads V's codes a step ahead (selector.TRANSPOSED_V_AHEAD) where that
-    build uses no local memory, and else the block's own form (at their step): both give the
-    reference's result (the simulator never spills, so the fallback is made to happen)."""
+def test_fp8_transposed_32_rows_v_ahead_unless_it_spills(spill, block, rng, monkeypatch):
+    """The 32-row block (and the 64-row one) loads V's codes a step ahead
+    (selector.TRANSPOSED_V_AHEAD) where that build uses no local memory, and else the
+    block's own form (at their step): both give the reference's result (the simulator never
+    spills, so the fallback is made to happen)."""
     from numba_mla import launch, selector
 
+    monkeypatch.setattr(selector, "TRANSPOSED_PAST_32", block)
     if spill:
         monkeypatch.setattr(launch._Launch, "spills", lambda self: True)
     seen = spy_transposed(monkeypatch)
     p = fp8_problem(rng, "e4m3", 2, 1, 40, [130, 70], BF16, "paged64")
     check(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 2, "mma")
     want = [selector.TRANSPOSED_V_AHEAD, None] if spill else [selector.TRANSPOSED_V_AHEAD]
-    assert spy_transposed.ahead == want and {s[3] for s in seen} == {32}
+    assert spy_transposed.ahead == want and {s[3] for s in seen} == {block}
 
 
 @KERNEL
@@ -527,9 +530,9 @@ def test_fp8_transposed_kernel_in_row_groups(rng):
 
 
 def test_fp8_mma_config_rows_refused_naming_both_kernels(rng):
-    """"mma" on "e4m3" rows runs 64 query rows a block (the lockstep kernel), 16 or 32 (the
-    transposed one): a config asking for 8 or 48 is refused naming all three, before any
-    launch."""
+    """"mma" on "e4m3" rows runs 16, 32 or 64 query rows a block (the transposed kernel;
+    64 is also the lockstep kernel's, which takes it only where the transposed one cannot):
+    a config asking for 8 or 48 is refused naming them, before any launch."""
     from numba_mla import checks, launch
 
     p = fp8_problem(rng, "e4m3", 1, 1, 16, [70], BF16, "paged64")
@@ -538,7 +541,7 @@ def test_fp8_mma_config_rows_refused_naming_both_kernels(rng):
         call.config = nm.MHAConfig(num_queries_per_block=rows)
         if ok:
             spec = launch.Plan(call).spec
-            assert (spec.block_m, spec.backend) == (rows, "mma" if rows == 64 else "transposed")
+            assert (spec.block_m, spec.backend) == (rows, "transposed")
         else:
             want = rf"the 'mma' kernel for this call runs 64 or 16 or 32, got {rows}"
             with pytest.raises(ValueError, match=r"config\.num_queries_per_block: " + want):
@@ -660,14 +663,16 @@ def test_byte_perm_twin():
 
 def test_auto_takes_wgmma_for_e4m3(rng):
     """"auto" on an FP8 cache: the wgmma kernels for "e4m3" rows (the transposed one, 16
-    query rows a block at up to 16 a sequence, 32 past that), the warp tensor-core kernel for
+    query rows a block at up to 16 a sequence, 32 up to 32, 64 past that), the warp
+    tensor-core kernel for
     "v32" rows (the simulator stands for an sm_90 GPU);
     nothing is launched."""
     from numba_mla import checks, launch
 
     for layout, Sq, H, want in (("e4m3", 1, 20, ("transposed", 32)),
                                 ("e4m3", 2, 16, ("transposed", 32)),
-                                ("e4m3", 1, 128, ("transposed", 32)),
+                                ("e4m3", 1, 33, ("transposed", 64)),
+                                ("e4m3", 1, 128, ("transposed", 64)),
                                 ("e4m3", 1, 16, ("transposed", 16)),
                                 ("e4m3", 1, 1, ("transposed", 16)),
                                 ("e4m3", 2, 8, ("transposed", 16)),

@@ -161,7 +161,11 @@ class Layout:
         self.xch_off = end
         self.xch_bytes = 16 * NTHREADS * 4 * self.wgs if self.wgs > 1 else 0
         self.alpha_off = self.xch_off + self.xch_bytes
-        self.smem_bytes = self.alpha_off + (block_m * 4 if self.wgs > 1 else 0)
+        # ... and each thread's running max and sums (m_run, l_run, l_p: 8 floats each) kept
+        # here between tiles, not in registers held through the products
+        self.state_off = self.alpha_off + (block_m * 4 if self.wgs > 1 else 0)
+        self.state_bytes = 3 * 8 * 4 * self.threads if self.wgs > 1 else 0
+        self.smem_bytes = self.state_off + self.state_bytes
 
 
 LAYOUTS = {m: Layout(m) for m in BLOCKS}
@@ -299,7 +303,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     ROWS_PASS = THREADS // 8  # q rows a pass of load_q
     # The 64-row block: two warpgroups (``Layout``); S^T's partial sums meet in ``xch``
     TWO = lay.wgs == 2
-    XCH_OFF, ALPHA_OFF = lay.xch_off, lay.alpha_off
+    XCH_OFF, ALPHA_OFF, STATE_OFF = lay.xch_off, lay.alpha_off, lay.state_off
+    Q4 = 16 * THREADS  # bytes between a state array's two quads (``state_get``)
     Q_OFF, RAW_OFF, P_OFF, P_BYTES = lay.q_off, lay.raw_off, lay.p_off, lay.p_bytes
     RED_OFF, RED_BYTES, QEXP_OFF, BUFS = lay.red_off, lay.red_bytes, lay.qexp_off, lay.bufs
     Q_PASSES, Q_WORDS = lay.q_passes, lay.q_words
@@ -311,6 +316,21 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     q_image_byte = make_q_image_byte(STEP_BYTES)
     zero_o = ptx.acc_zero(NO)
     write_o = _make_write_o(lay, store)
+
+    @cuda.jit(device=True, **INLINE)
+    def state_get(smf, at, arr):
+        """The thread's 8 floats of one state array at ``at`` (two 16-byte quads, Q4 apart:
+        a warp's loads conflict-free) into ``arr``."""
+        for q in range(2):
+            v = ptx.lds128(smf, at + Q4 * q)
+            for k in range(4):
+                arr[4 * q + k] = v[k]
+
+    @cuda.jit(device=True, **INLINE)
+    def state_put(smf, at, arr):
+        for q in range(2):
+            ptx.sts128(smf, at + Q4 * q, arr[4 * q], arr[4 * q + 1], arr[4 * q + 2],
+                       arr[4 * q + 3])
     scale_cols = ptx.acc_scale_cols(NO, NACC)
     mma_s = ptx.wgmma_rs(BLOCK_M, "f16", False)
     wait_all = ptx.wgmma_wait2(NACC, NO)
@@ -477,6 +497,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             m_run[j] = float32(NEG_INF)
             l_run[j] = float32(0.0)
             l_p[j] = float32(0.0)
+        st_m = sb + STATE_OFF + 16 * tid  # (two warpgroups: the state between tiles)
+        st_l, st_p = st_m + 2 * Q4, st_m + 4 * Q4
+        if TWO:
+            state_put(smf, st_m, m_run)
+            state_put(smf, st_l, l_run)
+            state_put(smf, st_p, l_p)
         s_acc = cuda.local.array(NACC, float32)
         o_acc = cuda.local.array(NO, float32)
         if LEAN:
@@ -588,6 +614,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             rt = ptx.opaque_i32(r0) if LEAN else r0
             if LEAN:
                 cls = mask_classify(k0, k1, q_lo, q_hi)
+            if TWO:
+                state_get(smf, st_m, m_run)
             for j in range(NCOL):
                 c = cw + 8 * (j // 2) + 2 * t4 + j % 2
                 r = rt + c
@@ -619,6 +647,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 alpha[j] = float32(1.0)
             if cuda.syncthreads_or(int32(need)):
                 exch = True
+                if TWO:
+                    state_get(smf, st_l, l_run)
+                    state_get(smf, st_p, l_p)
                 for j in range(NCOL):
                     i = 4 * (j // 2) + j % 2
                     m = max(s_acc[i], s_acc[i + 2]) if LEAN else mx[j]
@@ -646,6 +677,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     l_run[j] *= alpha[j]
                     l_p[j] *= alpha[j]
                 if TWO:  # (O^T holds every column: both warpgroups rescale, below)
+                    state_put(smf, st_m, m_run)
+                    state_put(smf, st_l, l_run)
+                    state_put(smf, st_p, l_p)
                     if warp == 0 and g == 0:
                         for j in range(NCOL):
                             smf[uint64(ALPHA_OFF // 4 + cw + 8 * (j // 2) + 2 * t4
@@ -654,6 +688,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     scale_cols(o_acc, alpha)
             # -- online softmax down the columns; P^T (fp16) as wgmma's B image --
             p16 = uint64(p_at // 2) + uint64((it % BUFS) * (P_BYTES // 2))  # (16-bit elements)
+            if TWO:
+                state_get(smf, st_l, l_run)
+                state_get(smf, st_p, l_p)
             for j in range(NCOL):
                 m_ref = m_run[j] if m_run[j] != float32(NEG_INF) else float32(0.0)
                 for e in range(2):
@@ -665,6 +702,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     # key 16w + g + 8e: k-step w, position key_of(g) + 8e; row c = 8 (j // 2)
                     # + 2t + j % 2 (a constant past the tile's base: one store, no arithmetic)
                     sm16[p16 + uint64(((j // 2) * SBO + e * LBO + (j % 2) * 16) // 2)] = h16
+            if TWO:
+                state_put(smf, st_l, l_run)
+                state_put(smf, st_p, l_p)
             if not LEAN and moved:
                 for blk in range(NBLK):
                     for i in range(NACC):
@@ -693,6 +733,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         # block that reads ``qexp`` before the loop, harmless here (block-uniform)) --
         if BUFS == 1 and it == 0:
             cuda.syncthreads()
+        if TWO:
+            state_get(smf, st_m, m_run)
+            state_get(smf, st_l, l_run)
+            state_get(smf, st_p, l_p)
         for j in range(NCOL):
             a = l_run[j]
             bsum = l_p[j]
