@@ -1,4 +1,4 @@
-"""Stage 1 of split-K decode for FP8 "e4m3" caches at 16 or 32 query rows a block, on Hopper
+"""Stage 1 of split-K decode for FP8 "e4m3" caches at 16, 32 or 64 query rows a block, on Hopper
 tensor cores with the products turned around: S^T = K Q^T and O^T = V^T P^T.
 
 The lockstep kernel (kernels/mma.py) multiplies 64 query rows a tile, of which 16 are real at
@@ -24,6 +24,14 @@ writes O^T's zeroing, rescale and stores out with constant indices (``ptx.acc_ze
 and O^T would live in local memory). ``ptx.opaque_i32`` keeps the columns' rows, heads and
 positions from being hoisted out of the tile loop into registers held through it. Its
 shared memory is two blocks a multiprocessor exactly (``Layout``).
+
+**The 64-row block** (past 32 query rows) is two warpgroups (``TWO``), one block a
+multiprocessor: m64n64k16 products, S^T's 36 k-steps dealt two of every four to each
+warpgroup (8 bytes of each thread's 16-byte piece of a key), the partial sums added through
+``xch``; each warpgroup then owns 32 columns (the 32-row block's softmax and P^T code, its
+columns offset by ``cw``) and O^T's 256 dims ``256 wg + 64 w + 8 g ..`` for all 64 columns,
+rescaled from factors the owners leave in ``alpha``. Each thread's running max and sums stay
+in shared memory between tiles (``state_get``/``state_put``): in registers they spilled.
 
 Shared memory (bytes, 16 rows: 96,832, two blocks a multiprocessor; 32 rows: ``Layout``):
     Q    36 k-steps x [16 rows x 16 dims] fp16     wgmma's B image (core matrices), dims in the
@@ -219,7 +227,8 @@ def _make_pv_tile(lay, v_ahead):
     and ``vb`` (this thread's keys of K positions 2t and 2t + 1, ``key_of``; bytes
     128w + 16g of the row), P^T's B image at descriptor ``dp``. Step k's codes are the
     thread's four keys' (K positions 2t, 2t + 1, 2t + 8, 2t + 9 of the step: a, b, c, d) dims
-    128w + 16g .. + 15, four words each, loaded ``v_ahead`` steps ahead of their
+    128w + 16g .. + 15, four words each (the 64-row block: dims 256wg + 64w + 8g .. + 7, two
+    words, its warpgroup's four m64 blocks), loaded ``v_ahead`` steps ahead of their
     conversion (0: at its start); ``lay.pv_group`` words of each key (2 m64 blocks each) make
     one group of products, issued once converted, and at most PENDING groups stay in flight
     behind it. Written out: each block's product names its accumulators by a constant
@@ -393,8 +402,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     def load_q(words, smk, sb, nrows, tid):
         """The block's query rows (``fetch_q``'s words) into the Q image, each times its power
         of two (rows past ``nrows`` zero), the exponents to ``qexp``. In pass z thread t holds
-        row c = ROWS_PASS z + t // 8's words t % 8 + 8m (m = 0..35): dims 2 (t % 8) + 16m, whose place
-        in the image is the thread's first plus (m // 4) * 4 k-steps + (m % 4) * 4
+        row c = ROWS_PASS z + t // 8's words t % 8 + 8m (m = 0..35): dims 2 (t % 8) + 16m,
+        whose place in the image is the thread's first plus (m // 4) * 4 k-steps + (m % 4) * 4
         (q_image_byte), and the row's eight threads find its largest magnitude by three
         shuffles."""
         u = tid % 8
