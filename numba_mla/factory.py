@@ -179,7 +179,7 @@ def mma_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, t
 
 def transposed_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False,
                                 block_m=16, v_ahead=None):
-    """The stage-1 tensor-core kernel for "e4m3" rows at 16 or 32 query rows a block
+    """The stage-1 tensor-core kernel for "e4m3" rows at 16, 32 or 64 query rows a block
     (``block_m``; kernels/transposed.py: S^T = K Q^T, O^T = V^T P^T, A from registers);
     ``tag`` q's type (bf16, f16); ``direct`` as for the others; ``v_ahead``: O^T's V codes
     loaded that many steps ahead (None: the block's default)."""

@@ -50,7 +50,7 @@ class KernelSpec:
 
     backend: str  # what runs: "simt", "simt_warpsplit" (simt, warp split-K), "simple",
     #               "warpsplit" (simple, warp split-K), "mma" (lockstep wgmma), "seesaw" or
-    #               "transposed" (wgmma, "e4m3" rows, 16 or 32 query rows a block)
+    #               "transposed" (wgmma, "e4m3" rows, 16, 32 or 64 query rows a block)
     dispatcher: Any  # the Numba kernel (compiled for the argument types at first launch)
     threads: int  # threads a block
     smem: int  # dynamic shared memory a block, bytes
@@ -162,11 +162,13 @@ def check_simt_warp_split(tag, fp8):
 WARP_SPLIT_ASKS = {"simt_warpsplit": "simt", "warpsplit": "simple"}
 
 #: Key tiles in flight: the FMA and tensor-core kernels double-buffer, "simple" does not.
-# "e4m3" rows past 16 query rows a sequence (H = 128): the transposed kernel's 32-row block
-# (its conversion, in registers, hides under the products of the block beside it), or 0 for
-# the lockstep kernel (its rows through a 16-bit tile)
+# "e4m3" rows past 16 query rows a sequence: the transposed kernel's 32-row block (its
+# conversion, in registers, hides under the products of the block beside it), or 0 for the
+# lockstep kernel (its rows through a 16-bit tile: then past 32 rows too)
 TRANSPOSED_PAST_16 = 32
-# ... and past 32 query rows a sequence: the 64-row block of two warpgroups, or 32
+# ... and past 32 query rows a sequence (H = 128): the 64-row block of two warpgroups (each
+# tile converted once for 64 rows; 0.94-0.99x the 32-row block's time at 64 and 128 rows a
+# sequence on the H200), or 32
 TRANSPOSED_PAST_32 = 64
 # The 32-row block's V codes loaded this many steps ahead where its build does not spill
 # (3.5% less time at 64 x 128 x 4096 on the H200; 4 bytes spilled with a causal mask and soft
@@ -223,7 +225,7 @@ def _mma_rows(fp8, packed):
 def _tensor_core_honours(config, backend, rows, fp8, packed):
     """Whether a config leaves a tensor-core kernel's fixed tiles alone, on this device
     (``"auto"`` runs the FMA kernel for one that asks otherwise); ``packed``: q and the cache
-    C-contiguous, where "e4m3" rows may run the transposed kernel's 16 or 32 rows."""
+    C-contiguous, where "e4m3" rows may run the transposed kernel's 16, 32 or 64 rows."""
     from .kernels import mma, mma_sync
 
     if config is None:
@@ -243,7 +245,8 @@ def _transposed(config, rows, fp8, packed):
     it, else 0: "e4m3" rows in a C-contiguous cache (``packed``: it copies a page's run of
     slots as one block of bytes; a cache whose slots lie further apart takes the lockstep
     kernel, which finds each row); the config's rows, else 16 where a sequence has at most
-    16, 32 up to 32 and TRANSPOSED_PAST_32 (64: two warpgroups) past that."""
+    16, 32 up to 32 and TRANSPOSED_PAST_32 (64: two warpgroups) past that (a
+    TRANSPOSED_PAST_16 other than 32 holds past 32 too)."""
     from .kernels import transposed
 
     if fp8 != "e4m3" or not packed:
@@ -286,10 +289,10 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
             raise ValueError(f"backend: 'mma' reads FP8 caches of the 'e4m3' layout, not "
                              f"'{fp8}'; use 'mma_sync', 'simt', 'simple' or 'auto'")
         # "auto": wgmma's for "e4m3" rows on sm_90 (the transposed kernel, 16 rows a block at up
-        # to 16 query rows, 0.43x the warp kernel's time at H = 16; 32 past that, 0.88x the
-        # lockstep kernel's time at H = 128, which was 0.39-0.43x the warp kernel's, on the
-        # H200's fp8-sweep shapes: docs/fp8.md), else the warp tensor-core kernel (0.32-0.72x
-        # the FMA kernel's time there, both layouts)
+        # to 16 query rows, 0.43x the warp kernel's time at H = 16; 32 and 64 past that, 0.88x
+        # and 0.81x the lockstep kernel's time at H = 128, which was 0.39-0.43x the warp
+        # kernel's, on the H200's fp8-sweep shapes: docs/fp8.md), else the warp tensor-core
+        # kernel (0.32-0.72x the FMA kernel's time there, both layouts)
         backend = call.backend
         if backend == "auto":
             wgmma = (fp8 == "e4m3" and facts.aligned16

@@ -428,7 +428,7 @@ def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, pa
     (BF16, "paged64", 1, 64, [200], "null", "identity", 1),
     (np.float16, "paged16", 2, 20, [0, 330], "window100", "identity", 2),
     (BF16, "contiguous", 1, 72, [150], "causal", "softcap", 3),
-    (BF16, "paged64", 1, 40, [250], "null", "alibi", 1),
+    (BF16, "paged64", 1, 64, [250], "null", "alibi", 1),
     (BF16, "paged64", 1, 70, [0, 130], "null", "identity", 1)])
 def test_fp8_transposed_64_rows(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts, rng,
                                 monkeypatch):
@@ -438,9 +438,9 @@ def test_fp8_transposed_64_rows(dtype, cache, Sq, H, lengths, mask_id, mod_id, p
     tiles (three whole pages); two tokens of 20 heads (40 rows: one block, 24 rows empty) on
     pages of 16 under a window in two partitions beside an empty sequence; 72 heads (a whole
     block and one of 8) causal with a soft cap in three partitions (a run that ends inside a
-    tile); ALiBi over four tiles (the running max moves: both warpgroups rescale O^T's
-    columns from the factors the other found); 70 heads beside an empty sequence (blocks that
-    run no tile and write zeros themselves)."""
+    tile); ALiBi over four tiles at 64 heads (the running max moves in every column: both
+    warpgroups rescale O^T's columns from the factors the other found); 70 heads beside an
+    empty sequence (blocks that run no tile and write zeros themselves)."""
     seen = spy_transposed(monkeypatch)
     p = fp8_problem(rng, "e4m3", len(lengths), Sq, H, lengths, dtype, cache)
     mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100"
@@ -643,11 +643,14 @@ def test_transposed_q_image_is_the_fragments_layout():
                 byte = (step * F_STEP + (c // 8) * F_SBO + (k // 8) * F_LBO + (c % 8) * 16
                         + (k % 8) * 2)
                 assert transposed._q_image_byte(c, physical_dim(step, k)) == byte
-                # the 32-row block: twice the k-step, its rows 16-31 past the first 16's
-                for c2 in (c, c + 16):
-                    byte = (step * 2 * F_STEP + (c2 // 8) * F_SBO + (k // 8) * F_LBO
-                            + (c2 % 8) * 16 + (k % 8) * 2)
-                    assert transposed._q_image_byte(c2, physical_dim(step, k), 2 * F_STEP) == byte
+                # the 32 and 64-row blocks: twice (four times) the k-step, their rows past 16
+                # past the first 16's
+                for m in (2, 4):
+                    for c2 in range(c, 16 * m, 16):
+                        byte = (step * m * F_STEP + (c2 // 8) * F_SBO + (k // 8) * F_LBO
+                                + (c2 % 8) * 16 + (k % 8) * 2)
+                        assert transposed._q_image_byte(c2, physical_dim(step, k),
+                                                        m * F_STEP) == byte
 
 
 def test_byte_perm_twin():
@@ -886,12 +889,15 @@ def test_fp8_kernel_every_mask_and_mod_gpu(layout, cache, backend, rng, monkeypa
     test_kernels' (the FP8 row load is independent of them, and each pair is a kernel to
     compile: the product here took minutes a case); each parameter set pairs them with its
     own offset, so the fifteen sets together meet many pairs. Under "mma" the 2 x 128-row
-    problems run the transposed kernel's 32-row block, but with pages of 64 the lockstep
-    kernel (``TRANSPOSED_PAST_16 = 0``: what a strided cache or a config of 64 rows runs)."""
-    if backend == "mma" and cache == "paged64":
-        from numba_mla import selector
+    problems run the transposed kernel's 64-row block on a contiguous cache, its 32-row
+    block on pages of 16 (``TRANSPOSED_PAST_32 = 32``) and the lockstep kernel on pages of 64
+    (``TRANSPOSED_PAST_16 = 0``: what a strided cache runs)."""
+    from numba_mla import selector
 
+    if backend == "mma" and cache == "paged64":
         monkeypatch.setattr(selector, "TRANSPOSED_PAST_16", 0)
+    if backend == "mma" and cache == "paged16":
+        monkeypatch.setattr(selector, "TRANSPOSED_PAST_32", 32)
     shift = ("contiguous", "paged16", "paged64").index(cache) + 3 * ("e4m3", "v32").index(layout)
     for i in range(max(len(MASK_CASES), len(SCORE_MOD_CASES))):
         j, k = i % len(MASK_CASES), (i + shift) % len(SCORE_MOD_CASES)

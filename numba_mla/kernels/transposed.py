@@ -8,10 +8,11 @@ are wgmma's M and the 16 query rows its N (m64n16k16), so nothing is padded, and
 products take their A operand from registers (``ptx.wgmma_rs``), converted from the raw codes
 where they are read: no 16-bit copy of K or V exists anywhere.
 
-Grid ``(P, G, B)``, block (p, g, b) owns sequence b, query rows ``[Mg, Mg + M)`` (M = 16 or
-32 rows a block; row r = query token i * H + head h) and key partition p, as for the other
-kernels; 128 threads (one warpgroup); the partition's normalised output and natural-log LSE
-go to the fp32 workspace, or with one partition to ``out`` and ``lse`` (``store``).
+Grid ``(P, G, B)``, block (p, g, b) owns sequence b, query rows ``[Mg, Mg + M)`` (M = 16,
+32 or 64 rows a block; row r = query token i * H + head h) and key partition p, as for the
+other kernels; 128 threads (one warpgroup; the 64-row block two, 256); the partition's
+normalised output and natural-log LSE go to the fp32 workspace, or with one partition to
+``out`` and ``lse`` (``store``).
 
 **The 32-row block** (past 16 query rows a sequence: H = 128, or several query tokens)
 multiplies m64n32k16: each tile's codes are converted once for 32 rows instead of 16, and
@@ -33,7 +34,8 @@ columns offset by ``cw``) and O^T's 256 dims ``256 wg + 64 w + 8 g ..`` for all 
 rescaled from factors the owners leave in ``alpha``. Each thread's running max and sums stay
 in shared memory between tiles (``state_get``/``state_put``): in registers they spilled.
 
-Shared memory (bytes, 16 rows: 96,832, two blocks a multiprocessor; 32 rows: ``Layout``):
+Shared memory (bytes, 16 rows: 96,832, two blocks a multiprocessor; 32 and 64 rows:
+``Layout``, which adds the 64-row block's ``xch``, ``alpha`` and per-thread state):
     Q    36 k-steps x [16 rows x 16 dims] fp16     wgmma's B image (core matrices), dims in the
                                                    order the K fragments take (below)
     raw  [2][64 keys x 576] e4m3 codes             two stages: the next tile is copied by
@@ -90,7 +92,9 @@ columns' maxima and a second barrier only when the vote asks); the online softma
 (barrier); O^T's 32 steps in eight groups of four
 products, V's codes loaded a 16-key step ahead; all waited for at the end of the tile. The
 32-row block (``LEAN``, above) issues S^T in eighteen groups of two, and O^T in sixteen
-groups of two with each step's V codes loaded at its start.
+groups of two with V's codes a step ahead where that builds without local memory; the
+64-row block issues each warpgroup's S^T in nine groups of two, then exchanges the partial
+sums (a barrier), and its O^T in eight groups of two.
 """
 import math
 
@@ -101,7 +105,7 @@ from .._compat import INLINE, JIT_OPTIONS
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
                      make_tile_run, make_tile_walk, mark_empty)
 
-BLOCK_M = 16  # query rows a block: wgmma's N (16, or 32: ``BLOCKS``)
+BLOCK_M = 16  # query rows a block: wgmma's N (16, or 32 or 64: ``BLOCKS``)
 BLOCKS = (16, 32, 64)  # the row counts a block may take (``layout``)
 BLOCK_N = 64  # keys a tile: wgmma's M
 NTHREADS = 128  # one warpgroup (the 64-row block: two, ``Layout.threads``)
@@ -131,7 +135,9 @@ class Layout:
     ``qexp`` in ``red``'s second half (read in each tile's scores, while the loop uses only
     the first half; the column sums at the end take both, after the last tile's barriers),
     115,712 bytes: two blocks a multiprocessor exactly (233,472 bytes, 1 KB of it reserved a
-    block)."""
+    block). 64 rows: as 32, plus ``xch`` (S^T's partial sums between the warpgroups, 16 KB),
+    ``alpha`` (the columns' rescale factors) and each thread's running max and sums (24 KB):
+    198,912 bytes, one block a multiprocessor."""
 
     def __init__(self, block_m):
         assert block_m in BLOCKS
@@ -276,7 +282,8 @@ def _make_pv_tile(lay, v_ahead):
 
 def _make_write_o(lay, store):
     """``write_o(o, part_out, rows, heads, oks, p, d0, x4)``: the thread's O^T columns (already
-    divided by their sums) to ``part_out[rows[j], heads[j], p, d0 .. d0 + 15]`` for each
+    divided by their sums) to ``part_out[rows[j], heads[j], p, d0 ..]`` (16 dims; the 64-row
+    block's 8) for each
     column j with ``oks[j]`` (16 bytes a store where ``x4``), written out so that every index
     into ``o`` is a constant (a loop over the 32-row block's eight columns is not unrolled,
     and ``o`` would then live in local memory). Column j's dims d0 + 4qd .. + 3 are elements
