@@ -7,8 +7,11 @@ to the checkout in the current directory, which ``python -c`` puts first on ``sy
 every "version" silently runs the checkout. Here each run starts in its own tree and checks
 that the numba_mla it imported is that tree's before it times anything.
 
-A version is a git revision (anything ``git archive`` takes) or ``WORKTREE`` (the checkout's
-numba_mla as it is now, uncommitted edits included).
+A version is a git revision (anything ``git archive`` takes), ``WORKTREE`` (the checkout's
+numba_mla as it is now, uncommitted edits included), or a directory holding a ``numba_mla``
+folder (a tree exported elsewhere, e.g. a branch's, for a machine whose copy of the repository
+has only the checked-out branch; labelled by the first line of its ``COMMIT`` file if it has
+one, else by its name).
 
 Usage: python scripts/ab.py REV [REV ...] [--rounds 2] [--out ab.json] [--pythonpath DIR]
                             -- BENCH ARGS (e.g. --sweep default --providers numba_mla:mma)
@@ -39,6 +42,11 @@ sys.exit(main())
 """
 
 
+def is_tree(rev):
+    """Whether the version ``rev`` is a directory holding a numba_mla package."""
+    return os.path.isdir(os.path.join(rev, "numba_mla"))
+
+
 def commit_of(rev, repo=REPO):
     """The abbreviated commit ``rev`` names (``WORKTREE``: HEAD's, with ``+`` where the
     checkout's numba_mla differs from it)."""
@@ -46,6 +54,12 @@ def commit_of(rev, repo=REPO):
         return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
                               check=True).stdout.strip()
 
+    if is_tree(rev):
+        label = os.path.join(rev, "COMMIT")
+        if os.path.exists(label):
+            with open(label) as f:
+                return f.readline().strip()
+        return os.path.basename(os.path.normpath(rev))
     if rev != WORKTREE:
         return git("rev-parse", "--short", rev)
     dirty = git("status", "--porcelain", "--", "numba_mla")
@@ -55,8 +69,9 @@ def commit_of(rev, repo=REPO):
 def export_tree(rev, dest, repo=REPO):
     """numba_mla of ``rev`` into ``dest`` (created); returns ``dest``."""
     os.makedirs(dest, exist_ok=True)
-    if rev == WORKTREE:
-        shutil.copytree(os.path.join(repo, "numba_mla"), os.path.join(dest, "numba_mla"),
+    if rev == WORKTREE or is_tree(rev):
+        src = repo if rev == WORKTREE else rev
+        shutil.copytree(os.path.join(src, "numba_mla"), os.path.join(dest, "numba_mla"),
                         ignore=shutil.ignore_patterns("__pycache__"))
         return dest
     archive = subprocess.run(["git", "-C", repo, "archive", rev, "numba_mla"],
@@ -126,7 +141,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     bench_args = argv[argv.index("--") + 1:] if "--" in argv else []
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("revs", nargs="+", help=f"git revisions, or {WORKTREE}")
+    ap.add_argument("revs", nargs="+", help=(f"git revisions, {WORKTREE}, or directories holding "
+                    "numba_mla"))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None, help="every round's rows as JSON")
     ap.add_argument("--pythonpath", action="append", default=[],

@@ -28,6 +28,22 @@ def test_export_tree(rev, tmp_path):
     assert ab.commit_of(rev).rstrip("+") == ab.commit_of("HEAD")
 
 
+@pytest.mark.parametrize("label", [None, "abc1234"])
+def test_a_directory_is_a_version(label, tmp_path):
+    """A directory holding numba_mla (a branch exported elsewhere) is copied as it is and
+    labelled by its COMMIT file, or else by its name."""
+    src = tmp_path / "branch-x"
+    (src / "numba_mla").mkdir(parents=True)
+    (src / "numba_mla" / "__init__.py").write_text("MARK = 7\n")
+    if label:
+        (src / "COMMIT").write_text(label + "\nmore\n")
+    assert ab.is_tree(str(src)) and not ab.is_tree(str(tmp_path))
+    assert ab.commit_of(str(src)) == (label or "branch-x")
+    tree = ab.export_tree(str(src), str(tmp_path / "t"))
+    assert (tmp_path / "t" / "numba_mla" / "__init__.py").read_text() == "MARK = 7\n"
+    assert tree == str(tmp_path / "t")
+
+
 def test_child_refuses_a_numba_mla_from_elsewhere(tmp_path):
     """Started in an empty tree, the child finds numba_mla only through PYTHONPATH (the
     checkout): it must stop before timing anything."""
