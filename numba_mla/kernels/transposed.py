@@ -197,6 +197,14 @@ def threads(block_m):
     return LAYOUTS[block_m].threads
 
 
+@cuda.jit(device=True, **INLINE)
+def acc_column(j, t4):
+    """The query row (S^T's and O^T's column) of accumulator column j of the thread whose lane
+    % 4 is ``t4``: a m64nNk16 accumulator gives each thread columns 2 t4, 2 t4 + 1 of every 8
+    (from a warpgroup's first column: ``cw`` added where there are two)."""
+    return 8 * (j // 2) + 2 * t4 + j % 2
+
+
 def _q_image_byte(c, d, step_bytes=STEP_BYTES):
     """Byte offset in the Q image of query row ``c``'s dims ``d``, ``d + 1`` (d even): k-step
     4J + sub, logical column 8 hi + 2t (+ 1) of the K fragments' order (module docstring);
@@ -499,7 +507,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
         sm_scale, kv_scale = float32(scale.real), float32(scale.imag)
         qscale = float32(sm_scale * LOG2E)
-        # This thread's NCOL query rows (S^T's and O^T's columns): c = 8 (j // 2) + 2t + j % 2
+        # This thread's NCOL query rows (S^T's and O^T's columns): c = cw + acc_column(j, t4)
         colf = cuda.local.array(NCOL, float32)  # 2^-k of each
         m_run = cuda.local.array(NCOL, float32)  # running max, log2 units
         l_run = cuda.local.array(NCOL, float32)  # this thread's share of the sum (fp32)
@@ -507,7 +515,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         alpha = cuda.local.array(NCOL, float32)
         mx = cuda.local.array(NCOL, float32)
         for j in range(NCOL):
-            c = cw + 8 * (j // 2) + 2 * t4 + j % 2
+            c = cw + acc_column(j, t4)
             if not LEAN:
                 colf[j] = ptx.i32_as_f32((127 - smk[uint64(QEXP_OFF // 4 + c)]) << 23)
             m_run[j] = float32(NEG_INF)
@@ -633,7 +641,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             if TWO:
                 state_get(smf, st_m, m_run)
             for j in range(NCOL):
-                c = cw + 8 * (j // 2) + 2 * t4 + j % 2
+                c = cw + acc_column(j, t4)
                 r = rt + c
                 iq = r // H
                 h = r - iq * H
@@ -675,12 +683,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 red = RED_OFF + (it % BUFS) * RED_BYTES
                 if g == 0:
                     for j in range(NCOL):
-                        smf[uint64(red // 4 + BLOCK_M * warp + cw + 8 * (j // 2) + 2 * t4
-                                   + j % 2)] = mx[j]
+                        smf[uint64(red // 4 + BLOCK_M * warp + cw + acc_column(j, t4))] = mx[j]
                 # The four warps' maxima are in place.
                 cuda.syncthreads()
                 for j in range(NCOL):
-                    c = cw + 8 * (j // 2) + 2 * t4 + j % 2
+                    c = cw + acc_column(j, t4)
                     m_old = m_run[j]
                     m_new = m_old
                     for w in range(4):
@@ -698,8 +705,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     state_put(smf, st_p, l_p)
                     if warp == 0 and g == 0:
                         for j in range(NCOL):
-                            smf[uint64(ALPHA_OFF // 4 + cw + 8 * (j // 2) + 2 * t4
-                                       + j % 2)] = alpha[j]
+                            smf[uint64(ALPHA_OFF // 4 + cw + acc_column(j, t4))] = alpha[j]
                 elif LEAN and moved:
                     scale_cols(o_acc, alpha)
             # -- online softmax down the columns; P^T (fp16) as wgmma's B image --
@@ -731,7 +737,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             if TWO and exch:
                 alpha_o = cuda.local.array(OCOL, float32)
                 for n in range(OCOL):
-                    alpha_o[n] = smf[uint64(ALPHA_OFF // 4 + 8 * (n // 2) + 2 * t4 + n % 2)]
+                    alpha_o[n] = smf[uint64(ALPHA_OFF // 4 + acc_column(n, t4))]
                 scale_cols(o_acc, alpha_o)
 
             # -- O^T += V^T P^T: four 16-key steps of eight m64 blocks, not waited for --
@@ -763,7 +769,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             l_p[j] = bsum
         if g == 0:
             for j in range(NCOL):
-                c = cw + 8 * (j // 2) + 2 * t4 + j % 2
+                c = cw + acc_column(j, t4)
                 smf[uint64(RED_OFF // 4 + BLOCK_M * warp + c)] = l_run[j]
                 smf[uint64((RED_OFF + RED_BYTES) // 4 + BLOCK_M * warp + c)] = l_p[j]
         cuda.syncthreads()
@@ -772,7 +778,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         x4 = ptx.aligned_x4(part_out)
         if TWO:  # the LSE of the warpgroup's own columns (O^T holds all 64, below)
             for j in range(NCOL):
-                c = cw + 8 * (j // 2) + 2 * t4 + j % 2
+                c = cw + acc_column(j, t4)
                 if c < nrows and warp == 0 and g == 0:
                     lsum = float32(0.0)
                     for w in range(4):
@@ -787,7 +793,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             heads_c = cuda.local.array(OCOL, uint64)
             oks = cuda.local.array(OCOL, int32)
         for j in range(OCOL):  # (the thread's columns of O^T: two warpgroups, all 16)
-            c = 8 * (j // 2) + 2 * t4 + j % 2
+            c = acc_column(j, t4)
             if LEAN:
                 inv_c[j] = float32(0.0)
                 oks[j] = int32(c < nrows)
