@@ -55,9 +55,9 @@ def commit_of(rev, repo=REPO):
                               check=True).stdout.strip()
 
     if is_tree(rev):
-        label = os.path.join(rev, "COMMIT")
-        if os.path.exists(label):
-            with open(label) as f:
+        path = os.path.join(rev, "COMMIT")
+        if os.path.exists(path):
+            with open(path) as f:
                 return f.readline().strip()
         return os.path.basename(os.path.normpath(rev))
     if rev != WORKTREE:
@@ -141,8 +141,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     bench_args = argv[argv.index("--") + 1:] if "--" in argv else []
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("revs", nargs="+", help=(f"git revisions, {WORKTREE}, or directories holding "
-                    "numba_mla"))
+    ap.add_argument("revs", nargs="+",
+                    help=f"git revisions, {WORKTREE}, or directories holding numba_mla")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None, help="every round's rows as JSON")
     ap.add_argument("--pythonpath", action="append", default=[],
