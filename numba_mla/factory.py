@@ -219,20 +219,22 @@ def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, d
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 
-def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, listed=False):
+def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, listed=False,
+                            fp8=None):
     """The stage-1 tensor-core kernel whose warpgroups take tiles in turn (kernels/seesaw.py),
     for tiles the copy engine brings; ``direct`` as above; ``listed``: its blocks from the
-    listed schedule's table (heuristics.list_blocks), writing the workspace."""
+    listed schedule's table (heuristics.list_blocks), writing the workspace; ``fp8``: "e4m3"
+    rows (``tag`` is then q's type), or None."""
 
     def build():
         from .kernels.seesaw import make_partition_kernel
 
         return make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
-                                     listed=listed,
+                                     listed=listed, fp8=fp8,
                                      **_device_functions(mask, score_mod, cache_cls))
 
-    return _cached(("seesaw", tag, heads, direct, listed) + _mods_key(mask, score_mod, cache_cls),
-                   build)
+    return _cached(("seesaw", tag, heads, direct, listed) + ((("fp8", fp8),) if fp8 else ())
+                   + _mods_key(mask, score_mod, cache_cls), build)
 
 
 def combine_kernel(tag, follows=False, few=0):

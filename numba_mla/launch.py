@@ -534,6 +534,9 @@ class Plan:
     def _tensor_map(self, role, dev, rows):
         from .kernels import mma
 
+        if role == "storage_map" and self.call.cache.fp8_layout:  # "e4m3" codes (seesaw.py):
+            # boxes of 64 codes (32 16-bit values) a row, as they are (no swizzle)
+            return ptx.tensor_map(dev, rows, mma.BLOCK_N, mma.BOX // 2, False, row_bytes=D_QK)
         box_rows = mma.BLOCK_M if role == "q_map" else mma.BLOCK_N
         return ptx.tensor_map(dev, rows, box_rows, mma.BOX, True)
 

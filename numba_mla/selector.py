@@ -174,6 +174,10 @@ TRANSPOSED_PAST_32 = 64
 # (3.5% less time at 64 x 128 x 4096 on the H200; 4 bytes spilled with a causal mask and soft
 # cap, where the block loads them at their step)
 TRANSPOSED_V_AHEAD = 1
+# Where the 64-row block would run and a tile never straddles a page: the seesaw kernel on
+# "e4m3" rows instead (kernels/seesaw.py: each tile converted once, in place, by the
+# warpgroup that scores it), unless its build spills
+SEESAW_E4M3 = True
 PIPELINE_STAGES = {"simt": 2, "simt_warpsplit": 2, "mma": 2, "mma_sync": 1, "simple": 1,
                    "warpsplit": 1}
 
@@ -261,6 +265,14 @@ def _transposed(config, rows, fp8, packed):
     if rows <= 32 or TRANSPOSED_PAST_16 != 32:
         return TRANSPOSED_PAST_16
     return TRANSPOSED_PAST_32
+
+
+def _tiles_in_pages(cache):
+    """Whether every 64-key tile aligned to 64 keys lies in one page, so the copy engine can
+    bring it as one box a 64 dims (a ragged cache is one page)."""
+    from .kernels import mma
+
+    return cache.kind in ("contiguous", "ragged") or cache.page_size % mma.BLOCK_N == 0
 
 
 def _check_config(config, backend, block_m, block_n, stages=None):
@@ -445,6 +457,17 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                           mma_sync.smem_bytes(block_m, fp8, staged),
                           q_pairs=True, tma=False, **common)
     if block_t:  # "e4m3" rows, 16, 32 or 64 query rows a block
+        if (SEESAW_E4M3 and block_t == 64 and (config is None
+                                               or config.num_queries_per_block is None)
+                and _tiles_in_pages(call.cache)):
+            # past 32 rows, on tiles the copy engine can bring: the seesaw kernel converts
+            # each tile once for both of its warpgroups (kernels/seesaw.py), unless it spills
+            spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
+                mask, mod, tag, cache_cls, H, direct, fp8=fp8), mma.NTHREADS,
+                seesaw.SMEM_BYTES_E4M3, q_pairs=True, tma=True, **common)
+            if not spills(spec):
+                return spec
+
         def spec_of(v_ahead):
             disp = factory.transposed_partition_kernel(mask, mod, tag, cache_cls, H, direct,
                                                        block_m, v_ahead)
@@ -457,9 +480,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
             if not spills(spec):
                 return spec
         return spec_of(None)
-    # (a ragged cache is one page: its tiles never straddle pages either); FP8 rows: cp.async
-    tma = ((call.cache.kind in ("contiguous", "ragged")
-            or call.cache.page_size % mma.BLOCK_N == 0) and facts.packed_rows and not fp8)
+    # FP8 rows elsewhere: cp.async
+    tma = _tiles_in_pages(call.cache) and facts.packed_rows and not fp8
     if tma:
         # Spread lengths: the listed schedule where the cost model prefers it (one piece count
         # a sequence, blocks launched longest first; it writes the workspace)

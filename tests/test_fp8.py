@@ -422,6 +422,9 @@ def run_transposed(rng, monkeypatch, dtype, cache, Sq, H, lengths, mask_id, mod_
     """One case of the transposed kernel's tests under "mma" against the reference; checks
     that the transposed kernel ran for q's type and H, writing ``out`` itself exactly where
     there is one partition, and returns the row counts a block it ran."""
+    from numba_mla import selector
+
+    monkeypatch.setattr(selector, "SEESAW_E4M3", False)  # (its own tests: test_fp8_seesaw_*)
     seen = spy_transposed(monkeypatch)
     p = fp8_problem(rng, "e4m3", len(lengths), Sq, H, lengths, dtype, cache)
     mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100"
@@ -466,6 +469,7 @@ def test_fp8_transposed_32_rows_v_ahead_unless_it_spills(spill, block, rng, monk
     from numba_mla import launch, selector
 
     monkeypatch.setattr(selector, "TRANSPOSED_PAST_32", block)
+    monkeypatch.setattr(selector, "SEESAW_E4M3", False)
     if spill:
         monkeypatch.setattr(launch._Launch, "spills", lambda self: True)
     seen = spy_transposed(monkeypatch)
@@ -473,6 +477,126 @@ def test_fp8_transposed_32_rows_v_ahead_unless_it_spills(spill, block, rng, monk
     check(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 2, "mma")
     want = [selector.TRANSPOSED_V_AHEAD, None] if spill else [selector.TRANSPOSED_V_AHEAD]
     assert spy_transposed.ahead == want and {s[3] for s in seen} == {block}
+
+
+def spy_seesaw(monkeypatch):
+    """Record ``(tag, heads, direct, fp8)`` of every seesaw kernel the selector asks for."""
+    from numba_mla import factory
+
+    seen, kernels, real = [], [], factory.seesaw_partition_kernel
+    spy_seesaw.kernels = kernels  # (the dispatchers, in the same order)
+
+    def spy(*args, **kwargs):  # (mask, score_mod, tag, cache_cls, heads, direct, listed, fp8)
+        seen.append((args[2], args[4], args[5], kwargs.get("fp8")))
+        kernels.append(real(*args, **kwargs))
+        return kernels[-1]
+
+    monkeypatch.setattr(factory, "seesaw_partition_kernel", spy)
+    return seen
+
+
+@KERNEL
+@pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts", [
+    (BF16, "paged64", 1, 64, [300], "null", "identity", 1),
+    (np.float16, "contiguous", 2, 20, [0, 330], "window100", "identity", 2),
+    (BF16, "contiguous", 1, 72, [150], "causal", "softcap", 3),
+    (BF16, "paged64", 1, 64, [250], "null", "alibi", 1),
+    (BF16, "paged128", 1, 70, [0, 130], "null", "identity", 1)])
+def test_fp8_seesaw_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts, rng,
+                           monkeypatch):
+    """The seesaw kernel on "e4m3" rows (past 32 query rows a sequence, on tiles that lie in
+    one page): each tile's codes land inside its 16-bit buffer and the warpgroup that scores
+    it converts them in place, a box at a time. 64 heads over five tiles in one partition
+    (both buffers refilled, the third pair without a second tile, a short last tile); two
+    tokens of 20 heads on a contiguous cache under a window (tiles kept in part) in two
+    partitions beside an empty sequence; 72 heads (a whole block and one of 8) causal with a
+    soft cap in three partitions of one tile each; ALiBi over four tiles (the running max
+    moves: both warpgroups rescale); 70 heads beside an empty sequence on pages of 128
+    (blocks that run no tile write zeros themselves)."""
+    from numba_mla import selector
+
+    assert selector.SEESAW_E4M3
+    seen = spy_seesaw(monkeypatch)
+    tr = spy_transposed(monkeypatch)
+    p = fp8_problem(rng, "e4m3", len(lengths), Sq, H, lengths, dtype, cache)
+    mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100"
+            else MASKS[mask_id].make(p, rng))
+    check(p, mask, SCORE_MODS[mod_id].make(p), parts, "mma")
+    assert set(seen) == {("bf16" if dtype == BF16 else "f16", H, parts == 1, "e4m3")}
+    assert not tr
+
+
+@KERNEL
+@pytest.mark.parametrize("case", ["rows", "huge", "tiny"])
+def test_fp8_seesaw_kernel_scales_q_into_fp16(case, rng, monkeypatch):
+    """The seesaw kernel multiplies "e4m3" rows in fp16: bf16 q goes into fp16 times a power
+    of two a row, and each row's scores times its own 2^-k. "rows": heads scaled by 2^-6 ..
+    2^6 in turn (a row multiplied back by another's 2^-k would be off by up to 2^12);
+    "huge": a row past fp16's largest value (1e6), one spanning 12 decades, one of zeros;
+    "tiny": every row 1e-6 (below fp16's normal range), the softmax scale times 1e6."""
+    seen = spy_seesaw(monkeypatch)
+    p = fp8_problem(rng, "e4m3", 1, 1, 40, [100], BF16, "paged64")
+    q = np.array(p.q).astype(np.float32)
+    if case == "rows":
+        q *= (2.0 ** (np.arange(40) % 13 - 6))[:, None].astype(np.float32)
+    elif case == "huge":
+        q[..., 0, :] *= 1e6
+        q[..., 2, :] *= 10.0 ** rng.uniform(-8, 4, 576)
+        q[..., 3, :] = 0
+    else:
+        q *= 1e-6
+        p = dataclasses.replace(p, scale=p.scale * 1e6)
+    check(dataclasses.replace(p, q=q.astype(BF16)), nm.NullMask(), nm.IdentityScoreMod(), 1,
+          "mma")
+    assert seen
+
+
+def test_seesaw_in_place_conversion_order():
+    """Where the seesaw kernel's "e4m3" codes lie, and the order it converts them in: in each
+    buffer the 9 boxes of codes lie apart inside the buffer, in the part the other warpgroup
+    frees (buffer 0: not boxes 0-3, which warpgroup 0 still multiplies by; buffer 1: not boxes
+    4-7, warpgroup 1's), and converting in ``convert_order`` never writes over codes not yet
+    read, except a box's own (read before its values are written); the first box converted
+    overwrites none."""
+    from numba_mla.kernels import seesaw as sw
+
+    for buf, busy in ((0, range(0, 4)), (1, range(4, 8))):
+        order = [sw.convert_order(buf, n) for n in range(sw.NBOX)]
+        assert sorted(order) == list(range(sw.NBOX)) and order[-1] == sw.ROPE
+        raw = [(sw.raw_at(buf, box), sw.raw_at(buf, box) + sw.RAW_BOX) for box in range(sw.NBOX)]
+        assert all(0 <= lo and hi <= sw.ROWS_BYTES for lo, hi in raw)
+        assert all(a[1] <= b[0] or b[1] <= a[0] for i, a in enumerate(raw) for b in raw[i + 1:])
+        for lo, hi in raw:  # (boxes of 16-bit values a box of codes overlaps)
+            assert not set(range(lo // sw.BOX_BYTES, -(-hi // sw.BOX_BYTES))) & set(busy)
+        for n, box in enumerate(order):
+            lo, hi = sw.BOX_BYTES * box, sw.BOX_BYTES * (box + 1)
+            hit = {other for other, (a, b) in enumerate(raw) if a < hi and lo < b}
+            assert hit <= set(order[:n + 1]), (buf, box, hit)
+            if n == 0:
+                assert not hit
+
+
+@KERNEL
+@pytest.mark.parametrize("why", ["pages", "config", "spill"])
+def test_fp8_seesaw_kernel_only_where_it_runs(why, rng, monkeypatch):
+    """Past 32 rows on "e4m3" rows the transposed kernel's 64-row block runs where the seesaw
+    kernel cannot: tiles that straddle pages (pages of 32 keys), a config that names the rows
+    a block, or a seesaw build that spills (the simulator never spills: made to here)."""
+    from numba_mla import launch
+
+    seen = spy_seesaw(monkeypatch)
+    tr = spy_transposed(monkeypatch)
+    config = nm.MHAConfig(num_queries_per_block=64) if why == "config" else None
+    if why == "spill":
+        monkeypatch.setattr(launch._Launch, "spills",
+                            lambda self: self.dispatcher in spy_seesaw.kernels)
+    p = fp8_problem(rng, "e4m3", 1, 1, 40, [100], BF16, "paged32" if why == "pages" else "paged64")
+    golden, same = references(p, nm.NullMask(), nm.IdentityScoreMod())
+    out = np.full(p.out_shape, np.nan, p.dtype)
+    nm.flare_mla_decoding(out, p.q, p.cache, nm.NullMask(), nm.IdentityScoreMod(), None,
+                          p.scale, backend="mma", config=config)
+    assert_three_way(out, same[0], golden[0], floor=fp32_floor(golden[0], "mma"), what="out")
+    assert {s[3] for s in tr} == {64} and (bool(seen) == (why == "spill"))
 
 
 @KERNEL

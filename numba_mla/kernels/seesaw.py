@@ -46,6 +46,7 @@ from .. import ptx
 from .._compat import JIT_OPTIONS
 from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles)
+from .transposed import Q_EXP_LIMIT, Q_SCALE_TOP
 from .mma import (BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, O_BYTES, O_PITCH,
                   RESCALE_SLACK, ROWS_BYTES, make_write_rows)
 
@@ -72,16 +73,52 @@ LAG_HEADS = 64
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
 
+# -- "e4m3" rows (``fp8="e4m3"``): a tile's codes land inside its own 16-bit buffer --
+RAW_BOX = BLOCK_N * BOX  # a box of codes: 64 keys x 64 codes, rows of 64 bytes (4096 bytes)
+RAW0 = ROWS_BYTES - NBOX * RAW_BOX  # buffer 0's codes: its last 36 KB (from 36864)
+CONVERT_UNITS = RAW_BOX // 8 // 128  # 8-code pieces of a box a thread converts (4)
+QEXP_OFF = SMEM_BYTES  # each query row's power of two (int32), "e4m3" rows only
+SMEM_BYTES_E4M3 = QEXP_OFF + 4 * BLOCK_M  # 223384
+
+
+def raw_at(buf, box):
+    """Byte offset in buffer ``buf`` of box ``box``'s codes ("e4m3" rows). Each lands where
+    the tile before it is freed first: buffer 0's in its last 36 KB (half of box 4, boxes
+    5-8: warpgroup 1 frees them, the first to be done with that tile), buffer 1's in boxes
+    0-3 and the first half of the rope box (warpgroup 0 frees them, while warpgroup 1 still
+    multiplies by boxes 4-7)."""
+    if buf == 0:
+        return RAW0 + RAW_BOX * box
+    return RAW_BOX * box if box < ROPE else BOX_BYTES * ROPE
+
+
+def convert_order(buf, n):
+    """The box converted n-th in buffer ``buf`` ("e4m3" rows): an order in which a box's
+    16-bit values overwrite only codes already converted, or (boxes 8 of buffer 0, 0 and 8
+    of buffer 1) its own, read before anything is written (``qk8``): buffer 0 in order;
+    buffer 1 boxes 4-7, then 3, 2, 1, 0 down over their codes, then the rope box, last as in
+    every order (``qk``)."""
+    if buf == 0 or n == ROPE:
+        return n
+    return V_BOXES + n if n < V_BOXES else 2 * V_BOXES - 1 - n
+
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads, store, key_count=None, listed=False):
+                          fold_scale, heads, store, key_count=None, listed=False, fp8=None):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
     ``chunk[w, 1]``, piece ``chunk[w, 2]`` of ``chunk[w, 3]`` (an even cut of its tiles), and
-    writes the workspace."""
+    writes the workspace. ``fp8="e4m3"``: the cache holds "e4m3" rows (``tag`` is q's type,
+    ``scale`` the softmax scale + 1j * kv_scale), multiplied in fp16."""
+    assert fp8 in (None, "e4m3"), fp8
+    assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
+    FP8 = fp8 is not None
+    SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
     H = heads
     lag = heads >= LAG_HEADS
+    if FP8:
+        tag = "f16"  # the products' type: codes become fp16 in one instruction
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
     mma_pv = ptx.wgmma(DIMS_PER_WG, tag, True)
     mma_pv_rs = ptx.wgmma_rs(DIMS_PER_WG, tag, True)
@@ -99,6 +136,19 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           align=BLOCK_N, key_count=key_count)
     tma_box = ptx.tma_load(BLOCK_M, BOX, True, lag)
+    tma_raw = ptx.tma_load(BLOCK_N, BOX // 2, False, lag)  # (64 codes: 32 16-bit values)
+    raw_at_ = cuda.jit(device=True)(raw_at)
+    convert_order_ = cuda.jit(device=True)(convert_order)
+
+    if FP8:
+        @cuda.jit(device=True)
+        def scales(scale):
+            """(softmax scale, kv_scale)."""
+            return float32(scale.real), float32(scale.imag)
+    else:
+        @cuda.jit(device=True)
+        def scales(scale):
+            return scale, float32(1.0)
 
     @cuda.jit(device=True)
     def box_bar(sb, buf, box):
@@ -145,10 +195,122 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         wait_s(s_acc)
 
     @cuda.jit(device=True)
+    def load_raw(smk, sb, buf, tmap, storage, row):
+        """Start copying the codes of the tile at ``row`` into buffer ``buf`` ("e4m3" rows; one
+        thread), each box to ``raw_at``, and announce their bytes (after the copies: the
+        thread that copies is the one that arrives)."""
+        for box in range(NBOX):
+            tma_raw(smk, sb + KV_OFF + buf * ROWS_BYTES + raw_at_(buf, box), tmap, storage,
+                    BOX // 2 * box, row, box_bar(sb, buf, box))
+        for box in range(NBOX):
+            ptx.mbar_expect_tx(smk, box_bar(sb, buf, box), RAW_BOX)
+
+    @cuda.jit(device=True)
+    def s_box(s_acc, smk, dq, dk, box, n, wtid):
+        """Issue S += Q K^T over box ``box``'s 64 dims, the n-th box issued (the first
+        overwrites S)."""
+        for j in range(BOX // 16):
+            step = BOX_BYTES * box + 32 * j
+            mma_s(s_acc, smk, ptx.desc_advance(dq, step), ptx.desc_advance(dk, step),
+                  BOX // 16 * n + j, wtid)
+
+    @cuda.jit(device=True)
+    def read_codes(codes, smk, sb, buf, box, parity, src):
+        """This thread's codes of box ``box`` (once landed) into ``codes``: at ``src`` + the
+        box's place, keys wtid // 8 + 16 i, codes 8 (wtid % 8) .. + 7 of each (8 bytes)."""
+        while not ptx.mbar_try_wait(smk, box_bar(sb, buf, box), parity):
+            pass
+        at = src + raw_at_(buf, box)
+        for i in range(CONVERT_UNITS):
+            codes[2 * i], codes[2 * i + 1] = ptx.lds64(smk, at + 1024 * i)
+
+    @cuda.jit(device=True)
+    def write_box(codes, smk, box, dst):
+        """``read_codes``' codes as fp16 values in box ``box``: key m's 16-byte chunk c at
+        c ^ m % 8 of its 128-byte row (the swizzled layout TMA writes), from ``dst``; fenced
+        for wgmma."""
+        for i in range(CONVERT_UNITS):
+            a0, a1 = ptx.e4m3x4_to_f16x4(codes[2 * i])
+            a2, a3 = ptx.e4m3x4_to_f16x4(codes[2 * i + 1])
+            ptx.sts128(smk, dst + BOX_BYTES * box + 2048 * i, a0, a1, a2, a3)
+        ptx.fence_proxy_async()
+
+    @cuda.jit(device=True)
+    def qk8(s_acc, smk, sb, buf, parity, wtid):
+        """S = Q K^T over the tile in buffer ``buf`` ("e4m3" rows; this warpgroup's 128
+        threads), its codes converted in place to fp16 a box at a time as each lands, in
+        ``convert_order``; waited. A box's products are issued once all its values are
+        written (a barrier), while the next box is converted; that barrier also comes after
+        every thread has read the next box's codes, since three boxes overwrite their own."""
+        kv = sb + KV_OFF + buf * ROWS_BYTES
+        dq = desc_rows(sb + Q_OFF)
+        dk = desc_rows(kv)
+        src = kv + 8 * wtid
+        dst = kv + 128 * (wtid // 8) + 16 * ((wtid % 8) ^ (wtid // 8 % 8))
+        codes = cuda.local.array(2 * CONVERT_UNITS, int32)
+        prev = convert_order_(buf, 0)
+        read_codes(codes, smk, sb, buf, prev, parity, src)
+        # Every warp of this warpgroup is past its last product on this buffer (a warp's wait
+        # covers its own part of a product only): the first box overwrites values of the
+        # tile before, but no codes.
+        ptx.bar_sync(BAR_WG + buf, 128)
+        write_box(codes, smk, prev, dst)
+        ptx.wgmma_fence()
+        for n in range(1, NBOX):
+            box = convert_order_(buf, n)
+            read_codes(codes, smk, sb, buf, box, parity, src)
+            ptx.bar_sync(BAR_WG + buf, 128)
+            s_box(s_acc, smk, dq, dk, prev, n - 1, wtid)
+            write_box(codes, smk, box, dst)
+            prev = box
+        ptx.bar_sync(BAR_WG + buf, 128)
+        s_box(s_acc, smk, dq, dk, prev, NBOX - 1, wtid)
+        ptx.wgmma_commit()
+        wait_s(s_acc)
+
+    qk_tile = qk8 if FP8 else qk
+
+    @cuda.jit(device=True)
+    def scale_q(smk, sb, tid):
+        """q's rows (bf16, in place in Q) into fp16, row r times the power of two 2^k that
+        puts its largest magnitude in [2^12, 2^15) (``qexp``: k; kernels/transposed.py says
+        why this is exact); four threads a row, 16-byte chunks u, u + 4, .. of its 72."""
+        r = tid // 4
+        u = tid % 4
+        mx = float32(0.0)
+        for i in range(NBOX * 2):
+            j = u + 4 * i
+            w = ptx.lds128(smk, sb + Q_OFF + BOX_BYTES * (j // 8) + 128 * r + 16 * (j % 8))
+            for e in range(4):
+                x0, x1 = ptx.bf16x2_to_f32(w[e])
+                mx = max(mx, max(abs(x0), abs(x1)))
+        for o in (1, 2):
+            mx = max(mx, ptx.shfl_xor(mx, o, tid))
+        k = 0
+        if mx > 0.0 and mx < math.inf:
+            k = min(max(Q_SCALE_TOP - int32(math.floor(math.log2(mx))), -Q_EXP_LIMIT),
+                    Q_EXP_LIMIT)
+        f = ptx.i32_as_f32((k + 127) << 23)
+        if u == 0:
+            smk[QEXP_OFF // 4 + r] = k
+        for i in range(NBOX * 2):
+            j = u + 4 * i
+            at = sb + Q_OFF + BOX_BYTES * (j // 8) + 128 * r + 16 * (j % 8)
+            w = ptx.lds128(smk, at)
+            x0, x1 = ptx.bf16x2_to_f32(w[0])
+            x2, x3 = ptx.bf16x2_to_f32(w[1])
+            x4, x5 = ptx.bf16x2_to_f32(w[2])
+            x6, x7 = ptx.bf16x2_to_f32(w[3])
+            ptx.sts128(smk, at, ptx.pack_f16x2(x0 * f, x1 * f), ptx.pack_f16x2(x2 * f, x3 * f),
+                       ptx.pack_f16x2(x4 * f, x5 * f), ptx.pack_f16x2(x6 * f, x7 * f))
+        ptx.fence_proxy_async()  # (a barrier follows: Q is then visible to wgmma)
+
+    @cuda.jit(device=True)
     def scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale, scale, bias,
-               wtid, tid):
+               wtid, tid, fh):
         """Mask and score mod on a score fragment (keys [k0, k1) kept, the rest -inf), in log2
-        units; ``mx``: the fragment's two row maxima (its quad's, which share the rows)."""
+        units; ``mx``: the fragment's two row maxima (its quad's, which share the rows);
+        ``fh``: "e4m3" rows, the thread's two rows' factors (kv_scale 2^-k)."""
         cls = mask_classify(k0, k1, q_lo, q_hi)
         # Element i's key is k0 + acc_col(i) = k0 + 2*(wtid%4) + (a constant): it is kept when
         # the constant is below ``lim`` (one compare with an immediate; the key itself is formed
@@ -167,7 +329,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     i = 4 * j + 2 * half + e
                     s = float32(NEG_INF)
                     if m < nrows and 8 * j + e < lim:
-                        s = log2_score(s_acc[i], qscale, scale, cls, b, h, iq, q_pos,
+                        x = s_acc[i] * fh[half] if FP8 else s_acc[i]
+                        s = log2_score(x, qscale, scale, cls, b, h, iq, q_pos,
                                        k0 + ptx.acc_col(i, wtid), bias)
                     s_acc[i] = s
                     row_max = max(row_max, s)
@@ -321,15 +484,24 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             ptx.mbar_fence_init()
         cuda.syncthreads()
         if tid == 0 and t0 < t_end:  # the queries, then the first pair's tiles
-            ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
+            if not FP8:
+                ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
             for box in range(NBOX):
                 tma_box(smk, sb + Q_OFF + BOX_BYTES * box, tmap_q, q, BOX * box,
                         row0 * H + r0, qbar)
+            if FP8:  # (announced by the thread that copies, after its copies: load_raw)
+                ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
             row = tile_row(block_table, page_size, npages, b, kstart + t0 * BLOCK_N)
-            load_boxes(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
+            if FP8:
+                load_raw(smk, sb, 0, tmap_kv, storage, row)
+            else:
+                load_boxes(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
             if t1 < t_end:
                 row = tile_row(block_table, page_size, npages, b, kstart + t1 * BLOCK_N)
-                load_boxes(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
+                if FP8:
+                    load_raw(smk, sb, 1, tmap_kv, storage, row)
+                else:
+                    load_boxes(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
 
         # This thread's two rows of every fragment: m = 16*warp + lane//4 (+ 8).
         mx = cuda.local.array(2, float32)  # a tile's row maxima, then the new running max
@@ -344,16 +516,27 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         s_acc = cuda.local.array(NS, float32)
         o_acc = cuda.local.array(NO, float32)
         zero_o(o_acc)
-        qscale = float32(scale * LOG2E)
+        sm_scale, kv_scale = scales(scale)
+        qscale = float32(sm_scale * LOG2E)
+        fh = cuda.local.array(2, float32)  # "e4m3" rows: the scores' factors (scores)
 
         if t0 < t_end:
             while not ptx.mbar_try_wait(smk, qbar, 0):
                 pass
+            if FP8:
+                if SCALE_Q:
+                    scale_q(smk, sb, tid)
+                    cuda.syncthreads()  # Q in fp16 and the exponents in place
+                for half in range(2):
+                    fh[half] = kv_scale
+                    if SCALE_Q:
+                        fh[half] *= ptx.i32_as_f32(
+                            (127 - smk[QEXP_OFF // 4 + ptx.acc_row(2 * half, wtid)]) << 23)
             parity = 0  # of this warpgroup's buffer's box barriers
             # No wgmma is in flight where the branches below rejoin: ptxas would wait there
             # for every product (see kernels/mma.py).
             if wg == 0:
-                qk(s_acc, smk, sb, 0, parity, wtid)
+                qk_tile(s_acc, smk, sb, 0, parity, wtid)
                 parity ^= 1
                 while True:
                     t2 = next_tile(t1 + 1, t_end, kstart, kend, q_lo, q_hi) if t1 < t_end \
@@ -369,7 +552,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     k0 = kstart + t0 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend)
                     scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
-                           scale, bias, wtid, tid)
+                           sm_scale, bias, wtid, tid, fh)
                     softmax(s_acc, mx, smf, STAT_SCALE0, wtid, tid, scl, sums, sums_p)
                     rescale(o_acc, l_run, l_p, scl)
                     for half in range(2):
@@ -389,8 +572,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     pv_local(o_acc, s_acc, smk, sb, 0, 0, tid)
                     ptx.wgmma_commit()
                     wait_o(o_acc)
-                    if t2 < t_end:  # K0's boxes 0-3 are free: the next pair's first tile
-                        ptx.bar_sync(BAR_WG + wg, 128)
+                    if not FP8 and t2 < t_end:  # K0's boxes 0-3 are free: the next pair's
+                        ptx.bar_sync(BAR_WG + wg, 128)  # first tile
                         if wtid == 0:
                             load_boxes(smk, sb, 0, tmap_kv, storage, row2, 0, V_BOXES)
                     ptx.bar_sync(BAR_SCALE1, NTHREADS)  # m1, scale1, P1 from WG1
@@ -406,17 +589,20 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         if t3 < t_end:  # K1's boxes 0-3 and the rope box (P1) are free
                             ptx.bar_sync(BAR_WG + wg, 128)
                             if wtid == 0:
-                                load_boxes(smk, sb, 1, tmap_kv, storage, row3, ROPE, NBOX)
-                                load_boxes(smk, sb, 1, tmap_kv, storage, row3, 0, V_BOXES)
+                                if FP8:  # (the codes' place: raw_at)
+                                    load_raw(smk, sb, 1, tmap_kv, storage, row3)
+                                else:
+                                    load_boxes(smk, sb, 1, tmap_kv, storage, row3, ROPE, NBOX)
+                                    load_boxes(smk, sb, 1, tmap_kv, storage, row3, 0, V_BOXES)
                     if t2 >= t_end:
                         break
-                    qk(s_acc, smk, sb, 0, parity, wtid)
+                    qk_tile(s_acc, smk, sb, 0, parity, wtid)
                     parity ^= 1
                     t0 = t2
                     t1 = t3
             else:
                 if t1 < t_end:
-                    qk(s_acc, smk, sb, 1, parity, wtid)
+                    qk_tile(s_acc, smk, sb, 1, parity, wtid)
                     parity ^= 1
                 while True:
                     t2 = next_tile(t1 + 1, t_end, kstart, kend, q_lo, q_hi) if t1 < t_end \
@@ -432,7 +618,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     k0 = kstart + t1 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend) if t1 < t_end else k0  # no tile: all -inf
                     scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
-                           scale, bias, wtid, tid)
+                           sm_scale, bias, wtid, tid, fh)
                     ptx.bar_sync(BAR_SCALE0, NTHREADS)  # m0, scale0, P0 from WG0
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE0 * BLOCK_M
@@ -458,7 +644,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     # free), and K1's zeroed rows are in place for the P V below.
                     ptx.bar_sync(BAR_WG + wg, 128)
                     if wtid == 0 and t2 < t_end:
-                        load_boxes(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
+                        if FP8:  # (the codes' place: raw_at)
+                            load_raw(smk, sb, 0, tmap_kv, storage, row2)
+                        else:
+                            load_boxes(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
                     rescale(o_acc, l_run, l_p, scl)
                     for half in range(2):
                         l_run[half] += sums[half]
@@ -472,14 +661,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     wait_o(o_acc)
                     if t2 >= t_end:
                         break
-                    if t3 < t_end:  # K1's boxes 4-7 are free
+                    if not FP8 and t3 < t_end:  # K1's boxes 4-7 are free
                         ptx.bar_sync(BAR_WG + wg, 128)
                         if wtid == 0:
                             load_boxes(smk, sb, 1, tmap_kv, storage, row3, V_BOXES, ROPE)
                     t0 = t2
                     t1 = t3
                     if t1 < t_end:
-                        qk(s_acc, smk, sb, 1, parity, wtid)
+                        qk_tile(s_acc, smk, sb, 1, parity, wtid)
                         parity ^= 1
         # -- the row sums of both warpgroups, then the partition's output and LSE --
         for half in range(2):
@@ -512,7 +701,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 lsum = (smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + tid]
                         + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M + tid])
             smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid] = (
-                float32(0.0) if empty else ptx.rcp(lsum))
+                float32(0.0) if empty else kv_scale * ptx.rcp(lsum) if FP8 else ptx.rcp(lsum))
         cuda.syncthreads()
         write_rows(part_out, smf, sb, KV_OFF, STAT_OFF // 4 + STAT_L * BLOCK_M, row0, r0, nrows,
                    p, tid)

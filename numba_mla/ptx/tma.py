@@ -6,10 +6,11 @@ thread kept the load queue full and stalled the kernel on operand registers). Co
 counted in bytes on an mbarrier: one thread announces the bytes (``mbar_expect_tx``) and
 arrives, each copy signals its bytes, and the barrier's phase flips when both are done.
 
-- ``tensor_map(dev, rows, box_rows, box_cols=8, swizzle=False)`` (host): the 128-byte
-  tensor map (a uint8 device array) of a 16-bit array seen as ``[rows, 576]`` (``dev``: its
-  int32-word view, rows of 288 words), cut into boxes of ``box_rows`` rows x ``box_cols``
-  values. A box lands as its rows one after another; with ``swizzle`` (box_cols 64: rows of
+- ``tensor_map(dev, rows, box_rows, box_cols=8, swizzle=False, row_bytes=1152)`` (host): the
+  128-byte tensor map (a uint8 device array) of an array of ``rows`` rows of ``row_bytes``
+  bytes seen as 16-bit values (``dev``: its int32-word view; 1152: 576 16-bit values, 576:
+  a row of 576 "e4m3" codes taken two at a time), cut into boxes of ``box_rows`` rows x
+  ``box_cols`` values. A box lands as its rows one after another; with ``swizzle`` (box_cols 64: rows of
   128 bytes) in the 128-byte swizzled order wgmma's swizzled descriptors read.
 - ``tma_load(box_rows, box_cols=8, swizzle=False, evict_first=False)`` -> ``load(arr, addr,
   tmap, src, col, row, bar)``: start copying the box at value column ``col``, row ``row`` to
@@ -34,19 +35,19 @@ from .barriers import complete_tx
 from .wgmma import swizzle128
 
 
-def _tensor_map_twin(dev, rows, box_rows, box_cols=8, swizzle=False):
+def _tensor_map_twin(dev, rows, box_rows, box_cols=8, swizzle=False, row_bytes=1152):
     return cuda.to_device(np.zeros(128, np.uint8))  # unused: tma_load's twin reads src
 
 
 @with_twin(_tensor_map_twin)
-def tensor_map(dev, rows, box_rows, box_cols=8, swizzle=False):
+def tensor_map(dev, rows, box_rows, box_cols=8, swizzle=False, row_bytes=1152):
     from cuda.bindings import driver as cu
 
     ptr = dev.__cuda_array_interface__["data"][0]
     u32, u64 = cu.cuuint32_t, cu.cuuint64_t
     err, tmap = cu.cuTensorMapEncodeTiled(
         cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16, u32(2), ptr,
-        [u64(576), u64(rows)], [u64(1152)], [u32(box_cols), u32(box_rows)],
+        [u64(row_bytes // 2), u64(rows)], [u64(row_bytes)], [u32(box_cols), u32(box_rows)],
         [u32(1), u32(1)],
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         (cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle
