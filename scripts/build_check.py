@@ -231,9 +231,13 @@ def main():
             if not direct:  # the listed schedule's variant (its blocks from a table)
                 variants.append(("listed", factory.seesaw_partition_kernel(
                     mask, mod, tag, cache, heads, False, listed=True)))
+            # and its form for "e4m3" rows, which the selector runs unless it spills (spills
+            # allowed here: reported, not failed)
+            variants.append(("seesaw8", factory.seesaw_partition_kernel(
+                mask, mod, tag, cache, heads, direct, fp8="e4m3")))
         for name, kern in variants:
             sig = list(signature(direct, name == "listed"))
-            if name in ("mma8", "tr8", "tr8x32", "tr8x32a", "tr8x64", "tr8x64a"):  # cache: codes;
+            if name in ("mma8", "tr8", "tr8x32", "tr8x32a", "tr8x64", "tr8x64a", "seesaw8"):  # cache: codes;
                 # complex scale
                 sig[6] = types.complex64
             ptx, _ = cuda.compile_ptx(kern.py_func, tuple(sig), cc=(9, 0, "a"))
@@ -241,13 +245,15 @@ def main():
             regs, spills, calls = _resources(ptx, log)
             hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256|16)x16", sass))
             serial = "serialized" in log
-            # lockstep: 36 for S and 4 for P V; seesaw: 4 a box in each warpgroup's two S
-            # sites (a loop over the boxes), 4 in each of their two P V sites; transposed: 36
+            # lockstep: 36 for S and 4 for P V; seesaw: 4 in each of its four S sites (a loop
+            # over the boxes; two a warpgroup), 4 in each of its four P V sites; transposed: 36
             # for S^T and 32 for O^T (m64n16k16; the 32-row block's m64n32k16); its 64-row
-            # block 18 + 16 a warpgroup (m64n64k16)
+            # block 18 + 16 a warpgroup (m64n64k16); the seesaw on "e4m3" rows: 8 a S site (the
+            # loop over the boxes and the last box after it)
             want = {"mma": 40, "mma8": 40, "tr8": 68, "tr8x32": 68, "tr8x32a": 68, "tr8x64": 34,
-                    "tr8x64a": 34}.get(name, 32)
-            ok = ((not spills or name in ("tr8x32a", "tr8x64a")) and calls == 0 and not serial
+                    "tr8x64a": 34, "seesaw8": 48}.get(name, 32)
+            ok = ((not spills or name in ("tr8x32a", "tr8x64a", "seesaw8")) and calls == 0
+                  and not serial
                   and hgmma == want)
             if name in ("seesaw", "listed"):  # the evict-first copies exactly from LAG_HEADS
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)

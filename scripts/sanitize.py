@@ -52,11 +52,17 @@ CASES += [(backend, *c) for backend in ("simt", "mma_sync", "simple", "warpsplit
           for c in _FP8_SHAPES]
 CASES += [("mma", *c) for c in _FP8_SHAPES if c[-1] == "e4m3"]  # (wgmma: "e4m3" rows only)
 #: and the transposed kernel on pages of 16 keys (its copy looks up each 16-byte piece's row),
-#: its 32-row block with a partial block (2 tokens x 12 heads: 24 rows), and its 64-row block
-#: of two warpgroups with a partial second block (72 heads), both under a causal mask
+#: its 32-row block with a partial block (2 tokens x 12 heads: 24 rows), its 64-row block of
+#: two warpgroups with a partial second block (72 heads on pages of 16), and on pages of 64 the
+#: seesaw kernel on "e4m3" rows (72 heads), the last three under a causal mask; then the
+#: seesaw kernel in one partition of 11 tiles, so that both buffers are refilled five times,
+#: on "e4m3" rows and on bf16 rows
 CASES += [("mma", 2, 8, 150, 1, "bf16", "paged", 16, "null", 2, False, "e4m3"),
           ("mma", 2, 12, 200, 2, "fp16", "paged", 64, "causal", 2, False, "e4m3"),
-          ("mma", 2, 72, 200, 1, "fp16", "paged", 64, "causal", 2, False, "e4m3")]
+          ("mma", 2, 72, 200, 1, "fp16", "paged", 16, "causal", 2, False, "e4m3"),
+          ("mma", 2, 72, 200, 1, "fp16", "paged", 64, "causal", 2, False, "e4m3"),
+          ("mma", 1, 128, 700, 1, "bf16", "contiguous", 0, "null", 1, False, "e4m3"),
+          ("mma", 1, 128, 700, 1, "bf16", "contiguous", 0, "null", 1, False)]
 
 
 def run_cases(only=None, fp8_only=False):

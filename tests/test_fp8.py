@@ -1011,18 +1011,24 @@ def test_device_quantizer_matches_host_gpu(layout, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend,layout", [
     ("simt", "e4m3"), ("simt", "v32"), ("mma_sync", "e4m3"), ("mma_sync", "v32"),
-    ("mma", "e4m3")])
+    ("mma", "e4m3"), ("mma-64", "e4m3")])
 @pytest.mark.parametrize("cache", ["contiguous", "paged16", "paged64"])
 def test_fp8_kernel_every_mask_and_mod_gpu(layout, cache, backend, rng, monkeypatch):
     """Every mask and every score mod over an FP8 cache. Their whole cross product is
     test_kernels' (the FP8 row load is independent of them, and each pair is a kernel to
     compile: the product here took minutes a case); each parameter set pairs them with its
-    own offset, so the fifteen sets together meet many pairs. Under "mma" the 2 x 128-row
-    problems run the transposed kernel's 64-row block on a contiguous cache, its 32-row
-    block on pages of 16 (``TRANSPOSED_PAST_32 = 32``) and the lockstep kernel on pages of 64
-    (``TRANSPOSED_PAST_16 = 0``: what a strided cache runs)."""
+    own offset, so the sets together meet many pairs. Under "mma" the 2 x 128-row problems
+    run the seesaw kernel on a contiguous cache (the transposed kernel's 64-row block where
+    a mask's build spills; "mma-64": that block everywhere, ``SEESAW_E4M3 = False``), the
+    32-row block on pages of 16 (``TRANSPOSED_PAST_32 = 32``) and the lockstep kernel on
+    pages of 64 (``TRANSPOSED_PAST_16 = 0``: what a strided cache runs)."""
     from numba_mla import selector
 
+    if backend == "mma-64":
+        if cache != "contiguous":
+            pytest.skip("the 64-row block runs on a contiguous cache here")
+        monkeypatch.setattr(selector, "SEESAW_E4M3", False)
+        backend = "mma"
     if backend == "mma" and cache == "paged64":
         monkeypatch.setattr(selector, "TRANSPOSED_PAST_16", 0)
     if backend == "mma" and cache == "paged16":

@@ -77,6 +77,7 @@ BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
 RAW_BOX = BLOCK_N * BOX  # a box of codes: 64 keys x 64 codes, rows of 64 bytes (4096 bytes)
 RAW0 = ROWS_BYTES - NBOX * RAW_BOX  # buffer 0's codes: its last 36 KB (from 36864)
 CONVERT_UNITS = RAW_BOX // 8 // 128  # 8-code pieces of a box a thread converts (4)
+CODE_WORDS = 2 * CONVERT_UNITS  # ... as int32 words of four codes
 QEXP_OFF = SMEM_BYTES  # each query row's power of two (int32), "e4m3" rows only
 SMEM_BYTES_E4M3 = QEXP_OFF + 4 * BLOCK_M  # 223384
 
@@ -247,7 +248,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         dk = desc_rows(kv)
         src = kv + 8 * wtid
         dst = kv + 128 * (wtid // 8) + 16 * ((wtid % 8) ^ (wtid // 8 % 8))
-        codes = cuda.local.array(2 * CONVERT_UNITS, int32)
+        codes = cuda.local.array(CODE_WORDS, int32)
         prev = convert_order_(buf, 0)
         read_codes(codes, smk, sb, buf, prev, parity, src)
         # Every warp of this warpgroup is past its last product on this buffer (a warp's wait
