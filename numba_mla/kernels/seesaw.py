@@ -37,6 +37,16 @@ Shared memory (bytes):
 Each box has its own mbarrier, so a product starts on the boxes that have landed while the
 others are on their way; the warpgroup computing S on a buffer announces each box's bytes
 just before waiting for it (the copy may have landed already: the phase completes on both).
+
+"e4m3" rows (``fp8="e4m3"``): no room is left for a raw stage, so a tile's codes (9 boxes of
+64 keys x 64 codes) land by TMA inside its own buffer, where the tile before is freed first
+(``raw_at``: buffer 0's last 36 KB, refilled by WG1 where it refilled boxes 4-8; buffer 1's
+boxes 0-3 and half the rope box, refilled by WG0 where it refilled boxes 0-3 and 8), and the
+thread that copies announces the bytes. The warpgroup that computes S on the tile converts
+it in place to fp16 a box at a time (``qk8``, in ``convert_order``), issuing each box's
+products under the next box's conversion; products are fp16, q is copied into fp16 under a
+power of two a row (``scale_q``), the scores are multiplied by kv_scale 2^-k and the output by
+kv_scale (docs/kernels/mma.md).
 """
 import math
 
