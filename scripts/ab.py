@@ -18,7 +18,9 @@ Usage: python scripts/ab.py REV [REV ...] [--rounds 2] [--out ab.json] [--python
 Prints one row per configuration: each version's median GPU microseconds, round by round,
 and its mean over the first version's. ``--pythonpath`` is added after the version's tree (a
 peer's module, e.g. FlashMLA's build); ``--out`` keeps every round's rows and the versions'
-commits as JSON.
+commits as JSON. After each whole round (every version once) the JSON is written and the
+table so far printed to stderr, so a run stopped by a time limit keeps the rounds it
+finished.
 """
 import argparse
 import json
@@ -163,14 +165,21 @@ def main(argv=None):
                                    os.path.join(root, f"cache{i}"), pythonpath))
             print(f"ab.py: round {r + 1} of {args.rounds}, {v} ({commits[v]}) done",
                   file=sys.stderr)
-    if args.out:  # first: the rounds are kept even if the table fails
-        meta = dict(runs[args.revs[0]][0]["meta"], commit=None)
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "versions": commits, "bench_args": bench_args,
-                       "rounds": {commits[v]: [d["rows"] for d in runs[v]] for v in runs}},
-                      f, indent=1)
+        if args.out:  # first: the rounds are kept even if the table fails
+            save(args.out, runs, commits, bench_args)
+        if r + 1 < args.rounds:
+            print("\n".join(table(runs)), file=sys.stderr, flush=True)
     print("\n".join(table(runs)))
     return 0
+
+
+def save(path, runs, commits, bench_args):
+    """The rounds so far, the versions' commits and the bench's arguments as JSON."""
+    meta = dict(next(iter(runs.values()))[0]["meta"], commit=None)
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "versions": commits, "bench_args": bench_args,
+                   "rounds": {commits[v]: [d["rows"] for d in runs[v]] for v in runs}},
+                  f, indent=1)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,29 @@ def test_table_keeps_configurations_apart():
                for line in lines)
 
 
+def test_rounds_kept_as_they_finish(tmp_path, monkeypatch, capsys):
+    """Each whole round is written to --out (and its table printed) before the next starts:
+    a run stopped in its second round keeps the first."""
+    calls = []
+
+    def fake_run(tree, label, bench_args, out, cache_dir, pythonpath=()):
+        calls.append(label)
+        if len(calls) > 2:
+            raise KeyboardInterrupt  # (a time limit, in the second round)
+        return {"meta": {"commit": label}, "rows": [_row(10.0 + len(calls))]}
+
+    for name, fn in (("run_one", fake_run), ("export_tree", lambda rev, dest: dest),
+                     ("commit_of", lambda rev: rev.lower())):
+        monkeypatch.setattr(ab, name, fn)
+    out = tmp_path / "ab.json"
+    with pytest.raises(KeyboardInterrupt):
+        ab.main(["A", "B", "--rounds", "2", "--out", str(out), "--keep", str(tmp_path),
+                 "--", "--sweep", "tiny"])
+    data = json.loads(out.read_text())
+    assert data["rounds"] == {"a": [[_row(11.0)]], "b": [[_row(12.0)]]}
+    assert "11.0" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @needs_git
 def test_ab_of_the_checkout_against_head(tmp_path):
