@@ -2,9 +2,14 @@
 representative set of configurations, and print a summary table.
 
 Usage (on a GPU machine):  python scripts/sanitize.py [--tools memcheck,racecheck] [--out FILE]
-                                                     [--backend mma] [--fp8]
+                                                     [--backend mma] [--fp8] [--log FILE]
+                                                     [--hazards]
 Each tool runs the whole case list in one child process (``--cases``), checked against the
-reference so that a sanitizer-clean wrong answer still fails.
+reference so that a sanitizer-clean wrong answer still fails. ``--log``: every tool's whole
+output into FILE (the summary prints only the end of a failing one); ``--hazards``: racecheck
+lists each hazard with its threads and shared address (``--racecheck-report hazard``).
+The device needs numba_mla importable in the child (run from the checkout with
+``PYTHONPATH=$PWD``).
 """
 import argparse
 import os
@@ -110,6 +115,9 @@ def main():
     ap.add_argument("--backend", default=None, choices=BACKENDS,
                     help="only this backend's cases")
     ap.add_argument("--fp8", action="store_true", help="only the FP8 cases")
+    ap.add_argument("--log", default=None, help="every tool's whole output into this file")
+    ap.add_argument("--hazards", action="store_true",
+                    help="racecheck: each hazard with its threads and address")
     args = ap.parse_args()
     if args.cases:
         sys.exit(1 if run_cases(args.backend, args.fp8) else 0)
@@ -117,12 +125,17 @@ def main():
     rows = []
     for tool in args.tools.split(","):
         t0 = time.time()
-        cmd = ["compute-sanitizer", "--tool", tool, "--target-processes", "all",
+        report = (["--racecheck-report", "hazard"] if tool == "racecheck" and args.hazards
+                  else [])
+        cmd = ["compute-sanitizer", "--tool", tool, *report, "--target-processes", "all",
                sys.executable, __file__, "--cases"] + (
                    ["--backend", args.backend] if args.backend else []) + (
                    ["--fp8"] if args.fp8 else [])
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         text = r.stdout + r.stderr
+        if args.log:
+            with open(args.log, "a") as f:
+                f.write(f"===== {tool}: {' '.join(cmd)}\n{text}\n")
         # memcheck/synccheck/initcheck: "ERROR SUMMARY: N errors";
         # racecheck: "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)"
         m = (re.search(r"ERROR SUMMARY: (\d+) error", text)
@@ -136,7 +149,7 @@ def main():
             print(text[-4000:])
     lines = [f"{'tool':<10} {'errors':>7} {'wrong':>6} {'rc':>3} {'seconds':>8}"]
     lines += [f"{t:<10} {str(e):>7} {w:>6} {rc:>3} {s:8.0f}" for t, e, w, rc, s in rows]
-    cases = [c for c in CASES if args.backend in (None, c[0])]
+    cases = [c for c in CASES if args.backend in (None, c[0]) and (not args.fp8 or len(c) > 11)]
     lines.append(f"{len(cases)} cases per tool: " + "; ".join(
         f"{c[0]} B={c[1]} H={c[2]} L={c[3]} Sq={c[4]} {c[5]}{'/' + c[11] if len(c) > 11 else ''} "
         f"{c[6]}/{c[7]} {c[8]} P={c[9]}"
