@@ -47,3 +47,19 @@ def test_producer_consumer_handoff(rng):
 def test_gpu_producer_consumer_handoff_draws(rng):
     for _ in range(200):
         run(rng)
+
+
+@pytest.mark.kernel
+def test_probe_racecheck_kernel_hands_off_right():
+    """scripts/probe_racecheck.py's kernel (the seesaw kernel's named-barrier pattern, then
+    its epilogue's handoff across the block barrier) gives the values it should, so a hazard
+    racecheck reports on it is racecheck's: 3 pairs."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                        "probe_racecheck.py")
+    spec = importlib.util.spec_from_file_location("_probe_racecheck", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.child(3) == 0

@@ -1,0 +1,100 @@
+"""Probe: does compute-sanitizer's racecheck report a hazard across a block barrier once the
+two warpgroups of a block have used named barriers as the seesaw kernel does
+(kernels/seesaw.py)?
+
+On one H = 128 sequence of several tiles racecheck reports read-after-write hazards in the
+seesaw kernel's epilogue, on the rows' reciprocal sums that one thread stores and another
+loads after the block barrier (``plots/sanitize_seesaw8_14db059_h200.txt``). Before that,
+each pair of tiles has the warpgroups hand off through named barriers 1 and 2 (256 threads:
+one warpgroup arrives, the other waits) and sync on barriers 3 and 4 (one warpgroup's 128
+threads), a different number of times in each warpgroup. This kernel does only that: the
+same handoffs (a value written before each arrival, read after the wait), ``pairs`` times,
+then the epilogue's store, block barrier and load. A hazard here is racecheck's, not a race.
+
+Usage (GPU):  python scripts/probe_racecheck.py [--pairs 1,2,3,5,8]
+    runs itself under racecheck once for each pair count and prints the hazards of each.
+              python scripts/probe_racecheck.py --child N
+    one launch of N pairs, its result checked (also in the simulator:
+    NUMBA_ENABLE_CUDASIM=1).
+"""
+import argparse
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+from numba_mla import ptx  # (first: it picks the simulator where there is no GPU)
+from numba import cuda, float32  # noqa: E402  (a global: the simulator swaps it in kernels)
+
+
+def make_probe():
+    BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3  # as in kernels/seesaw.py
+
+    @cuda.jit
+    def probe(out, pairs):
+        hand = cuda.shared.array(128, float32)  # the handoffs' values
+        sums = cuda.shared.array(64, float32)  # the epilogue's
+        tid = cuda.threadIdx.x
+        wg = tid // 128
+        wtid = tid % 128
+        got = float32(0.0)
+        for p in range(pairs):
+            if wg == 0:
+                ptx.bar_sync(BAR_WG + wg, 128)
+                hand[wtid] = float32(p)
+                ptx.bar_arrive(BAR_SCALE0, 256)  # (WG1 reads it)
+                ptx.bar_sync(BAR_WG + wg, 128)  # (a refill's barrier)
+                ptx.bar_sync(BAR_SCALE1, 256)  # (WG1 wrote it)
+                got += hand[(wtid + 1) % 128]
+                ptx.bar_sync(BAR_WG + wg, 128)
+            else:
+                ptx.bar_sync(BAR_SCALE0, 256)
+                got += hand[(wtid + 1) % 128]
+                ptx.bar_sync(BAR_WG + wg, 128)  # (every warp has read it)
+                hand[wtid] = float32(p) + float32(0.5)
+                ptx.bar_arrive(BAR_SCALE1, 256)
+                ptx.bar_sync(BAR_WG + wg, 128)
+        cuda.syncthreads()
+        if tid < 64:
+            sums[tid] = float32(tid)
+        cuda.syncthreads()
+        out[tid] = sums[(tid + 5) % 64] + got
+
+    return probe
+
+
+def child(pairs):
+    out = cuda.device_array(256, np.float32)
+    make_probe()[1, 256](out, pairs)
+    got = out.copy_to_host()
+    tid = np.arange(256)
+    # the epilogue's value, plus what each handed over: WG0 read WG1's (p + 0.5), WG1 WG0's (p)
+    want = ((tid + 5) % 64 + np.where(tid < 128, sum(p + 0.5 for p in range(pairs)),
+                                      sum(float(p) for p in range(pairs)))).astype(np.float32)
+    ok = np.array_equal(got, want)
+    print(f"pairs {pairs}: {'ok' if ok else 'WRONG'}")
+    return 0 if ok else 1
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", type=int, default=None, help="one launch of this many pairs")
+    ap.add_argument("--pairs", default="1,2,3,5,8")
+    args = ap.parse_args(argv)
+    if args.child is not None:
+        return child(args.child)
+    bad = 0
+    for n in (int(x) for x in args.pairs.split(",")):
+        r = subprocess.run(["compute-sanitizer", "--tool", "racecheck", sys.executable, __file__,
+                            "--child", str(n)], capture_output=True, text=True)
+        text = r.stdout + r.stderr
+        m = re.search(r"RACECHECK SUMMARY: (\d+) hazard", text)
+        print(f"pairs {n}: racecheck {m.group(1) if m else '?'} hazards, rc {r.returncode}"
+              f"{'' if 'ok' in r.stdout else ' (result WRONG or missing)'}", flush=True)
+        bad += r.returncode != 0 or m is None
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
