@@ -352,35 +352,35 @@ def test_fp8_mma_kernel(dtype, cache, lengths, window, parts, rng, monkeypatch):
     assert seen and set(seen) == {(False, "e4m3")}  # cp.async tiles, FP8 rows
 
 
-def spy_lockstep(monkeypatch):
-    """Record ``(tma, fp8)`` of every lockstep wgmma kernel the selector asks for."""
+def spy_factory(monkeypatch, name, record):
+    """Wrap ``factory.<name>``: each call appends ``record(args, kwargs)`` to the list this
+    returns, and its kernel to ``spy_factory.kernels[name]``."""
     from numba_mla import factory
 
-    seen, real = [], factory.mma_partition_kernel
+    seen, kernels, real = [], [], getattr(factory, name)
+    spy_factory.kernels = dict(getattr(spy_factory, "kernels", {}), **{name: kernels})
 
-    def spy(*args, **kwargs):  # (mask, score_mod, tag, cache_cls, heads, direct, tma, fp8)
-        seen.append(args[6:8])
-        return real(*args, **kwargs)
+    def spy(*args, **kwargs):
+        seen.append(record(args, kwargs))
+        kernels.append(real(*args, **kwargs))
+        return kernels[-1]
 
-    monkeypatch.setattr(factory, "mma_partition_kernel", spy)
+    monkeypatch.setattr(factory, name, spy)
     return seen
+
+
+def spy_lockstep(monkeypatch):
+    """Record ``(tma, fp8)`` of every lockstep wgmma kernel the selector asks for."""
+    # (mask, score_mod, tag, cache_cls, heads, direct, tma, fp8)
+    return spy_factory(monkeypatch, "mma_partition_kernel", lambda a, kw: a[6:8])
 
 
 def spy_transposed(monkeypatch):
-    """Record ``(tag, heads, direct, block_m)`` of every transposed kernel the selector asks
-    for."""
-    from numba_mla import factory
-
-    seen, ahead, real = [], [], factory.transposed_partition_kernel
-    spy_transposed.ahead = ahead  # (the v_ahead of each, in the same order)
-
-    def spy(*args, **kwargs):  # (mask, score_mod, tag, cache_cls, heads, direct, block_m,
-        seen.append((args[2], args[4], args[5], args[6]))  # v_ahead)
-        ahead.append(args[7])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(factory, "transposed_partition_kernel", spy)
-    return seen
+    """Record ``(tag, heads, direct, block_m, v_ahead)`` of every transposed kernel the selector
+    asks for."""
+    # (mask, score_mod, tag, cache_cls, heads, direct, block_m, v_ahead)
+    return spy_factory(monkeypatch, "transposed_partition_kernel",
+                       lambda a, kw: (a[2], a[4], a[5], a[6], a[7]))
 
 
 @KERNEL
@@ -426,13 +426,19 @@ def run_transposed(rng, monkeypatch, dtype, cache, Sq, H, lengths, mask_id, mod_
 
     monkeypatch.setattr(selector, "SEESAW_E4M3", False)  # (its own tests: test_fp8_seesaw_*)
     seen = spy_transposed(monkeypatch)
+    run_mma_case(rng, dtype, cache, Sq, H, lengths, mask_id, mod_id, parts)
+    assert seen and {s[:2] for s in seen} == {("bf16" if dtype == BF16 else "f16", H)}
+    assert {s[2] for s in seen} == {parts == 1}
+    return {s[3] for s in seen}
+
+
+def run_mma_case(rng, dtype, cache, Sq, H, lengths, mask_id, mod_id, parts):
+    """A problem on "e4m3" rows under "mma" against the reference ("window100": a sliding
+    window of 100 keys; else a mask of MASKS)."""
     p = fp8_problem(rng, "e4m3", len(lengths), Sq, H, lengths, dtype, cache)
     mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100"
             else MASKS[mask_id].make(p, rng))
     check(p, mask, SCORE_MODS[mod_id].make(p), parts, "mma")
-    assert seen and {s[:2] for s in seen} == {("bf16" if dtype == BF16 else "f16", H)}
-    assert {s[2] for s in seen} == {parts == 1}
-    return {s[3] for s in seen}
 
 
 @KERNEL
@@ -476,23 +482,14 @@ def test_fp8_transposed_32_rows_v_ahead_unless_it_spills(spill, block, rng, monk
     p = fp8_problem(rng, "e4m3", 2, 1, 40, [130, 70], BF16, "paged64")
     check(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 2, "mma")
     want = [selector.TRANSPOSED_V_AHEAD, None] if spill else [selector.TRANSPOSED_V_AHEAD]
-    assert spy_transposed.ahead == want and {s[3] for s in seen} == {block}
+    assert [s[4] for s in seen] == want and {s[3] for s in seen} == {block}
 
 
 def spy_seesaw(monkeypatch):
     """Record ``(tag, heads, direct, fp8)`` of every seesaw kernel the selector asks for."""
-    from numba_mla import factory
-
-    seen, kernels, real = [], [], factory.seesaw_partition_kernel
-    spy_seesaw.kernels = kernels  # (the dispatchers, in the same order)
-
-    def spy(*args, **kwargs):  # (mask, score_mod, tag, cache_cls, heads, direct, listed, fp8)
-        seen.append((args[2], args[4], args[5], kwargs.get("fp8")))
-        kernels.append(real(*args, **kwargs))
-        return kernels[-1]
-
-    monkeypatch.setattr(factory, "seesaw_partition_kernel", spy)
-    return seen
+    # (mask, score_mod, tag, cache_cls, heads, direct, listed; fp8=)
+    return spy_factory(monkeypatch, "seesaw_partition_kernel",
+                       lambda a, kw: (a[2], a[4], a[5], kw.get("fp8")))
 
 
 @KERNEL
@@ -518,10 +515,7 @@ def test_fp8_seesaw_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts,
     assert selector.SEESAW_E4M3
     seen = spy_seesaw(monkeypatch)
     tr = spy_transposed(monkeypatch)
-    p = fp8_problem(rng, "e4m3", len(lengths), Sq, H, lengths, dtype, cache)
-    mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100"
-            else MASKS[mask_id].make(p, rng))
-    check(p, mask, SCORE_MODS[mod_id].make(p), parts, "mma")
+    run_mma_case(rng, dtype, cache, Sq, H, lengths, mask_id, mod_id, parts)
     assert set(seen) == {("bf16" if dtype == BF16 else "f16", H, parts == 1, "e4m3")}
     assert not tr
 
@@ -588,8 +582,8 @@ def test_fp8_seesaw_kernel_only_where_it_runs(why, rng, monkeypatch):
     tr = spy_transposed(monkeypatch)
     config = nm.MHAConfig(num_queries_per_block=64) if why == "config" else None
     if why == "spill":
-        monkeypatch.setattr(launch._Launch, "spills",
-                            lambda self: self.dispatcher in spy_seesaw.kernels)
+        kernels = spy_factory.kernels["seesaw_partition_kernel"]
+        monkeypatch.setattr(launch._Launch, "spills", lambda self: self.dispatcher in kernels)
     p = fp8_problem(rng, "e4m3", 1, 1, 40, [100], BF16, "paged32" if why == "pages" else "paged64")
     golden, same = references(p, nm.NullMask(), nm.IdentityScoreMod())
     out = np.full(p.out_shape, np.nan, p.dtype)
