@@ -9,7 +9,8 @@ one visible place.
 Sections: the version check; the code-generation helpers of ``numba_mla.ptx``; the thin
 launch path of launch.py (one ``cuLaunchKernel`` over parameters packed once, shared memory
 above 48 KB: numba-cuda#94, a stream object for a raw handle, torch's raw stream query); the
-disk cache of compiled kernels (kernel_cache.py).
+disk cache of compiled kernels (kernel_cache.py); in the simulator, a block scheduler and
+shared arrays safe for threads.
 """
 import os
 import re
@@ -253,9 +254,57 @@ def _install_block_scheduler():
     return True
 
 
+# ---------------------------------------------------------------------------------------------
+# The simulator's shared arrays
+# ---------------------------------------------------------------------------------------------
+# The simulator makes a static shared array when the first thread of a launch reaches its line:
+# it looks the line up, finds nothing, allocates, stores (``FakeCUDAShared.array``). The block's
+# threads are Python threads, so a second one can look up before the first has stored; it then
+# allocates an array of its own, and what it writes there never reaches the others. A correct
+# kernel so gives a wrong output, rarely, more often on a loaded machine (one CI run failed
+# so; tests/test_simulator.py makes it likely with a short switch interval). The replacement
+# does the same under a lock: one array a line, as the original's docstring promises.
+def _guard_shared_arrays():
+    import sys
+    import threading
+
+    import numpy as np
+    from numba.core import types
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    shared = getattr(kernelapi, "FakeCUDAShared", None)
+    if (shared is None or getattr(shared.array, "_numba_mla", False)
+            or not hasattr(shared(0), "_allocations")):
+        return False
+    original = shared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None or shape == 0:  # the original's error, or the dynamic buffer
+            return original(self, shape, dtype, alignment)
+        caller = sys._getframe(1)
+        line = (caller.f_code.co_filename, caller.f_lineno)  # the original's key
+        with lock:
+            found = self._allocations.get(line)
+            if found is None:
+                if isinstance(dtype, types.Type):
+                    dtype = numpy_support.as_dtype(dtype)
+                found = self._allocations[line] = np.empty(shape, dtype)
+        return found
+
+    array._numba_mla = True
+    shared.array = array
+    return True
+
+
 from ._compat import SIMULATOR as _SIMULATOR  # noqa: E402
 
 #: Whether the simulator runs its blocks with the scheduler above (NUMBA_MLA_SIM_SCHEDULER=0
 #: keeps Numba's own).
 BLOCK_SCHEDULER = (_SIMULATOR and os.environ.get("NUMBA_MLA_SIM_SCHEDULER", "1") != "0"
                    and _install_block_scheduler())
+
+#: Whether the simulator's shared arrays are made under a lock (above; always, where the
+#: simulator's class has the members this relies on).
+SHARED_ARRAYS_GUARDED = _SIMULATOR and _guard_shared_arrays()

@@ -1,11 +1,12 @@
-"""The simulator's block scheduler (numba_mla/_numba.py, last section): the rules of Numba's own
-BlockManager, kept. Each launch runs in a thread joined with a timeout, so a barrier that
+"""The simulator's block scheduler (numba_mla/_numba.py, its last sections): the rules of Numba's
+own BlockManager, kept; and its shared arrays, one a line even when threads race to make it. Each launch runs in a thread joined with a timeout, so a barrier that
 never opens fails the test instead of hanging it."""
+import sys
 import threading
 
 import numpy as np
 import pytest
-from numba import cuda
+from numba import cuda, float32, int32
 
 from numba_mla import _numba
 from numba_mla._compat import SIMULATOR
@@ -91,3 +92,35 @@ def test_a_thread_error_is_raised_with_its_indices():
     error = launch(_fail, np.zeros(THREADS, np.int32), 17, blocks=1)
     assert isinstance(error, IndexError)
     assert "tid=[17, 0, 0]" in str(error) and "ctaid=[0, 0, 0]" in str(error)
+
+
+@cuda.jit
+def _four_arrays(out):
+    """Four shared arrays, each written by every thread and read by its neighbour: a thread
+    that made an array of its own reads what nobody wrote there."""
+    a = cuda.shared.array(128, float32)
+    b = cuda.shared.array(128, np.float32)
+    c = cuda.shared.array((2, 64), int32)
+    d = cuda.shared.array(128, float32)
+    t = cuda.threadIdx.x
+    a[t], b[t], c[t // 64, t % 64], d[t] = t, 2 * t, 3 * t, 4 * t
+    cuda.syncthreads()
+    n = (t + 1) % 128
+    out[cuda.blockIdx.x, t] = a[n] + b[n] + c[n // 64, n % 64] + d[n]
+
+
+def test_shared_arrays_are_made_once_when_threads_race():
+    """The guard (_numba._guard_shared_arrays) under a switch interval of a microsecond, which
+    makes the interpreter change threads between Numba's own look-up and store: without the
+    guard, about one launch in twenty of one array went wrong here."""
+    assert _numba.SHARED_ARRAYS_GUARDED
+    want = 10 * ((np.arange(128) + 1) % 128)
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(12):
+            out = np.full((2, 128), -1, np.float32)
+            _four_arrays[2, 128](out)
+            np.testing.assert_array_equal(out, np.stack([want, want]))
+    finally:
+        sys.setswitchinterval(before)
