@@ -1,6 +1,7 @@
 """The simulator's block scheduler (numba_mla/_numba.py, its last sections): the rules of Numba's
-own BlockManager, kept; and its shared arrays, one a line even when threads race to make it. Each launch runs in a thread joined with a timeout, so a barrier that
-never opens fails the test instead of hanging it."""
+own BlockManager, kept; and its shared arrays, one a line even when threads race to make it.
+Each launch runs in a thread joined with a timeout, so a barrier that never opens fails the
+test instead of hanging it."""
 import sys
 import threading
 
