@@ -56,7 +56,7 @@ from .. import ptx
 from .._compat import JIT_OPTIONS
 from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles)
-from .transposed import Q_EXP_LIMIT, Q_SCALE_TOP
+from .transposed import q_power
 from .mma import (BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, O_BYTES, O_PITCH,
                   RESCALE_SLACK, ROWS_BYTES, make_write_rows)
 
@@ -297,11 +297,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 mx = max(mx, max(abs(x0), abs(x1)))
         for o in (1, 2):
             mx = max(mx, ptx.shfl_xor(mx, o, tid))
-        k = 0
-        if mx > 0.0 and mx < math.inf:
-            k = min(max(Q_SCALE_TOP - int32(math.floor(math.log2(mx))), -Q_EXP_LIMIT),
-                    Q_EXP_LIMIT)
-        f = ptx.i32_as_f32((k + 127) << 23)
+        k, f = q_power(mx)
         if u == 0:
             smk[QEXP_OFF // 4 + r] = k
         for i in range(NBOX * 2):

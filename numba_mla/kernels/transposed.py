@@ -198,6 +198,18 @@ def threads(block_m):
 
 
 @cuda.jit(device=True, **INLINE)
+def q_power(mx):
+    """(k, 2^k as float32) for a query row whose largest magnitude is ``mx``: 2^k puts it in
+    [2^12, 2^15) (Q_SCALE_TOP), |k| at most Q_EXP_LIMIT; k = 0 for a row of zeros or one
+    holding inf or NaN. Used where q's rows are copied into fp16 (the module docstring says
+    why this is exact); the seesaw kernel's ``scale_q`` too."""
+    k = 0
+    if mx > 0.0 and mx < math.inf:
+        k = min(max(Q_SCALE_TOP - int32(math.floor(math.log2(mx))), -Q_EXP_LIMIT), Q_EXP_LIMIT)
+    return k, ptx.i32_as_f32((k + 127) << 23)
+
+
+@cuda.jit(device=True, **INLINE)
 def acc_column(j, t4):
     """The query row (S^T's and O^T's column) of accumulator column j of the thread whose lane
     % 4 is ``t4``: a m64nNk16 accumulator gives each thread columns 2 t4, 2 t4 + 1 of every 8
@@ -433,10 +445,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     mx = max(mx, max(abs(x0), abs(x1)))
                 for o in (1, 2, 4):
                     mx = max(mx, ptx.shfl_xor(mx, o, tid))
-                if mx > 0.0 and mx < math.inf:
-                    k = min(max(Q_SCALE_TOP - int32(math.floor(math.log2(mx))), -Q_EXP_LIMIT),
-                            Q_EXP_LIMIT)
-                f = ptx.i32_as_f32((k + 127) << 23)
+                k, f = q_power(mx)
             if u == 0:
                 smk[uint64(QEXP_OFF // 4 + c)] = k
             at = sb + Q_OFF + q_image_byte(c, 2 * u)
