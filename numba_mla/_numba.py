@@ -12,8 +12,10 @@ above 48 KB: numba-cuda#94, a stream object for a raw handle, torch's raw stream
 disk cache of compiled kernels (kernel_cache.py); in the simulator, a block scheduler and
 shared arrays safe for threads.
 """
+import contextlib
 import os
 import re
+import sys
 from importlib import metadata
 
 from . import _compat  # noqa: F401  (must run before numba.cuda is imported)
@@ -227,6 +229,10 @@ def _install_block_scheduler():
                    for point in np.ndindex(*self._block_dim)]
         self._cv = threading.Condition()
         self._threads, self._waiting, self._exited, self._failed = len(threads), 0, 0, False
+        with _package_swapped(sim._get_kernel_context()):
+            _run_threads(self, threads)
+
+    def _run_threads(self, threads):
         for t in threads:
             t.start()
         with self._cv:
@@ -251,7 +257,56 @@ def _install_block_scheduler():
 
     run._numba_mla = True
     sim.BlockManager.run = run
+
+    # The fast call: a device function of this package, called while its module is held
+    # swapped (below), runs directly.
+    call = sim.FakeCUDAKernel.__call__
+
+    def fast_call(self, *args):
+        if self._device and id(self.fn.__globals__) in _held:
+            return self.fn(*args)
+        return call(self, *args)
+
+    sim.FakeCUDAKernel.__call__ = fast_call
     return True
+
+
+#: ids of the module namespaces held swapped for the block now running (the simulator's
+#: scheduler thread writes it between blocks, while no thread of a block runs)
+_held = set()
+
+
+class _Namespace:
+    """What ``swapped_cuda_module`` reads of a function: its globals."""
+
+    def __init__(self, namespace):
+        self.__globals__ = namespace
+
+
+@contextlib.contextmanager
+def _package_swapped(fake_cuda):
+    """Numba's simulator calls a device function inside ``swapped_cuda_module``: its module's
+    name for numba.cuda is pointed at the launch's fake module, under two locks and a
+    reference count, on every call of every thread (``from numba import cuda`` included). A
+    quarter to a third of a simulated kernel's busy time went there (py-spy, the FMA kernel).
+    Here each module of this package is swapped once for the whole block, by the same
+    function and count (so it cannot be restored under a running thread), and its device
+    functions are called directly (``fast_call``). Device functions of other modules (a
+    user's score mod) take Numba's path."""
+    from numba.cuda.simulator import kernelapi
+
+    with contextlib.ExitStack() as stack:
+        for name, module in list(sys.modules.items()):
+            if module is not None and (name == __package__ or
+                                       name.startswith(__package__ + ".")):
+                namespace = vars(module)
+                stack.enter_context(kernelapi.swapped_cuda_module(_Namespace(namespace),
+                                                                  fake_cuda))
+                _held.add(id(namespace))
+        try:
+            yield
+        finally:
+            _held.clear()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The simulator's block scheduler (numba_mla/_numba.py, its last sections): the rules of Numba's
-own BlockManager, kept; and its shared arrays, one a line even when threads race to make it.
+own BlockManager, kept; its direct calls of the package's device functions; and its shared
+arrays, one a line even when threads race to make it.
 Each launch runs in a thread joined with a timeout, so a barrier that never opens fails the
 test instead of hanging it."""
 import sys
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from numba import cuda, float32, int32
 
-from numba_mla import _numba
+from numba_mla import _numba, ptx
 from numba_mla._compat import SIMULATOR
 
 pytestmark = pytest.mark.skipif(not SIMULATOR, reason="the simulator's scheduler: simulator only")
@@ -125,3 +126,57 @@ def test_shared_arrays_are_made_once_when_threads_race():
             np.testing.assert_array_equal(out, np.stack([want, want]))
     finally:
         sys.setswitchinterval(before)
+
+
+@cuda.jit
+def _rows_of(out):
+    """Each thread's accumulator rows from a device function of the package (ptx.acc_row)."""
+    t = cuda.threadIdx.x
+    for i in range(4):
+        out[t, i] = ptx.acc_row(2 * i, t)
+
+
+def _package_modules_hold_numba_cuda():
+    import numba
+    return all(vars(m)["cuda"] is numba.cuda for name, m in list(sys.modules.items())
+               if m is not None and name.startswith("numba_mla") and "cuda" in vars(m))
+
+
+def test_package_device_functions_are_called_directly(monkeypatch):
+    """Inside a block the package's modules stay swapped to the simulator's fake numba.cuda,
+    and its device functions are called without Numba's swap on every call: the swap is
+    entered for the launch only, not for each of the 64 x 4 calls; afterwards every module
+    of the package names numba.cuda again."""
+    from numba.cuda.simulator import kernel as sim
+
+    entered = []
+    original = sim.swapped_cuda_module
+
+    def spy(fn, fake):
+        entered.append(fn)
+        return original(fn, fake)
+
+    monkeypatch.setattr(sim, "swapped_cuda_module", spy)
+    out = np.full((THREADS, 4), -1, np.int32)
+    assert launch(_rows_of, out, blocks=1) is None
+    t = np.arange(THREADS)[:, None]
+    i = np.arange(4)[None, :]
+    np.testing.assert_array_equal(out, 16 * (t // 32) + (t % 32) // 4 + 8 * (i % 2))
+    assert len(entered) == 1  # the launch's own (the kernel's module)
+    assert _package_modules_hold_numba_cuda() and not _numba._held
+
+
+@cuda.jit
+def _fails_in_one_thread(out):
+    t = cuda.threadIdx.x
+    out[t] = ptx.acc_row(0, t)
+    cuda.syncthreads()
+    if t == 5:
+        out[10 ** 6] = 1  # out of bounds: an IndexError in the simulator
+
+
+def test_package_modules_restored_after_a_failed_block():
+    out = np.zeros(THREADS, np.int32)
+    error = launch(_fails_in_one_thread, out, blocks=2)
+    assert isinstance(error, IndexError) and "tid=[5, 0, 0]" in str(error)
+    assert _package_modules_hold_numba_cuda() and not _numba._held
