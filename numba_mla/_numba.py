@@ -9,8 +9,8 @@ one visible place.
 Sections: the version check; the code-generation helpers of ``numba_mla.ptx``; the thin
 launch path of launch.py (one ``cuLaunchKernel`` over parameters packed once, shared memory
 above 48 KB: numba-cuda#94, a stream object for a raw handle, torch's raw stream query); the
-disk cache of compiled kernels (kernel_cache.py); in the simulator, a block scheduler and
-shared arrays safe for threads.
+disk cache of compiled kernels (kernel_cache.py); in the simulator, a block scheduler that
+calls the package's device functions directly, and shared arrays safe for threads.
 """
 import contextlib
 import os
