@@ -320,7 +320,6 @@ def _package_swapped(fake_cuda):
 # so; tests/test_simulator.py makes it likely with a short switch interval). The replacement
 # does the same under a lock: one array a line, as the original's docstring promises.
 def _guard_shared_arrays():
-    import sys
     import threading
 
     import numpy as np
