@@ -12,6 +12,7 @@ from numba import cuda, float32, int32
 
 from numba_mla import _numba, ptx
 from numba_mla._compat import SIMULATOR
+from numba_mla.ptx.accumulators import _acc_row
 
 pytestmark = pytest.mark.skipif(not SIMULATOR, reason="the simulator's scheduler: simulator only")
 
@@ -159,9 +160,8 @@ def test_package_device_functions_are_called_directly(monkeypatch):
     monkeypatch.setattr(sim, "swapped_cuda_module", spy)
     out = np.full((THREADS, 4), -1, np.int32)
     assert launch(_rows_of, out, blocks=1) is None
-    t = np.arange(THREADS)[:, None]
-    i = np.arange(4)[None, :]
-    np.testing.assert_array_equal(out, 16 * (t // 32) + (t % 32) // 4 + 8 * (i % 2))
+    t, i = np.arange(THREADS)[:, None], np.arange(4)[None, :]
+    np.testing.assert_array_equal(out, _acc_row(2 * i, t))  # (the device function's body)
     assert len(entered) == 1  # the launch's own (the kernel's module)
     assert _package_modules_hold_numba_cuda() and not _numba._held
 
