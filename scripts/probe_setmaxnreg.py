@@ -1,0 +1,143 @@
+"""Probe: does ``setmaxnreg`` survive the way a Numba kernel is built? (A warpgroup that only
+converts FP8 codes would give its registers to the two that multiply: docs/fp8.md.)
+
+A kernel of three warpgroups (384 threads, launch bounds (384, 1), so 168 registers a thread
+at launch) whose third warpgroup lowers its registers to 40 and whose first two raise theirs
+to 232, built three ways:
+  - nvJitLink, as Numba links a kernel's PTX into a cubin (and as scripts/build_check.py
+    builds): ptxas compiles it as one unit of a link;
+  - ptxas alone on the PTX, whole program (where a toolkit's ptxas is found);
+  - on a GPU, the driver's JIT on the PTX (``cuModuleLoadDataEx``), as a launcher that loads
+    its own module would.
+For each it prints whether the cubin's SASS holds ``USETMAXREG`` (nvJitLink, ptxas) or
+whether the JIT's log says the instruction was ignored (driver), with ptxas's line on it.
+
+Usage: python scripts/probe_setmaxnreg.py      (CPU: needs numba-cuda[cu13],
+       nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm, as build_check.py; GPU: also the
+       driver's JIT)
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import build_check  # noqa: E402  (its sm_90 stand-in and tools, before numba_mla)
+
+from numba import cuda, float32  # noqa: E402
+from numba.cuda import types  # noqa: E402
+
+from numba_mla.ptx._codegen import void_asm  # noqa: E402
+
+CONVERTER_REGS, MATH_REGS = 40, 232  # 2 x 232 + 40 = 504 <= 3 x 168
+IGNORED = re.compile(r".*setmaxnreg.*ignored.*")
+
+
+def kernel(out, x):
+    tid = cuda.threadIdx.x
+    if tid // 128 == 2:
+        lower()
+        out[tid] = x[tid] * float32(2.0)
+    else:
+        raise_()
+        acc = cuda.local.array(64, float32)
+        for i in range(64):
+            acc[i] = x[(tid + i) % 384]
+        for _ in range(4):
+            for i in range(64):
+                acc[i] = acc[i] * acc[(i + 1) % 64] + float32(1.0)
+        s = float32(0.0)
+        for i in range(64):
+            s += acc[i]
+        out[tid] = s
+
+
+lower = void_asm(f"setmaxnreg.dec.sync.aligned.u32 {CONVERTER_REGS};")
+raise_ = void_asm(f"setmaxnreg.inc.sync.aligned.u32 {MATH_REGS};")
+
+
+def sass_of(cubin):
+    """The SASS text of ``cubin`` (bytes), by build_check's cuobjdump."""
+    tool = build_check.cuobjdump()
+    path = os.pathsep.join([os.path.dirname(tool), os.environ.get("PATH", "")])
+    env = dict(os.environ, PATH=path)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
+                              env=env).stdout
+
+
+def report(way, sass, log):
+    kept = len(re.findall(r"USETMAXREG", sass))
+    notes = [m.group(0).strip() for m in IGNORED.finditer(log)]
+    print(f"{way}: USETMAXREG in the SASS: {kept}; {notes[0] if notes else 'no C7504 note'}")
+
+
+def driver_jit(ptx):
+    """The driver JIT's info log for ``ptx``, or None where there is no GPU."""
+    try:
+        from cuda.bindings import driver
+        err, = driver.cuInit(0)
+    except Exception:  # (no module, or no driver library: no GPU here)
+        return None
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return None
+    err, dev = driver.cuDeviceGet(0)
+    err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+    driver.cuCtxSetCurrent(ctx)
+    size = 1 << 14
+    info = bytearray(size)
+    opts = [driver.CUjit_option.CU_JIT_INFO_LOG_BUFFER,
+            driver.CUjit_option.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+            driver.CUjit_option.CU_JIT_LOG_VERBOSE]
+    err, mod = driver.cuModuleLoadDataEx(ptx.encode() + b"\0", len(opts), opts,
+                                         [info, size, 1])
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return f"cuModuleLoadDataEx failed: {err}"
+    driver.cuModuleUnload(mod)
+    return info.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def main():
+    missing = build_check.toolchain_missing()
+    if missing:
+        print(f"probe_setmaxnreg: NVVM/nvJitLink not available ({missing})")
+        return 77
+    ptx, _ = cuda.compile_ptx(kernel, (types.float32[::1], types.float32[::1]),
+                              cc=(9, 0, "a"), launch_bounds=(384, 1))
+    assert ptx.count("setmaxnreg") == 2, "the intrinsics did not reach the PTX"
+    cubin, log = build_check.link(ptx)
+    report("nvJitLink (Numba's link)", sass_of(cubin), log)
+    ptxas = shutil.which("ptxas") or next(
+        (p for p in ("/usr/local/cuda/bin/ptxas",) if os.path.exists(p)), None)
+    if ptxas:
+        with tempfile.TemporaryDirectory() as d:
+            # (a toolkit's ptxas may be older than Numba's PTX version; setmaxnreg needs 8.0)
+            text = re.sub(r"^\.version \d+\.\d+", ".version 8.0", ptx, flags=re.M)
+            with open(os.path.join(d, "k.ptx"), "w") as f:
+                f.write(text)
+            r = subprocess.run([ptxas, "-arch=sm_90a", "-v", "k.ptx", "-o", "k.cubin"], cwd=d,
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                with open(os.path.join(d, "k.cubin"), "rb") as f:
+                    report(f"ptxas, whole program ({ptxas})", sass_of(f.read()),
+                           r.stdout + r.stderr)
+            else:
+                print(f"ptxas ({ptxas}) failed: {(r.stdout + r.stderr).strip()[:300]}")
+    else:
+        print("ptxas: not found")
+    jit = driver_jit(ptx)
+    if jit is None:
+        print("driver JIT: no GPU here")
+    else:
+        notes = [m.group(0).strip() for m in IGNORED.finditer(jit)]
+        print(f"driver JIT: {notes[0] if notes else 'no note that setmaxnreg was ignored'}; "
+              f"log: {' | '.join(jit.splitlines()[-3:])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
