@@ -212,5 +212,38 @@ def test_acc_scale_cols_scales_each_column(n, nacc):
             assert got[t, i] == (i + 1) * (col + 1), (t, i)
 
 
+@pytest.mark.parametrize("n,trans_b,swizzle",
+                         [(64, False, True), (256, True, True), (16, False, False),
+                          (32, True, False)])
+def test_twin_gathers_the_threads_cells_of_the_whole_product(n, trans_b, swizzle, rng):
+    """The shared-memory wgmma's twin gathers only the 2 rows of A and n/4 columns of B that a
+    thread holds: each of its accumulators must be the element of the whole product A @ B^T
+    (both operands decoded in full from the descriptors) at that accumulator's place, for
+    every thread of the warpgroup, overwriting and then adding."""
+    from numba_mla.ptx.accumulators import _acc_col, _acc_row
+    from numba_mla.ptx.wgmma import _operand_halves, _wgmma_twin
+
+    dtype = DTYPE["bf16"]
+    words = rng.integers(-2**31, 2**31, 32768, dtype=np.int64).astype(np.int32)
+    halves = words.view(np.uint16)
+    halves[(halves & 0x7F80) == 0x7F80] = 0x3F80  # (no inf or NaN: 1.0 in their place)
+    lbo, sbo = (1024, 1024) if swizzle else (128, 256)
+    desc = ptx.wgmma_desc(lbo, sbo, swizzle)
+    d_a = ptx.desc_advance(desc(4096), 32 if swizzle else 0)  # (a K step inside an atom)
+    d_b = desc(32768)
+    a = halves[_operand_halves(int(d_a), 64, True)].view(dtype).astype(np.float64)
+    b = halves[_operand_halves(int(d_b), n, not trans_b)].view(dtype).astype(np.float64)
+    whole = a @ b.T
+    mma = _wgmma_twin(n, "bf16", trans_b)
+    idx = np.arange(n // 2)
+    for wtid in range(128):
+        acc = np.full(n // 2, np.nan)
+        mma(acc, words, d_a, d_b, 0, wtid)
+        want = whole[_acc_row(idx, wtid), _acc_col(idx, wtid)]
+        np.testing.assert_allclose(acc, want, rtol=1e-12, atol=1e-300)
+        mma(acc, words, d_a, d_b, 1, wtid)
+        np.testing.assert_allclose(acc, 2 * want, rtol=1e-12, atol=1e-300)
+
+
 if __name__ == "__main__":
     sys.exit(build_check())

@@ -40,6 +40,8 @@ matrices of 8 rows x 16 bytes, each 128 contiguous bytes, placed at
 The twins decode the descriptors' bits to find the operands in the shared array and compute the
 thread's part of the product in float64; the fences, commits and waits have nothing to do.
 """
+import functools
+
 import numpy as np
 from llvmlite import ir
 from numba import uint64
@@ -97,9 +99,12 @@ def desc_advance(desc, nbytes):
     return desc + uint64(nbytes >> 4)
 
 
-def _operand(arr, desc, rows, kmajor, dtype):
-    """(Simulator) The 16-bit operand a descriptor describes, as float64 [rows, 16] (A: rows =
-    M; B: rows = N, so the product is A @ B_op.T), decoded from the descriptor's bits."""
+@functools.lru_cache(maxsize=4096)
+def _operand_halves(desc, rows, kmajor):
+    """(Simulator) Where the 16-bit operand a descriptor describes lies in shared memory: its
+    word indices [rows, 16] (A: rows = M; B: rows = N, so the product is A @ B_op.T), decoded
+    from the descriptor's bits. Computed once for each descriptor a kernel uses (by every
+    thread of a warpgroup, on every tile) and kept read-only."""
     addr = (desc & 0x3FFF) << 4
     lbo = ((desc >> 16) & 0x3FFF) << 4
     sbo = ((desc >> 32) & 0x3FFF) << 4
@@ -115,7 +120,9 @@ def _operand(arr, desc, rows, kmajor, dtype):
         byte = addr + (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16 + (k % 8) * 2
     else:
         byte = addr + (r // 8) * sbo + (k // 8) * lbo + (k % 8) * 16 + (r % 8) * 2
-    return np.asarray(arr).view(np.uint16)[byte // 2].view(dtype).astype(np.float64)
+    half = byte // 2
+    half.flags.writeable = False
+    return half
 
 
 # -- products ----------------------------------------------------------------------------------
@@ -127,6 +134,25 @@ def _twin_product(acc, a, bt, rows, cols, accumulate, start=0):
     if accumulate:
         d += acc[start:start + len(d)]
     acc[start:start + len(d)] = d
+
+
+@functools.lru_cache(maxsize=None)
+def _thread_cells(n, wtid):
+    """(Simulator) The rows and columns of a m64n{n} product that thread ``wtid`` of the
+    warpgroup holds, as (its 2 rows, its n/4 columns, each accumulator's index into those
+    rows, ... into those columns): the twins gather only these from shared memory."""
+    idx = np.arange(n // 2)
+    rows, row_of = np.unique(_acc_row(idx, wtid), return_inverse=True)
+    cols, col_of = np.unique(_acc_col(idx, wtid), return_inverse=True)
+    cells = rows, cols, row_of.ravel(), col_of.ravel()
+    for c in cells:
+        c.flags.writeable = False
+    return cells
+
+
+def _gather(arr, halves, dtype):
+    """(Simulator) The 16-bit values at the word indices ``halves`` of ``arr``, as float64."""
+    return np.asarray(arr).view(np.uint16)[halves].view(dtype).astype(np.float64)
 
 
 #: The LLVM type and the inline-asm constraint of an integer operand, by its Numba type.
@@ -166,12 +192,12 @@ def _product_cg(nacc, text, operands, start=0):
 
 def _wgmma_twin(n, tag, trans_b):
     dtype = DTYPES[tag]
-    idx = np.arange(n // 2)
 
     def mma(acc, arr, desc_a, desc_b, accumulate, wtid):
-        a = _operand(arr, desc_a, 64, True, dtype)
-        bt = _operand(arr, desc_b, n, not trans_b, dtype)
-        _twin_product(acc, a, bt, _acc_row(idx, wtid), _acc_col(idx, wtid), accumulate)
+        rows, cols, row_of, col_of = _thread_cells(n, int(wtid))
+        a = _gather(arr, _operand_halves(int(desc_a), 64, True)[rows], dtype)
+        bt = _gather(arr, _operand_halves(int(desc_b), n, not trans_b)[cols], dtype)
+        _twin_product(acc, a, bt, row_of, col_of, accumulate)
 
     return mma
 
@@ -196,10 +222,10 @@ def _wgmma_rs_twin(n, tag, trans_b, start=0):
         # The warp's 16 rows of A from its lanes' words (one warp exchange), then the
         # thread's fragment as for the shared-memory form.
         a = a_fragment(halves(warp_gather((a0, a1, a2, a3), tid), dtype))
-        wtid = tid % 128
-        bt = _operand(arr, desc_b, n, not trans_b, dtype)
-        _twin_product(acc, a, bt, _acc_row(idx, wtid) % 16, _acc_col(idx, wtid), accumulate,
-                      start)
+        wtid = int(tid) % 128
+        _, cols, _, col_of = _thread_cells(n, wtid)
+        bt = _gather(arr, _operand_halves(int(desc_b), n, not trans_b)[cols], dtype)
+        _twin_product(acc, a, bt, _acc_row(idx, wtid) % 16, col_of, accumulate, start)
 
     return mma
 
