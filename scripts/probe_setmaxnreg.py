@@ -10,7 +10,8 @@ to 232, built three ways:
   - on a GPU, the driver's JIT on the PTX (``cuModuleLoadDataEx``), as a launcher that loads
     its own module would.
 For each it prints whether the cubin's SASS holds ``USETMAXREG`` (nvJitLink, ptxas) or
-whether the JIT's log says the instruction was ignored (driver), with ptxas's line on it.
+whether the JIT's logs say the instruction was ignored (driver: no SASS comes back from that
+path, so the absence of ptxas's note is the only evidence it was kept).
 
 Usage: python scripts/probe_setmaxnreg.py      (CPU: needs numba-cuda[cu13],
        nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm, as build_check.py; GPU: also the
@@ -59,15 +60,18 @@ raise_ = void_asm(f"setmaxnreg.inc.sync.aligned.u32 {MATH_REGS};")
 
 
 def sass_of(cubin):
-    """The SASS text of ``cubin`` (bytes), by build_check's cuobjdump."""
+    """The SASS text of ``cubin`` (bytes), by build_check's cuobjdump ("" without one)."""
     tool = build_check.cuobjdump()
     path = os.pathsep.join([os.path.dirname(tool), os.environ.get("PATH", "")])
     env = dict(os.environ, PATH=path)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
-                              env=env).stdout
+        try:
+            return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
+                                  env=env).stdout
+        except FileNotFoundError:
+            return ""
 
 
 def report(way, sass, log):
@@ -77,7 +81,9 @@ def report(way, sass, log):
 
 
 def driver_jit(ptx):
-    """The driver JIT's info log for ``ptx``, or None where there is no GPU."""
+    """The driver JIT's info and error logs for ``ptx`` (its cache off, so that ptxas runs),
+    or None where there is no GPU."""
+    os.environ["CUDA_CACHE_DISABLE"] = "1"  # (read by the driver at cuInit)
     try:
         from cuda.bindings import driver
         err, = driver.cuInit(0)
@@ -89,16 +95,18 @@ def driver_jit(ptx):
     err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
     driver.cuCtxSetCurrent(ctx)
     size = 1 << 14
-    info = bytearray(size)
-    opts = [driver.CUjit_option.CU_JIT_INFO_LOG_BUFFER,
-            driver.CUjit_option.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-            driver.CUjit_option.CU_JIT_LOG_VERBOSE]
+    info, error = bytearray(size), bytearray(size)
+    o = driver.CUjit_option
+    opts = [o.CU_JIT_INFO_LOG_BUFFER, o.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+            o.CU_JIT_ERROR_LOG_BUFFER, o.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+            o.CU_JIT_LOG_VERBOSE]
     err, mod = driver.cuModuleLoadDataEx(ptx.encode() + b"\0", len(opts), opts,
-                                         [info, size, 1])
+                                         [info, size, error, size, 1])
+    logs = "\n".join(b.split(b"\0", 1)[0].decode(errors="replace") for b in (info, error))
     if err != driver.CUresult.CUDA_SUCCESS:
-        return f"cuModuleLoadDataEx failed: {err}"
+        return f"cuModuleLoadDataEx failed: {err}\n{logs}"
     driver.cuModuleUnload(mod)
-    return info.split(b"\0", 1)[0].decode(errors="replace")
+    return logs
 
 
 def main():
@@ -109,6 +117,14 @@ def main():
     ptx, _ = cuda.compile_ptx(kernel, (types.float32[::1], types.float32[::1]),
                               cc=(9, 0, "a"), launch_bounds=(384, 1))
     assert ptx.count("setmaxnreg") == 2, "the intrinsics did not reach the PTX"
+    jit = driver_jit(ptx)
+    if jit is None:
+        print("driver JIT: no GPU here")
+    else:
+        notes = [m.group(0).strip() for m in IGNORED.finditer(jit)]
+        # (no SASS from this path: "no note" means kept only as far as ptxas's log tells)
+        print(f"driver JIT: {notes[0] if notes else 'no note that setmaxnreg was ignored'}; "
+              f"log: {' | '.join(line for line in jit.splitlines() if line.strip())[-600:]}")
     cubin, log = build_check.link(ptx)
     report("nvJitLink (Numba's link)", sass_of(cubin), log)
     ptxas = shutil.which("ptxas") or next(
@@ -129,13 +145,6 @@ def main():
                 print(f"ptxas ({ptxas}) failed: {(r.stdout + r.stderr).strip()[:300]}")
     else:
         print("ptxas: not found")
-    jit = driver_jit(ptx)
-    if jit is None:
-        print("driver JIT: no GPU here")
-    else:
-        notes = [m.group(0).strip() for m in IGNORED.finditer(jit)]
-        print(f"driver JIT: {notes[0] if notes else 'no note that setmaxnreg was ignored'}; "
-              f"log: {' | '.join(jit.splitlines()[-3:])}")
     return 0
 
 

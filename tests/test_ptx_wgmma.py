@@ -219,20 +219,22 @@ def test_twin_gathers_the_threads_cells_of_the_whole_product(n, trans_b, swizzle
     """The shared-memory wgmma's twin gathers only the 2 rows of A and n/4 columns of B that a
     thread holds: each of its accumulators must be the element of the whole product A @ B^T
     (both operands decoded in full from the descriptors) at that accumulator's place, for
-    every thread of the warpgroup, overwriting and then adding."""
+    every thread of the warpgroup, overwriting and then adding. Plain NumPy (the twins
+    themselves), so it runs with or without a GPU; small integers, so every sum is exact."""
     from numba_mla.ptx.accumulators import _acc_col, _acc_row
-    from numba_mla.ptx.wgmma import _operand_halves, _wgmma_twin
+    from numba_mla.ptx.wgmma import (_desc_advance_twin, _operand_halves, _wgmma_desc_twin,
+                                     _wgmma_twin)
 
     dtype = DTYPE["bf16"]
-    words = rng.integers(-2**31, 2**31, 32768, dtype=np.int64).astype(np.int32)
-    halves = words.view(np.uint16)
-    halves[(halves & 0x7F80) == 0x7F80] = 0x3F80  # (no inf or NaN: 1.0 in their place)
-    lbo, sbo = (1024, 1024) if swizzle else (128, 256)
-    desc = ptx.wgmma_desc(lbo, sbo, swizzle)
-    d_a = ptx.desc_advance(desc(4096), 32 if swizzle else 0)  # (a K step inside an atom)
+    values = rng.integers(-8, 9, 65536).astype(dtype)
+    words = values.view(np.int32)
+    # swizzled: 8-row atoms 1 KB apart along M/N; MN-major B's 64-column atoms 8 KB apart
+    lbo, sbo = (8192, 1024) if swizzle else (128, 256)
+    desc = _wgmma_desc_twin(lbo, sbo, swizzle)
+    d_a = _desc_advance_twin(desc(4096), 32 if swizzle else 0)  # (a K step inside an atom)
     d_b = desc(32768)
-    a = halves[_operand_halves(int(d_a), 64, True)].view(dtype).astype(np.float64)
-    b = halves[_operand_halves(int(d_b), n, not trans_b)].view(dtype).astype(np.float64)
+    a = values[_operand_halves(d_a, 64, True)].astype(np.float64)
+    b = values[_operand_halves(d_b, n, not trans_b)].astype(np.float64)
     whole = a @ b.T
     mma = _wgmma_twin(n, "bf16", trans_b)
     idx = np.arange(n // 2)
@@ -240,9 +242,9 @@ def test_twin_gathers_the_threads_cells_of_the_whole_product(n, trans_b, swizzle
         acc = np.full(n // 2, np.nan)
         mma(acc, words, d_a, d_b, 0, wtid)
         want = whole[_acc_row(idx, wtid), _acc_col(idx, wtid)]
-        np.testing.assert_allclose(acc, want, rtol=1e-12, atol=1e-300)
+        np.testing.assert_array_equal(acc, want)
         mma(acc, words, d_a, d_b, 1, wtid)
-        np.testing.assert_allclose(acc, 2 * want, rtol=1e-12, atol=1e-300)
+        np.testing.assert_array_equal(acc, 2 * want)
 
 
 if __name__ == "__main__":

@@ -101,10 +101,10 @@ def desc_advance(desc, nbytes):
 
 @functools.lru_cache(maxsize=4096)
 def _operand_halves(desc, rows, kmajor):
-    """(Simulator) Where the 16-bit operand a descriptor describes lies in shared memory: its
-    word indices [rows, 16] (A: rows = M; B: rows = N, so the product is A @ B_op.T), decoded
-    from the descriptor's bits. Computed once for each descriptor a kernel uses (by every
-    thread of a warpgroup, on every tile) and kept read-only."""
+    """(Simulator) Where the 16-bit operand a descriptor describes lies in shared memory: the
+    indices of its 16-bit elements [rows, 16] (A: rows = M; B: rows = N, so the product is
+    A @ B_op.T), decoded from the descriptor's bits. Computed once for each descriptor a
+    kernel uses (by every thread of a warpgroup, on every tile) and kept read-only."""
     addr = (desc & 0x3FFF) << 4
     lbo = ((desc >> 16) & 0x3FFF) << 4
     sbo = ((desc >> 32) & 0x3FFF) << 4
@@ -120,7 +120,7 @@ def _operand_halves(desc, rows, kmajor):
         byte = addr + (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16 + (k % 8) * 2
     else:
         byte = addr + (r // 8) * sbo + (k // 8) * lbo + (k % 8) * 16 + (r % 8) * 2
-    half = byte // 2
+    half = (byte // 2).astype(np.int32)
     half.flags.writeable = False
     return half
 
