@@ -150,15 +150,19 @@ def build_sass(ptx, arch="sm_90a"):
         HASHES["last"] = f"{arch} ptx sha256 {hashlib.sha256(body.encode()).hexdigest()}"
         return "", ""
     cubin, log = link(ptx, arch)
+    return sass_of(cubin), log
+
+
+def sass_of(cubin):
+    """The SASS text of ``cubin`` (bytes), by cuobjdump."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         tool = cuobjdump()  # (it runs nvdisasm, found beside it in the wheels)
-        env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(tool),
-                                                      os.environ.get("PATH", "")]))
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, env=env,
+        path = os.pathsep.join([os.path.dirname(tool), os.environ.get("PATH", "")])
+        env = dict(os.environ, PATH=path)
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, env=env,
                               text=True).stdout
-    return sass, log
 
 
 def cuobjdump():

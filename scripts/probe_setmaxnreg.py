@@ -60,18 +60,12 @@ raise_ = void_asm(f"setmaxnreg.inc.sync.aligned.u32 {MATH_REGS};")
 
 
 def sass_of(cubin):
-    """The SASS text of ``cubin`` (bytes), by build_check's cuobjdump ("" without one)."""
-    tool = build_check.cuobjdump()
-    path = os.pathsep.join([os.path.dirname(tool), os.environ.get("PATH", "")])
-    env = dict(os.environ, PATH=path)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        try:
-            return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
-                                  env=env).stdout
-        except FileNotFoundError:
-            return ""
+    """build_check's SASS of ``cubin``, or "" where cuobjdump is missing (a GPU machine
+    without the wheels still runs the driver's JIT)."""
+    try:
+        return build_check.sass_of(cubin)
+    except FileNotFoundError:
+        return ""
 
 
 def report(way, sass, log):
@@ -127,8 +121,8 @@ def main():
               f"log: {' | '.join(line for line in jit.splitlines() if line.strip())[-600:]}")
     cubin, log = build_check.link(ptx)
     report("nvJitLink (Numba's link)", sass_of(cubin), log)
-    ptxas = shutil.which("ptxas") or next(
-        (p for p in ("/usr/local/cuda/bin/ptxas",) if os.path.exists(p)), None)
+    ptxas = shutil.which("ptxas", path=os.pathsep.join([os.environ.get("PATH", ""),
+                                                       "/usr/local/cuda/bin"]))
     if ptxas:
         with tempfile.TemporaryDirectory() as d:
             # (a toolkit's ptxas may be older than Numba's PTX version; setmaxnreg needs 8.0)

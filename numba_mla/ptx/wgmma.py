@@ -151,7 +151,8 @@ def _thread_cells(n, wtid):
 
 
 def _gather(arr, halves, dtype):
-    """(Simulator) The 16-bit values at the word indices ``halves`` of ``arr``, as float64."""
+    """(Simulator) The 16-bit values of ``arr`` at the 16-bit element indices ``halves``, as
+    float64."""
     return np.asarray(arr).view(np.uint16)[halves].view(dtype).astype(np.float64)
 
 
@@ -216,16 +217,14 @@ def wgmma(n, tag, trans_b):
 
 def _wgmma_rs_twin(n, tag, trans_b, start=0):
     dtype = DTYPES[tag]
-    idx = np.arange(n // 2)
 
     def mma(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid):
         # The warp's 16 rows of A from its lanes' words (one warp exchange), then the
         # thread's fragment as for the shared-memory form.
         a = a_fragment(halves(warp_gather((a0, a1, a2, a3), tid), dtype))
-        wtid = int(tid) % 128
-        _, cols, _, col_of = _thread_cells(n, wtid)
+        rows, cols, row_of, col_of = _thread_cells(n, int(tid) % 128)
         bt = _gather(arr, _operand_halves(int(desc_b), n, not trans_b)[cols], dtype)
-        _twin_product(acc, a, bt, _acc_row(idx, wtid) % 16, col_of, accumulate, start)
+        _twin_product(acc, a[rows % 16], bt, row_of, col_of, accumulate, start)
 
     return mma
 
