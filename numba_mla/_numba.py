@@ -171,17 +171,198 @@ def attach_disk_cache(dispatcher, cache_dir, digest):
 # ---------------------------------------------------------------------------------------------
 # The simulator's block scheduler
 # ---------------------------------------------------------------------------------------------
-# Numba's CUDA simulator runs a block as one Python thread per CUDA thread, and its BlockManager
-# finds out that every live thread reached ``syncthreads`` by polling them all in a loop that
-# never sleeps: the polling thread takes the interpreter from the threads doing the work
-# (a 256-thread block of our kernels spent most of its time there). The scheduler installed
-# below keeps the simulator's rules (a barrier opens when every thread still running waits at
-# it; a thread's exception aborts the block and is raised with its thread and block indices)
-# and is told instead: a thread counts itself in at the barrier or on exit, and the last one
-# wakes the manager. ``syncthreads_count`` / ``_and`` / ``_or`` go through ``syncthreads`` and
-# keep working. Tested with numba-cuda 0.30 (tests/test_simulator.py); installed on import when
-# the simulator is in use and its classes have the members this relies on.
+# Numba's CUDA simulator runs a block as one Python thread per CUDA thread, all at once under
+# the interpreter's lock, and finds out that every live thread reached ``syncthreads`` by
+# polling them all in a loop that never sleeps. Each wait then costs a wake-up of every thread
+# (a 32-lane warp exchange about 2 ms on our CPU machine, most of it the operating system's),
+# and the polling thread takes the interpreter from the threads doing the work.
+#
+# The scheduler installed below lets the block's threads take turns instead: one thread runs at
+# a time, until it waits or exits, and then hands the turn to the next thread ready to run (it
+# releases that thread's lock and blocks on its own: one wake-up, about 15 us). A wait is
+# ``syncthreads`` or one of the twins' barriers and conditions (``SimBarrier``,
+# ``SimCondition`` below: warp exchanges, named barriers, mbarriers); when it opens, its waiters
+# queue up in the order they came. It keeps the simulator's rules: a barrier opens when every
+# thread still running waits at it; a thread's exception aborts the block and is raised with
+# its thread and block indices. It adds two: a block in which every live thread waits and
+# none can go on (a barrier some thread never reaches, a warp exchange with a lane gone)
+# raises an error that says where they wait, where Numba's hangs; and a launch runs the same
+# way every time (the threads' order does not depend on the machine's load).
+# ``syncthreads_count`` / ``_and`` / ``_or`` go through ``syncthreads`` and keep working.
+# Tested with numba-cuda 0.30 (tests/test_simulator.py); installed on import when the simulator
+# is in use and its classes have the members this relies on.
+
+#: (Simulator) The scheduler's thread class once installed (``_install_block_scheduler``).
+_TurnThread = None
+
+
+def _turn_thread():
+    """(Simulator) The calling thread when it is a block's thread run by the scheduler, else
+    None (Numba's own scheduler, or a plain Python thread calling a twin)."""
+    import threading
+
+    t = threading.current_thread()
+    return t if _TurnThread is not None and isinstance(t, _TurnThread) else None
+
+
+def sim_block():
+    """(Simulator) The block the calling thread belongs to under the scheduler (an object that
+    is new for every block), else None: twins keep per-block state (a warp's exchange counts,
+    a named barrier's arrivals) under it, so nothing carries over from a block that failed."""
+    me = _turn_thread()
+    return None if me is None else me.turns
+
+
+class _Turns:
+    """(Simulator) A block's threads taking turns: the queue of those ready to run, the count
+    of those still running, the threads waiting at ``syncthreads``, and the block's error."""
+
+    def __init__(self, threads):
+        import collections
+        import threading
+
+        self.threads, self.ready = threads, collections.deque(threads)
+        self.live, self.at_barrier, self.error = len(threads), [], None
+        self.done = threading.Event()
+
+    def _pass(self):
+        """Hand the turn to the next ready thread (the caller waits or has exited)."""
+        if self.ready:
+            self.ready.popleft().turn.release()
+        elif self.live:
+            self._fail(RuntimeError(self._stuck()), None)
+        else:
+            self.done.set()
+
+    def _stuck(self):
+        import collections
+
+        waits = collections.Counter(t.waiting_on for t in self.threads if t.is_alive()
+                                    and t.waiting_on is not None)
+        where = ", ".join(f"{n} at {w}" for w, n in sorted(waits.items()))
+        return ("the simulated block cannot go on: every running thread waits (%s); a barrier "
+                "some thread never reaches, or a warp exchange with a lane gone" % where)
+
+    def _fail(self, error, traceback):
+        """Abort the block: every thread is let go and raises when it next runs."""
+        self.error = error, traceback
+        for t in self.threads:
+            t.abort = True
+            t.turn.release()
+        self.done.set()
+
+    def park(self, me, where):
+        """``me`` waits (it is on some waiting list) until woken: the turn goes on."""
+        me.waiting_on = where
+        self._pass()
+        me.turn.acquire()
+        me.waiting_on = None
+        if me.abort:
+            raise RuntimeError("abort flag set while waiting at %s" % where)
+
+    def wake(self, threads):
+        """Queue ``threads`` (waiters whose wait is over) to run after those already queued."""
+        self.ready.extend(threads)
+
+    def arrive(self, me):
+        """``me`` at ``syncthreads``: the last one there opens it and goes on."""
+        self.at_barrier.append(me)
+        if len(self.at_barrier) == self.live:
+            self._open(me)
+        else:
+            self.park(me, "syncthreads")
+
+    def _open(self, me=None):
+        waiting, self.at_barrier = self.at_barrier, []
+        self.wake(t for t in waiting if t is not me)
+
+    def exit(self, me):
+        if self.error is not None:
+            return  # the block was aborted: every thread was let go at once
+        self.live -= 1
+        if me.exception is not None:
+            self._fail(*me.exception)
+            return
+        if self.at_barrier and len(self.at_barrier) == self.live:
+            self._open()
+        self._pass()
+
+
+class SimBarrier:
+    """(Simulator) A barrier for ``n`` threads, for the twins (a warp's exchange): ``wait()``
+    returns once ``n`` threads called it, after the last of them has run ``action`` (when
+    given). Under the scheduler the waiters give up their turn; elsewhere a
+    ``threading.Barrier``. ``where`` names it in the scheduler's error."""
+
+    def __init__(self, n, action=None, where="a barrier"):
+        import threading
+
+        self.n, self.action, self.where = n, action, where
+        self._threads = threading.Barrier(n, action=action)
+        self._block, self._waiting = None, []
+
+    def wait(self):
+        me = _turn_thread()
+        if me is None:
+            self._threads.wait()
+            return
+        turns = me.turns
+        if self._block is not turns:  # (nothing carries over from another block)
+            self._block, self._waiting = turns, []
+        self._waiting.append(me)
+        if len(self._waiting) < self.n:
+            turns.park(me, self.where)
+            return
+        if self.action is not None:
+            self.action()
+        waiting, self._waiting = self._waiting, []
+        turns.wake(waiting[:-1])
+
+
+class SimCondition:
+    """(Simulator) ``threading.Condition``'s ``with``, ``wait_for`` and ``notify_all`` for the
+    twins (named barriers, mbarriers). Under the scheduler only one thread runs, so ``with``
+    takes no lock and a waiter gives up its turn until notified (``wait_for``'s timeout is
+    not needed there: a waiter runs again only when something changed); elsewhere a
+    ``threading.Condition``."""
+
+    def __init__(self, where="a condition"):
+        import threading
+
+        self.where = where
+        self._cv = threading.Condition()
+        self._waiting = []
+
+    def __enter__(self):
+        if _turn_thread() is None:
+            self._cv.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        if _turn_thread() is None:
+            self._cv.release()
+
+    def wait_for(self, predicate, timeout=None):
+        me = _turn_thread()
+        if me is None:
+            return self._cv.wait_for(predicate, timeout)
+        while not predicate():
+            self._waiting.append(me)
+            me.turns.park(me, self.where)
+        return True
+
+    def notify_all(self):
+        me = _turn_thread()
+        if me is None:
+            self._cv.notify_all()
+            return
+        turns = me.turns
+        waiting, self._waiting = self._waiting, []
+        turns.wake(t for t in waiting if t.turns is turns)
+
+
 def _install_block_scheduler():
+    global _TurnThread
     import threading
 
     from numba.cuda.simulator import kernel as sim
@@ -192,32 +373,24 @@ def _install_block_scheduler():
         return False
 
     class Thread(sim.BlockThread):
-        # (BlockThread.syncthreads written out with the count: the flag must be set under the
-        # manager's lock, before the count, or a release could come between them)
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.turn = threading.Lock()  # held while the thread may not run
+            self.turn.acquire()
+            self.turns, self.waiting_on = None, None  # (its block's _Turns, set before start)
+
         def syncthreads(self):
             if self.abort:
                 raise RuntimeError("abort flag set on syncthreads call")
-            block = self._manager
-            with block._cv:
-                self.syncthreads_blocked = True
-                block._waiting += 1
-                if block._waiting + block._exited == block._threads:
-                    block._cv.notify()
-            self.syncthreads_event.wait()
-            self.syncthreads_event.clear()
-            if self.abort:
-                raise RuntimeError("abort flag set on syncthreads clear")
+            self.turns.arrive(self)
 
         def run(self):
+            self.turn.acquire()  # its first turn
             try:
-                super().run()  # (stores an exception in self.exception)
+                if not self.abort:
+                    super().run()  # (stores an exception in self.exception)
             finally:
-                block = self._manager
-                with block._cv:
-                    block._exited += 1
-                    block._failed = block._failed or self.exception is not None
-                    if block._failed or block._waiting + block._exited == block._threads:
-                        block._cv.notify()
+                self.turns.exit(self)
 
     def run(self, grid_point, *args):
         import numpy as np
@@ -227,36 +400,23 @@ def _install_block_scheduler():
 
         threads = [Thread(target, self, grid_point, point, self._debug)
                    for point in np.ndindex(*self._block_dim)]
-        self._cv = threading.Condition()
-        self._threads, self._waiting, self._exited, self._failed = len(threads), 0, 0, False
-        with _package_swapped(sim._get_kernel_context()):
-            _run_threads(self, threads)
-
-    def _run_threads(self, threads):
+        turns = _Turns(threads)
         for t in threads:
-            t.start()
-        with self._cv:
-            while True:
-                self._cv.wait_for(lambda: self._failed
-                                  or self._waiting + self._exited == self._threads)
-                failed = [t for t in threads if t.exception]
-                if failed:
-                    for t in threads:
-                        t.abort = True
-                        t.syncthreads_blocked = False
-                        t.syncthreads_event.set()
-                    error, traceback = failed[0].exception
-                    raise error.with_traceback(traceback)
-                if self._exited == self._threads:
-                    return
-                self._waiting = 0
+            t.turns = turns
+        with _package_swapped(sim._get_kernel_context()):
+            for t in threads:
+                t.start()
+            turns._pass()
+            turns.done.wait()
+            if turns.error is not None:
                 for t in threads:
-                    if t.syncthreads_blocked:
-                        t.syncthreads_blocked = False
-                        t.syncthreads_event.set()
+                    t.join(timeout=10)
+                error, traceback = turns.error
+                raise error.with_traceback(traceback)
 
     run._numba_mla = True
     sim.BlockManager.run = run
+    _TurnThread = Thread
 
     # The fast call: a device function of this package, called while its module is held
     # swapped (below), runs directly.

@@ -30,6 +30,7 @@ from numba.cuda import types
 from numba.cuda.extending import intrinsic
 
 from .._compat import SIMULATOR
+from .._numba import SimCondition, sim_block
 from ._codegen import addr32, i32, void_asm
 from ._twin import intrinsic_with_twin, no_op
 
@@ -42,7 +43,7 @@ class _Named:
 
     def __init__(self, nthreads):
         self.n, self.count, self.phase = nthreads, 0, 0
-        self.cv = threading.Condition()
+        self.cv = SimCondition("a named barrier")
 
     def _arrive(self):
         self.count += 1
@@ -67,8 +68,11 @@ _named_lock = threading.Lock()
 
 def _named_barrier(barrier_id, nthreads):
     with _named_lock:  # (the simulator runs one block at a time)
-        key = barrier_id, nthreads
+        block = sim_block()  # (a new block starts afresh: nothing of a failed one is left)
+        key = barrier_id, nthreads, block
         if key not in _named:
+            for gone in [k for k in _named if k[2] is not block]:
+                del _named[gone]
             _named[key] = _Named(nthreads)
         return _named[key]
 
@@ -101,7 +105,7 @@ bar_arrive = _barrier_twin("arrive") if SIMULATOR else _barrier("bar.arrive $0, 
 
 # (Simulator) A condition keeps the lanes' updates of an mbarrier whole and wakes the waiters
 # when a phase completes.
-_mbar_cond = threading.Condition()
+_mbar_cond = SimCondition("an mbarrier")
 
 
 def complete_tx(arr, bar, nbytes):

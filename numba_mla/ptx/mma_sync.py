@@ -31,11 +31,11 @@ contiguous, V) loads straight into its fragment.
   ``ldmatrix_x2_trans`` -> 2 (only lanes 0-15's addresses are read; pass valid ones in every
   lane all the same, as sm_75 and below require). ``addr = smem_addr(arr) + byte offset``.
 
-The twins gather the warp's fragments or addresses through the warp exchange and give each
-lane its share as the hardware distributes it. The mma twin sums in float64 and rounds once to
-float32: the products of 16-bit values are exact, but the hardware's order and rounding of the
-fp32 sum are not specified, so exact is the one unambiguous choice (the GPU differs by a few
-fp32 ulps of the largest term).
+The twins gather the warp's fragments or addresses through the warp exchange, compute the
+warp's result once (``warp_once``) and give each lane its share as the hardware distributes it.
+The mma twin sums in float64 and rounds once to float32: the products of 16-bit values are
+exact, but the hardware's order and rounding of the fp32 sum are not specified, so exact is the
+one unambiguous choice (the GPU differs by a few fp32 ulps of the largest term).
 """
 import ml_dtypes
 import numpy as np
@@ -46,7 +46,7 @@ from numba.cuda.extending import intrinsic
 from .._numba import TypingError, element_pointers
 from ._codegen import addr32, f32, i32
 from ._twin import with_twin
-from .warp import warp_gather
+from .warp import warp_once
 
 #: (Simulator) The 16-bit element types by tag.
 DTYPES = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
@@ -71,18 +71,26 @@ def a_fragment(h):
     return a
 
 
+# Lane l's four accumulators: D[g, 2t], D[g, 2t+1], D[g+8, 2t], D[g+8, 2t+1].
+_ACC_ROWS = np.stack([_G, _G, _G + 8, _G + 8], axis=1)
+_ACC_COLS = np.stack([2 * _T, 2 * _T + 1, 2 * _T, 2 * _T + 1], axis=1)
+
+
 def _mma_m16n8k16_twin(tag):
     dtype = DTYPES[tag]
 
-    def mma(acc, i, a0, a1, a2, a3, b0, b1, tid):
-        h = halves(warp_gather((a0, a1, a2, a3, b0, b1), tid), dtype)  # [lane, word, half]
+    def product(words):  # once a warp: every lane's four elements of A . B
+        h = halves(words, dtype)  # [lane, word, half]
         a, b = a_fragment(h), np.empty((16, 8))
         for e in range(2):
             for w in range(2):
                 b[2 * _T + 8 * w + e, _G] = h[:, 4 + w, e]
-        g, t = tid % 32 // 4, tid % 4
-        rows, cols = [g, g, g + 8, g + 8], [2 * t, 2 * t + 1, 2 * t, 2 * t + 1]
-        acc[i:i + 4] = (a[rows] * b[:, cols].T).sum(axis=1) + acc[i:i + 4]
+        d = (a[:, None, :] * b.T[None, :, :]).sum(axis=2)  # [16, 8], float64
+        return d[_ACC_ROWS, _ACC_COLS]  # [lane, 4]
+
+    def mma(acc, i, a0, a1, a2, a3, b0, b1, tid):
+        d = warp_once((a0, a1, a2, a3, b0, b1), product, tid)
+        acc[i:i + 4] = d[tid % 32] + acc[i:i + 4]
 
     return mma
 
@@ -121,19 +129,26 @@ def mma_m16n8k16(tag):
     return mma
 
 
+def _ldmatrix_words(arr, rows, num, trans):
+    """(Simulator) Every lane's ``num`` words [lane, num] of ``ldmatrix`` from the rows' byte
+    addresses (rows[8j + r]: row r of matrix j)."""
+    rows = np.asarray(rows[:8 * num], np.int64)
+    assert not (rows % 16).any(), "ldmatrix rows must be 16-byte aligned"
+    rows, g, t = rows.reshape(num, 8), _G[:, None], _T[:, None]
+    j = np.arange(num)[None, :]
+    if trans:  # column g, rows 2t and 2t+1
+        lo, hi = (rows[j, 2 * t] + 2 * g) // 2, (rows[j, 2 * t + 1] + 2 * g) // 2
+    else:  # row g, columns 2t and 2t+1
+        lo = (rows[j, g] + 4 * t) // 2
+        hi = lo + 1
+    h = np.asarray(arr).view(np.uint16)
+    return np.stack([h[lo], h[hi]], axis=-1).view(np.int32)[..., 0]  # [lane, num]
+
+
 def _ldmatrix_twin(num, trans):
     def load(arr, addr, tid):
-        rows = warp_gather(int(addr), tid)[:8 * num]  # rows[8j + r]: row r of matrix j
-        assert all(r % 16 == 0 for r in rows), "ldmatrix rows must be 16-byte aligned"
-        g, t = tid % 32 // 4, tid % 4
-        h = np.asarray(arr).view(np.uint16)
-        if trans:  # column g, rows 2t and 2t+1
-            pairs = [(h[(rows[8 * j + 2 * t] + 2 * g) // 2],
-                      h[(rows[8 * j + 2 * t + 1] + 2 * g) // 2]) for j in range(num)]
-        else:  # row g, columns 2t and 2t+1
-            pairs = [(h[(rows[8 * j + g] + 4 * t) // 2],
-                      h[(rows[8 * j + g] + 4 * t) // 2 + 1]) for j in range(num)]
-        return tuple(np.array(pairs, np.uint16).view(np.int32).ravel())
+        words = warp_once(int(addr), lambda rows: _ldmatrix_words(arr, rows, num, trans), tid)
+        return tuple(words[tid % 32])
 
     return load
 

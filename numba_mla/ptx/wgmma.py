@@ -53,7 +53,7 @@ from ._codegen import acc_pointers, i32, i64, tied_asm, void_asm
 from ._twin import device_with_twin, no_op, with_twin
 from .accumulators import _acc_col, _acc_row
 from .mma_sync import DTYPES, a_fragment, halves
-from .warp import warp_gather
+from .warp import warp_once
 
 # -- descriptors -------------------------------------------------------------------------------
 
@@ -215,16 +215,33 @@ def wgmma(n, tag, trans_b):
     return mma
 
 
+@functools.lru_cache(maxsize=None)
+def _warp_cells(n, wtid):
+    """(Simulator) Where thread ``wtid``'s accumulators lie in its warp's 16 x n rows of a
+    m64n{n} product: (row in the warp's 16, column) of each, read-only."""
+    rows, cols, row_of, col_of = _thread_cells(n, wtid)
+    cells = rows[row_of] % 16, cols[col_of]
+    for c in cells:
+        c.flags.writeable = False
+    return cells
+
+
 def _wgmma_rs_twin(n, tag, trans_b, start=0):
     dtype = DTYPES[tag]
 
     def mma(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid):
-        # The warp's 16 rows of A from its lanes' words (one warp exchange), then the
-        # thread's fragment as for the shared-memory form.
-        a = a_fragment(halves(warp_gather((a0, a1, a2, a3), tid), dtype))
-        rows, cols, row_of, col_of = _thread_cells(n, int(tid) % 128)
-        bt = _gather(arr, _operand_halves(int(desc_b), n, not trans_b)[cols], dtype)
-        _twin_product(acc, a[rows % 16], bt, row_of, col_of, accumulate, start)
+        b_halves = _operand_halves(int(desc_b), n, not trans_b)
+
+        def product(words):  # once a warp: its 16 rows of A (its lanes' words) times B
+            a = a_fragment(halves(words, dtype))
+            bt = _gather(arr, b_halves, dtype)  # [n, 16]
+            return (a[:, None, :] * bt[None, :, :]).sum(axis=2)  # [16, n], float64
+
+        rows, cols = _warp_cells(n, int(tid) % 128)
+        d = warp_once((a0, a1, a2, a3), product, tid)[rows, cols]
+        if accumulate:
+            d = d + acc[start:start + len(d)]
+        acc[start:start + len(d)] = d
 
     return mma
 
