@@ -361,9 +361,19 @@ class SimCondition:
         turns.wake(t for t in waiting if t.turns is turns)
 
 
+class _Shape:
+    """(Simulator) What a block thread reads of its manager when it is made: the block's
+    shape."""
+
+    def __init__(self, block_dim):
+        self._block_dim = block_dim
+
+
 def _install_block_scheduler():
     global _TurnThread
     import threading
+
+    import numpy as np
 
     from numba.cuda.simulator import kernel as sim
 
@@ -372,12 +382,19 @@ def _install_block_scheduler():
             and getattr(sim.BlockManager.run, "_numba_mla", False) is False):
         return False
 
+    from numba.cuda.simulator.kernelapi import Dim3
+
     class Thread(sim.BlockThread):
-        def __init__(self, *args):
-            super().__init__(*args)
+        """A CUDA thread index of a block shape, kept for every block of that shape: Python
+        threads are made once, not for every block (making and starting them took about a
+        quarter of a simulated FMA kernel's busy time). It runs a block's ``job`` each time
+        it is given the turn for a new block, until a block fails (then it ends)."""
+
+        def __init__(self, block_dim, point, debug):
+            super().__init__(None, _Shape(block_dim), (0, 0, 0), point, debug)
             self.turn = threading.Lock()  # held while the thread may not run
             self.turn.acquire()
-            self.turns, self.waiting_on = None, None  # (its block's _Turns, set before start)
+            self.turns = self.job = self.waiting_on = None
 
         def syncthreads(self):
             if self.abort:
@@ -385,34 +402,52 @@ def _install_block_scheduler():
             self.turns.arrive(self)
 
         def run(self):
-            self.turn.acquire()  # its first turn
-            try:
-                if not self.abort:
-                    super().run()  # (stores an exception in self.exception)
-            finally:
-                self.turns.exit(self)
+            while not self.abort:  # (a block failed: the pool is dropped, its threads end)
+                self.turn.acquire()  # the first turn of its next block
+                if self.abort:
+                    return
+                try:
+                    if self.debug:
+                        np.seterr(divide="raise")
+                    self.job()
+                except Exception as e:  # (Numba's BlockThread.run: the indices in front)
+                    msg = "tid=%s ctaid=%s" % (list(self.threadIdx), list(self.blockIdx))
+                    self.exception = (type(e)("%s: %s" % (msg, e) if str(e) else msg),
+                                      e.__traceback__)
+                finally:
+                    self.turns.exit(self)
+
+    pools, pools_lock = {}, threading.Lock()  # (block shape, debug) -> threads not in use
 
     def run(self, grid_point, *args):
-        import numpy as np
-
-        def target():
+        def job():
             self._f(*args)
 
-        threads = [Thread(target, self, grid_point, point, self._debug)
-                   for point in np.ndindex(*self._block_dim)]
-        turns = _Turns(threads)
-        for t in threads:
-            t.turns = turns
-        with _package_swapped(sim._get_kernel_context()):
+        key = tuple(self._block_dim), self._debug
+        with pools_lock:  # (a launch from another Python thread makes threads of its own)
+            threads = pools.pop(key, None)
+        if threads is None:
+            threads = [Thread(self._block_dim, point, self._debug)
+                       for point in np.ndindex(*self._block_dim)]
             for t in threads:
                 t.start()
+        turns = _Turns(threads)
+        for t in threads:
+            t._manager, t.blockIdx, t.job, t.turns = self, Dim3(*grid_point), job, turns
+            t.exception = None
+        with _package_swapped(sim._get_kernel_context()):
             turns._pass()
             turns.done.wait()
-            if turns.error is not None:
-                for t in threads:
-                    t.join(timeout=10)
-                error, traceback = turns.error
-                raise error.with_traceback(traceback)
+        for t in threads:
+            t._manager = t.job = None  # (nothing of the launch kept alive)
+        if turns.error is None:
+            with pools_lock:
+                pools[key] = threads
+            return
+        for t in threads:
+            t.join(timeout=10)
+        error, traceback = turns.error
+        raise error.with_traceback(traceback)
 
     run._numba_mla = True
     sim.BlockManager.run = run

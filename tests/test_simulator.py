@@ -275,3 +275,32 @@ def test_warp_once_computes_once_a_warp(scheduler):
     for k in range(3):
         np.testing.assert_array_equal(out[k], want * (k + 1))
     assert _calls == [32] * (3 * THREADS // 32)
+
+
+_thread_of = {}  # (block, thread index) -> the Python thread that ran it
+
+
+@cuda.jit
+def _note_threads(out):
+    t = cuda.threadIdx.x
+    _thread_of[cuda.blockIdx.x, t] = threading.current_thread()
+    cuda.syncthreads()
+    out[cuda.blockIdx.x, t] = t
+
+
+def test_threads_kept_for_the_next_blocks():
+    """A block shape's Python threads are made once and run the next blocks and launches too;
+    after a block fails they end, and the next launch makes new ones."""
+    _thread_of.clear()
+    out = np.zeros((3, THREADS), np.int32)
+    assert launch(_note_threads, out, blocks=3) is None
+    first = [_thread_of[0, t] for t in range(THREADS)]
+    assert len(set(map(id, first))) == THREADS
+    assert all(_thread_of[b, t] is first[t] for b in range(3) for t in range(THREADS))
+    assert launch(_note_threads, out, blocks=1) is None and _thread_of[0, 7] is first[7]
+    assert isinstance(launch(_fail, np.zeros(THREADS, np.int32), 3, blocks=1), IndexError)
+    for th in first:
+        th.join(timeout=10)
+        assert not th.is_alive()
+    assert launch(_note_threads, out, blocks=1) is None
+    assert _thread_of[0, 7] is not first[7] and (out[0] == np.arange(THREADS)).all()
