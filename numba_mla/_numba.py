@@ -174,12 +174,12 @@ def attach_disk_cache(dispatcher, cache_dir, digest):
 # Numba's CUDA simulator runs a block as one Python thread per CUDA thread, all at once under
 # the interpreter's lock, and finds out that every live thread reached ``syncthreads`` by
 # polling them all in a loop that never sleeps. Each wait then costs a wake-up of every thread
-# (a 32-lane warp exchange about 2 ms on our CPU machine, most of it the operating system's),
+# (a 32-lane warp exchange 2-3 ms on the 2-core CI machine, most of it the operating system's),
 # and the polling thread takes the interpreter from the threads doing the work.
 #
 # The scheduler installed below lets the block's threads take turns instead: one thread runs at
 # a time, until it waits or exits, and then hands the turn to the next thread ready to run (it
-# releases that thread's lock and blocks on its own: one wake-up, about 15 us). A wait is
+# releases that thread's lock and blocks on its own: one wake-up, about 13 us). A wait is
 # ``syncthreads`` or one of the twins' barriers and conditions (``SimBarrier``,
 # ``SimCondition`` below: warp exchanges, named barriers, mbarriers); when it opens, its waiters
 # queue up in the order they came. It keeps the simulator's rules: a barrier opens when every
@@ -187,7 +187,8 @@ def attach_disk_cache(dispatcher, cache_dir, digest):
 # its thread and block indices. It adds two: a block in which every live thread waits and
 # none can go on (a barrier some thread never reaches, a warp exchange with a lane gone)
 # raises an error that says where they wait, where Numba's hangs; and a launch runs the same
-# way every time (the threads' order does not depend on the machine's load).
+# way every time (the threads' order does not depend on the machine's load). The Python
+# threads of a block shape are made once and kept for its next blocks (``Thread``).
 # ``syncthreads_count`` / ``_and`` / ``_or`` go through ``syncthreads`` and keep working.
 # Tested with numba-cuda 0.30 (tests/test_simulator.py); installed on import when the simulator
 # is in use and its classes have the members this relies on.
@@ -387,7 +388,7 @@ def _install_block_scheduler():
     class Thread(sim.BlockThread):
         """A CUDA thread index of a block shape, kept for every block of that shape: Python
         threads are made once, not for every block (making and starting them took about a
-        quarter of a simulated FMA kernel's busy time). It runs a block's ``job`` each time
+        quarter of the interpreter's time in a simulated FMA kernel's test, by py-spy). It runs a block's ``job`` each time
         it is given the turn for a new block, until a block fails (then it ends)."""
 
         def __init__(self, block_dim, point, debug):
