@@ -82,9 +82,9 @@ def cases(full):
 FULL_ON_SIMULATOR = (
     "numba-mla validate: --full is refused on the CUDA simulator. Its cases are GPU-sized "
     "(up to B=1, H=128, L=8191 and B=64, H=16): the simulator runs every thread of every "
-    "block in Python, one block at a time (a block barrier alone costs about 30 ms), so one "
+    "block in Python, one block at a time (a block barrier alone costs a few ms), so one "
     "such case takes hours and the sweep days. Run `numba-mla validate` (--quick, the "
-    "simulator-sized sweep: every mask, score mod, dtype and cache kind, about a minute) "
+    "simulator-sized sweep: every mask, score mod, dtype and cache kind, under a minute) "
     "here, and --full on a GPU.")
 
 
