@@ -188,7 +188,8 @@ def attach_disk_cache(dispatcher, cache_dir, digest):
 # none can go on (a barrier some thread never reaches, a warp exchange with a lane gone)
 # raises an error that says where they wait, where Numba's hangs; and a launch runs the same
 # way every time (the threads' order does not depend on the machine's load). The Python
-# threads of a block shape are made once and kept for its next blocks (``Thread``).
+# threads of a block shape are made once and kept for its next blocks (``Thread``), for the
+# life of the process (a set of idle threads for each block shape and debug flag).
 # ``syncthreads_count`` / ``_and`` / ``_or`` go through ``syncthreads`` and keep working.
 # Tested with numba-cuda 0.30 (tests/test_simulator.py); installed on import when the simulator
 # is in use and its classes have the members this relies on.
@@ -348,7 +349,8 @@ class SimCondition:
         if me is None:
             return self._cv.wait_for(predicate, timeout)
         while not predicate():
-            self._waiting.append(me)
+            # (waiters of a block that failed are dropped: nothing of it is kept alive)
+            self._waiting = [t for t in self._waiting if t.turns is me.turns] + [me]
             me.turns.park(me, self.where)
         return True
 
@@ -360,6 +362,21 @@ class SimCondition:
         turns = me.turns
         waiting, self._waiting = self._waiting, []
         turns.wake(t for t in waiting if t.turns is turns)
+
+
+def _with_indices(error, thread):
+    """(Simulator) ``error`` with the thread's and block's indices in front of its message, as
+    Numba's simulator raises it; a RuntimeError from it where its class takes other
+    arguments."""
+    msg = "tid=%s ctaid=%s" % (list(thread.threadIdx), list(thread.blockIdx))
+    if str(error):
+        msg = "%s: %s" % (msg, error)
+    try:
+        return type(error)(msg)
+    except Exception:
+        new = RuntimeError("%s (%s)" % (msg, type(error).__name__))
+        new.__cause__ = error
+        return new
 
 
 class _Shape:
@@ -411,10 +428,8 @@ def _install_block_scheduler():
                     if self.debug:
                         np.seterr(divide="raise")
                     self.job()
-                except Exception as e:  # (Numba's BlockThread.run: the indices in front)
-                    msg = "tid=%s ctaid=%s" % (list(self.threadIdx), list(self.blockIdx))
-                    self.exception = (type(e)("%s: %s" % (msg, e) if str(e) else msg),
-                                      e.__traceback__)
+                except BaseException as e:  # (Numba's BlockThread.run: the indices in front)
+                    self.exception = _with_indices(e, self), e.__traceback__
                 finally:
                     self.turns.exit(self)
 
@@ -442,8 +457,9 @@ def _install_block_scheduler():
         for t in threads:
             t._manager = t.job = None  # (nothing of the launch kept alive)
         if turns.error is None:
-            with pools_lock:
-                pools[key] = threads
+            if all(t.is_alive() for t in threads):
+                with pools_lock:
+                    pools[key] = threads
             return
         for t in threads:
             t.join(timeout=10)

@@ -8,6 +8,9 @@ Needs ``pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump nvidia-cuda-nvdisas
 nvJitLink, cuobjdump and its nvdisasm).
 Usage: python scripts/build_check.py      (exit status 1 on any failure, 77 when NVVM or
 nvJitLink is not installed: nothing was checked)
+       python scripts/build_check.py --part 2/4
+    builds only every 4th kernel, from the third (parts 0/4 to 3/4 together build them all:
+    tests/test_build.py runs the four as tests, which pytest-xdist spreads over the cores)
        python scripts/build_check.py --ptx-hashes > FILE
     prints, for every kernel above, a SHA-256 of its PTX in place of the verdict, without
     building it: run it before and after a change meant to leave the kernels as they are,
@@ -194,12 +197,28 @@ def toolchain_missing():
     return None
 
 
+#: (this part, parts) of ``--part i/n``: the kernels this run builds are those whose place in
+#: the order below is i modulo n
+PART = [0, 1]
+_place = [0]
+
+
+def mine():
+    """Whether this run builds the next kernel in the order (``--part``)."""
+    k = _place[0]
+    _place[0] += 1
+    return k % PART[1] == PART[0]
+
+
 def verdict(ok):
     return HASHES["last"] if HASHES["on"] else ("ok" if ok else "FAIL")
 
 
 def main():
     HASHES["on"] = "--ptx-hashes" in sys.argv[1:]
+    if "--part" in sys.argv[1:]:
+        PART[:] = map(int, sys.argv[sys.argv.index("--part") + 1].split("/"))
+        assert 0 <= PART[0] < PART[1], "--part i/n needs 0 <= i < n"
     missing = toolchain_missing()
     if missing:
         print(f"build_check: NVVM/nvJitLink not available ({missing}); "
@@ -240,6 +259,8 @@ def main():
             variants.append(("seesaw8", factory.seesaw_partition_kernel(
                 mask, mod, tag, cache, heads, direct, fp8="e4m3")))
         for name, kern in variants:
+            if not mine():
+                continue
             sig = list(signature(direct, name == "listed"))
             if name in ("mma8", "tr8", "tr8x32", "tr8x32a", "tr8x64", "tr8x64a", "seesaw8"):  # cache: codes;
                 # complex scale
@@ -292,6 +313,8 @@ def main():
                  factory.simple_partition_kernel(mask, mod, tag, cache, simple.BLOCK_M, heads,
                                                  direct, layout))]
     for name, mask, tag, cache, heads, direct, layout, sig, kern in fma:
+        if not mine():
+            continue
         ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=(9, 0, "a"),
                                   launch_bounds=kern.targetoptions.get("launch_bounds"))
         _, log = build_sass(ptx)
@@ -317,6 +340,8 @@ def main():
     builds += [((9, 0), nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 32, 16,
                 False, "e4m3", 2)]
     for cc, mask, mod, tag, cache, block_m, heads, direct, layout, staged in builds:
+        if not mine():
+            continue
         kern = factory.mma_sync_partition_kernel(mask, mod, tag, cache, block_m, heads, direct,
                                                  layout, True, staged)
         ptx, _ = cuda.compile_ptx(kern.py_func, mma_sync_signature(tag, direct, layout), cc=cc,
@@ -339,6 +364,8 @@ def main():
 
     sig = (types.Array(types.int32, 1, "C"),) * 2 + (types.int32,)
     for cc in ((8, 0), (9, 0, "a")):
+        if not mine():
+            continue
         ptx, _ = cuda.compile_ptx(offsets.clamp_offsets.py_func, sig, cc=cc)
         _, log = build_sass(ptx, "sm_" + "".join(map(str, cc)))
         regs, spills, calls = _resources(ptx, log)

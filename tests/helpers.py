@@ -241,10 +241,11 @@ def build_check_module():
     return bc
 
 
-def run_build_script(script):
+def run_build_script(script, *args):
     """Run ``script`` (a Python file that builds kernels for sm_90a and exits 1 on a failed
-    check) in a fresh process without the simulator, with ``NUMBA_MLA_BUILD_PYTHON`` (default:
-    this Python); skip the test where NVVM/nvJitLink are missing (exit status 77)."""
+    check) with ``args`` in a fresh process without the simulator, with
+    ``NUMBA_MLA_BUILD_PYTHON`` (default: this Python); skip the test where NVVM/nvJitLink are
+    missing (exit status 77)."""
     import os
     import subprocess
     import sys
@@ -253,8 +254,8 @@ def run_build_script(script):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([python, os.path.abspath(script)], capture_output=True, text=True,
-                       env=env, timeout=900)
+    r = subprocess.run([python, os.path.abspath(script), *args], capture_output=True,
+                       text=True, env=env, timeout=900)
     if r.returncode == 77:
         pytest.skip(r.stdout.strip())
     assert r.returncode == 0, r.stdout + r.stderr

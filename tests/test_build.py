@@ -3,15 +3,19 @@ no call; for the tensor-core kernels no serialised wgmma and their HGMMA in the 
 lockstep kernel, 32 in the seesaw); the warp tensor-core kernel built for sm_80 and sm_89 with
 its mma.sync and their HMMA. Needs NVVM and nvJitLink (``pip install "numba-cuda[cu13]"
 nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``, about 830 MB, not in CI); skipped where they
-are missing. Run it on every change to a kernel: ``python -m pytest -m build``."""
+are missing. Run it on every change to a kernel: ``python -m pytest -m build -n 4`` (its
+parts in parallel)."""
 import os
 
 import pytest
 from helpers import run_build_script
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "build_check.py")
+PARTS = 8  # (all in one process took 15 minutes on the 2-core machine, near its 900 s limit)
 
 
 @pytest.mark.build
-def test_partition_kernels_build_for_sm90a():
-    run_build_script(SCRIPT)
+@pytest.mark.parametrize("part", range(PARTS))
+def test_partition_kernels_build_for_sm90a(part):
+    """Every PARTS-th kernel of the script's order, from the part-th."""
+    run_build_script(SCRIPT, "--part", f"{part}/{PARTS}")

@@ -304,3 +304,60 @@ def test_threads_kept_for_the_next_blocks():
         assert not th.is_alive()
     assert launch(_note_threads, out, blocks=1) is None
     assert _thread_of[0, 7] is not first[7] and (out[0] == np.arange(THREADS)).all()
+
+
+class _TwoArgs(Exception):
+    def __init__(self, a, b):
+        super().__init__(f"{a} {b}")
+
+
+@cuda.jit
+def _raises_two_args(out):
+    t = cuda.threadIdx.x
+    out[t] = t
+    cuda.syncthreads()
+    if t == 9:
+        raise _TwoArgs("two", "args")
+
+
+def test_an_error_whose_class_takes_other_arguments():
+    """An exception that cannot be remade from one message still aborts the block, as a
+    RuntimeError with the indices and the original as its cause; the next launch runs."""
+    error = launch(_raises_two_args, np.zeros(THREADS, np.int32), blocks=1)
+    assert isinstance(error, RuntimeError) and "tid=[9, 0, 0]" in str(error)
+    assert isinstance(error.__cause__, _TwoArgs)
+    assert launch(_rotate_twice, np.zeros((2, THREADS), np.int32), THREADS) is None
+
+
+def _fails(values):
+    raise ValueError("bad lanes")
+
+
+@pytest.mark.parametrize("scheduler", ["block", "plain threads"])
+def test_an_error_in_warp_once_is_raised_and_the_warp_goes_on(scheduler):
+    """An error in ``warp_once``'s function is raised in the lanes; from plain threads (whose
+    warp barrier is a threading.Barrier) the warp's next exchange still works."""
+    if scheduler == "block":
+        @cuda.jit
+        def bad(out):
+            t = cuda.threadIdx.x
+            out[t] = warp_once(t, _fails, t)
+
+        error = launch(bad, np.zeros(THREADS, np.int64), blocks=1)
+        assert isinstance(error, ValueError) and "bad lanes" in str(error)
+        return
+    raised, got = [], {}
+
+    def lane(t):
+        try:
+            warp_once(t, _fails, t)
+        except ValueError:
+            raised.append(t)
+        got[t] = warp_once(t, sum, t)
+
+    threads = [threading.Thread(target=lane, args=(t,)) for t in range(32)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert sorted(raised) == list(range(32)) and set(got.values()) == {sum(range(32))}

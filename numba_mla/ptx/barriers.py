@@ -20,8 +20,9 @@ Grids (sm_90: programmatic dependent launch)
   kernels one after the other: a no-op there.
 
 In the simulator an mbarrier keeps [phases completed, bytes still expected] in its own 8 bytes
-and a copy counts its bytes off when issued (``complete_tx``): a waiter spins until the issuing
-lane has copied, as on the GPU.
+and a copy counts its bytes off when issued (``complete_tx``): a waiter waits until the issuing
+lane has copied, as on the GPU (under the simulator's block scheduler it gives up its turn
+until the phase completes; from plain threads it sleeps on a condition).
 """
 import threading
 
@@ -158,8 +159,9 @@ grid_dependency_wait = no_op if SIMULATOR else void_asm("griddepcontrol.wait;")
 
 
 def _mbar_try_wait_twin(arr, bar, parity):
-    # Like the instruction, waits a while for the phase and then says whether it completed
-    # (sleeping, so the copying lanes get the interpreter).
+    # Like the instruction, waits a while for the phase and then says whether it completed:
+    # under the block scheduler the lane gives up its turn until the phase completes (then
+    # True), from plain threads it sleeps up to a second (so the copying lanes run).
     with _mbar_cond:
         return _mbar_cond.wait_for(lambda: arr[bar // 4] % 2 != parity, timeout=1.0)
 

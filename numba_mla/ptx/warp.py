@@ -41,12 +41,19 @@ class _Warp:
         self.block = block
         self.buffers = ([None] * 32, [None] * 32)
         self.turns = [0] * 32
-        self.fn = self.slots = self.result = None
+        self.fn = self.slots = self.result = self.error = None
         self.barrier = SimBarrier(32, self._once, "a warp exchange of warp %d" % warp)
 
     def _once(self):
-        # Run by the last lane to arrive, before the barrier lets any lane go.
-        self.result = None if self.fn is None else self.fn(self.slots)
+        # Run by the last lane to arrive, before the barrier lets any lane go. An error is
+        # kept and raised in every lane (raised here, it would break the barrier for good
+        # where the lanes are plain threads).
+        self.result = self.error = None
+        if self.fn is not None:
+            try:
+                self.result = self.fn(self.slots)
+            except Exception as e:  # noqa: BLE001  (re-raised by the lanes)
+                self.error = e
 
 
 def _warp(tid):
@@ -71,7 +78,11 @@ def _exchange(v, tid, fn=None):
     slots[lane] = v
     w.slots, w.fn = slots, fn
     w.barrier.wait()
-    return slots if fn is None else w.result
+    if fn is None:
+        return slots
+    if w.error is not None:
+        raise w.error
+    return w.result
 
 
 def warp_gather(v, tid):
