@@ -239,8 +239,8 @@ class _Turns:
     def _stuck(self):
         import collections
 
-        waits = collections.Counter(t.waiting_on for t in self.threads if t.is_alive()
-                                    and t.waiting_on is not None)
+        waits = collections.Counter(t.waiting_on for t in self.threads
+                                    if t.waiting_on is not None)  # (set while parked)
         where = ", ".join(f"{n} at {w}" for w, n in sorted(waits.items()))
         return ("the simulated block cannot go on: every running thread waits (%s); a barrier "
                 "some thread never reaches, or a warp exchange with a lane gone" % where)
@@ -290,43 +290,13 @@ class _Turns:
         self._pass()
 
 
-class SimBarrier:
-    """(Simulator) A barrier for ``n`` threads, for the twins (a warp's exchange): ``wait()``
-    returns once ``n`` threads called it, after the last of them has run ``action`` (when
-    given). Under the scheduler the waiters give up their turn; elsewhere a
-    ``threading.Barrier``. ``where`` names it in the scheduler's error."""
-
-    def __init__(self, n, action=None, where="a barrier"):
-        import threading
-
-        self.n, self.action, self.where = n, action, where
-        self._threads = threading.Barrier(n, action=action)
-        self._block, self._waiting = None, []
-
-    def wait(self):
-        me = _turn_thread()
-        if me is None:
-            self._threads.wait()
-            return
-        turns = me.turns
-        if self._block is not turns:  # (nothing carries over from another block)
-            self._block, self._waiting = turns, []
-        self._waiting.append(me)
-        if len(self._waiting) < self.n:
-            turns.park(me, self.where)
-            return
-        if self.action is not None:
-            self.action()
-        waiting, self._waiting = self._waiting, []
-        turns.wake(waiting[:-1])
-
-
 class SimCondition:
     """(Simulator) ``threading.Condition``'s ``with``, ``wait_for`` and ``notify_all`` for the
-    twins (named barriers, mbarriers). Under the scheduler only one thread runs, so ``with``
-    takes no lock and a waiter gives up its turn until notified (``wait_for``'s timeout is
-    not needed there: a waiter runs again only when something changed); elsewhere a
-    ``threading.Condition``."""
+    twins (``SimBarrier``, named barriers, mbarriers). Under the scheduler only one thread
+    runs, so ``with`` takes no lock and a waiter gives up its turn until notified
+    (``wait_for``'s timeout is not needed there: a waiter runs again only when something
+    changed); elsewhere a ``threading.Condition``. ``where`` names it in the scheduler's
+    error."""
 
     def __init__(self, where="a condition"):
         import threading
@@ -349,8 +319,9 @@ class SimCondition:
         if me is None:
             return self._cv.wait_for(predicate, timeout)
         while not predicate():
-            # (waiters of a block that failed are dropped: nothing of it is kept alive)
-            self._waiting = [t for t in self._waiting if t.turns is me.turns] + [me]
+            if self._waiting and self._waiting[0].turns is not me.turns:
+                self._waiting = []  # (waiters of a block that failed: none is kept alive)
+            self._waiting.append(me)
             me.turns.park(me, self.where)
         return True
 
@@ -362,6 +333,32 @@ class SimCondition:
         turns = me.turns
         waiting, self._waiting = self._waiting, []
         turns.wake(t for t in waiting if t.turns is turns)
+
+
+class SimBarrier:
+    """(Simulator) A barrier for ``n`` threads, for the twins (a warp's exchange): ``wait()``
+    returns once ``n`` threads called it, after the last of them has run ``action`` (when
+    given). Made of a ``SimCondition``: under the scheduler the waiters give up their turn and
+    go on in the order they came."""
+
+    def __init__(self, n, action=None, where="a barrier"):
+        self.n, self.action = n, action
+        self.cv = SimCondition(where)
+        self.count = self.generation = 0
+
+    def wait(self):
+        with self.cv:
+            generation = self.generation
+            self.count += 1
+            if self.count < self.n:
+                self.cv.wait_for(lambda: self.generation != generation)
+                return
+            self.count, self.generation = 0, generation + 1
+            try:
+                if self.action is not None:
+                    self.action()
+            finally:
+                self.cv.notify_all()
 
 
 def _with_indices(error, thread):
@@ -405,8 +402,9 @@ def _install_block_scheduler():
     class Thread(sim.BlockThread):
         """A CUDA thread index of a block shape, kept for every block of that shape: Python
         threads are made once, not for every block (making and starting them took about a
-        quarter of the interpreter's time in a simulated FMA kernel's test, by py-spy). It runs a block's ``job`` each time
-        it is given the turn for a new block, until a block fails (then it ends)."""
+        quarter of the interpreter's time in a simulated FMA kernel's test, by py-spy). It
+        runs a block's ``job`` each time it is given the turn for a new block, until a block
+        fails (then it ends)."""
 
         def __init__(self, block_dim, point, debug):
             super().__init__(None, _Shape(block_dim), (0, 0, 0), point, debug)

@@ -21,6 +21,7 @@ nvJitLink is not installed: nothing was checked)
 """
 import glob
 import hashlib
+import itertools
 import os
 import re
 import subprocess
@@ -200,14 +201,12 @@ def toolchain_missing():
 #: (this part, parts) of ``--part i/n``: the kernels this run builds are those whose place in
 #: the order below is i modulo n
 PART = [0, 1]
-_place = [0]
+_places = itertools.count()
 
 
 def mine():
     """Whether this run builds the next kernel in the order (``--part``)."""
-    k = _place[0]
-    _place[0] += 1
-    return k % PART[1] == PART[0]
+    return next(_places) % PART[1] == PART[0]
 
 
 def verdict(ok):

@@ -99,6 +99,14 @@ def desc_advance(desc, nbytes):
     return desc + uint64(nbytes >> 4)
 
 
+def _read_only(*arrays):
+    """(Simulator) ``arrays``, made read-only: the cached index arrays below are shared by
+    every thread."""
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
+
+
 @functools.lru_cache(maxsize=4096)
 def _operand_halves(desc, rows, kmajor):
     """(Simulator) Where the 16-bit operand a descriptor describes lies in shared memory: the
@@ -120,9 +128,7 @@ def _operand_halves(desc, rows, kmajor):
         byte = addr + (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16 + (k % 8) * 2
     else:
         byte = addr + (r // 8) * sbo + (k // 8) * lbo + (k % 8) * 16 + (r % 8) * 2
-    half = (byte // 2).astype(np.int32)
-    half.flags.writeable = False
-    return half
+    return _read_only((byte // 2).astype(np.int32))[0]
 
 
 # -- products ----------------------------------------------------------------------------------
@@ -144,10 +150,7 @@ def _thread_cells(n, wtid):
     idx = np.arange(n // 2)
     rows, row_of = np.unique(_acc_row(idx, wtid), return_inverse=True)
     cols, col_of = np.unique(_acc_col(idx, wtid), return_inverse=True)
-    cells = rows, cols, row_of.ravel(), col_of.ravel()
-    for c in cells:
-        c.flags.writeable = False
-    return cells
+    return _read_only(rows, cols, row_of.ravel(), col_of.ravel())
 
 
 def _gather(arr, halves, dtype):
@@ -220,10 +223,7 @@ def _warp_cells(n, wtid):
     """(Simulator) Where thread ``wtid``'s accumulators lie in its warp's 16 x n rows of a
     m64n{n} product: (row in the warp's 16, column) of each, read-only."""
     rows, cols, row_of, col_of = _thread_cells(n, wtid)
-    cells = rows[row_of] % 16, cols[col_of]
-    for c in cells:
-        c.flags.writeable = False
-    return cells
+    return _read_only(rows[row_of] % 16, cols[col_of])
 
 
 def _wgmma_rs_twin(n, tag, trans_b, start=0):
