@@ -17,6 +17,7 @@ import os
 import re
 import sys
 from importlib import metadata
+from threading import get_ident as _get_ident
 
 from . import _compat  # noqa: F401  (must run before numba.cuda is imported)
 
@@ -194,17 +195,14 @@ def attach_disk_cache(dispatcher, cache_dir, digest):
 # Tested with numba-cuda 0.30 (tests/test_simulator.py); installed on import when the simulator
 # is in use and its classes have the members this relies on.
 
-#: (Simulator) The scheduler's thread class once installed (``_install_block_scheduler``).
-_TurnThread = None
+#: (Simulator) The scheduler's threads now running, by ``threading.get_ident()``.
+_turn_threads = {}
 
 
 def _turn_thread():
     """(Simulator) The calling thread when it is a block's thread run by the scheduler, else
     None (Numba's own scheduler, or a plain Python thread calling a twin)."""
-    import threading
-
-    t = threading.current_thread()
-    return t if _TurnThread is not None and isinstance(t, _TurnThread) else None
+    return _turn_threads.get(_get_ident())
 
 
 def sim_block():
@@ -385,7 +383,6 @@ class _Shape:
 
 
 def _install_block_scheduler():
-    global _TurnThread
     import threading
 
     import numpy as np
@@ -418,6 +415,13 @@ def _install_block_scheduler():
             self.turns.arrive(self)
 
         def run(self):
+            _turn_threads[threading.get_ident()] = self
+            try:
+                self._run()
+            finally:
+                del _turn_threads[threading.get_ident()]
+
+        def _run(self):
             while not self.abort:  # (a block failed: the pool is dropped, its threads end)
                 self.turn.acquire()  # the first turn of its next block
                 if self.abort:
@@ -466,7 +470,6 @@ def _install_block_scheduler():
 
     run._numba_mla = True
     sim.BlockManager.run = run
-    _TurnThread = Thread
 
     # The fast call: a device function of this package, called while its module is held
     # swapped (below), runs directly.
@@ -562,6 +565,30 @@ def _guard_shared_arrays():
     return True
 
 
+# In the simulator a kernel's ``float32(x)`` / ``int32(x)`` / ``uint64(x)`` is Numba's
+# ``Type.__call__``: an import statement and an isinstance test against an abstract base class
+# on every call, before the NumPy cast (``cast_python_value``). The simulated kernels call it
+# tens of thousands of times a launch (about a tenth of an FMA kernel's busy time, by cProfile).
+# The replacement takes the cast at once where the argument is a Python or NumPy number (never
+# a Numba type), and leaves everything else to the original: the same results.
+def _fast_scalar_casts():
+    import numpy as np
+    from numba.core import types
+
+    original = types.Type.__call__
+    if getattr(original, "_numba_mla", False):
+        return True
+
+    def __call__(self, *args):
+        if len(args) == 1 and isinstance(args[0], (int, float, np.generic)):
+            return self.cast_python_value(args[0])
+        return original(self, *args)
+
+    __call__._numba_mla = True
+    types.Type.__call__ = __call__
+    return True
+
+
 from ._compat import SIMULATOR as _SIMULATOR  # noqa: E402
 
 #: Whether the simulator runs its blocks with the scheduler above (NUMBA_MLA_SIM_SCHEDULER=0
@@ -572,3 +599,6 @@ BLOCK_SCHEDULER = (_SIMULATOR and os.environ.get("NUMBA_MLA_SIM_SCHEDULER", "1")
 #: Whether the simulator's shared arrays are made under a lock (above; always, where the
 #: simulator's class has the members this relies on).
 SHARED_ARRAYS_GUARDED = _SIMULATOR and _guard_shared_arrays()
+
+#: Whether Numba's scalar types cast numbers the short way (above; in the simulator).
+FAST_SCALAR_CASTS = _SIMULATOR and _fast_scalar_casts()

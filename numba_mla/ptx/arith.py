@@ -58,11 +58,12 @@ exp2_ftz = _exp2_ftz_twin if SIMULATOR else f32_asm("ex2.approx.ftz.f32 $0, $1;"
 
 
 def _byte_perm_twin(sel):
-    picks = [(sel >> (4 * k)) & 7 for k in range(4)]
+    shifts = [8 * ((sel >> (4 * k)) & 7) for k in range(4)]  # (bit offsets in b:a)
 
     def perm(a, b):
-        src = np.array([a, b], np.int64).astype(np.uint32).view(np.uint8)
-        return int(src[picks].view(np.int32)[0])
+        src = (int(a) & 0xFFFFFFFF) | (int(b) & 0xFFFFFFFF) << 32
+        v = sum(((src >> s) & 255) << (8 * k) for k, s in enumerate(shifts))
+        return v - (1 << 32) if v >> 31 else v
 
     return perm
 

@@ -20,6 +20,8 @@ pairs, "x2") of the same memory: every array library can make one (torch has no 
   bfloat16 through float32 and ``cvt.rn.bf16x2.f32``, exact since every e4m3 value is a
   bfloat16 value).
 """
+import functools
+
 import ml_dtypes
 import numpy as np
 from llvmlite import ir
@@ -35,8 +37,19 @@ def _to_i16(b, v):
     return b.trunc(v, i16) if v.type != i16 else v
 
 
+# The twins decode by table: every code of a 16- or 8-bit float type, its value as a Python
+# float (exact), so that a conversion is an index, not a NumPy array made and viewed (the
+# simulated FMA kernel converts every key word it reads).
+@functools.lru_cache(maxsize=None)
+def _values(dtype):
+    """(Simulator) The value of every code of the 8- or 16-bit float ``dtype``, by code."""
+    bits = np.dtype(dtype).itemsize * 8
+    with np.errstate(invalid="ignore"):  # (NaN codes: NaN)
+        return np.arange(2 ** bits, dtype=f"uint{bits}").view(dtype).astype(np.float64).tolist()
+
+
 def _bf16_to_f32_twin(x):
-    return float(np.int16(x).view(ml_dtypes.bfloat16))
+    return _values(ml_dtypes.bfloat16)[int(x) & 0xFFFF]
 
 
 @intrinsic_with_twin(_bf16_to_f32_twin)
@@ -49,7 +62,7 @@ def bf16_to_f32(typingctx, x):
 
 
 def _f16_to_f32_twin(x):
-    return float(np.int16(x).view(np.float16))
+    return _values(np.float16)[int(x) & 0xFFFF]
 
 
 @intrinsic_with_twin(_f16_to_f32_twin)
@@ -82,9 +95,11 @@ def f32_to_f16(typingctx, x):
 
 
 def _unpack_twin(dtype):
+    values = _values(dtype)
+
     def unpack(w):
-        lo, hi = np.array([w], np.int32).view(dtype)
-        return float(lo), float(hi)
+        w = int(w)
+        return values[w & 0xFFFF], values[(w >> 16) & 0xFFFF]
 
     return unpack
 
@@ -157,8 +172,8 @@ def i32_as_f32(typingctx, w):
 
 
 def _e4m3x4_to_f32_twin(w):
-    x = np.array([w], np.int32).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
-    return float(x[0]), float(x[1]), float(x[2]), float(x[3])
+    values, w = _values(ml_dtypes.float8_e4m3fn), int(w)
+    return values[w & 255], values[(w >> 8) & 255], values[(w >> 16) & 255], values[(w >> 24) & 255]
 
 
 @intrinsic_with_twin(_e4m3x4_to_f32_twin)
@@ -207,11 +222,23 @@ def pack_e4m3x4(typingctx, x0, x1, x2, x3):
     return types.int32(x0, x1, x2, x3), cg
 
 
+@functools.lru_cache(maxsize=None)
+def _e4m3_as(dtype):
+    """(Simulator) The ``dtype`` (16-bit) code of the value of every e4m3 code, by code."""
+    values = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    with np.errstate(invalid="ignore"):
+        return values.astype(np.float32).astype(dtype).view(np.uint16).astype(int).tolist()
+
+
+def _signed32(v):
+    return v - (1 << 32) if v >> 31 else v
+
+
 def _e4m3x4_to_16x4_twin(dtype):
     def convert(w):
-        x = np.array([w], np.int32).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
-        pairs = x.astype(dtype).view(np.int32)
-        return int(pairs[0]), int(pairs[1])
+        codes, w = _e4m3_as(dtype), int(w)
+        return (_signed32(codes[w & 255] | codes[(w >> 8) & 255] << 16),
+                _signed32(codes[(w >> 16) & 255] | codes[(w >> 24) & 255] << 16))
 
     return convert
 

@@ -106,9 +106,19 @@ def sts32(typingctx, arr, addr, v):
 
 
 def _lds_vector_twin(n):
-    def load(arr, addr):
-        i = _aligned(addr, 4 * n, f"lds{32 * n}")
-        return tuple(arr[i + k] for k in range(n))
+    what = f"lds{32 * n}"
+    if n == 2:  # (written out: these two are most of an FMA kernel's simulated loads)
+        def load(arr, addr):
+            i = _aligned(addr, 8, what)
+            return arr[i], arr[i + 1]
+    elif n == 4:
+        def load(arr, addr):
+            i = _aligned(addr, 16, what)
+            return arr[i], arr[i + 1], arr[i + 2], arr[i + 3]
+    else:
+        def load(arr, addr):
+            i = _aligned(addr, 4 * n, what)
+            return tuple(arr[i + k] for k in range(n))
 
     return load
 
@@ -260,22 +270,26 @@ def ld_global_x4(typingctx, arr, i0, i1, i2, i3):
 # -- asynchronous copies (cp.async) ------------------------------------------------------------
 
 class _GlobalAddr:
-    """The simulator's global address: an array and a byte offset into its C-order data."""
+    """The simulator's global address: an array and a byte offset into its C-order data
+    (``flat``: that data as a 1-D view, where the array is C-contiguous)."""
 
-    def __init__(self, src, byte):
-        self.src, self.byte = src, byte
+    def __init__(self, src, byte, flat, itemsize):
+        self.src, self.byte, self.flat, self.itemsize = src, byte, flat, itemsize
 
     def __add__(self, nbytes):
-        return _GlobalAddr(self.src, self.byte + int(nbytes))
+        return _GlobalAddr(self.src, self.byte + int(nbytes), self.flat, self.itemsize)
 
     def word(self, j):
-        i = self.byte // self.src.dtype.itemsize + j
-        return self.src[np.unravel_index(i, self.src.shape)]
+        i = self.byte // self.itemsize + j
+        if self.flat is not None and 0 <= i < len(self.flat):
+            return self.flat[i]
+        return self.src[np.unravel_index(i, self.src.shape)]  # (past the end: an error)
 
 
 def _global_addr_twin(src, i0, i1, i2):
-    return _GlobalAddr(src, int(np.ravel_multi_index((i0, i1, i2), src.shape))
-                       * src.dtype.itemsize)
+    data = np.asarray(getattr(src, "_ary", src))  # (the simulator's array inside its wrapper)
+    return _GlobalAddr(src, int(np.ravel_multi_index((i0, i1, i2), data.shape)) * data.itemsize,
+                       data.reshape(-1) if data.flags.c_contiguous else None, data.itemsize)
 
 
 @intrinsic_with_twin(_global_addr_twin)

@@ -219,26 +219,26 @@ def wgmma(n, tag, trans_b):
 
 
 @functools.lru_cache(maxsize=None)
-def _warp_cells(n, wtid):
-    """(Simulator) Where thread ``wtid``'s accumulators lie in its warp's 16 x n rows of a
-    m64n{n} product: (row in the warp's 16, column) of each, read-only."""
-    rows, cols, row_of, col_of = _thread_cells(n, wtid)
-    return _read_only(rows[row_of] % 16, cols[col_of])
+def _lane_cells(n):
+    """(Simulator) Where each lane's accumulators lie in its warp's 16 x n rows of a m64n{n}
+    product: (row in the warp's 16, column) of each, [32 lanes, n/2], read-only (the same in
+    every warp of the warpgroup)."""
+    cells = [_thread_cells(n, lane) for lane in range(32)]
+    return _read_only(np.stack([rows[row_of] % 16 for rows, _, row_of, _ in cells]),
+                      np.stack([cols[col_of] for _, cols, _, col_of in cells]))
 
 
 def _wgmma_rs_twin(n, tag, trans_b, start=0):
     dtype = DTYPES[tag]
 
     def mma(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid):
-        b_halves = _operand_halves(int(desc_b), n, not trans_b)
-
         def product(words):  # once a warp: its 16 rows of A (its lanes' words) times B
             a = a_fragment(halves(words, dtype))
-            bt = _gather(arr, b_halves, dtype)  # [n, 16]
-            return (a[:, None, :] * bt[None, :, :]).sum(axis=2)  # [16, n], float64
+            bt = _gather(arr, _operand_halves(int(desc_b), n, not trans_b), dtype)  # [n, 16]
+            d = (a[:, None, :] * bt[None, :, :]).sum(axis=2)  # [16, n], float64
+            return d[_lane_cells(n)]  # [lane, n/2]: each lane's accumulators
 
-        rows, cols = _warp_cells(n, int(tid) % 128)
-        d = warp_once((a0, a1, a2, a3), product, tid)[rows, cols]
+        d = warp_once((a0, a1, a2, a3), product, tid)[int(tid) % 32]
         if accumulate:
             d = d + acc[start:start + len(d)]
         acc[start:start + len(d)] = d
