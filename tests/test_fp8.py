@@ -421,7 +421,9 @@ def test_fp8_transposed_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, pa
 def run_transposed(rng, monkeypatch, dtype, cache, Sq, H, lengths, mask_id, mod_id, parts):
     """One case of the transposed kernel's tests under "mma" against the reference; checks
     that the transposed kernel ran for q's type and H, writing ``out`` itself exactly where
-    there is one partition, and returns the row counts a block it ran."""
+    there is one partition, loading V's codes a step ahead in its blocks of 32 and 64 rows
+    (the simulator never spills: the other form has its test), and returns the row counts a
+    block it ran."""
     from numba_mla import selector
 
     monkeypatch.setattr(selector, "SEESAW_E4M3", False)  # (its own tests: test_fp8_seesaw_*)
@@ -429,6 +431,7 @@ def run_transposed(rng, monkeypatch, dtype, cache, Sq, H, lengths, mask_id, mod_
     run_mma_case(rng, dtype, cache, Sq, H, lengths, mask_id, mod_id, parts)
     assert seen and {s[:2] for s in seen} == {("bf16" if dtype == BF16 else "f16", H)}
     assert {s[2] for s in seen} == {parts == 1}
+    assert all(s[4] == (selector.TRANSPOSED_V_AHEAD if s[3] > 16 else None) for s in seen)
     return {s[3] for s in seen}
 
 
@@ -466,23 +469,22 @@ def test_fp8_transposed_64_rows(dtype, cache, Sq, H, lengths, mask_id, mod_id, p
 
 @KERNEL
 @pytest.mark.parametrize("block", [32, 64])
-@pytest.mark.parametrize("spill", [False, True])
-def test_fp8_transposed_32_rows_v_ahead_unless_it_spills(spill, block, rng, monkeypatch):
+def test_fp8_transposed_v_at_its_step_where_ahead_spills(block, rng, monkeypatch):
     """The 32-row block (and the 64-row one) loads V's codes a step ahead
-    (selector.TRANSPOSED_V_AHEAD) where that build uses no local memory, and else the
-    block's own form (at their step): both give the reference's result (the simulator never
-    spills, so the fallback is made to happen)."""
+    (selector.TRANSPOSED_V_AHEAD) where that build uses no local memory (run_transposed
+    checks it in every case above), and else in the block's own form, at their step: that
+    form gives the reference's result too (the simulator never spills, so the fallback is
+    made to happen): 130 keys in two partitions, two whole tiles and then a tile of two keys."""
     from numba_mla import launch, selector
 
     monkeypatch.setattr(selector, "TRANSPOSED_PAST_32", block)
     monkeypatch.setattr(selector, "SEESAW_E4M3", False)
-    if spill:
-        monkeypatch.setattr(launch._Launch, "spills", lambda self: True)
+    monkeypatch.setattr(launch._Launch, "spills", lambda self: True)
     seen = spy_transposed(monkeypatch)
-    p = fp8_problem(rng, "e4m3", 2, 1, 40, [130, 70], BF16, "paged64")
+    p = fp8_problem(rng, "e4m3", 1, 1, 40, [130], BF16, "paged64")
     check(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 2, "mma")
-    want = [selector.TRANSPOSED_V_AHEAD, None] if spill else [selector.TRANSPOSED_V_AHEAD]
-    assert [s[4] for s in seen] == want and {s[3] for s in seen} == {block}
+    assert [s[4] for s in seen] == [selector.TRANSPOSED_V_AHEAD, None]
+    assert {s[3] for s in seen} == {block}
 
 
 def spy_seesaw(monkeypatch):
