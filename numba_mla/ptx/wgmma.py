@@ -136,7 +136,7 @@ def _operand_halves(desc, rows, kmajor):
 def _twin_product(acc, a, bt, rows, cols, accumulate, start=0):
     """(Simulator) The thread's accumulators ``acc[start + i] (+)= a[rows[i]] . bt[cols[i]]``
     (float64 operands [., 16]; ``accumulate`` 0 overwrites)."""
-    d = (a[rows] * bt[cols]).sum(axis=1)
+    d = (a @ bt.T)[rows, cols]
     if accumulate:
         d += acc[start:start + len(d)]
     acc[start:start + len(d)] = d
@@ -235,7 +235,7 @@ def _wgmma_rs_twin(n, tag, trans_b, start=0):
         def product(words):  # once a warp: its 16 rows of A (its lanes' words) times B
             a = a_fragment(halves(words, dtype))
             bt = _gather(arr, _operand_halves(int(desc_b), n, not trans_b), dtype)  # [n, 16]
-            d = (a[:, None, :] * bt[None, :, :]).sum(axis=2)  # [16, n], float64
+            d = a @ bt.T  # [16, n], float64 (each product exact)
             return d[_lane_cells(n)]  # [lane, n/2]: each lane's accumulators
 
         d = warp_once((a0, a1, a2, a3), product, tid)[int(tid) % 32]
