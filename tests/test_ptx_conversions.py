@@ -62,3 +62,31 @@ def test_byte_perm_twin_picks_bytes(rng):
         got = [twin(x, y) for x, y in zip(a.tolist(), b.tolist())]
         assert got == want.tolist()
         assert all(twin(np.int32(x), np.int32(y)) == w for x, y, w in zip(a[:5], b[:5], want[:5]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tag,dtype", [("bf16", BF16), ("f16", np.float16)])
+def test_16_bit_decodes_match_their_twins_on_the_gpu(tag, dtype):
+    """The PTX decodes of every 16-bit code (alone, and as each half of a word) give the
+    twins' values."""
+    from numba import cuda
+
+    from numba_mla import ptx
+
+    pair = ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32
+    single = ptx.bf16_to_f32 if tag == "bf16" else ptx.f16_to_f32
+
+    @cuda.jit
+    def decode(words, halves, out):
+        i = cuda.grid(1)
+        if i < words.shape[0]:
+            out[i, 0], out[i, 1] = pair(words[i])
+            out[i, 2] = single(halves[i])
+
+    codes = np.arange(1 << 16, dtype=np.uint16)
+    words = as_int32(codes.astype(np.int64) | (codes[::-1].astype(np.int64) << 16))
+    out = cuda.device_array((1 << 16, 3), np.float32)
+    decode[256, 256](cuda.to_device(words), cuda.to_device(codes.view(np.int16)), out)
+    twin_pair, twin_single = conversions._unpack_twin(dtype), conversions._values(dtype)
+    want = np.array([(*twin_pair(w), twin_single[c]) for w, c in zip(words, codes)], np.float32)
+    assert np.array_equal(out.copy_to_host(), want, equal_nan=True)
