@@ -40,13 +40,14 @@ just before waiting for it (the copy may have landed already: the phase complete
 
 "e4m3" rows (``fp8="e4m3"``): no room is left for a raw stage, so a tile's codes (9 boxes of
 64 keys x 64 codes) land by TMA inside its own buffer, where the tile before is freed first
-(``raw_at``: buffer 0's last 36 KB, refilled by WG1 where it refilled boxes 4-8; buffer 1's
-boxes 0-3 and half the rope box, refilled by WG0 where it refilled boxes 0-3 and 8), and the
-thread that copies announces the bytes. The warpgroup that computes S on the tile converts
-it in place to fp16 a box at a time (``qk8``, in ``convert_order``), issuing each box's
-products under the next box's conversion; products are fp16, q is copied into fp16 under a
-power of two a row (``scale_q``), the scores are multiplied by kv_scale 2^-k and the output by
-kv_scale (docs/kernels/mma.md).
+(``raw_at``: buffer 0's codes of boxes 0-3 in the top half of boxes 0-3, copied by WG0 where
+it refilled boxes 0-3, those of boxes 4-8 at the buffer's end, copied by WG1 where it
+refilled boxes 4-8; buffer 1's in boxes 0-3 and half the rope box, copied by WG0 where it
+refilled boxes 0-3 and 8), and the thread that copies announces the bytes. The warpgroup
+that computes S on the tile converts it in place to fp16 a box at a time (``qk8``, in
+``convert_order``), issuing each box's products under the next box's conversion; products
+are fp16, q is copied into fp16 under a power of two a row (``scale_q``), the scores are
+multiplied by kv_scale 2^-k and the output by kv_scale (docs/kernels/mma.md).
 """
 import math
 
@@ -85,7 +86,8 @@ BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
 
 # -- "e4m3" rows (``fp8="e4m3"``): a tile's codes land inside its own 16-bit buffer --
 RAW_BOX = BLOCK_N * BOX  # a box of codes: 64 keys x 64 codes, rows of 64 bytes (4096 bytes)
-RAW0 = ROWS_BYTES - NBOX * RAW_BOX  # buffer 0's codes: its last 36 KB (from 36864)
+RAW_EARLY = V_BOXES * BOX_BYTES - V_BOXES * RAW_BOX  # buffer 0's codes of boxes 0-3 (16384)
+RAW_LATE = ROWS_BYTES - (NBOX - V_BOXES) * RAW_BOX  # ... and of boxes 4-8 (53248)
 CONVERT_UNITS = RAW_BOX // 8 // 128  # 8-code pieces of a box a thread converts (4)
 CODE_WORDS = 2 * CONVERT_UNITS  # ... as int32 words of four codes
 QEXP_OFF = SMEM_BYTES  # each query row's power of two (int32), "e4m3" rows only
@@ -93,13 +95,16 @@ SMEM_BYTES_E4M3 = QEXP_OFF + 4 * BLOCK_M  # 223384
 
 
 def raw_at(buf, box):
-    """Byte offset in buffer ``buf`` of box ``box``'s codes ("e4m3" rows). Each lands where
-    the tile before it is freed first: buffer 0's in its last 36 KB (half of box 4, boxes
-    5-8: warpgroup 1 frees them, the first to be done with that tile), buffer 1's in boxes
-    0-3 and the first half of the rope box (warpgroup 0 frees them, while warpgroup 1 still
-    multiplies by boxes 4-7)."""
+    """Byte offset in buffer ``buf`` of box ``box``'s codes ("e4m3" rows). Each lands in a
+    part of the buffer that the tile before has freed when it is copied: buffer 0's codes of
+    boxes 0-3 in the top half of boxes 0-3 (copied by warpgroup 0 once its P0 V0 is done,
+    while warpgroup 1 still multiplies by boxes 4-7), those of boxes 4-8 at the buffer's end
+    (copied by warpgroup 1 once it is done with the tile, while warpgroup 0 may already
+    convert boxes 0-3); buffer 1's in boxes 0-3 and the first half of the rope box (copied by
+    warpgroup 0 once it is done, while warpgroup 1 still multiplies by boxes 4-7)."""
     if buf == 0:
-        return RAW0 + RAW_BOX * box
+        return (RAW_EARLY + RAW_BOX * box if box < V_BOXES
+                else RAW_LATE + RAW_BOX * (box - V_BOXES))
     return RAW_BOX * box if box < ROPE else BOX_BYTES * ROPE
 
 
@@ -206,14 +211,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         wait_s(s_acc)
 
     @cuda.jit(device=True)
-    def load_raw(smk, sb, buf, tmap, storage, row):
-        """Start copying the codes of the tile at ``row`` into buffer ``buf`` ("e4m3" rows; one
-        thread), each box to ``raw_at``, and announce their bytes (after the copies: the
-        thread that copies is the one that arrives)."""
-        for box in range(NBOX):
+    def load_raw(smk, sb, buf, tmap, storage, row, lo, hi):
+        """Start copying the codes of boxes [lo, hi) of the tile at ``row`` into buffer
+        ``buf`` ("e4m3" rows; one thread), each box to ``raw_at``, and announce their bytes
+        (after the copies: the thread that copies is the one that arrives)."""
+        for box in range(lo, hi):
             tma_raw(smk, sb + KV_OFF + buf * ROWS_BYTES + raw_at_(buf, box), tmap, storage,
                     BOX // 2 * box, row, box_bar(sb, buf, box))
-        for box in range(NBOX):
+        for box in range(lo, hi):
             ptx.mbar_expect_tx(smk, box_bar(sb, buf, box), RAW_BOX)
 
     @cuda.jit(device=True)
@@ -500,13 +505,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
             row = tile_row(block_table, page_size, npages, b, kstart + t0 * BLOCK_N)
             if FP8:
-                load_raw(smk, sb, 0, tmap_kv, storage, row)
+                load_raw(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
             else:
                 load_boxes(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
             if t1 < t_end:
                 row = tile_row(block_table, page_size, npages, b, kstart + t1 * BLOCK_N)
                 if FP8:
-                    load_raw(smk, sb, 1, tmap_kv, storage, row)
+                    load_raw(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
                 else:
                     load_boxes(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
 
@@ -579,10 +584,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     pv_local(o_acc, s_acc, smk, sb, 0, 0, tid)
                     ptx.wgmma_commit()
                     wait_o(o_acc)
-                    if not FP8 and t2 < t_end:  # K0's boxes 0-3 are free: the next pair's
-                        ptx.bar_sync(BAR_WG + wg, 128)  # first tile
+                    if t2 < t_end:  # K0's boxes 0-3 are free: the next pair's first tile
+                        ptx.bar_sync(BAR_WG + wg, 128)
                         if wtid == 0:
-                            load_boxes(smk, sb, 0, tmap_kv, storage, row2, 0, V_BOXES)
+                            if FP8:  # (its codes of boxes 0-3: raw_at)
+                                load_raw(smk, sb, 0, tmap_kv, storage, row2, 0, V_BOXES)
+                            else:
+                                load_boxes(smk, sb, 0, tmap_kv, storage, row2, 0, V_BOXES)
                     ptx.bar_sync(BAR_SCALE1, NTHREADS)  # m1, scale1, P1 from WG1
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE1 * BLOCK_M
@@ -597,7 +605,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                             ptx.bar_sync(BAR_WG + wg, 128)
                             if wtid == 0:
                                 if FP8:  # (the codes' place: raw_at)
-                                    load_raw(smk, sb, 1, tmap_kv, storage, row3)
+                                    load_raw(smk, sb, 1, tmap_kv, storage, row3, 0, NBOX)
                                 else:
                                     load_boxes(smk, sb, 1, tmap_kv, storage, row3, ROPE, NBOX)
                                     load_boxes(smk, sb, 1, tmap_kv, storage, row3, 0, V_BOXES)
@@ -652,7 +660,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     ptx.bar_sync(BAR_WG + wg, 128)
                     if wtid == 0 and t2 < t_end:
                         if FP8:  # (the codes' place: raw_at)
-                            load_raw(smk, sb, 0, tmap_kv, storage, row2)
+                            load_raw(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
                         else:
                             load_boxes(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
                     rescale(o_acc, l_run, l_p, scl)
