@@ -415,11 +415,12 @@ def _install_block_scheduler():
             self.turns.arrive(self)
 
         def run(self):
-            _turn_threads[threading.get_ident()] = self
+            ident = _get_ident()
+            _turn_threads[ident] = self
             try:
                 self._run()
             finally:
-                del _turn_threads[threading.get_ident()]
+                del _turn_threads[ident]
 
         def _run(self):
             while not self.abort:  # (a block failed: the pool is dropped, its threads end)

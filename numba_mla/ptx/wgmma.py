@@ -133,12 +133,11 @@ def _operand_halves(desc, rows, kmajor):
 
 # -- products ----------------------------------------------------------------------------------
 
-def _twin_product(acc, a, bt, rows, cols, accumulate, start=0):
-    """(Simulator) The thread's accumulators ``acc[start + i] (+)= a[rows[i]] . bt[cols[i]]``
-    (float64 operands [., 16]; ``accumulate`` 0 overwrites)."""
-    d = (a @ bt.T)[rows, cols]
+def _store(acc, d, accumulate, start=0):
+    """(Simulator) The thread's accumulators ``acc[start + i] (+)= d[i]`` (``accumulate`` 0
+    overwrites); ``d`` (float64) is not changed."""
     if accumulate:
-        d += acc[start:start + len(d)]
+        d = d + acc[start:start + len(d)]
     acc[start:start + len(d)] = d
 
 
@@ -201,7 +200,7 @@ def _wgmma_twin(n, tag, trans_b):
         rows, cols, row_of, col_of = _thread_cells(n, int(wtid))
         a = _gather(arr, _operand_halves(int(desc_a), 64, True)[rows], dtype)
         bt = _gather(arr, _operand_halves(int(desc_b), n, not trans_b)[cols], dtype)
-        _twin_product(acc, a, bt, row_of, col_of, accumulate)
+        _store(acc, (a @ bt.T)[row_of, col_of], accumulate)  # a[row_of[i]] . bt[col_of[i]]
 
     return mma
 
@@ -238,10 +237,7 @@ def _wgmma_rs_twin(n, tag, trans_b, start=0):
             d = a @ bt.T  # [16, n], float64 (each product exact)
             return d[_lane_cells(n)]  # [lane, n/2]: each lane's accumulators
 
-        d = warp_once((a0, a1, a2, a3), product, tid)[int(tid) % 32]
-        if accumulate:
-            d = d + acc[start:start + len(d)]
-        acc[start:start + len(d)] = d
+        _store(acc, warp_once((a0, a1, a2, a3), product, tid)[int(tid) % 32], accumulate, start)
 
     return mma
 
