@@ -105,6 +105,59 @@ def allow_dynamic_smem(fn, nbytes):
     driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
 
 
+class WholeProgram:
+    """A compiled kernel's PTX built again by the driver's JIT, as a whole program, into a
+    module of its own, loaded in the current context: ptxas then keeps ``setmaxnreg``, which
+    Numba's link (nvJitLink, the PTX as one unit of a link) drops ("C7504: 'setmaxnreg'
+    ignored to maintain compatibility across compilation units"). ``handle``: the
+    CUfunction; ``regs`` and ``local_bytes`` (spills) as ptxas allocated them; ``log``: the
+    JIT's info log."""
+
+    def __init__(self, kernel):
+        from cuda.bindings import driver as binding
+
+        ptx = kernel._codelibrary.get_asm_str()
+        size = 1 << 14
+        info, error = bytearray(size), bytearray(size)
+        o = binding.CUjit_option
+        opts = [o.CU_JIT_INFO_LOG_BUFFER, o.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                o.CU_JIT_ERROR_LOG_BUFFER, o.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                o.CU_JIT_LOG_VERBOSE]
+        err, self.module = binding.cuModuleLoadDataEx(ptx.encode() + b"\0", len(opts), opts,
+                                                      [info, size, error, size, 1])
+        self.log = info.split(b"\0", 1)[0].decode(errors="replace")
+        if err != binding.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"the driver's JIT could not build {kernel.entry_name}: {err}\n"
+                               + error.split(b"\0", 1)[0].decode(errors="replace"))
+        err, self.handle = binding.cuModuleGetFunction(self.module, kernel.entry_name.encode())
+        if err != binding.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuModuleGetFunction({kernel.entry_name}): {err}")
+        a = binding.CUfunction_attribute
+        self.regs = binding.cuFuncGetAttribute(a.CU_FUNC_ATTRIBUTE_NUM_REGS, self.handle)[1]
+        self.local_bytes = binding.cuFuncGetAttribute(a.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                                                      self.handle)[1]
+
+    def allow_dynamic_smem(self, nbytes):
+        from cuda.bindings import driver as binding
+
+        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        err, = binding.cuFuncSetAttribute(self.handle, attr, nbytes)
+        if err != binding.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuFuncSetAttribute(max dynamic shared memory {nbytes}): {err}")
+
+
+def whole_program_function(kernel):
+    """``kernel``'s ``WholeProgram`` in the current context, built once a context."""
+    from cuda.bindings import driver as binding
+
+    err, ctx = binding.cuCtxGetCurrent()
+    built = kernel.__dict__.setdefault("_numba_mla_whole", {})
+    key = int(ctx)
+    if key not in built:
+        built[key] = WholeProgram(kernel)
+    return built[key]
+
+
 def needs_numba_launch(kernel):
     """Kernels whose launch does extra work (debug error readback, cooperative launch)."""
     return bool(kernel.debug or kernel.cooperative)

@@ -220,20 +220,25 @@ def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, d
 
 
 def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, listed=False,
-                            fp8=None):
+                            fp8=None, converter=False):
     """The stage-1 tensor-core kernel whose warpgroups take tiles in turn (kernels/seesaw.py),
     for tiles the copy engine brings; ``direct`` as above; ``listed``: its blocks from the
     listed schedule's table (heuristics.list_blocks), writing the workspace; ``fp8``: "e4m3"
-    rows (``tag`` is then q's type), or None."""
+    rows (``tag`` is then q's type), or None; ``converter``: with them, a third warpgroup
+    converts the tiles (the dispatcher's ``whole_program`` is then True: launch.py builds
+    it from its PTX with the driver's JIT, which keeps ``setmaxnreg``)."""
 
     def build():
         from .kernels.seesaw import make_partition_kernel
 
-        return make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
-                                     listed=listed, fp8=fp8,
+        disp = make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
+                                     listed=listed, fp8=fp8, converter=converter,
                                      **_device_functions(mask, score_mod, cache_cls))
+        disp.whole_program = converter
+        return disp
 
     return _cached(("seesaw", tag, heads, direct, listed) + ((("fp8", fp8),) if fp8 else ())
+                   + ((("converter", True),) if converter else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

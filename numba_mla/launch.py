@@ -241,7 +241,7 @@ class _Launch:
     def __init__(self, dispatcher, args, grid, block, smem=0, follows=False):
         self.args, self.grid, self.block, self.smem = args, grid, block, smem
         self.dispatcher = dispatcher
-        self.kernel = self._params = None
+        self.kernel = self._params = self._whole = None
         if _compat.SIMULATOR:
             return
         from cuda.bindings import driver as binding
@@ -253,17 +253,22 @@ class _Launch:
         with _load_lock:
             self.kernel = dispatcher.compile(sig)
             fn = _numba.cufunc(self.kernel)
+            whole = self._whole = (_numba.whole_program_function(self.kernel)
+                                   if getattr(dispatcher, "whole_program", False) else None)
             if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
-                _numba.allow_dynamic_smem(fn, smem)
+                if whole is None:
+                    _numba.allow_dynamic_smem(fn, smem)
+                else:
+                    whole.allow_dynamic_smem(smem)
                 self.kernel._numba_mla_smem = smem
-        if _numba.needs_numba_launch(self.kernel):
+        if whole is None and _numba.needs_numba_launch(self.kernel):
             return  # Numba's launch does their extra work (error readback, cooperative launch)
         # Kept together: the parameter array points into _cvals, and both into self.args' memory.
         self._params, self._cvals, self._starts = _pack(self.kernel, args)
         self._params_ptr = ctypes.addressof(self._params)
         # A CUkernel handle (Numba loads modules as libraries): the driver launches it in the
-        # thread's current context.
-        self._func = fn.handle
+        # thread's current context. A whole-program kernel: the function of its own module.
+        self._func = fn.handle if whole is None else whole.handle
         self._dims = _dim3(grid) + _dim3(block) + (int(smem),)
         # cuda.bindings: about 0.6 us of Python a call (timed against a stub libcuda), where
         # calling libcuda through ctypes (argtypes set) took about 1.5 us.
@@ -286,7 +291,11 @@ class _Launch:
     def spills(self):
         """Whether the compiled kernel uses local memory (registers spilled, or a call's
         frame); never in the simulator, which compiles nothing."""
-        return self.kernel is not None and self.kernel.local_mem_per_thread > 0
+        if self.kernel is None:
+            return False
+        if self._whole is not None:
+            return self._whole.local_bytes > 0
+        return self.kernel.local_mem_per_thread > 0
 
     def __call__(self, stream=0):
         """Enqueue on ``stream`` (a raw handle; 0: the legacy default stream)."""

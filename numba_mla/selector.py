@@ -178,6 +178,9 @@ TRANSPOSED_V_AHEAD = 1
 # "e4m3" rows instead (kernels/seesaw.py: each tile converted once, in place, by the
 # warpgroup that scores it), unless its build spills
 SEESAW_E4M3 = True
+# ... with a third warpgroup that converts each tile (kernels/seesaw.py, ``converter``; built
+# by the driver's JIT as a whole program, for setmaxnreg), unless its build spills
+SEESAW_CONVERTER = False
 PIPELINE_STAGES = {"simt": 2, "simt_warpsplit": 2, "mma": 2, "mma_sync": 1, "simple": 1,
                    "warpsplit": 1}
 
@@ -462,11 +465,14 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                 and _tiles_in_pages(call.cache)):
             # past 32 rows, on tiles the copy engine can bring: the seesaw kernel converts
             # each tile once for both of its warpgroups (kernels/seesaw.py), unless it spills
-            spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
-                mask, mod, tag, cache_cls, H, direct, fp8=fp8), mma.NTHREADS,
-                seesaw.SMEM_BYTES_E4M3, q_pairs=True, tma=True, **common)
-            if not spills(spec):
-                return spec
+            for converter in (True, False) if SEESAW_CONVERTER else (False,):
+                spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
+                    mask, mod, tag, cache_cls, H, direct, fp8=fp8, converter=converter),
+                    seesaw.threads(converter),
+                    seesaw.SMEM_BYTES_CONV if converter else seesaw.SMEM_BYTES_E4M3,
+                    q_pairs=True, tma=True, **common)
+                if not spills(spec):
+                    return spec
 
         def spec_of(v_ahead):
             disp = factory.transposed_partition_kernel(mask, mod, tag, cache_cls, H, direct,

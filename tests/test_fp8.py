@@ -523,6 +523,26 @@ def test_fp8_seesaw_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts,
 
 
 @KERNEL
+@pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts", [
+    (BF16, "paged64", 1, 64, [300, 0], "null", "identity", 1),
+    (np.float16, "contiguous", 2, 40, [450], "causal", "softcap", 2)])
+def test_fp8_seesaw_converter_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts, rng,
+                                     monkeypatch):
+    """The seesaw kernel on "e4m3" rows with a third warpgroup that converts every tile in
+    place as its codes land (``selector.SEESAW_CONVERTER``): five tiles in one partition
+    beside an empty sequence (both buffers refilled, buffer 1 twice after warpgroup 1 let it
+    go, the third pair without a second tile, a short last tile); two tokens of 40 heads
+    causal with a soft cap in two partitions of four tiles each (the second ends short)."""
+    from numba_mla import selector
+
+    monkeypatch.setattr(selector, "SEESAW_CONVERTER", True)
+    seen = spy_factory(monkeypatch, "seesaw_partition_kernel",
+                       lambda a, kw: (a[4], kw.get("fp8"), kw.get("converter")))
+    run_mma_case(rng, dtype, cache, Sq, H, lengths, mask_id, mod_id, parts)
+    assert set(seen) == {(H, "e4m3", True)}
+
+
+@KERNEL
 @pytest.mark.parametrize("case", ["rows", "huge", "tiny"])
 def test_fp8_seesaw_kernel_scales_q_into_fp16(case, rng, monkeypatch):
     """The seesaw kernel multiplies "e4m3" rows in fp16: bf16 q goes into fp16 times a power

@@ -54,7 +54,7 @@ import math
 from numba import cuda, float32, int32
 
 from .. import ptx
-from .._compat import JIT_OPTIONS
+from .._compat import JIT_OPTIONS, SIMULATOR
 from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles)
 from .transposed import q_power
@@ -93,6 +93,24 @@ CODE_WORDS = 2 * CONVERT_UNITS  # ... as int32 words of four codes
 QEXP_OFF = SMEM_BYTES  # each query row's power of two (int32), "e4m3" rows only
 SMEM_BYTES_E4M3 = QEXP_OFF + 4 * BLOCK_M  # 223384
 
+# -- "e4m3" rows with a converter warpgroup (``converter=True``): warpgroup 2 converts every
+# tile in place, as its codes land, and announces each box; the two others only multiply --
+CONV_THREADS = NTHREADS + 128  # 384
+# Registers a thread after ``setmaxnreg`` (launched at 168: 65,536 over 384 threads, in steps
+# of 8): the math warpgroups' code needs 232 to build without a spill (whole-program ptxas,
+# null mask, 128 heads), the converter's few. 2 x 232 + 40 <= 65,536 / 128.
+MATH_REGS, CONVERTER_REGS = 232, 40
+CONV_BAR_OFF = SMEM_BYTES_E4M3  # one mbarrier a box of each buffer: "converted"
+SMEM_BYTES_CONV = CONV_BAR_OFF + 8 * 2 * NBOX  # 223528
+BAR_CONV = BAR_WG + 2  # the converter warpgroup's own (128)
+BAR_MATH = BAR_WG + 3  # the math warpgroups' block barrier once the converter has left (256)
+BAR_FREE1 = BAR_WG + 4  # warpgroup 1 arrives when done with buffer 1, the converter waits (256)
+
+
+def threads(converter=False):
+    """Threads a block: two warpgroups, or three with the converter."""
+    return CONV_THREADS if converter else NTHREADS
+
 
 def raw_at(buf, box):
     """Byte offset in buffer ``buf`` of box ``box``'s codes ("e4m3" rows). Each lands in a
@@ -120,16 +138,21 @@ def convert_order(buf, n):
 
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads, store, key_count=None, listed=False, fp8=None):
+                          fold_scale, heads, store, key_count=None, listed=False, fp8=None,
+                          converter=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
     ``chunk[w, 1]``, piece ``chunk[w, 2]`` of ``chunk[w, 3]`` (an even cut of its tiles), and
     writes the workspace. ``fp8="e4m3"``: the cache holds "e4m3" rows (``tag`` is q's type,
-    ``scale`` the softmax scale + 1j * kv_scale), multiplied in fp16."""
+    ``scale`` the softmax scale + 1j * kv_scale), multiplied in fp16; ``converter``: with
+    them, a third warpgroup converts each tile (384 threads; the kernel must then be built
+    as a whole program, for ``setmaxnreg``: the dispatcher's ``whole_program``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
+    assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
     FP8 = fp8 is not None
+    CONV = converter
     SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
     H = heads
     lag = heads >= LAG_HEADS
@@ -153,6 +176,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                           align=BLOCK_N, key_count=key_count)
     tma_box = ptx.tma_load(BLOCK_M, BOX, True, lag)
     tma_raw = ptx.tma_load(BLOCK_N, BOX // 2, False, lag)  # (64 codes: 32 16-bit values)
+    set_converter_regs = ptx.set_max_registers(CONVERTER_REGS, False)
+    set_math_regs = ptx.set_max_registers(MATH_REGS, True)
     raw_at_ = cuda.jit(device=True)(raw_at)
     convert_order_ = cuda.jit(device=True)(convert_order)
 
@@ -284,7 +309,71 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         ptx.wgmma_commit()
         wait_s(s_acc)
 
-    qk_tile = qk8 if FP8 else qk
+    @cuda.jit(device=True)
+    def conv_bar(sb, buf, box):
+        return sb + CONV_BAR_OFF + 8 * (NBOX * buf + box)
+
+    @cuda.jit(device=True)
+    def qk_conv(s_acc, smk, sb, buf, parity, wtid):
+        """S = Q K^T over the tile in buffer ``buf`` ("e4m3" rows, ``converter``), box by box
+        in ``convert_order`` as the converter warpgroup announces each converted; waited. The
+        box loop's count is hidden from NVVM (``opaque_i32``): unrolled around its waits, it
+        left ptxas moving the accumulators between the products (about 800 bytes spilled).
+        """
+        dq = desc_rows(sb + Q_OFF)
+        dk = desc_rows(sb + KV_OFF + buf * ROWS_BYTES)
+        ptx.wgmma_fence()
+        for n in range(ptx.opaque_i32(NBOX)):
+            box = convert_order_(buf, n)
+            while not ptx.mbar_try_wait(smk, conv_bar(sb, buf, box), parity):
+                pass
+            s_box(s_acc, smk, dq, dk, box, n, wtid)
+        ptx.wgmma_commit()
+        wait_s(s_acc)
+
+    @cuda.jit(device=True)
+    def convert_tile(smk, sb, buf, parity, after_wg1, ctid):
+        """The converter warpgroup (``ctid``: 0..127): the tile in buffer ``buf`` from codes
+        to fp16 in place, a box at a time in ``convert_order`` as its codes land (``parity``
+        of the buffer's box barriers), each box announced on its "converted" mbarrier once
+        all 128 threads have written and fenced it. A box's values are written only after
+        every thread has read its codes (three boxes overwrite their own), and the next
+        box's codes are read before that barrier, so one barrier a box does both.
+        ``after_wg1``: first wait for warpgroup 1 to be done with the buffer's tile before
+        (buffer 1's boxes 4-7, converted first, are its V while its codes land)."""
+        kv = sb + KV_OFF + buf * ROWS_BYTES
+        src = kv + 8 * ctid
+        dst = kv + 128 * (ctid // 8) + 16 * ((ctid % 8) ^ (ctid // 8 % 8))
+        codes = cuda.local.array(CODE_WORDS, int32)
+        prev = convert_order_(buf, 0)
+        read_codes(codes, smk, sb, buf, prev, parity, src)
+        if after_wg1:
+            ptx.bar_sync(BAR_FREE1, NTHREADS)
+        ptx.bar_sync(BAR_CONV, 128)
+        for n in range(1, NBOX):
+            write_box(codes, smk, prev, dst)
+            box = convert_order_(buf, n)
+            read_codes(codes, smk, sb, buf, box, parity, src)
+            ptx.bar_sync(BAR_CONV, 128)
+            if ctid == 0:
+                ptx.mbar_expect_tx(smk, conv_bar(sb, buf, prev), 0)  # (an arrival)
+            prev = box
+        write_box(codes, smk, prev, dst)
+        ptx.bar_sync(BAR_CONV, 128)
+        if ctid == 0:
+            ptx.mbar_expect_tx(smk, conv_bar(sb, buf, prev), 0)
+
+    if CONV:
+        @cuda.jit(device=True)
+        def sync_math():
+            """The block barrier of the math warpgroups (the converter has left)."""
+            ptx.bar_sync(BAR_MATH, NTHREADS)
+    else:
+        @cuda.jit(device=True)
+        def sync_math():
+            cuda.syncthreads()
+
+    qk_tile = qk_conv if CONV else qk8 if FP8 else qk
 
     @cuda.jit(device=True)
     def scale_q(smk, sb, tid):
@@ -458,7 +547,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             return (cuda.blockIdx.z, cuda.blockIdx.y * BLOCK_M, cuda.blockIdx.x,
                     cuda.gridDim.x, chunk)
 
-    @cuda.jit(**JIT_OPTIONS)
+    @cuda.jit(**(dict(JIT_OPTIONS, launch_bounds=(CONV_THREADS, 1)) if CONV and not SIMULATOR
+                 else JIT_OPTIONS))
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse, tmap_q, tmap_kv):
         b, r0, p, nparts, run = block_work(chunk)
@@ -483,7 +573,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         t0, t_end = partition_tiles(ntiles, p, nparts, run)
         t0 = next_tile(t0, t_end, kstart, kend, q_lo, q_hi)
         if t0 >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
-            mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+            if tid < NTHREADS:
+                mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
             return  # uniform in the block, before any barrier
         t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
         qbar = sb + BAR_OFF
@@ -493,6 +584,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             ptx.mbar_init(smk, qbar, 1)
             for i in range(2 * NBOX):
                 ptx.mbar_init(smk, qbar + 8 * (1 + i), 1)
+                if CONV:
+                    ptx.mbar_init(smk, sb + CONV_BAR_OFF + 8 * i, 1)
             ptx.mbar_fence_init()
         cuda.syncthreads()
         if tid == 0 and t0 < t_end:  # the queries, then the first pair's tiles
@@ -514,6 +607,18 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     load_raw(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
                 else:
                     load_boxes(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
+
+        if CONV:
+            if wg == 2:  # the converter: every tile of the partition, in the pairs' order
+                set_converter_regs()
+                n = 0
+                t = t0
+                while t < t_end:
+                    convert_tile(smk, sb, n % 2, n // 2 % 2, n % 2 == 1 and n > 1, wtid)
+                    t = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+                    n += 1
+                return
+            set_math_regs()
 
         # This thread's two rows of every fragment: m = 16*warp + lane//4 (+ 8).
         mx = cuda.local.array(2, float32)  # a tile's row maxima, then the new running max
@@ -538,7 +643,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             if FP8:
                 if SCALE_Q:
                     scale_q(smk, sb, tid)
-                    cuda.syncthreads()  # Q in fp16 and the exponents in place
+                    sync_math()  # Q in fp16 and the exponents in place
                 for half in range(2):
                     fh[half] = kv_scale
                     if SCALE_Q:
@@ -676,6 +781,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     wait_o(o_acc)
                     if t2 >= t_end:
                         break
+                    if CONV and t3 < t_end:  # K1's boxes 4-7 are free: the converter may write
+                        ptx.bar_arrive(BAR_FREE1, NTHREADS)
                     if not FP8 and t3 < t_end:  # K1's boxes 4-7 are free
                         ptx.bar_sync(BAR_WG + wg, 128)
                         if wtid == 0:
@@ -693,7 +800,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     l_p[half] += ptx.shfl_xor(l_p[half], o, tid)
         # Both warpgroups are done with the tiles: their buffers take the staged output (rows
         # O_PITCH floats apart).
-        cuda.syncthreads()
+        sync_math()
         store_o(o_acc, smf, sb + KV_OFF + 4 * (ptx.acc_row(0, wtid) * O_PITCH + DIMS_PER_WG * wg
                                                + ptx.acc_col(0, wtid)), 4 * O_PITCH)
         if lane % 4 == 0:
@@ -702,7 +809,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 smf[STAT_OFF // 4 + (STAT_L + wg) * BLOCK_M + m] = l_run[half]
                 if lag:
                     smf[STAT_OFF // 4 + (STAT_LP + wg) * BLOCK_M + m] = l_p[half]
-        cuda.syncthreads()
+        sync_math()
         if tid < nrows:
             r = r0 + tid
             lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid]
@@ -717,7 +824,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M + tid])
             smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid] = (
                 float32(0.0) if empty else kv_scale * ptx.rcp(lsum) if FP8 else ptx.rcp(lsum))
-        cuda.syncthreads()
+        sync_math()
         write_rows(part_out, smf, sb, KV_OFF, STAT_OFF // 4 + STAT_L * BLOCK_M, row0, r0, nrows,
                    p, tid)
 

@@ -30,7 +30,7 @@ from .accumulators import (acc_col, acc_row, acc_scale, acc_scale_cols, acc_scal
                            acc_store, acc_zero)
 from .arith import byte_perm, divmod_u32, exp2_ftz, opaque_i32, rcp
 from .barriers import (bar_arrive, bar_sync, grid_dependency_wait, mbar_expect_tx,
-                       mbar_fence_init, mbar_init, mbar_try_wait)
+                       mbar_fence_init, mbar_init, mbar_try_wait, set_max_registers)
 from .conversions import (bf16_to_f32, bf16x2_to_f32, f16_to_f32, f16x2_to_f32, f32_to_bf16,
                           f32_to_f16, pack_bf16x2, pack_e4m3x4, pack_f16x2, e4m3x4_to_bf16x4,
                           e4m3x4_to_f16x4, e4m3x4_to_f32, i32_as_f32)
@@ -58,7 +58,7 @@ __all__ = [
     "shfl_xor", "warp_uniform", "syncwarp",
     # barriers
     "bar_sync", "bar_arrive", "mbar_init", "mbar_fence_init", "mbar_expect_tx", "mbar_try_wait",
-    "grid_dependency_wait",
+    "grid_dependency_wait", "set_max_registers",
     # accumulators
     "acc_row", "acc_col", "acc_zero", "acc_scale", "acc_scale_halves", "acc_scale_cols",
     "acc_store",

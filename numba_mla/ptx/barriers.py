@@ -13,6 +13,12 @@ mbarriers (8 bytes of shared memory at the byte offset ``bar`` of the shared arr
 - ``mbar_expect_tx(arr, bar, nbytes)``: arrive, announcing nbytes of copies that will
   complete on this barrier; the phase completes when both the arrivals and the bytes are in;
 - ``mbar_try_wait(arr, bar, parity)``: True once the phase of that parity completed.
+Registers (sm_90a)
+- ``set_max_registers(n, grow)``: a function that moves this warpgroup's registers to ``n`` a
+  thread (a multiple of 8 in 24..256; ``setmaxnreg.inc`` where ``grow``, else ``.dec``), all
+  four warps together: a warpgroup that needs few gives them to those that need many. ptxas
+  keeps it only when it compiles the kernel as a whole program (the driver's JIT, launch.py's
+  ``whole_program`` path); Numba's nvJitLink link drops it. A no-op in the simulator.
 Grids (sm_90: programmatic dependent launch)
 - ``grid_dependency_wait()``: in a kernel launched with programmatic stream serialization
   (launch.py), wait until the grid it follows in the stream has completed and its memory
@@ -153,6 +159,17 @@ mbar_init = (_mbar_init_twin if SIMULATOR
 mbar_expect_tx = (_mbar_expect_tx_twin if SIMULATOR
                   else _mbar_op("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;"))
 mbar_fence_init = no_op if SIMULATOR else void_asm("fence.mbarrier_init.release.cluster;")
+
+# -- registers ---------------------------------------------------------------------------------
+
+
+def set_max_registers(n, grow):
+    """The ``setmaxnreg`` instruction for ``n`` registers a thread (``grow``: .inc, else .dec)."""
+    assert n % 8 == 0 and 24 <= n <= 256, n
+    if SIMULATOR:
+        return no_op
+    return void_asm(f"setmaxnreg.{'inc' if grow else 'dec'}.sync.aligned.u32 {n};")
+
 
 # -- grids ---------------------------------------------------------------------------------------
 grid_dependency_wait = no_op if SIMULATOR else void_asm("griddepcontrol.wait;")
