@@ -2,7 +2,10 @@
 a machine without a GPU and fail on local-memory spills or a call left in the code; for the
 tensor-core kernel also on a missing or serialised HGMMA. The warp tensor-core kernel
 (``mma_sync``) is built for sm_80 and sm_89 (Ampere, Ada) and must hold its mma.sync and
-their HMMA.
+their HMMA. A kernel that launch.py builds as a whole program (the dispatcher's
+``whole_program``: the seesaw kernel's converter warpgroup, for ``setmaxnreg``) is built by a
+toolkit's ``ptxas`` where one is found (nvJitLink would drop the instruction), and must keep
+both ``USETMAXREG``; without a ``ptxas`` it is reported and not built.
 
 Needs ``pip install "numba-cuda[cu13]" nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`` (NVVM,
 nvJitLink, cuobjdump and its nvdisasm).
@@ -24,6 +27,7 @@ import hashlib
 import itertools
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -136,6 +140,31 @@ def link(ptx, arch="sm_90a"):
 
 #: --ptx-hashes: the last kernel's PTX hash, shown instead of its verdict (nothing is built)
 HASHES = {"on": False, "last": None}
+
+
+def ptxas():
+    """A CUDA toolkit's ptxas (PATH, then /usr/local/cuda*), or None."""
+    found = glob.glob("/usr/local/cuda/bin/ptxas") + sorted(glob.glob("/usr/local/cuda-*/bin/ptxas"))
+    return shutil.which("ptxas") or (found[-1] if found else None)
+
+
+def build_whole(ptx, arch="sm_90a"):
+    """(SASS, ptxas's log) of ``ptx`` compiled by ptxas as a whole program, as the driver's
+    JIT builds it (launch.py's whole-program path); ("", None) without a ptxas."""
+    tool = ptxas()
+    if tool is None or HASHES["on"]:
+        return build_sass(ptx, arch) if HASHES["on"] else ("", None)
+    # (a toolkit's ptxas may be older than Numba's PTX version; setmaxnreg needs 8.0)
+    text = re.sub(r"^\.version \d+\.\d+", ".version 8.0", ptx, flags=re.M)
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "k.ptx"), "w") as f:
+            f.write(text)
+        r = subprocess.run([tool, f"-arch={arch}", "-v", "k.ptx", "-o", "k.cubin"], cwd=d,
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"ptxas failed: {(r.stdout + r.stderr)[-2000:]}")
+        with open(os.path.join(d, "k.cubin"), "rb") as f:
+            return sass_of(f.read()), r.stdout + r.stderr
 
 
 def normalised(text):
@@ -257,15 +286,27 @@ def main():
             # allowed here: reported, not failed)
             variants.append(("seesaw8", factory.seesaw_partition_kernel(
                 mask, mod, tag, cache, heads, direct, fp8="e4m3")))
+            # and with its converter warpgroup (selector.SEESAW_CONVERTER; a whole program)
+            variants.append(("seesaw8c", factory.seesaw_partition_kernel(
+                mask, mod, tag, cache, heads, direct, fp8="e4m3", converter=True)))
         for name, kern in variants:
             if not mine():
                 continue
             sig = list(signature(direct, name == "listed"))
-            if name in ("mma8", "tr8", "tr8x32", "tr8x32a", "tr8x64", "tr8x64a", "seesaw8"):  # cache: codes;
+            if name in ("mma8", "tr8", "tr8x32", "tr8x32a", "tr8x64", "tr8x64a", "seesaw8",
+                        "seesaw8c"):  # cache: codes;
                 # complex scale
                 sig[6] = types.complex64
-            ptx, _ = cuda.compile_ptx(kern.py_func, tuple(sig), cc=(9, 0, "a"))
-            sass, log = build_sass(ptx)
+            ptx, _ = cuda.compile_ptx(kern.py_func, tuple(sig), cc=(9, 0, "a"),
+                                      launch_bounds=kern.targetoptions.get("launch_bounds"))
+            if getattr(kern, "whole_program", False):
+                sass, log = build_whole(ptx)
+                if log is None:
+                    print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
+                          f"direct={direct!s:5}  not built: no ptxas for a whole program")
+                    continue
+            else:
+                sass, log = build_sass(ptx)
             regs, spills, calls = _resources(ptx, log)
             hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256|16)x16", sass))
             serial = "serialized" in log
@@ -276,9 +317,10 @@ def main():
             # loop over the boxes and the last box after it)
             want = {"mma": 40, "mma8": 40, "tr8": 68, "tr8x32": 68, "tr8x32a": 68, "tr8x64": 34,
                     "tr8x64a": 34, "seesaw8": 48}.get(name, 32)
-            ok = ((not spills or name in ("tr8x32a", "tr8x64a", "seesaw8")) and calls == 0
-                  and not serial
-                  and hgmma == want)
+            ok = ((not spills or name in ("tr8x32a", "tr8x64a", "seesaw8", "seesaw8c"))
+                  and calls == 0 and not serial and hgmma == want)
+            if name == "seesaw8c":  # both setmaxnreg kept (whole program)
+                ok = ok and len(re.findall(r"USETMAXREG", sass)) == 2 or HASHES["on"]
             if name in ("seesaw", "listed"):  # the evict-first copies exactly from LAG_HEADS
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)
             bad += not ok
