@@ -317,9 +317,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     def qk_conv(s_acc, smk, sb, buf, parity, wtid):
         """S = Q K^T over the tile in buffer ``buf`` ("e4m3" rows, ``converter``), box by box
         in ``convert_order`` as the converter warpgroup announces each converted; waited. The
-        box loop's count is hidden from NVVM (``opaque_i32``): unrolled around its waits, it
-        left ptxas moving the accumulators between the products (about 800 bytes spilled).
-        """
+        box loop's count is hidden from NVVM (``opaque_i32``): with it known, NVVM reshaped
+        the loop around its waits and the math warpgroups spilled about 800 bytes at 232
+        registers (docs/kernels/mma.md)."""
         dq = desc_rows(sb + Q_OFF)
         dk = desc_rows(sb + KV_OFF + buf * ROWS_BYTES)
         ptx.wgmma_fence()
