@@ -98,8 +98,18 @@ SMEM_BYTES_E4M3 = QEXP_OFF + 4 * BLOCK_M  # 223384
 CONV_THREADS = NTHREADS + 128  # 384
 # Registers a thread after ``setmaxnreg`` (launched at 168: 65,536 over 384 threads, in steps
 # of 8): the math warpgroups' code needs 232 to build without a spill (whole-program ptxas,
-# null mask, 128 heads), the converter's few. 2 x 232 + 40 <= 65,536 / 128.
+# null mask, 128 heads), the converter's few.
 MATH_REGS, CONVERTER_REGS = 232, 40
+# setmaxnreg moves registers within the block's own pool, what it was launched with (3 x 168
+# a thread of a warpgroup): asking for more leaves .inc waiting for ever (232 / 48 hung on
+# the H200).
+assert 2 * MATH_REGS + CONVERTER_REGS <= 3 * 168
+# Boxes the converter takes at a time: one barrier and one proxy fence a group. 1: builds
+# without a spill (measured on the H200: docs/kernels/mma.md); 3 (a third of the
+# barriers and fences) spills 4 bytes at 40 registers and is not yet measured
+CONV_GROUP = 1
+assert NBOX % CONV_GROUP == 0
+CONV_CODE_WORDS = CONV_GROUP * CODE_WORDS  # a converter thread's codes of a group
 CONV_BAR_OFF = SMEM_BYTES_E4M3  # one mbarrier a box of each buffer: "converted"
 SMEM_BYTES_CONV = CONV_BAR_OFF + 8 * 2 * NBOX  # 223528
 BAR_CONV = BAR_WG + 2  # the converter warpgroup's own (128)
@@ -332,36 +342,65 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         wait_s(s_acc)
 
     @cuda.jit(device=True)
+    def read_group(codes, smk, sb, buf, g, parity, src):
+        """This thread's codes of the g-th group of CONV_GROUP boxes (in ``convert_order``)
+        into ``codes``, each box's once it has landed."""
+        for i in range(CONV_GROUP):
+            box = convert_order_(buf, CONV_GROUP * g + i)
+            while not ptx.mbar_try_wait(smk, box_bar(sb, buf, box), parity):
+                pass
+            at = src + raw_at_(buf, box)
+            for u in range(CONVERT_UNITS):
+                codes[CODE_WORDS * i + 2 * u], codes[CODE_WORDS * i + 2 * u + 1] = ptx.lds64(
+                    smk, at + 1024 * u)
+
+    @cuda.jit(device=True)
+    def write_group(codes, smk, buf, g, dst):
+        """``read_group``'s codes as fp16 values in their boxes (the swizzled layout, as in
+        ``write_box``), then one proxy fence for all of them."""
+        for i in range(CONV_GROUP):
+            box = convert_order_(buf, CONV_GROUP * g + i)
+            for u in range(CONVERT_UNITS):
+                a0, a1 = ptx.e4m3x4_to_f16x4(codes[CODE_WORDS * i + 2 * u])
+                a2, a3 = ptx.e4m3x4_to_f16x4(codes[CODE_WORDS * i + 2 * u + 1])
+                ptx.sts128(smk, dst + BOX_BYTES * box + 2048 * u, a0, a1, a2, a3)
+        ptx.fence_proxy_async()
+
+    @cuda.jit(device=True)
+    def announce_group(smk, sb, buf, g):
+        for i in range(CONV_GROUP):
+            ptx.mbar_expect_tx(smk, conv_bar(sb, buf, convert_order_(buf, CONV_GROUP * g + i)),
+                               0)  # (an arrival)
+
+    @cuda.jit(device=True)
     def convert_tile(smk, sb, buf, parity, after_wg1, ctid):
         """The converter warpgroup (``ctid``: 0..127): the tile in buffer ``buf`` from codes
-        to fp16 in place, a box at a time in ``convert_order`` as its codes land (``parity``
-        of the buffer's box barriers), each box announced on its "converted" mbarrier once
-        all 128 threads have written and fenced it. A box's values are written only after
-        every thread has read its codes (three boxes overwrite their own), and the next
-        box's codes are read before that barrier, so one barrier a box does both.
-        ``after_wg1``: first wait for warpgroup 1 to be done with the buffer's tile before
-        (buffer 1's boxes 4-7, converted first, are its V while its codes land)."""
+        to fp16 in place, CONV_GROUP boxes at a time in ``convert_order`` as their codes land
+        (``parity`` of the buffer's box barriers), each group announced on its boxes'
+        "converted" mbarriers once all 128 threads have written and fenced it. A box's values
+        are written only after every thread has read its codes (three boxes overwrite their
+        own), and the next group's codes are read before that barrier, so one barrier a
+        group does both. ``after_wg1``: first wait for warpgroup 1 to be done with the
+        buffer's tile before (buffer 1's boxes 4-7, converted first, are its V while its
+        codes land)."""
         kv = sb + KV_OFF + buf * ROWS_BYTES
         src = kv + 8 * ctid
         dst = kv + 128 * (ctid // 8) + 16 * ((ctid % 8) ^ (ctid // 8 % 8))
-        codes = cuda.local.array(CODE_WORDS, int32)
-        prev = convert_order_(buf, 0)
-        read_codes(codes, smk, sb, buf, prev, parity, src)
+        codes = cuda.local.array(CONV_CODE_WORDS, int32)
+        read_group(codes, smk, sb, buf, 0, parity, src)
         if after_wg1:
             ptx.bar_sync(BAR_FREE1, NTHREADS)
         ptx.bar_sync(BAR_CONV, 128)
-        for n in range(1, NBOX):
-            write_box(codes, smk, prev, dst)
-            box = convert_order_(buf, n)
-            read_codes(codes, smk, sb, buf, box, parity, src)
+        for g in range(1, NBOX // CONV_GROUP):
+            write_group(codes, smk, buf, g - 1, dst)
+            read_group(codes, smk, sb, buf, g, parity, src)
             ptx.bar_sync(BAR_CONV, 128)
             if ctid == 0:
-                ptx.mbar_expect_tx(smk, conv_bar(sb, buf, prev), 0)  # (an arrival)
-            prev = box
-        write_box(codes, smk, prev, dst)
+                announce_group(smk, sb, buf, g - 1)
+        write_group(codes, smk, buf, NBOX // CONV_GROUP - 1, dst)
         ptx.bar_sync(BAR_CONV, 128)
         if ctid == 0:
-            ptx.mbar_expect_tx(smk, conv_bar(sb, buf, prev), 0)
+            announce_group(smk, sb, buf, NBOX // CONV_GROUP - 1)
 
     if CONV:
         @cuda.jit(device=True)
