@@ -105,6 +105,22 @@ def allow_dynamic_smem(fn, nbytes):
     driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
 
 
+def jit_load(ptx):
+    """``ptx`` compiled by the driver's JIT and loaded into the current context as a module:
+    (the driver's result, the module, the JIT's info log, its error log)."""
+    from cuda.bindings import driver as binding
+
+    size = 1 << 14
+    info, error = bytearray(size), bytearray(size)
+    o = binding.CUjit_option
+    opts = [o.CU_JIT_INFO_LOG_BUFFER, o.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+            o.CU_JIT_ERROR_LOG_BUFFER, o.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, o.CU_JIT_LOG_VERBOSE]
+    err, module = binding.cuModuleLoadDataEx(ptx.encode() + b"\0", len(opts), opts,
+                                             [info, size, error, size, 1])
+    info, error = (b.split(b"\0", 1)[0].decode(errors="replace") for b in (info, error))
+    return err, module, info, error
+
+
 class WholeProgram:
     """A compiled kernel's PTX built again by the driver's JIT, as a whole program, into a
     module of its own, loaded in the current context: ptxas then keeps ``setmaxnreg``, which
@@ -116,19 +132,10 @@ class WholeProgram:
     def __init__(self, kernel):
         from cuda.bindings import driver as binding
 
-        ptx = kernel._codelibrary.get_asm_str()
-        size = 1 << 14
-        info, error = bytearray(size), bytearray(size)
-        o = binding.CUjit_option
-        opts = [o.CU_JIT_INFO_LOG_BUFFER, o.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-                o.CU_JIT_ERROR_LOG_BUFFER, o.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-                o.CU_JIT_LOG_VERBOSE]
-        err, self.module = binding.cuModuleLoadDataEx(ptx.encode() + b"\0", len(opts), opts,
-                                                      [info, size, error, size, 1])
-        self.log = info.split(b"\0", 1)[0].decode(errors="replace")
+        err, self.module, self.log, error = jit_load(kernel._codelibrary.get_asm_str())
         if err != binding.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"the driver's JIT could not build {kernel.entry_name}: {err}\n"
-                               + error.split(b"\0", 1)[0].decode(errors="replace"))
+                               + error)
         err, self.handle = binding.cuModuleGetFunction(self.module, kernel.entry_name.encode())
         if err != binding.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuModuleGetFunction({kernel.entry_name}): {err}")

@@ -31,6 +31,7 @@ from numba import cuda, float32  # noqa: E402
 from numba.cuda import types  # noqa: E402
 
 from numba_mla.ptx._codegen import void_asm  # noqa: E402
+from numba_mla._numba import jit_load  # noqa: E402
 
 CONVERTER_REGS, MATH_REGS = 40, 232  # 2 x 232 + 40 = 504 <= 3 x 168
 IGNORED = re.compile(r".*setmaxnreg.*ignored.*")
@@ -88,15 +89,8 @@ def driver_jit(ptx):
     err, dev = driver.cuDeviceGet(0)
     err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
     driver.cuCtxSetCurrent(ctx)
-    size = 1 << 14
-    info, error = bytearray(size), bytearray(size)
-    o = driver.CUjit_option
-    opts = [o.CU_JIT_INFO_LOG_BUFFER, o.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-            o.CU_JIT_ERROR_LOG_BUFFER, o.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-            o.CU_JIT_LOG_VERBOSE]
-    err, mod = driver.cuModuleLoadDataEx(ptx.encode() + b"\0", len(opts), opts,
-                                         [info, size, error, size, 1])
-    logs = "\n".join(b.split(b"\0", 1)[0].decode(errors="replace") for b in (info, error))
+    err, mod, info, error = jit_load(ptx)  # (launch.py's whole-program path loads so too)
+    logs = f"{info}\n{error}"
     if err != driver.CUresult.CUDA_SUCCESS:
         return f"cuModuleLoadDataEx failed: {err}\n{logs}"
     driver.cuModuleUnload(mod)
