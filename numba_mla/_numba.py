@@ -121,6 +121,10 @@ def jit_load(ptx):
     return err, module, info, error
 
 
+class WholeProgramError(RuntimeError):
+    """The driver's JIT could not build or load a whole-program kernel."""
+
+
 class WholeProgram:
     """A compiled kernel's PTX built again by the driver's JIT, as a whole program, into a
     module of its own, loaded in the current context: ptxas then keeps ``setmaxnreg``, which
@@ -134,15 +138,16 @@ class WholeProgram:
 
         err, self.module, self.log, error = jit_load(kernel._codelibrary.get_asm_str())
         if err != binding.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"the driver's JIT could not build {kernel.entry_name}: {err}\n"
-                               + error)
+            raise WholeProgramError(f"the driver's JIT could not build {kernel.entry_name}: "
+                                    f"{err}\n{error}")
         err, self.handle = binding.cuModuleGetFunction(self.module, kernel.entry_name.encode())
         if err != binding.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuModuleGetFunction({kernel.entry_name}): {err}")
+            raise WholeProgramError(f"cuModuleGetFunction({kernel.entry_name}): {err}")
         a = binding.CUfunction_attribute
         self.regs = binding.cuFuncGetAttribute(a.CU_FUNC_ATTRIBUTE_NUM_REGS, self.handle)[1]
         self.local_bytes = binding.cuFuncGetAttribute(a.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
                                                       self.handle)[1]
+        self.smem = 0  # the dynamic shared memory it may take, once raised past 48 KB
 
     def allow_dynamic_smem(self, nbytes):
         from cuda.bindings import driver as binding
@@ -150,7 +155,9 @@ class WholeProgram:
         attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         err, = binding.cuFuncSetAttribute(self.handle, attr, nbytes)
         if err != binding.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuFuncSetAttribute(max dynamic shared memory {nbytes}): {err}")
+            raise WholeProgramError(f"cuFuncSetAttribute(max dynamic shared memory {nbytes}): "
+                                    f"{err}")
+        self.smem = nbytes
 
 
 def whole_program_function(kernel):

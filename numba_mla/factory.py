@@ -235,6 +235,10 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                      listed=listed, fp8=fp8, converter=converter,
                                      **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
+        if converter:  # (setmaxnreg moves the registers it was launched with)
+            from .kernels import seesaw
+
+            disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
 
     return _cached(("seesaw", tag, heads, direct, listed) + ((("fp8", fp8),) if fp8 else ())

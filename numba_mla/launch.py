@@ -255,11 +255,11 @@ class _Launch:
             fn = _numba.cufunc(self.kernel)
             whole = self._whole = (_numba.whole_program_function(self.kernel)
                                    if getattr(dispatcher, "whole_program", False) else None)
-            if smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
-                if whole is None:
-                    _numba.allow_dynamic_smem(fn, smem)
-                else:
+            if whole is not None:  # (its own module in each context: its own limit)
+                if smem > _SMEM_STATIC_LIMIT and whole.smem < smem:
                     whole.allow_dynamic_smem(smem)
+            elif smem > _SMEM_STATIC_LIMIT and getattr(self.kernel, "_numba_mla_smem", 0) < smem:
+                _numba.allow_dynamic_smem(fn, smem)
                 self.kernel._numba_mla_smem = smem
         if whole is None and _numba.needs_numba_launch(self.kernel):
             return  # Numba's launch does their extra work (error readback, cooperative launch)
@@ -293,8 +293,10 @@ class _Launch:
         frame); never in the simulator, which compiles nothing."""
         if self.kernel is None:
             return False
-        if self._whole is not None:
-            return self._whole.local_bytes > 0
+        if self._whole is not None:  # (and fewer registers at launch than its setmaxnreg
+            # moves would leave .inc waiting for ever)
+            return (self._whole.local_bytes > 0
+                    or self._whole.regs < getattr(self.dispatcher, "launch_registers", 0))
         return self.kernel.local_mem_per_thread > 0
 
     def __call__(self, stream=0):
@@ -443,8 +445,11 @@ class Plan:
                   cuda.device_array((1, 1, 1), np.float32))
             args = (self._inputs(dict(inputs, q=q_pairs), spec) + ws
                     + self._maps(spec, q_pairs, storage, T))
-            return _Launch(spec.dispatcher, args, spec.grid(B), spec.threads,
-                           spec.smem).spills()
+            try:
+                return _Launch(spec.dispatcher, args, spec.grid(B), spec.threads,
+                               spec.smem).spills()
+            except _numba.WholeProgramError:  # (the driver's JIT refused it: another kernel)
+                return True
 
         spec = self.spec = selector.select_kernel(call, tag, rows, keys, facts, spills)
         # the family asked

@@ -524,14 +524,14 @@ def test_fp8_seesaw_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts,
 
 @KERNEL
 @pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts", [
-    (BF16, "paged64", 1, 64, [300, 0], "null", "identity", 1),
+    (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1),
     (np.float16, "contiguous", 2, 40, [450], "causal", "softcap", 2)])
 def test_fp8_seesaw_converter_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts, rng,
                                      monkeypatch):
     """The seesaw kernel on "e4m3" rows with a third warpgroup that converts every tile in
-    place as its codes land (``selector.SEESAW_CONVERTER``): five tiles in one partition
+    place as its codes land (``selector.SEESAW_CONVERTER``): seven tiles in one partition
     beside an empty sequence (both buffers refilled, buffer 1 twice after warpgroup 1 let it
-    go, the third pair without a second tile, a short last tile); two tokens of 40 heads
+    go, the last pair without a second tile, a short last tile); two tokens of 40 heads
     causal with a soft cap in two partitions of four tiles each (the second ends short)."""
     from numba_mla import selector
 
