@@ -78,10 +78,12 @@ def numba_mla(p, backend):
         first = plan.launches[0]
         info["smem_bytes"] = int(first.smem)
         kern = getattr(first, "kernel", None)
-        for key, attr in (("registers", "regs_per_thread"),
-                          ("local_bytes", "local_mem_per_thread")):
+        whole = getattr(first, "_whole", None)  # (a whole-program build: the one launched)
+        for key, attr, whole_attr in (("registers", "regs_per_thread", "regs"),
+                                      ("local_bytes", "local_mem_per_thread", "local_bytes")):
             try:
-                info[key] = int(getattr(kern, attr)) if kern is not None else None
+                info[key] = (int(getattr(whole, whole_attr)) if whole is not None
+                             else int(getattr(kern, attr)) if kern is not None else None)
             except Exception:  # not every numba-cuda version has every attribute
                 info[key] = None
     if split:  # only flare_mla_decoding takes it: no prepared step, the launches are timed
