@@ -267,25 +267,25 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                   BOX // 16 * n + j, wtid)
 
     @cuda.jit(device=True)
-    def read_codes(codes, smk, sb, buf, box, parity, src):
-        """This thread's codes of box ``box`` (once landed) into ``codes``: at ``src`` + the
-        box's place, keys wtid // 8 + 16 i, codes 8 (wtid % 8) .. + 7 of each (8 bytes)."""
+    def read_codes(codes, at0, smk, sb, buf, box, parity, src):
+        """This thread's codes of box ``box`` (once landed) into ``codes`` from word ``at0``:
+        at ``src`` + the box's place, keys wtid // 8 + 16 i, codes 8 (wtid % 8) .. + 7 of
+        each (8 bytes)."""
         while not ptx.mbar_try_wait(smk, box_bar(sb, buf, box), parity):
             pass
         at = src + raw_at_(buf, box)
         for i in range(CONVERT_UNITS):
-            codes[2 * i], codes[2 * i + 1] = ptx.lds64(smk, at + 1024 * i)
+            codes[at0 + 2 * i], codes[at0 + 2 * i + 1] = ptx.lds64(smk, at + 1024 * i)
 
     @cuda.jit(device=True)
-    def write_box(codes, smk, box, dst):
-        """``read_codes``' codes as fp16 values in box ``box``: key m's 16-byte chunk c at
-        c ^ m % 8 of its 128-byte row (the swizzled layout TMA writes), from ``dst``; fenced
-        for wgmma."""
+    def write_box(codes, at0, smk, box, dst):
+        """``read_codes``' codes (from word ``at0``) as fp16 values in box ``box``: key m's
+        16-byte chunk c at c ^ m % 8 of its 128-byte row (the swizzled layout TMA writes),
+        from ``dst``. Not fenced: the caller fences for wgmma (``fence_proxy_async``)."""
         for i in range(CONVERT_UNITS):
-            a0, a1 = ptx.e4m3x4_to_f16x4(codes[2 * i])
-            a2, a3 = ptx.e4m3x4_to_f16x4(codes[2 * i + 1])
+            a0, a1 = ptx.e4m3x4_to_f16x4(codes[at0 + 2 * i])
+            a2, a3 = ptx.e4m3x4_to_f16x4(codes[at0 + 2 * i + 1])
             ptx.sts128(smk, dst + BOX_BYTES * box + 2048 * i, a0, a1, a2, a3)
-        ptx.fence_proxy_async()
 
     @cuda.jit(device=True)
     def qk8(s_acc, smk, sb, buf, parity, wtid):
@@ -301,19 +301,21 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         dst = kv + 128 * (wtid // 8) + 16 * ((wtid % 8) ^ (wtid // 8 % 8))
         codes = cuda.local.array(CODE_WORDS, int32)
         prev = convert_order_(buf, 0)
-        read_codes(codes, smk, sb, buf, prev, parity, src)
+        read_codes(codes, 0, smk, sb, buf, prev, parity, src)
         # Every warp of this warpgroup is past its last product on this buffer (a warp's wait
         # covers its own part of a product only): the first box overwrites values of the
         # tile before, but no codes.
         ptx.bar_sync(BAR_WG + buf, 128)
-        write_box(codes, smk, prev, dst)
+        write_box(codes, 0, smk, prev, dst)
+        ptx.fence_proxy_async()
         ptx.wgmma_fence()
         for n in range(1, NBOX):
             box = convert_order_(buf, n)
-            read_codes(codes, smk, sb, buf, box, parity, src)
+            read_codes(codes, 0, smk, sb, buf, box, parity, src)
             ptx.bar_sync(BAR_WG + buf, 128)
             s_box(s_acc, smk, dq, dk, prev, n - 1, wtid)
-            write_box(codes, smk, box, dst)
+            write_box(codes, 0, smk, box, dst)
+            ptx.fence_proxy_async()
             prev = box
         ptx.bar_sync(BAR_WG + buf, 128)
         s_box(s_acc, smk, dq, dk, prev, NBOX - 1, wtid)
@@ -347,24 +349,15 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         """This thread's codes of the g-th group of CONV_GROUP boxes (in ``convert_order``)
         into ``codes``, each box's once it has landed."""
         for i in range(CONV_GROUP):
-            box = convert_order_(buf, CONV_GROUP * g + i)
-            while not ptx.mbar_try_wait(smk, box_bar(sb, buf, box), parity):
-                pass
-            at = src + raw_at_(buf, box)
-            for u in range(CONVERT_UNITS):
-                codes[CODE_WORDS * i + 2 * u], codes[CODE_WORDS * i + 2 * u + 1] = ptx.lds64(
-                    smk, at + 1024 * u)
+            read_codes(codes, CODE_WORDS * i, smk, sb, buf, convert_order_(buf, CONV_GROUP * g + i),
+                       parity, src)
 
     @cuda.jit(device=True)
     def write_group(codes, smk, buf, g, dst):
-        """``read_group``'s codes as fp16 values in their boxes (the swizzled layout, as in
-        ``write_box``), then one proxy fence for all of them."""
+        """``read_group``'s codes as fp16 values in their boxes (``write_box``), then one
+        proxy fence for all of them."""
         for i in range(CONV_GROUP):
-            box = convert_order_(buf, CONV_GROUP * g + i)
-            for u in range(CONVERT_UNITS):
-                a0, a1 = ptx.e4m3x4_to_f16x4(codes[CODE_WORDS * i + 2 * u])
-                a2, a3 = ptx.e4m3x4_to_f16x4(codes[CODE_WORDS * i + 2 * u + 1])
-                ptx.sts128(smk, dst + BOX_BYTES * box + 2048 * u, a0, a1, a2, a3)
+            write_box(codes, CODE_WORDS * i, smk, convert_order_(buf, CONV_GROUP * g + i), dst)
         ptx.fence_proxy_async()
 
     @cuda.jit(device=True)
