@@ -51,9 +51,9 @@ def smem_per_block():
 
 def mma_sync_block_m(rows, limit=None, fp8=None):
     """Query rows a block of the warp tensor-core kernel: 32 (8 warps, two key tiles in
-    flight, 188 KB; FP8 rows staged: 151-156 KB) where a sequence has more than 16 rows and the
+    flight, 192 KB; FP8 rows staged: 155-160 KB) where a sequence has more than 16 rows and the
     device gives a block that much shared memory (``limit``, default the current device's: an
-    H100 or H200, not an A100 or an Ada GPU); else 16 (4 warps, one tile, 94 KB)."""
+    H100 or H200, not an A100 or an Ada GPU); else 16 (4 warps, one tile, 96 KB)."""
     return mma_sync_shape(rows, fp8, limit)[0]
 
 
@@ -61,8 +61,8 @@ def mma_sync_fits(block_m, fp8=None, limit=None):
     """``(staged, fits)`` of the warp tensor-core kernel's block of ``block_m`` rows: the
     stages of FP8 rows copied as they are by ``cp.async`` and converted in shared memory (2 for
     "e4m3" rows where they fit: the next two tiles' copies in flight while this one is
-    converted and multiplied, 187 KB at 32 rows, an H100/H200; else 1: the next tile's copy in
-    flight while this one is multiplied, 151-156 KB at 32 rows, 130-135 at 16; an A100 would
+    converted and multiplied, 190.5 KB at 32 rows, an H100/H200; else 1: the next tile's copy in
+    flight while this one is multiplied, 155-160 KB at 32 rows, 132-137 at 16; an A100 would
     take one, but FP8 needs sm_89), else 0: loaded and converted by the warps (an Ada GPU's
     99 KB, no copy in flight); and whether the block fits the shared memory a block may take
     (``limit``, default the current device's). (On the H200 two stages took the time of one
@@ -99,7 +99,7 @@ def resident_blocks(smem_bytes, bound, per_sm=None, reserved=None):
     from sm_80 on), at most ``bound`` (the kernel's launch bound, for which its registers were
     budgeted). ``per_sm`` and ``reserved`` default to the current device's; 1 in the simulator
     or where the device does not say. The split model's waves are this many blocks a
-    multiprocessor (the warp tensor-core kernel's 94 KB: 2 on an H100 or H200, whose
+    multiprocessor (the warp tensor-core kernel's 96 KB: 2 on an H100 or H200, whose
     multiprocessors have 228 KB; 1 on an A100, 164 KB, or an RTX 30xx/40xx or L40S, 100 KB)."""
     if per_sm is None:
         if SIMULATOR:

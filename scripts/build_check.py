@@ -391,9 +391,9 @@ def main():
         regs, spills, calls = _resources(ptx, log)
         mmas = ptx.count("mma.sync.aligned.m16n8k16")
         hmma = len(re.findall(r"HMMA\.16816", sass))
-        # 2 a step of S's loop (unrolled as the compiler likes), 32 a step of P V's, every
+        # 4 a step of S's loop (unrolled as the compiler likes), 32 a step of P V's, every
         # one an HMMA in the SASS
-        ok = not spills and calls == 0 and mmas >= 34 and hmma >= mmas
+        ok = not spills and calls == 0 and mmas >= 36 and hmma >= mmas
         bad += not ok
         stages = f"/staged{staged}" if staged else ""
         print(f"msync  {mask!r:40.40} {tag} {cache.kind:10} M={block_m:<2} H={heads:<3} "

@@ -282,14 +282,14 @@ def spy_mma_sync_staged(monkeypatch, smem_per_block=None, shapes=None):
 @KERNEL
 @pytest.mark.parametrize("layout,cache,mask_id,mod_id,smem,backend", [
     ("v32", "paged5", "causal", "alibi", None, "auto"),
-    ("v32", "contiguous", "bias_B_H_Sq_S", "softcap", 140000, "mma_sync"),
+    ("v32", "contiguous", "bias_B_H_Sq_S", "softcap", 144000, "mma_sync"),
     ("e4m3", "contiguous", "window3", "softcap", 101376, "mma_sync"),
     ("v32", "paged16", "causal", "alibi", 101376, "mma_sync")])
 def test_fp8_mma_sync_kernel(layout, cache, mask_id, mod_id, smem, backend, rng, monkeypatch):
     """The warp tensor-core kernel (backend "mma_sync", and "auto"'s choice for "v32" rows)
     converts FP8 rows to q's 16-bit type: copied as they are into shared memory and converted
     there where a block has room (an H100/H200 and the simulator: the 32-row block; ``smem``
-    140000: a device that takes only the 16-row one), else (``smem`` 101376: an Ada GPU's
+    144000: a device that takes only the 16-row one), else (``smem`` 101376: an Ada GPU's
     99 KB a block) loaded and converted by the warps; split-K in 2 partitions beside an empty
     sequence."""
     seen = spy_mma_sync_staged(monkeypatch, smem)
@@ -298,7 +298,7 @@ def test_fp8_mma_sync_kernel(layout, cache, mask_id, mod_id, smem, backend, rng,
     check(p, MASKS[mask_id].make(p, rng), SCORE_MODS[mod_id].make(p), 2, backend)
     # (raw stages: two for "e4m3" rows where they fit, one for "v32"; none where the warps
     # load the rows)
-    assert seen and set(seen) == {{None: 2 if layout == "e4m3" else 1, 140000: 1, 101376: 0}[smem]}
+    assert seen and set(seen) == {{None: 2 if layout == "e4m3" else 1, 144000: 1, 101376: 0}[smem]}
 
 
 @KERNEL
@@ -845,7 +845,7 @@ def test_fp8_mma_sync_4_byte_copies(rng, monkeypatch):
 
     monkeypatch.setattr(launch, "_aligned16", lambda dev: False)
     shapes = []
-    spy_mma_sync_staged(monkeypatch, smem_per_block=140000, shapes=shapes)
+    spy_mma_sync_staged(monkeypatch, smem_per_block=144000, shapes=shapes)
     p = fp8_problem(rng, "v32", 2, 1, 2, [0, 27], BF16, "paged16")
     check(p, nm.CausalMask(), nm.IdentityScoreMod(), 1, "mma_sync")
     assert shapes and set(shapes) == {(16, False, 1)}
@@ -861,7 +861,7 @@ def test_fp8_nan_code_in_a_kept_key(backend, rng, monkeypatch):
     from numba_mla import _compat, heuristics
 
     if _compat.SIMULATOR and backend == "mma_sync":
-        monkeypatch.setattr(heuristics, "smem_per_block", lambda: 140000)
+        monkeypatch.setattr(heuristics, "smem_per_block", lambda: 144000)
     p = fp8_problem(rng, "e4m3", 1, 1, 2, [9], BF16, "contiguous")
     codes = np.array(p.cache.storage)
     codes.view(np.uint8)[0, 4, 100] = 0x7F

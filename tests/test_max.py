@@ -244,7 +244,7 @@ def test_fma_kernel_fits_the_device(rng, monkeypatch):
 
 def test_mma_sync_config_fits_the_device(rng, monkeypatch):
     """The warp tensor-core kernel's config is read against the device's shared memory a
-    block: its 32-row block (188 KB) is refused by name on an A100-sized one, and on an
+    block: its 32-row block (192 KB) is refused by name on an A100-sized one, and on an
     Ada-sized one neither it nor the FMA kernel's (208 KB) runs 32 rows of FP8, so ``"auto"``
     refuses that config by name too; FP8 rows staged through shared memory run
     two tiles in flight at 16 rows too (``num_pipeline_stages=2`` is honoured there, 1 only

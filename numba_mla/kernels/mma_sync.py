@@ -11,7 +11,7 @@ converted into the tile by all warps ("staged"), or, where Fs does not fit (an A
 loads that convert them. Two block shapes
 (``block_m``): 16 query rows, 4 warps and one tile in shared memory (96 KB: two blocks a
 multiprocessor on an H100/H200); 32 rows, 8 warps and two tiles, the next one's copy in flight
-while this one's products run (188 KB: one block, on GPUs that give a block that much).
+while this one's products run (192 KB: one block, on GPUs that give a block that much).
 docs/kernels/mma_sync.md says what each costs and the next steps.
 
 Notation
@@ -21,14 +21,18 @@ Notation
   partition p of their key tiles (common.partition_tiles), skipping the tiles the mask drops.
 - NW = 4 MT warps; lane l = 4 gr + tq (gr = l // 4, tq = l % 4), as in the fragment tables: a
   lane holds rows gr and gr + 8 of every m16 tile. Warp w computes S for m16 tile
-  sm = w // 4 and keys [16 kg, 16 kg + 16), kg = w % 4; it owns output dims [OD w, OD w + OD)
-  of all BM rows, OD = 512 / NW (128 or 64: 64 fp32 accumulators a lane either way).
+  sm = w // 4 and keys [16 kg, 16 kg + 16), kg = w % 4 (with warp w ^ 1: below); it owns
+  output dims [OD w, OD w + OD) of all BM rows, OD = 512 / NW (128 or 64: 64 fp32
+  accumulators a lane either way).
 - Shared memory, dynamic, at word offsets (``layout``; no array views, whose shapes would
   take registers), int32 words of two 16-bit values unless said:
       Qs [BM][ROWW]             the block's queries (288 words a row + 4 padding)
       Ks [STAGES][BLOCK_N][ROWW] the key tiles (64 keys; STAGES = MT, 1 when staged); the
                                 first 256 words (512 dims) of a row are V
-      Ps [BM][PROWW]            the tile's probabilities, 16-bit (32 words + 4 padding)
+      Ps [BM][PROWW]            the tile's probabilities, 16-bit (32 words + 4 padding);
+                                before them, S's partial scores passed between warps (Xs
+                                [NW][2][32][4] fp32: warp, half, lane; the region is the
+                                larger of the two)
       Mx, Sx [4][BM]            fp32: each key group's row maxima and row sums (its 16 keys)
       Fs [RS][BLOCK_N][FW]      staged FP8 rows as they are (FW = 144 or 164 words), RS = 1
                                 or 2 raw stages (``staged``; two where they fit)
@@ -47,9 +51,14 @@ Notation
      copy, its wait, a barrier. With two: wait for this tile (issued during the previous
      one), a barrier (every warp done with the previous tile, in the other stage), then
      issue the next tile's copy into the other stage;
-  2. S = Q K^T: warp w over all 576 dims, 36 steps of two m16n8k16, the scores in its
-     registers (s[8]: rows gr, gr + 8 of m16 tile sm, keys 2 tq, 2 tq + 1 of each n8 tile);
-     mask and score mod applied there; the row maxima of its keys to Mx[kg];
+  2. S = Q K^T: warps w and w ^ 1 (kg = 2 kh + dh, dh = 0 and 1) score the same 32 keys
+     [32 kh, 32 kh + 32), each over its half of the 576 dims (dh: 18 steps of one Q and two
+     K ``ldmatrix`` for four m16n8k16, where 16 keys over all dims took one and one for two:
+     a quarter fewer shared-memory reads); each stores the partial scores of its partner's
+     16 keys in Xs, a named barrier of the pair (64 threads), and adds the partner's to its
+     own 16: the scores in its registers (s[8]: rows gr, gr + 8 of m16 tile sm, keys 2 tq,
+     2 tq + 1 of each n8 tile); mask and score mod applied there; the row maxima of its
+     keys to Mx[kg];
   3. softmax: every lane reads the 4 key groups' maxima of its 2 MT rows, so each warp
      computes the same new running max m and rescale alpha; P = 2^(s - m) rounded to 16 bits
      into Ps (a lane's two keys are one word), the row sums of its keys to Sx[kg];
@@ -85,7 +94,9 @@ PROWW = BLOCK_N // 2 + 4  # words a row of Ps (144 bytes)
 P_ROW_BYTES = 4 * PROWW
 NACC = 64  # accumulators a lane (16 rows x 128 dims or 32 rows x 64 dims a warp)
 STAGE = WORDS // 32  # words of a key row a lane loads before storing them (9; FP8 rows)
-KEY_GROUPS = 4  # warps sharing a m16 tile's S, 16 keys each
+KEY_GROUPS = 4  # warps sharing a m16 tile's S, 16 keys each once their halves are summed
+HALF_STEPS = D_QK // 32  # k16 steps of S a warp takes: half the dims (18)
+HALF_SCORES = 8  # partial scores a lane hands its partner warp (two n8 tiles)
 MIN_BLOCKS = 2  # blocks of 16 rows a multiprocessor the registers are budgeted for
 
 
@@ -110,12 +121,17 @@ def fp8_row_words(fp8):
 
 
 def layout(block_m=BLOCK_M, fp8=None, staged=0):
-    """Word offsets of Qs, Ks, Ps, Mx, Sx and Fs in dynamic shared memory, and its size in
-    words (every offset a multiple of 4 words: 16-byte aligned for ldmatrix and cp.async).
+    """Word offsets of Qs, Ks, Ps (and Xs), Mx, Sx and Fs in dynamic shared memory, and its
+    size in words (every offset a multiple of 4 words: 16-byte aligned for ldmatrix and
+    cp.async).
     ``staged`` (0, 1 or 2; True is 1): FP8 rows copied as they are into that many Fs stages,
     then converted into one Ks stage."""
-    stages = 1 if staged else geometry(block_m)[3]
-    sizes = (block_m * ROWW, stages * BLOCK_N * ROWW, block_m * PROWW, KEY_GROUPS * block_m,
+    _, nw, _, stages = geometry(block_m)
+    stages = 1 if staged else stages
+    # Ps's words also pass S's partial scores between the warps of a pair (Xs): S is done
+    # with them before the barrier after which P is written
+    sizes = (block_m * ROWW, stages * BLOCK_N * ROWW,
+             max(block_m * PROWW, nw * 32 * HALF_SCORES), KEY_GROUPS * block_m,
              KEY_GROUPS * block_m, int(staged) * BLOCK_N * fp8_row_words(fp8) if fp8 else 0)
     offs, at = [], 0
     for n in sizes:
@@ -179,6 +195,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     LANE_ROWS = 2 * MT  # rows a lane holds: gr + 8 j
     assert MT * OD // 8 * 4 == NACC and STAGE * 32 == WORDS and OD % 16 == 0
     (Q_OFF, K_OFF, P_OFF, MX_OFF, SX_OFF, F_OFF), _ = layout(block_m, fp8, staged)
+    X_OFF = P_OFF  # (Xs: S's partial scores, exchanged before any P is written)
     STAGED = bool(staged)
     RS = int(staged)  # Fs stages: the tiles whose raw rows are in flight or waiting
     TWO_K = STAGES == 2 and not STAGED  # two Ks stages, taken in turn
@@ -364,6 +381,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         for k in range(NACC):
             acc[k] = float32(0.0)
         s = cuda.local.array(8, float32)  # S: this warp's 16 keys, rows gr and gr + 8 of sm
+        s2 = cuda.local.array(16, float32)  # ... its 32 keys' partial scores, over half the dims
         m_run = cuda.local.array(LANE_ROWS, float32)  # running max, sum of rows gr + 8 j (j < 2 MT)
         l_run = cuda.local.array(LANE_ROWS, float32)
         for j in range(LANE_ROWS):
@@ -372,20 +390,28 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
 
         gr, tq = lane // 4, lane % 4
         sm, kg = warp // KEY_GROUPS, warp % KEY_GROUPS  # this warp's m16 tile and keys in S
+        kh, dh = kg // 2, kg % 2  # ... its 32 keys and half of the dims before the exchange
         sm_scale, kv_scale = float32(scale.real), float32(scale.imag)
         folded = kv_scale if FOLD else float32(1.0)  # the scale the tiles leave out
         fold = float32(sm_scale * LOG2E)
         # This lane's ldmatrix addresses (bytes). A fragments (Q, P): row l % 8 + 8 (l // 8 % 2)
         # of the m16 tile, 16-bit column 8 (l // 16) of the step. B of S (K, not transposed):
-        # key l % 8 + 8 (l // 16) of the warp's 16, column 8 (l // 8 % 2). B of P V (V,
-        # .trans): key l % 8 + 8 (l // 8 % 2) of the step, column 8 (l // 16) of the warp's
-        # OD dims. K and V in stage 0 (+ ks for the tile's stage).
+        # key l % 8 + 8 (l // 16) of the warp's first 16 (the next 16 are 16 rows further),
+        # column 8 (l // 8 % 2). Q and K from the first dim of the warp's half (HALF_STEPS
+        # steps of 32 bytes). B of P V (V, .trans): key l % 8 + 8 (l // 8 % 2) of the step,
+        # column 8 (l // 16) of the warp's OD dims. K and V in stage 0 (+ ks for the tile's
+        # stage).
         a_row, a_col = lane % 8 + 8 * (lane // 8 % 2), 8 * (lane // 16)
-        q_addr = base + 4 * Q_OFF + (16 * sm + a_row) * ROW_BYTES + 2 * a_col
+        half_at = 32 * HALF_STEPS * dh
+        q_addr = base + 4 * Q_OFF + (16 * sm + a_row) * ROW_BYTES + 2 * a_col + half_at
         p_addr = base + 4 * P_OFF + a_row * P_ROW_BYTES + 2 * a_col
-        k_addr = (base + 4 * K_OFF + (16 * kg + lane % 8 + 8 * (lane // 16)) * ROW_BYTES
-                  + 2 * 8 * (lane // 8 % 2))
+        k_addr = (base + 4 * K_OFF + (32 * kh + lane % 8 + 8 * (lane // 16)) * ROW_BYTES
+                  + 2 * 8 * (lane // 8 % 2) + half_at)
         v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + OD * warp)
+        # The partial scores a lane hands over (16 bytes a lane, a warp's 32 lanes side by
+        # side: no bank conflict), and where it finds its partner warp's (warp ^ 1)
+        x_give = base + 4 * (X_OFF + 32 * HALF_SCORES * warp) + 16 * lane
+        x_take = base + 4 * (X_OFF + 32 * HALF_SCORES * (warp ^ 1)) + 16 * lane
         ks = 0  # this tile's stage (bytes from Ks)
         fs = 0  # this tile's Fs stage (bytes from Fs)
         t_next = t_end  # (two Fs stages: the next tile, whose copy is issued a tile ahead)
@@ -448,13 +474,35 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                             b, n0, min(n0 + BLOCK_N, kend), tid)
 
             # -- phase 2: this warp's 16 keys of S, in registers; mask, score mod, maxima --
-            for k in range(8):
-                s[k] = float32(0.0)
-            for step in range(D_QK // 16):
+            # The warps kg and kg ^ 1 score the same 32 keys, each over half the dims (an A
+            # fragment of Q then serves four products, not two), and each hands the other its
+            # partial scores of the other's 16 keys. Dims in order within a half, so the rope
+            # dims (the second half's last steps) are added last, as in one pass.
+            for k in range(16):
+                s2[k] = float32(0.0)
+            for step in range(HALF_STEPS):
                 a0, a1, a2, a3 = ptx.ldmatrix_x4(words, q_addr + 32 * step, tid)
                 b0, b1, b2, b3 = ptx.ldmatrix_x4(words, k_addr + ks + 32 * step, tid)
-                mma(s, 0, a0, a1, a2, a3, b0, b1, tid)  # keys 16 kg + 0..7
-                mma(s, 4, a0, a1, a2, a3, b2, b3, tid)  # keys 16 kg + 8..15
+                c0, c1, c2, c3 = ptx.ldmatrix_x4(words, k_addr + ks + 16 * ROW_BYTES
+                                                 + 32 * step, tid)
+                mma(s2, 0, a0, a1, a2, a3, b0, b1, tid)  # keys 32 kh + 0..7
+                mma(s2, 4, a0, a1, a2, a3, b2, b3, tid)  # keys 32 kh + 8..15
+                mma(s2, 8, a0, a1, a2, a3, c0, c1, tid)  # keys 32 kh + 16..23
+                mma(s2, 12, a0, a1, a2, a3, c2, c3, tid)  # keys 32 kh + 24..31
+            # (selects, not an index that depends on dh: the partials stay in registers)
+            for j in range(2):
+                ptx.sts128(floats, x_give + 512 * j,
+                           s2[4 * j] if dh else s2[8 + 4 * j],
+                           s2[4 * j + 1] if dh else s2[9 + 4 * j],
+                           s2[4 * j + 2] if dh else s2[10 + 4 * j],
+                           s2[4 * j + 3] if dh else s2[11 + 4 * j])
+            ptx.bar_sync(1 + warp // 2, 64)  # the pair's partials are in
+            for j in range(2):
+                x0, x1, x2, x3 = ptx.lds128(floats, x_take + 512 * j)
+                s[4 * j] = (s2[8 + 4 * j] if dh else s2[4 * j]) + x0
+                s[4 * j + 1] = (s2[9 + 4 * j] if dh else s2[4 * j + 1]) + x1
+                s[4 * j + 2] = (s2[10 + 4 * j] if dh else s2[4 * j + 2]) + x2
+                s[4 * j + 3] = (s2[11 + 4 * j] if dh else s2[4 * j + 3]) + x3
             for half in range(2):
                 i = 16 * sm + gr + 8 * half  # the block's row
                 r = r0 + i
