@@ -265,6 +265,50 @@ def attach_disk_cache(dispatcher, cache_dir, digest):
 #: (Simulator) The scheduler's threads now running, by ``threading.get_ident()``.
 _turn_threads = {}
 
+#: (Simulator) Which ready thread gets the next turn: "fifo" (in the order they became
+#: ready: the default), or "low" / "high" (the lowest or highest thread index first, so
+#: those warps run as far ahead of the others as the barriers let them). Every order is one
+#: a GPU may take; a kernel that is right only in some of them lacks a barrier. Set for a
+#: while by ``sim_turn_order``.
+_turn_order = ["fifo"]
+
+
+@contextlib.contextmanager
+def sim_turn_order(order):
+    """(Simulator) Launches within run their blocks' threads in ``order`` ("fifo", "low" or
+    "high": ``_turn_order``), as a test's way to reach the interleavings where a missing
+    barrier shows: with "low" the lower warps run ahead (a consumer before its producer, when
+    the consumers are the lower warps), with "high" the higher ones."""
+    assert order in ("fifo", "low", "high"), order
+    before = _turn_order[0]
+    _turn_order[0] = order
+    try:
+        yield
+    finally:
+        _turn_order[0] = before
+
+
+class _ReadyByIndex:
+    """(Simulator) Ready threads, the one with the lowest (or, ``high``, highest) thread index
+    first: a heap with the deque methods ``_Turns`` uses."""
+
+    def __init__(self, threads, high):
+        import heapq
+
+        self._heapq, self._sign, self._heap, self._n = heapq, -1 if high else 1, [], 0
+        self.extend(threads)
+
+    def extend(self, threads):
+        for t in threads:
+            self._n += 1
+            self._heapq.heappush(self._heap, (self._sign * t.rank, self._n, t))
+
+    def popleft(self):
+        return self._heapq.heappop(self._heap)[2]
+
+    def __bool__(self):
+        return bool(self._heap)
+
 
 def _turn_thread():
     """(Simulator) The calling thread when it is a block's thread run by the scheduler, else
@@ -288,7 +332,10 @@ class _Turns:
         import collections
         import threading
 
-        self.threads, self.ready = threads, collections.deque(threads)
+        order = _turn_order[0]
+        self.threads = threads
+        self.ready = (collections.deque(threads) if order == "fifo" else
+                      _ReadyByIndex(threads, order == "high"))
         self.live, self.at_barrier, self.error = len(threads), [], None
         self.done = threading.Event()
 
@@ -472,6 +519,8 @@ def _install_block_scheduler():
 
         def __init__(self, block_dim, point, debug):
             super().__init__(None, _Shape(block_dim), (0, 0, 0), point, debug)
+            x, y, z = point
+            self.rank = x + block_dim[0] * (y + block_dim[1] * z)  # CUDA's linear index
             self.turn = threading.Lock()  # held while the thread may not run
             self.turn.acquire()
             self.turns = self.job = self.waiting_on = None

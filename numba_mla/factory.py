@@ -219,6 +219,22 @@ def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, d
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 
+def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False,
+                                    wide=True):
+    """The warp tensor-core kernel's split-role block (kernels/mma_sync_roles.py: 32 rows,
+    four warps score and four multiply by V; 16-bit rows) for this configuration, arguments
+    as for ``mma_sync_partition_kernel``."""
+    def build():
+        from .kernels.mma_sync_roles import make_partition_kernel
+
+        return make_partition_kernel(tag=tag, store=_output_store(tag, direct), heads=heads,
+                                     wide=bool(wide),
+                                     **_device_functions(mask, score_mod, cache_cls))
+
+    return _cached(("mma_sync_roles", tag, heads, direct, bool(wide))
+                   + _mods_key(mask, score_mod, cache_cls), build)
+
+
 def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, listed=False,
                             fp8=None, converter=False):
     """The stage-1 tensor-core kernel whose warpgroups take tiles in turn (kernels/seesaw.py),

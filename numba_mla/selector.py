@@ -181,6 +181,10 @@ SEESAW_E4M3 = True
 # ... with a third warpgroup that converts each tile (kernels/seesaw.py, ``converter``; built
 # by the driver's JIT as a whole program, for setmaxnreg), unless its build spills
 SEESAW_CONVERTER = False
+# The warp tensor-core kernel's 32-row block on 16-bit rows as its split-role form
+# (kernels/mma_sync_roles.py: four warps score with Q in registers, four multiply by V),
+# where its shared memory fits and no config names the block's shape. Off until timed.
+MMA_SYNC_ROLES = False
 PIPELINE_STAGES = {"simt": 2, "simt_warpsplit": 2, "mma": 2, "mma_sync": 1, "simple": 1,
                    "warpsplit": 1}
 
@@ -195,6 +199,18 @@ def _simple_tiles(backend):
     from .kernels import simple
 
     return simple.BLOCK_M, simple.BLOCK_N
+
+
+def _mma_sync_roles(config, block_m, fp8):
+    """Whether the warp tensor-core kernel's 32-row block runs as its split-role form
+    (``MMA_SYNC_ROLES``; 16-bit rows, no config of the block's shape or stages, and its
+    shared memory fits the device's block)."""
+    from .kernels import mma_sync_roles
+
+    return (MMA_SYNC_ROLES and block_m == 32 and fp8 is None
+            and (config is None or (config.num_queries_per_block is None
+                                    and config.num_pipeline_stages is None))
+            and mma_sync_roles.smem_bytes() <= heuristics.smem_per_block())
 
 
 def _mma_sync_shape(config, rows, fp8):
@@ -454,6 +470,13 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         return KernelSpec("simple", disp, simple.NTHREADS, simple.smem_bytes(block_m),
                           q_pairs=False, tma=False, **common)
     if backend == "mma_sync":
+        if _mma_sync_roles(config, block_m, fp8):
+            from .kernels import mma_sync_roles
+
+            disp = factory.mma_sync_roles_partition_kernel(mask, mod, tag, cache_cls, H, direct,
+                                                           facts.cache_aligned16)
+            return KernelSpec("mma_sync", disp, mma_sync_roles.NT, mma_sync_roles.smem_bytes(),
+                              q_pairs=True, tma=False, **common)
         disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
                                                  fp8, facts.cache_aligned16, staged)
         return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),

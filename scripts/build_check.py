@@ -1,8 +1,8 @@
 """Compile the partition kernels (tensor-core, FMA, simple and its warp split-K) for sm_90a on
 a machine without a GPU and fail on local-memory spills or a call left in the code; for the
 tensor-core kernel also on a missing or serialised HGMMA. The warp tensor-core kernel
-(``mma_sync``) is built for sm_80 and sm_89 (Ampere, Ada) and must hold its mma.sync and
-their HMMA. A kernel that launch.py builds as a whole program (the dispatcher's
+(``mma_sync``, and its 32-row block's split-role form) is built for sm_80 and sm_89 (Ampere,
+Ada) and must hold its mma.sync and their HMMA. A kernel that launch.py builds as a whole program (the dispatcher's
 ``whole_program``: the seesaw kernel's converter warpgroup, for ``setmaxnreg``) is built by a
 toolkit's ``ptxas`` where one is found (nvJitLink would drop the instruction), and must keep
 both ``USETMAXREG``; without a ``ptxas`` it is reported and not built.
@@ -400,6 +400,26 @@ def main():
               f"direct={direct!s:5} sm_{cc[0]}{cc[1]} fp8={layout}{stages} "
               f"regs={regs} spills={spills} "
               f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
+    # ... and its 32-row block's split-role form (kernels/mma_sync_roles.py; 16-bit rows):
+    # S and P V written out (18 steps of 4, 2 of 32), every one an HMMA
+    for cc in ((8, 0), (8, 9)):
+        for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES:
+            for direct in (False, True) if block_m == 32 else ():
+                if not mine():
+                    continue
+                kern = factory.mma_sync_roles_partition_kernel(mask, mod, tag, cache, heads,
+                                                               direct)
+                ptx, _ = cuda.compile_ptx(kern.py_func, mma_sync_signature(tag, direct), cc=cc,
+                                          launch_bounds=kern.targetoptions.get("launch_bounds"))
+                sass, log = build_sass(ptx, f"sm_{cc[0]}{cc[1]}")
+                regs, spills, calls = _resources(ptx, log)
+                mmas = ptx.count("mma.sync.aligned.m16n8k16")
+                hmma = len(re.findall(r"HMMA\.16816", sass))
+                ok = not spills and calls == 0 and mmas >= 18 * 4 + 2 * 32 and hmma >= mmas
+                bad += not ok
+                print(f"mroles {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
+                      f"direct={direct!s:5} sm_{cc[0]}{cc[1]} regs={regs} spills={spills} "
+                      f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
     # The clamp of device row offsets that runs before a ragged call's partition kernel
     from numba_mla.kernels import offsets
 

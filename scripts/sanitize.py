@@ -118,7 +118,16 @@ def main():
     ap.add_argument("--log", default=None, help="every tool's whole output into this file")
     ap.add_argument("--hazards", action="store_true",
                     help="racecheck: each hazard with its threads and address")
+    ap.add_argument("--selector", action="append", default=[], metavar="FLAG",
+                    help="set numba_mla.selector.FLAG to True first (e.g. MMA_SYNC_ROLES: a "
+                         "kernel form that is off by default)")
     args = ap.parse_args()
+    for flag in args.selector:
+        from numba_mla import selector
+
+        if not hasattr(selector, flag):
+            ap.error(f"--selector: numba_mla.selector has no {flag}")
+        setattr(selector, flag, True)
     if args.cases:
         sys.exit(1 if run_cases(args.backend, args.fp8) else 0)
     env = dict(os.environ, NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS="0", PYTHONUNBUFFERED="1")
@@ -130,7 +139,8 @@ def main():
         cmd = ["compute-sanitizer", "--tool", tool, *report, "--target-processes", "all",
                sys.executable, __file__, "--cases"] + (
                    ["--backend", args.backend] if args.backend else []) + (
-                   ["--fp8"] if args.fp8 else [])
+                   ["--fp8"] if args.fp8 else []) + [
+                   a for flag in args.selector for a in ("--selector", flag)]
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         text = r.stdout + r.stderr
         if args.log:

@@ -929,6 +929,43 @@ def test_mma_sync_32_rows(case, rng):
     check_kernel(p, mask, SCORE_MODS[mod_id].make(p), P, "mma_sync")
 
 
+ROLES_THREE_TILES = (1, 1, 17, [133], "bf16", "paged", 16, "null", "identity", 1, True)
+
+
+@KERNEL
+@pytest.mark.parametrize("case,order", [
+    # (B, Sq, H, lengths, dtype, cache, page, mask, mod, P, wide): one partition of three
+    # tiles (six sub-tiles: every stage and buffer taken twice, the copies four sub-tiles
+    # ahead) whose last holds 5 keys (its second half past the end), the second m16 tile
+    # with one row (17), its threads taking turns in each of the simulator's orders; two
+    # row groups (32 rows, then 8), a causal mask, 4-byte copies, two partitions of one and
+    # two tiles; a window that skips tiles, an empty sequence and split-K in three
+    (ROLES_THREE_TILES, "fifo"), (ROLES_THREE_TILES, "low"), (ROLES_THREE_TILES, "high"),
+    ((1, 2, 20, [100], "fp16", "contiguous", 0, "causal", "alibi", 2, False), "fifo"),
+    ((2, 1, 32, [300, 0], "bf16", "paged", 64, "window100", "softcap", 3, True), "fifo"),
+], ids=str)
+def test_mma_sync_roles(case, order, rng, monkeypatch):
+    """The 32-row block's split-role form (kernels/mma_sync_roles.py: four warps score with
+    Q in registers, four multiply by V and copy the tiles), which the selector takes with
+    ``MMA_SYNC_ROLES`` on. With the score warps run ahead of the V warps ("low") and behind
+    them ("high"), a handoff without its barrier reads a buffer before it is written or
+    writes it before it is read (tried: each of the four kinds removed fails a case)."""
+    from numba_mla import _numba, selector
+
+    B, Sq, H, lengths, dtype, kind, page, mask_id, mod_id, P, wide = case
+    monkeypatch.setattr(selector, "MMA_SYNC_ROLES", True)
+    monkeypatch.setattr(launch, "_aligned16", lambda dev: wide)
+    seen, real = [], factory.mma_sync_roles_partition_kernel
+    monkeypatch.setattr(factory, "mma_sync_roles_partition_kernel",
+                        lambda *args: seen.append(args[-1]) or real(*args))
+    p = make_problem(rng, B, Sq, H, lengths, DTYPES[dtype], kind, page)
+    mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100" else
+            MASKS[mask_id].make(p, rng))
+    with _numba.sim_turn_order(order):
+        check_kernel(p, mask, SCORE_MODS[mod_id].make(p), P, "mma_sync")
+    assert seen == [wide], "expected the split-role kernel, with the case's copies"
+
+
 @KERNEL
 def test_mma_sync_tile_copies_in_words(rng, monkeypatch):
     """The warp tensor-core kernel's cp.async tile copy in 4-byte pieces (a cache that does

@@ -236,6 +236,37 @@ def test_a_block_that_cannot_go_on_is_an_error():
     assert launch(_rotate_twice, np.zeros((2, THREADS), np.int32), THREADS) is None
 
 
+@cuda.jit
+def _arrival_order(out, counter):
+    """Each thread takes a ticket on arrival, then again after a barrier (shared counter:
+    one thread runs at a time)."""
+    t = cuda.threadIdx.x
+    out[0, t] = counter[0]
+    counter[0] += 1
+    cuda.syncthreads()
+    out[1, t] = counter[0]
+    counter[0] += 1
+
+
+@pytest.mark.parametrize("order", ["fifo", "low", "high"])
+def test_turn_orders(order):
+    """``sim_turn_order``: in the default order the threads run as they became ready (thread
+    index order, at the start and after a barrier that opens for all), with "low" the lowest
+    index that is ready always first, with "high" the highest; the default comes back
+    after."""
+    out, counter = np.zeros((2, THREADS), np.int64), np.zeros(1, np.int64)
+    with _numba.sim_turn_order(order):
+        assert launch(_arrival_order, out, counter, blocks=1) is None
+    ranks = np.arange(THREADS)
+    want = ranks[::-1] if order == "high" else ranks
+    assert (out[0] == want).all()
+    # after the barrier: the last thread to arrive opens it and runs on, then the others in
+    # the order (which for these is the order they parked in)
+    assert out[1, want[-1]] == THREADS
+    assert (out[1, want[:-1]] == THREADS + 1 + ranks[:-1]).all()
+    assert _numba._turn_order == ["fifo"]
+
+
 _calls = []  # the lane counts _sum_once was called with
 
 

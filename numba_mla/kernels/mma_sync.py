@@ -159,6 +159,38 @@ def min_blocks(block_m=BLOCK_M):
     return MIN_BLOCKS if block_m == 16 else 1
 
 
+def make_issue(locate, wide, nthreads, rows, region, row_bytes, src_bytes):
+    """``issue(words, base, ks, storage, block_table, b, k0, k1, tid)``: start the copy of keys
+    [k0, k1) of sequence b (``src_bytes`` of each row, as they are) into ``rows`` rows of
+    ``row_bytes`` from byte ``ks`` of the region at word ``region``, zeros past k1 (P is 0
+    there, but 0 * NaN is NaN), by ``nthreads`` threads (``tid`` from 0): thread tid copies
+    pieces tid % 8, + 8, ... of rows tid // 8 + (nthreads // 8) j; one page lookup a row (keys
+    past k1 look up key k1 - 1, a real one, and copy nothing). ``wide``: 16-byte pieces (the
+    cache starts 16-byte aligned), else 4-byte ones. Then the group is committed."""
+    piece = 16 if wide else 4  # bytes a cp.async
+    cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
+    rows_a_pass = nthreads // 8  # key rows a pass copies (8 lanes a row)
+    assert rows % rows_a_pass == 0
+    pieces = src_bytes // piece  # a row's
+    assert pieces * piece == src_bytes
+    passes = -(-pieces // 8)  # a thread's pieces of a row, the last maybe not all threads'
+
+    @cuda.jit(device=True, **INLINE)
+    def issue(words, base, ks, storage, block_table, b, k0, k1, tid):
+        npages, page_size = storage.shape[0], storage.shape[1]
+        for j in range(rows // rows_a_pass):
+            n = tid // 8 + rows_a_pass * j
+            page, slot = locate(block_table, page_size, npages, b, min(k0 + n, k1 - 1))
+            src = ptx.global_addr(storage, page, slot, 0) + piece * (tid % 8)
+            dst = base + 4 * region + ks + n * row_bytes + piece * (tid % 8)
+            for u in range(passes):
+                if pieces % 8 == 0 or 8 * u + tid % 8 < pieces:
+                    cp_async(words, dst + 8 * piece * u, src + 8 * piece * u, k0 + n < k1)
+        ptx.cp_async_commit()
+
+    return issue
+
+
 def _make_pv(tag, mt, od):
     """``pv(acc, sm, vaddr, a, tid)`` with ``a`` the 4 MT words of P's A fragments (m16 tile
     u's at 4u): acc += P . V over one 16-key step for the warp's od / 8 n8 tiles of each m16
@@ -201,7 +233,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     TWO_K = STAGES == 2 and not STAGED  # two Ks stages, taken in turn
     EARLY = STAGES == 2 or STAGED  # the next tile found before this one's products
     KS_BYTES = 4 * BLOCK_N * ROWW  # a stage
-    ROWS_A_PASS = NT // 8  # key rows a cp.async pass copies (8 lanes a row)
     JIT = (JIT_OPTIONS if SIMULATOR else
            dict(JIT_OPTIONS, launch_bounds=(NT, min_blocks(block_m))))
     H = heads
@@ -252,40 +283,10 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         lo, hi = code_pairs(storage[page, slot, c // 2], sc)
         return hi if c % 2 else lo
 
-    PIECE = 16 if wide else 4  # bytes a cp.async
-    assert BLOCK_N % ROWS_A_PASS == 0
-    cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
-
-    def make_issue(region, row_bytes, src_bytes):
-        """``issue(words, base, ks, storage, block_table, b, k0, k1, tid)``: start the copy of
-        keys [k0, k1) of sequence b (``src_bytes`` of each row, as they are) into rows of
-        ``row_bytes`` from byte ``ks`` of the region at word ``region``, zeros past k1 (P is
-        0 there, but 0 * NaN is NaN): thread tid copies pieces tid % 8, + 8, ... of rows
-        tid // 8 + ROWS_A_PASS j; one page lookup a row (keys past k1 look up key k1 - 1, a
-        real one, and copy nothing)."""
-        pieces = src_bytes // PIECE  # a row's
-        assert pieces * PIECE == src_bytes
-        passes = -(-pieces // 8)  # a thread's pieces of a row, the last maybe not all threads'
-
-        @cuda.jit(device=True, **INLINE)
-        def issue(words, base, ks, storage, block_table, b, k0, k1, tid):
-            npages, page_size = storage.shape[0], storage.shape[1]
-            for j in range(BLOCK_N // ROWS_A_PASS):
-                n = tid // 8 + ROWS_A_PASS * j
-                page, slot = locate(block_table, page_size, npages, b, min(k0 + n, k1 - 1))
-                src = ptx.global_addr(storage, page, slot, 0) + PIECE * (tid % 8)
-                dst = base + 4 * region + ks + n * row_bytes + PIECE * (tid % 8)
-                for u in range(passes):
-                    if pieces % 8 == 0 or 8 * u + tid % 8 < pieces:
-                        cp_async(words, dst + 8 * PIECE * u, src + 8 * PIECE * u, k0 + n < k1)
-            ptx.cp_async_commit()
-
-        return issue
-
     # 16-bit rows into a Ks stage; FP8 rows as they are into Fs
-    issue_tile = make_issue(K_OFF, ROW_BYTES, 4 * WORDS)
+    issue_tile = make_issue(locate, wide, NT, BLOCK_N, K_OFF, ROW_BYTES, 4 * WORDS)
     FW = fp8_row_words(fp8) if fp8 else 0  # words of an FP8 row
-    issue_raw = make_issue(F_OFF, 4 * FW, 4 * FW) if STAGED else None
+    issue_raw = make_issue(locate, wide, NT, BLOCK_N, F_OFF, 4 * FW, 4 * FW) if STAGED else None
     FS_BYTES = 4 * BLOCK_N * FW  # an Fs stage
     # a tile ahead: staged FP8 rows into Fs (its ks is 0), else 16-bit rows into a Ks stage
     issue_ahead = issue_raw if STAGED else issue_tile

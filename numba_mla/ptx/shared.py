@@ -30,7 +30,8 @@
   for it and nothing changes but where a later load finds the line. The simulator does
   nothing, after checking the indices.
 - ``cp_async_commit()`` closes a group of copies, ``cp_async_wait_all()`` waits for this
-  thread's groups (``cp_async_wait_one()``: all but its most recent one); a barrier then
+  thread's groups (``cp_async_wait_one()``: all but its most recent one;
+  ``cp_async_wait_two()``: all but its two most recent ones); a barrier then
   publishes them (and ``fence_proxy_async``, in wgmma.py, to tensor-core reads).
 
 In the simulator a copy happens when it is issued.
@@ -368,3 +369,4 @@ cp_async16_at = _cp_async_at(16, "cg")
 cp_async_commit = no_op if SIMULATOR else void_asm("cp.async.commit_group;")
 cp_async_wait_all = no_op if SIMULATOR else void_asm("cp.async.wait_group 0;")
 cp_async_wait_one = no_op if SIMULATOR else void_asm("cp.async.wait_group 1;")
+cp_async_wait_two = no_op if SIMULATOR else void_asm("cp.async.wait_group 2;")

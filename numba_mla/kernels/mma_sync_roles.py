@@ -1,0 +1,356 @@
+"""The warp tensor-core kernel's split-role block (``backend="mma_sync"``, sm_80 on; 16-bit
+rows, 32 query rows, a block of 192 KB or more): four warps score, four multiply by V.
+
+In the 32-row block of kernels/mma_sync.py every warp does every phase of a tile in turn,
+with the others, and re-reads its Q fragments from shared memory for each product: three
+quarters of S's shared-memory reads. Here the roles are split, as the two warpgroups of the
+wgmma seesaw kernel split tiles:
+
+- **score warps** 0-3: warp w = 2 sm + dh keeps Q's fragments of m16 tile sm over half the
+  dims (dh: 288 dims, 18 k16 steps, 72 registers a lane) in registers for the whole
+  partition, so S reads only K (two ``ldmatrix`` for four ``mma.sync`` a step). The two
+  warps of a m16 tile pass each other the partial scores of the other's 16 keys (as in
+  mma_sync.py), apply the mask and score mod to their own 16, share their row maxima, and
+  write P (16-bit) and the rows' rescale ``alpha`` for the V warps. Each keeps the row sums
+  of its own keys; the two halves add up at the end (alpha is the same in both).
+- **V warps** 4-7: warp 4 + od owns output dims [128 od, 128 od + 128) of all 32 rows (128
+  fp32 accumulators a lane); per sub-tile, after its P, O = alpha O + P V. They also issue
+  every tile copy (``cp.async``, 128 threads) and hand the tiles to the score warps.
+
+Sub-tiles of 32 keys (two a 64-key tile of the walk, so the schedule, the mask's tile
+classes and skipping are the other kernels'), j = 0, 1, ... in walk order, h = j % 2: the
+key rows in stage j % 4 of Ks (four stages of 32 rows), P in buffer h. Handoffs by named
+barriers (a producer ``bar.arrive``, the consumer ``bar.sync``, 256 threads), each pair of
+ids alternating with h so that neither side can arrive twice before the other has synced:
+
+    KREADY[h]  V warps -> score warps: sub-tile j's rows have landed (arrived for j + 2
+               during sub-tile j, after the V warps' wait for that copy; for 0 and 1 first)
+    PREADY[h]  score -> V: P and alpha of sub-tile j are in buffer h
+    PFREE[h]   V -> score: buffer h is free again (after P V of j, for j + 2; first for 0, 1)
+    PAIR[sm]   the two score warps of m16 tile sm (64 threads): their partial scores
+    VDONE      the V warps (128): all four are past P V of j before stage j % 4 is refilled
+               with sub-tile j + 4
+
+So the score warps run up to two sub-tiles ahead of P V, and each copy is issued two
+sub-tiles before the score warps need it. Shared memory (bytes; ``layout``):
+
+    Qs  [32][ROWW]       the block's queries (read once into the score warps' registers)
+    Ks  [4][32][ROWW]    the key rows of four sub-tiles (the first 512 dims are V)
+    Ps  [2][32][PW]      P of two sub-tiles, 16-bit (32 keys: 16 words + 4 padding a row)
+    Al  [2][32] f32      each row's alpha for those sub-tiles
+    Mx  [2][32] f32      the row maxima of each key half (dh) of the sub-tile
+    Xs  [4][2][32][4] f32  the partial scores passed between the score warps of a pair
+    Lf  [2][32] f32, Mf [32] f32   the final row sums of each half, the final max
+
+Fragment notation as in mma_sync.py (lane l = 4 gr + tq). Output as there: the partition's
+normalised ``part_out`` and natural-log LSE, or ``out`` and ``lse`` with one partition.
+docs/kernels/mma_sync.md: what this is for and what it measured.
+"""
+import math
+
+from numba import cuda, float32, int32
+
+from .. import ptx
+from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
+from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
+                     make_tile_walk, mark_empty)
+from .mma_sync import BLOCK_N, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue
+
+BLOCK_M = 32  # query rows a block (two m16 tiles)
+SUB = 32  # keys a sub-tile
+STAGES = 4  # sub-tiles of key rows in shared memory
+NT = 256  # threads: 4 score warps, then 4 V warps
+SCORE_THREADS = 128
+OD = D_V // 4  # output dims a V warp owns (128)
+NACC = 2 * OD // 8 * 4  # its accumulators a lane (128)
+HALF_STEPS = D_QK // 32  # k16 steps of S a score warp takes: its half of the dims (18)
+QF = 4 * HALF_STEPS  # its Q fragments' registers a lane (72)
+PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
+P_ROW_BYTES = 4 * PW
+# named barriers (0 is the block's)
+BAR_PAIR, BAR_KREADY, BAR_PREADY, BAR_PFREE, BAR_VDONE = 1, 3, 5, 7, 9
+
+
+def layout():
+    """Word offsets of Qs, Ks, Ps, Al, Mx, Xs, Lf, Mf in dynamic shared memory, and its size
+    in words (each offset a multiple of 4 words: 16-byte aligned)."""
+    sizes = (BLOCK_M * ROWW, STAGES * SUB * ROWW, 2 * BLOCK_M * PW, 2 * BLOCK_M, 2 * BLOCK_M,
+             4 * 2 * 32 * 4, 2 * BLOCK_M, BLOCK_M)
+    offs, at = [], 0
+    for n in sizes:
+        offs.append(at)
+        at += -(-n // 4) * 4
+    return tuple(offs), at
+
+
+def smem_bytes():
+    return 4 * layout()[1]
+
+
+def _make_q_load(steps):
+    """``load_q(qf, words, qaddr, tid)``: this lane's A fragments of Q for ``steps`` k16 steps
+    (32 bytes apart from ``qaddr``) into ``qf[4 s .. 4 s + 3]``, written out so that every
+    index is a constant and ``qf`` stays in registers."""
+    lines = ["def load_q(qf, words, qaddr, tid):"]
+    for s in range(steps):
+        lines.append(f"    qf[{4 * s}], qf[{4 * s + 1}], qf[{4 * s + 2}], qf[{4 * s + 3}] = "
+                     f"ldsm(words, qaddr + {32 * s}, tid)")
+    scope = {"ldsm": ptx.ldmatrix_x4}
+    exec("\n".join(lines), scope)  # (generated here, from the lines above: no outside input)
+    return cuda.jit(device=True, **INLINE)(scope["load_q"])
+
+
+def _make_scores(tag, steps):
+    """``scores(s2, qf, words, kaddr, tid)``: s2 += Q K^T over ``steps`` k16 steps for 32 keys
+    (n8 tiles 0-3 at s2[0], [4], [8], [12]); ``kaddr`` this lane's ldmatrix address of the
+    first 16 keys' step 0 (the next 16 keys are 16 rows further). Written out like
+    ``_make_q_load``."""
+    lines = ["def scores(s2, qf, words, kaddr, tid):"]
+    for s in range(steps):
+        a = ", ".join(f"qf[{4 * s + k}]" for k in range(4))
+        lines += [f"    b0, b1, b2, b3 = ldsm(words, kaddr + {32 * s}, tid)",
+                  f"    c0, c1, c2, c3 = ldsm(words, kaddr + {16 * ROW_BYTES + 32 * s}, tid)",
+                  f"    mma(s2, 0, {a}, b0, b1, tid)",
+                  f"    mma(s2, 4, {a}, b2, b3, tid)",
+                  f"    mma(s2, 8, {a}, c0, c1, tid)",
+                  f"    mma(s2, 12, {a}, c2, c3, tid)"]
+    scope = {"ldsm": ptx.ldmatrix_x4, "mma": ptx.mma_m16n8k16(tag)}
+    exec("\n".join(lines), scope)  # (generated here, from the lines above: no outside input)
+    return cuda.jit(device=True, **INLINE)(scope["scores"])
+
+
+def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
+                          score_mod, fold_scale, heads, wide=True, key_count=None):
+    """The split-role kernel for one configuration (factory.py; arguments as for
+    mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block)."""
+    (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF), _ = layout()
+    KS_BYTES = 4 * SUB * ROWW  # a stage
+    H = heads
+    JIT = JIT_OPTIONS if SIMULATOR else dict(JIT_OPTIONS, launch_bounds=(NT, 1))
+    key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
+                                          key_count=key_count)
+    first_tiles = make_partition_walk(key_tiles, next_tile)
+    log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
+    pack = ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2
+    load_q = _make_q_load(HALF_STEPS)
+    scores = _make_scores(tag, HALF_STEPS)
+    pv = _make_pv(tag, 2, OD)
+    scale_acc = ptx.acc_scale_halves(NACC)
+    issue = make_issue(locate, wide, NT - SCORE_THREADS, SUB, K_OFF, ROW_BYTES, 4 * WORDS)
+
+    @cuda.jit(device=True, **INLINE)
+    def issue_sub(words, base, storage, block_table, b, kstart, kend, t, t_end, h, j, vtid):
+        """The copy of sub-tile j (half h of tile t) into stage j % 4 (the V warps; nothing
+        but an empty group where t is past the walk's end, so that every sub-tile is one
+        group)."""
+        if t < t_end:  # (a half past the keys copies zeros, looking up key kend - 1)
+            k0 = min(kstart + t * BLOCK_N + SUB * h, kend)
+            issue(words, base, KS_BYTES * (j % STAGES), storage, block_table, b, k0,
+                  min(k0 + SUB, kend), vtid)
+        else:
+            ptx.cp_async_commit()
+
+    @cuda.jit(**JIT)
+    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
+                         part_out, part_lse):
+        # q [T, H, 288] and storage [pages, page_size, 288]: int32 words of 16-bit pairs;
+        # q_offsets [B+1], chunk: tiles a partition, part_out [T, H, P, 512], part_lse [T, H, P]
+        p, nparts, b = cuda.blockIdx.x, cuda.gridDim.x, cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        warp, lane = tid // 32, tid % 32
+        words = cuda.shared.array(0, int32)
+        floats = cuda.shared.array(0, float32)  # the same memory, seen as fp32
+        base = ptx.smem_addr(words)
+
+        row0 = q_offsets[b]
+        nq = q_offsets[b + 1] - row0
+        length = lengths[b]
+        r0 = cuda.blockIdx.y * BLOCK_M
+        nrows = min(BLOCK_M, nq * H - r0)
+        if nrows <= 0:
+            return  # the whole block leaves: no barrier is skipped
+
+        q_lo, q_hi, kstart, kend, t, t_end = first_tiles(length, nq, r0, nrows, p, nparts,
+                                                            chunk)
+        if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
+            mark_empty(part_lse, row0, r0, nrows, p, H, tid, NT)
+            return  # uniform in the block, before any barrier
+
+        # -- the block's queries into Qs (zeros past nrows) --
+        for c in range(tid, BLOCK_M * WORDS, NT):
+            i, d = c // WORDS, c % WORDS
+            words[Q_OFF + i * ROWW + d] = (q[row0 + (r0 + i) // H, (r0 + i) % H, d]
+                                           if i < nrows else 0)
+        cuda.syncthreads()
+
+        gr, tq = lane // 4, lane % 4
+        sm_scale = float32(scale.real)
+        fold = float32(sm_scale * LOG2E)
+        a_row, a_col = lane % 8 + 8 * (lane // 8 % 2), 8 * (lane // 16)
+        if warp < 4:
+            # ---- a score warp: m16 tile sm, dims [288 dh, 288 dh + 288) ----
+            sm, dh = warp // 2, warp % 2
+            qf = cuda.local.array(QF, int32)
+            load_q(qf, words, base + 4 * Q_OFF + (16 * sm + a_row) * ROW_BYTES + 2 * a_col
+                   + 32 * HALF_STEPS * dh, tid)
+            k_addr = (base + 4 * K_OFF + (lane % 8 + 8 * (lane // 16)) * ROW_BYTES
+                      + 2 * 8 * (lane // 8 % 2) + 32 * HALF_STEPS * dh)
+            x_give = base + 4 * (X_OFF + 256 * warp) + 16 * lane
+            x_take = base + 4 * (X_OFF + 256 * (warp ^ 1)) + 16 * lane
+            s2 = cuda.local.array(16, float32)  # partial scores: 32 keys, half the dims
+            s = cuda.local.array(8, float32)  # this warp's 16 keys: rows gr, gr + 8 of sm
+            m_run = cuda.local.array(2, float32)  # rows 16 sm + gr + 8 half
+            l_own = cuda.local.array(2, float32)  # ... the sums of P over this warp's keys
+            for j in range(2):
+                m_run[j] = float32(NEG_INF)
+                l_own[j] = float32(0.0)
+            j = 0
+            while t < t_end:
+                k0 = kstart + t * BLOCK_N
+                k1 = min(k0 + BLOCK_N, kend)
+                cls = mask_classify(k0, k1, q_lo, q_hi)
+                for h in range(2):
+                    ptx.bar_sync(BAR_KREADY + h, NT)  # sub-tile j's rows have landed
+                    for k in range(16):
+                        s2[k] = float32(0.0)
+                    scores(s2, qf, words, k_addr + KS_BYTES * (j % STAGES), tid)
+                    # the partner's 16 keys to it, its partials of this warp's 16 from it
+                    for u in range(2):
+                        ptx.sts128(floats, x_give + 512 * u,
+                                   s2[4 * u] if dh else s2[8 + 4 * u],
+                                   s2[4 * u + 1] if dh else s2[9 + 4 * u],
+                                   s2[4 * u + 2] if dh else s2[10 + 4 * u],
+                                   s2[4 * u + 3] if dh else s2[11 + 4 * u])
+                    ptx.bar_sync(BAR_PAIR + sm, 64)
+                    for u in range(2):
+                        x0, x1, x2, x3 = ptx.lds128(floats, x_take + 512 * u)
+                        s[4 * u] = (s2[8 + 4 * u] if dh else s2[4 * u]) + x0
+                        s[4 * u + 1] = (s2[9 + 4 * u] if dh else s2[4 * u + 1]) + x1
+                        s[4 * u + 2] = (s2[10 + 4 * u] if dh else s2[4 * u + 2]) + x2
+                        s[4 * u + 3] = (s2[11 + 4 * u] if dh else s2[4 * u + 3]) + x3
+                    # mask and score mod on this warp's keys, their row maxima to Mx[dh]
+                    for half in range(2):
+                        i = 16 * sm + gr + 8 * half  # the block's row
+                        r = r0 + i
+                        qi, hh = r // H, r % H
+                        q_pos = length - nq + qi
+                        row_max = float32(NEG_INF)
+                        for k in range(4):  # n8 tile k // 2, key 2 tq + k % 2
+                            e = 4 * (k // 2) + 2 * half + k % 2
+                            key = k0 + SUB * h + 16 * dh + 8 * (k // 2) + 2 * tq + k % 2
+                            x = float32(NEG_INF)
+                            if i < nrows and key < k1:
+                                x = log2_score(s[e], fold, sm_scale, cls, b, hh, qi, q_pos,
+                                               key, bias)
+                            s[e] = x
+                            row_max = max(row_max, x)
+                        row_max = max(row_max, ptx.shfl_xor(row_max, 1, tid))
+                        row_max = max(row_max, ptx.shfl_xor(row_max, 2, tid))
+                        if tq == 0:
+                            floats[MX_OFF + BLOCK_M * dh + i] = row_max
+                    # Buffer h is free (P V of j - 2 done). All four score warps wait here,
+                    # so this also orders both halves' maxima before their reads below.
+                    ptx.bar_sync(BAR_PFREE + h, NT)
+                    for half in range(2):
+                        i = 16 * sm + gr + 8 * half
+                        m_new = max(m_run[half], max(floats[MX_OFF + i],
+                                                     floats[MX_OFF + BLOCK_M + i]))
+                        m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
+                        alpha = math.exp2(m_run[half] - m_ref)
+                        m_run[half] = m_new
+                        row_sum = float32(0.0)
+                        for n8 in range(2):  # keys 16 dh + 8 n8 + 2 tq, + 1 -> one word
+                            x0 = math.exp2(s[4 * n8 + 2 * half] - m_ref)
+                            x1 = math.exp2(s[4 * n8 + 2 * half + 1] - m_ref)
+                            row_sum += x0 + x1
+                            words[P_OFF + (BLOCK_M * h + i) * PW + 8 * dh + 4 * n8 + tq] = (
+                                pack(x0, x1))
+                        row_sum += ptx.shfl_xor(row_sum, 1, tid)
+                        row_sum += ptx.shfl_xor(row_sum, 2, tid)
+                        l_own[half] = l_own[half] * alpha + row_sum
+                        if dh == 0 and tq == 0:
+                            floats[AL_OFF + BLOCK_M * h + i] = alpha
+                    ptx.bar_arrive(BAR_PREADY + h, NT)  # P and alpha of sub-tile j
+                    j += 1
+                t = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+            # the final row sums of each half and the max, for the V warps
+            if tq == 0:
+                for half in range(2):
+                    i = 16 * sm + gr + 8 * half
+                    floats[LF_OFF + BLOCK_M * dh + i] = l_own[half]
+                    if dh == 0:
+                        floats[MF_OFF + i] = m_run[half]
+        else:
+            # ---- a V warp: output dims [128 od, 128 od + 128) of all 32 rows ----
+            od = warp - 4
+            vtid = tid - SCORE_THREADS
+            acc = cuda.local.array(NACC, float32)
+            for k in range(NACC):
+                acc[k] = float32(0.0)
+            p_addr = base + 4 * P_OFF + a_row * P_ROW_BYTES + 2 * a_col
+            v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + OD * od)
+            # the walk two tiles ahead: sub-tiles j + 2 and j + 4 are of tiles t1 and t2
+            t1 = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi) if t < t_end else t_end
+            for h in range(2):
+                issue_sub(words, base, storage, block_table, b, kstart, kend, t, t_end, h, h,
+                          vtid)
+            for h in range(2):
+                issue_sub(words, base, storage, block_table, b, kstart, kend, t1, t_end, h,
+                          2 + h, vtid)
+            t2 = next_tile(t1 + 1, t_end, kstart, kend, q_lo, q_hi) if t1 < t_end else t_end
+            ptx.cp_async_wait_two()  # sub-tiles 0 and 1 (this thread's pieces)
+            if t < t_end:  # (an arrival no score warp waits for would be left over)
+                for h in range(2):
+                    ptx.bar_arrive(BAR_KREADY + h, NT)
+                    ptx.bar_arrive(BAR_PFREE + h, NT)  # (no P V before sub-tiles 0 and 1)
+            j = 0
+            while t < t_end:
+                for h in range(2):
+                    ptx.bar_sync(BAR_PREADY + h, NT)  # P and alpha of sub-tile j
+                    if t1 < t_end:  # sub-tile j + 2's rows (copied since sub-tile j - 2)
+                        ptx.cp_async_wait_one()
+                        ptx.bar_arrive(BAR_KREADY + h, NT)
+                    a0 = floats[AL_OFF + BLOCK_M * h + gr]
+                    a1 = floats[AL_OFF + BLOCK_M * h + gr + 8]
+                    a2 = floats[AL_OFF + BLOCK_M * h + gr + 16]
+                    a3 = floats[AL_OFF + BLOCK_M * h + gr + 24]
+                    if a0 != float32(1.0) or a1 != float32(1.0) or a2 != float32(1.0) or (
+                            a3 != float32(1.0)):
+                        scale_acc(acc, a0, a1, a2, a3)
+                    pa = p_addr + P_ROW_BYTES * BLOCK_M * h
+                    va = v_addr + KS_BYTES * (j % STAGES)
+                    for step in range(SUB // 16):
+                        c0, c1, c2, c3 = ptx.ldmatrix_x4(words, pa + 32 * step, tid)
+                        c4, c5, c6, c7 = ptx.ldmatrix_x4(words, pa + 16 * P_ROW_BYTES
+                                                         + 32 * step, tid)
+                        pv(acc, words, va + 16 * ROW_BYTES * step, c0, c1, c2, c3, c4, c5, c6,
+                           c7, tid)
+                    if t1 < t_end:
+                        ptx.bar_arrive(BAR_PFREE + h, NT)  # for sub-tile j + 2's P
+                    ptx.bar_sync(BAR_VDONE, NT - SCORE_THREADS)  # every V warp is past j
+                    issue_sub(words, base, storage, block_table, b, kstart, kend, t2, t_end,
+                              h, j + 4, vtid)
+                    j += 1
+                t, t1 = t1, t2
+                t2 = next_tile(t2 + 1, t_end, kstart, kend, q_lo, q_hi) if t2 < t_end else t_end
+        cuda.syncthreads()  # the score warps' final sums and max
+
+        if warp >= 4:
+            od = warp - 4
+            for jr in range(4):  # rows gr + 8 jr: m16 tile jr // 2
+                i = gr + 8 * jr
+                if i < nrows:
+                    t_row, hh = row0 + (r0 + i) // H, (r0 + i) % H
+                    l = floats[LF_OFF + i] + floats[LF_OFF + BLOCK_M + i]
+                    inv = float32(0.0) if l == 0.0 else float32(1.0) / l
+                    at = (jr // 2) * (NACC // 2) + 2 * (jr % 2)
+                    for n8 in range(OD // 8):
+                        d = OD * od + 8 * n8 + 2 * tq
+                        part_out[t_row, hh, p, d] = store(acc[at + 4 * n8] * inv)
+                        part_out[t_row, hh, p, d + 1] = store(acc[at + 4 * n8 + 1] * inv)
+                    if od == 0 and tq == 0:
+                        part_lse[t_row, hh, p] = (
+                            float32(NEG_INF) if l == 0.0 else
+                            (floats[MF_OFF + i] + math.log2(l)) * float32(LN2))
+
+    return partition_kernel
