@@ -269,8 +269,10 @@ _turn_threads = {}
 #: ready: the default), or "low" / "high" (the lowest or highest thread index first, so
 #: those warps run as far ahead of the others as the barriers let them). Every order is one
 #: a GPU may take; a kernel that is right only in some of them lacks a barrier. Set for a
-#: while by ``sim_turn_order``.
-_turn_order = ["fifo"]
+#: while by ``sim_turn_order``; for a whole run by ``NUMBA_MLA_SIM_TURN_ORDER``.
+_turn_order = [os.environ.get("NUMBA_MLA_SIM_TURN_ORDER", "fifo")]
+assert _turn_order[0] in ("fifo", "low", "high"), (
+    f"NUMBA_MLA_SIM_TURN_ORDER={_turn_order[0]!r}: 'fifo', 'low' or 'high'")
 
 
 @contextlib.contextmanager

@@ -453,7 +453,8 @@ class Plan:
 
         spec = self.spec = selector.select_kernel(call, tag, rows, keys, facts, spills)
         # the family asked
-        self.backend = "mma" if spec.backend in ("seesaw", "transposed") else spec.backend
+        self.backend = ("mma" if spec.backend in ("seesaw", "transposed") else
+                        "mma_sync" if spec.backend == "mma_sync_roles" else spec.backend)
         self.block_m = spec.block_m
         P = self.num_partitions = spec.num_partitions
         if P > _MAX_GRID_X:

@@ -50,7 +50,8 @@ class KernelSpec:
 
     backend: str  # what runs: "simt", "simt_warpsplit" (simt, warp split-K), "simple",
     #               "warpsplit" (simple, warp split-K), "mma" (lockstep wgmma), "seesaw" or
-    #               "transposed" (wgmma, "e4m3" rows, 16, 32 or 64 query rows a block)
+    #               "transposed" (wgmma, "e4m3" rows, 16, 32 or 64 query rows a block),
+    #               "mma_sync" or "mma_sync_roles" (its 32-row block's split-role form)
     dispatcher: Any  # the Numba kernel (compiled for the argument types at first launch)
     threads: int  # threads a block
     smem: int  # dynamic shared memory a block, bytes
@@ -475,8 +476,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
 
             disp = factory.mma_sync_roles_partition_kernel(mask, mod, tag, cache_cls, H, direct,
                                                            facts.cache_aligned16)
-            return KernelSpec("mma_sync", disp, mma_sync_roles.NT, mma_sync_roles.smem_bytes(),
-                              q_pairs=True, tma=False, **common)
+            return KernelSpec("mma_sync_roles", disp, mma_sync_roles.NT,
+                              mma_sync_roles.smem_bytes(), q_pairs=True, tma=False, **common)
         disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
                                                  fp8, facts.cache_aligned16, staged)
         return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),

@@ -245,6 +245,30 @@ def test_fp8_rows_beside_bf16_rows():
 
 
 @pytest.mark.kernel
+def test_a_kernel_form_as_a_backend():
+    """``numba_mla:mma_sync_roles`` times the warp tensor-core kernel with a form the selector
+    leaves off (providers.FORMS): planned with its flag set, the flag as it was after, and
+    its row beside the backend's own; where the form does not run (16 query rows) it is
+    skipped with the reason."""
+    from numba_mla import selector
+    from numba_mla.kernels import mma_sync_roles
+
+    doc = bench.run([bench.Config(1, 20, 70, page_size=16, sweep="tiny")],
+                    providers.select_providers("numba_mla:mma_sync_roles"), progress=False,
+                    log=lambda *a: None)
+    assert selector.MMA_SYNC_ROLES is False
+    (row,) = doc["rows"]
+    assert row["backend"] == "mma_sync_roles" and 0 < row["rel_err"] < 2e-2
+    assert row["smem_bytes"] == mma_sync_roles.smem_bytes()  # (the form's kernel ran)
+    assert doc["meta"]["errors"] == [] and doc["meta"]["skipped"] == []
+    p = bench.make_problem(bench.Config(1, 16, 70, page_size=16, sweep="tiny"),
+                           bench.Device(), np.random.default_rng(0), bench.Settings.simulator())
+    with pytest.raises(bench.Skip, match="past 16 query rows"):
+        providers.numba_mla(p, "mma_sync_roles")
+    assert selector.MMA_SYNC_ROLES is False
+
+
+@pytest.mark.kernel
 @SIMULATOR_ONLY
 def test_varlen_sweep_cli(tmp_path, capsys):
     """``bench --sweep varlen`` on a tiny shape: one row a spread, the spread and the lengths'

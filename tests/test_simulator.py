@@ -252,9 +252,10 @@ def _arrival_order(out, counter):
 def test_turn_orders(order):
     """``sim_turn_order``: in the default order the threads run as they became ready (thread
     index order, at the start and after a barrier that opens for all), with "low" the lowest
-    index that is ready always first, with "high" the highest; the default comes back
+    index that is ready always first, with "high" the highest; the order before comes back
     after."""
     out, counter = np.zeros((2, THREADS), np.int64), np.zeros(1, np.int64)
+    before = list(_numba._turn_order)
     with _numba.sim_turn_order(order):
         assert launch(_arrival_order, out, counter, blocks=1) is None
     ranks = np.arange(THREADS)
@@ -264,7 +265,7 @@ def test_turn_orders(order):
     # the order (which for these is the order they parked in)
     assert out[1, want[-1]] == THREADS
     assert (out[1, want[:-1]] == THREADS + 1 + ranks[:-1]).all()
-    assert _numba._turn_order == ["fifo"]
+    assert _numba._turn_order == before
 
 
 _calls = []  # the lane counts _sum_once was called with

@@ -10,6 +10,7 @@ same after a gather from the pages); FlashMLA, FlashInfer and vLLM's Triton deco
 are importable. FlashMLA is built outside the project and found through ``PYTHONPATH`` (see
 docs/performance.md, "Peers"). A provider that cannot run raises ``Skip`` with the reason.
 """
+import contextlib
 import functools
 import inspect
 from dataclasses import dataclass, field
@@ -24,7 +25,11 @@ from .problems import D_QK, D_V
 #: "warpsplit" is the simple kernel with ``decoding_warp_split_k`` (kernels/warpsplit.py),
 #: "simt_warpsplit" the FMA kernel with it (kernels/simt.py, two groups of warps); the call
 #: names the backend selector.WARP_SPLIT_ASKS gives.
-KERNEL_BACKENDS = ("simt", "mma", "mma_sync", "simple", "warpsplit", "simt_warpsplit")
+#: "mma_sync_roles" is "mma_sync" with a kernel form the selector leaves off by default
+#: (``FORMS``: the backend it asks and the selector flag set while it is planned).
+KERNEL_BACKENDS = ("simt", "mma", "mma_sync", "simple", "warpsplit", "simt_warpsplit",
+                   "mma_sync_roles")
+FORMS = {"mma_sync_roles": ("mma_sync", "MMA_SYNC_ROLES")}
 
 
 class Skip(Exception):
@@ -48,21 +53,36 @@ def numba_mla(p, backend):
     whole ``numba_mla.mla_decode`` on NumPy ones."""
     import numba_mla as nm
 
-    from .. import checks, launch
+    from .. import checks, launch, selector
     from ..selector import WARP_SPLIT_ASKS
 
     cfg = p.config
 
     split = backend in WARP_SPLIT_ASKS
+    form = FORMS.get(backend)  # (backend asked, selector flag set while planning)
+    asks = form[0] if form else WARP_SPLIT_ASKS.get(backend, backend)
 
-    def plan_for(b):
+    @contextlib.contextmanager
+    def flagged():
+        if form is None:
+            yield
+            return
+        before = getattr(selector, form[1])
+        setattr(selector, form[1], True)
+        try:
+            yield
+        finally:
+            setattr(selector, form[1], before)
+
+    def plan_for():
         call = checks.check_decode(p.q, p.cache, p.scale, p.mask, None, cfg.num_partitions,
-                                   True, None, WARP_SPLIT_ASKS.get(b, b))
+                                   True, None, asks)
         call.warp_split_k = split
-        return launch.Plan(call)
+        with flagged():
+            return launch.Plan(call)
 
     try:
-        plan = plan_for(backend)
+        plan = plan_for()
     except NotImplementedError as e:
         raise Skip(f"launch.Plan: {e}") from None
     except ValueError as e:  # "backend: 'mma' needs an sm_90 GPU ..." and the like
@@ -70,8 +90,11 @@ def numba_mla(p, backend):
             raise Skip(f"launch.Plan: {e}") from None
         raise
     built = getattr(plan, "backend", None)
-    if built is not None and built != backend:
+    if built is not None and built != (form[0] if form else backend):
         raise Skip(f"launch.Plan built backend {built!r} for backend={backend!r}")
+    if form and plan.spec.backend != backend:
+        raise Skip(f"{backend}: the selector took {plan.spec.backend!r} here (the form runs "
+                   f"past 16 query rows a sequence, 16-bit rows, where its block fits)")
     info = dict(num_partitions=plan.num_partitions, block_m=getattr(plan, "block_m", None),
                 chunk=getattr(getattr(plan, "spec", None), "chunk", None))  # tiles a partition
     if plan.launches:
@@ -89,12 +112,16 @@ def numba_mla(p, backend):
     if split:  # only flare_mla_decoding takes it: no prepared step, the launches are timed
         info["host_path"] = None
         return Prepared(plan.launch, lambda: plan.result()[0], None, info)
-    kw = dict(mask=p.mask, num_partitions=cfg.num_partitions, backend=backend)
+    kw = dict(mask=p.mask, num_partitions=cfg.num_partitions, backend=asks)
     try:
-        host = nm.prepare(p.q, p.cache, p.scale, **kw)
+        with flagged():
+            host = nm.prepare(p.q, p.cache, p.scale, **kw)
         info["host_path"] = "numba_mla.prepare"
     except TypeError:  # NumPy inputs (the simulator): only the whole call takes them
-        host = functools.partial(nm.mla_decode, p.q, p.cache, p.scale, **kw)
+        def host():
+            with flagged():
+                return nm.mla_decode(p.q, p.cache, p.scale, **kw)
+
         info["host_path"] = "numba_mla.mla_decode"
     return Prepared(plan.launch, lambda: plan.result()[0], host, info)
 
