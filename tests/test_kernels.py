@@ -929,7 +929,7 @@ def test_mma_sync_32_rows(case, rng):
     check_kernel(p, mask, SCORE_MODS[mod_id].make(p), P, "mma_sync")
 
 
-ROLES_THREE_TILES = (1, 1, 17, [133], "bf16", "paged", 16, "null", "identity", 1, True)
+ROLES_THREE_TILES = (2, 1, 17, [133, 0], "bf16", "paged", 16, "null", "identity", 1, True)
 
 
 @KERNEL
@@ -937,7 +937,8 @@ ROLES_THREE_TILES = (1, 1, 17, [133], "bf16", "paged", 16, "null", "identity", 1
     # (B, Sq, H, lengths, dtype, cache, page, mask, mod, P, wide): one partition of three
     # tiles (six sub-tiles: every stage and buffer taken twice, the copies four sub-tiles
     # ahead) whose last holds 5 keys (its second half past the end), the second m16 tile
-    # with one row (17), its threads taking turns in each of the simulator's orders; two
+    # with one row (17), beside an empty sequence (no tile: out 0, LSE -inf, written by the
+    # block itself), its threads taking turns in each of the simulator's orders; two
     # row groups (32 rows, then 8), a causal mask, 4-byte copies, two partitions of one and
     # two tiles; a window that skips tiles, an empty sequence and split-K in three
     (ROLES_THREE_TILES, "fifo"), (ROLES_THREE_TILES, "low"), (ROLES_THREE_TILES, "high"),
@@ -949,7 +950,7 @@ def test_mma_sync_roles(case, order, rng, monkeypatch):
     Q in registers, four multiply by V and copy the tiles), which the selector takes with
     ``MMA_SYNC_ROLES`` on. With the score warps run ahead of the V warps ("low") and behind
     them ("high"), a handoff without its barrier reads a buffer before it is written or
-    writes it before it is read (tried: each of the four kinds removed fails a case)."""
+    writes it before it is read (tried: each of its five handoffs removed fails a case)."""
     from numba_mla import _numba, selector
 
     B, Sq, H, lengths, dtype, kind, page, mask_id, mod_id, P, wide = case
