@@ -202,16 +202,19 @@ def _simple_tiles(backend):
     return simple.BLOCK_M, simple.BLOCK_N
 
 
-def _mma_sync_roles(config, block_m, fp8):
-    """Whether the warp tensor-core kernel's 32-row block runs as its split-role form
-    (``MMA_SYNC_ROLES``; 16-bit rows, no config of the block's shape or stages, and its
-    shared memory fits the device's block)."""
+def _mma_sync_roles(config, rows, fp8):
+    """The stages of key rows of the warp tensor-core kernel's split-role block
+    (``MMA_SYNC_ROLES``: 32 rows, where a sequence has more than 16; 16-bit rows, no config
+    of the block's shape or stages; the most stages whose shared memory fits the device's
+    block: 4 on an H100 or H200, 3 on an A100, whose 163 KB do not take the 32-row block),
+    or 0: the blocks as they are."""
     from .kernels import mma_sync_roles
 
-    return (MMA_SYNC_ROLES and block_m == 32 and fp8 is None
+    if not (MMA_SYNC_ROLES and rows > 16 and fp8 is None
             and (config is None or (config.num_queries_per_block is None
-                                    and config.num_pipeline_stages is None))
-            and mma_sync_roles.smem_bytes() <= heuristics.smem_per_block())
+                                    and config.num_pipeline_stages is None))):
+        return 0
+    return mma_sync_roles.stages_that_fit(heuristics.smem_per_block())
 
 
 def _mma_sync_shape(config, rows, fp8):
@@ -387,6 +390,9 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         from .kernels import mma_sync
 
         block_m, staged, fits = _mma_sync_shape(config, rows, fp8)
+        roles = _mma_sync_roles(config, rows, fp8)  # (its stages, or 0)
+        if roles:
+            block_m, staged, fits = 32, 0, True
         block_n = mma_sync.BLOCK_N
         if not fits:  # the config's rows: no such block, or more shared memory than a block gets
             runs = [m for m in mma_sync.BLOCK_MS
@@ -427,9 +433,10 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     # warp tensor-core kernel's where shared memory allows)
     slots = heuristics.sm_count()
     if backend == "mma_sync":
-        from .kernels import mma_sync
+        from .kernels import mma_sync, mma_sync_roles
 
-        slots *= heuristics.resident_blocks(mma_sync.smem_bytes(block_m, fp8, staged),
+        slots *= heuristics.resident_blocks(mma_sync_roles.smem_bytes(roles) if roles else
+                                            mma_sync.smem_bytes(block_m, fp8, staged),
                                             mma_sync.min_blocks(block_m))
     elif backend == "mma" and block_t:
         slots *= heuristics.resident_blocks(transposed.smem_bytes(block_m), 2)
@@ -471,13 +478,14 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         return KernelSpec("simple", disp, simple.NTHREADS, simple.smem_bytes(block_m),
                           q_pairs=False, tma=False, **common)
     if backend == "mma_sync":
-        if _mma_sync_roles(config, block_m, fp8):
+        if roles:
             from .kernels import mma_sync_roles
 
             disp = factory.mma_sync_roles_partition_kernel(mask, mod, tag, cache_cls, H, direct,
-                                                           facts.cache_aligned16)
+                                                           facts.cache_aligned16, roles)
             return KernelSpec("mma_sync_roles", disp, mma_sync_roles.NT,
-                              mma_sync_roles.smem_bytes(), q_pairs=True, tma=False, **common)
+                              mma_sync_roles.smem_bytes(roles), q_pairs=True, tma=False,
+                              **common)
         disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
                                                  fp8, facts.cache_aligned16, staged)
         return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),

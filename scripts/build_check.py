@@ -400,15 +400,17 @@ def main():
               f"direct={direct!s:5} sm_{cc[0]}{cc[1]} fp8={layout}{stages} "
               f"regs={regs} spills={spills} "
               f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
-    # ... and its 32-row block's split-role form (kernels/mma_sync_roles.py; 16-bit rows):
-    # S and P V written out (18 steps of 4, 2 of 32), every one an HMMA
-    for cc in ((8, 0), (8, 9)):
+    # ... and its 32-row block's split-role form (kernels/mma_sync_roles.py; 16-bit rows),
+    # with 3 stages (an A100) and 4 (more shared memory; an Ada GPU's 99 KB take neither): S
+    # and P V written out (18 steps of 4, 2 of 32), every one an HMMA
+    cc = (8, 0)
+    for stages in (3, 4):
         for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES:
             for direct in (False, True) if block_m == 32 else ():
                 if not mine():
                     continue
                 kern = factory.mma_sync_roles_partition_kernel(mask, mod, tag, cache, heads,
-                                                               direct)
+                                                               direct, True, stages)
                 ptx, _ = cuda.compile_ptx(kern.py_func, mma_sync_signature(tag, direct), cc=cc,
                                           launch_bounds=kern.targetoptions.get("launch_bounds"))
                 sass, log = build_sass(ptx, f"sm_{cc[0]}{cc[1]}")
@@ -418,7 +420,8 @@ def main():
                 ok = not spills and calls == 0 and mmas >= 18 * 4 + 2 * 32 and hmma >= mmas
                 bad += not ok
                 print(f"mroles {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
-                      f"direct={direct!s:5} sm_{cc[0]}{cc[1]} regs={regs} spills={spills} "
+                      f"direct={direct!s:5} sm_{cc[0]}{cc[1]} stages={stages} regs={regs} "
+                      f"spills={spills} "
                       f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
     # The clamp of device row offsets that runs before a ragged call's partition kernel
     from numba_mla.kernels import offsets

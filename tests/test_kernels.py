@@ -933,7 +933,7 @@ ROLES_THREE_TILES = (2, 1, 17, [133, 0], "bf16", "paged", 16, "null", "identity"
 
 
 @KERNEL
-@pytest.mark.parametrize("case,order", [
+@pytest.mark.parametrize("case,order,stages", [
     # (B, Sq, H, lengths, dtype, cache, page, mask, mod, P, wide): one partition of three
     # tiles (six sub-tiles: every stage and buffer taken twice, the copies four sub-tiles
     # ahead) whose last holds 5 keys (its second half past the end), the second m16 tile
@@ -941,11 +941,14 @@ ROLES_THREE_TILES = (2, 1, 17, [133, 0], "bf16", "paged", 16, "null", "identity"
     # block itself), its threads taking turns in each of the simulator's orders; two
     # row groups (32 rows, then 8), a causal mask, 4-byte copies, two partitions of one and
     # two tiles; a window that skips tiles, an empty sequence and split-K in three
-    (ROLES_THREE_TILES, "fifo"), (ROLES_THREE_TILES, "low"), (ROLES_THREE_TILES, "high"),
-    ((1, 2, 20, [100], "fp16", "contiguous", 0, "causal", "alibi", 2, False), "fifo"),
-    ((2, 1, 32, [300, 0], "bf16", "paged", 64, "window100", "softcap", 3, True), "fifo"),
+    (ROLES_THREE_TILES, "fifo", 4), (ROLES_THREE_TILES, "low", 4),
+    (ROLES_THREE_TILES, "high", 4),
+    ((1, 2, 20, [100], "fp16", "contiguous", 0, "causal", "alibi", 2, False), "fifo", 4),
+    ((2, 1, 32, [300, 0], "bf16", "paged", 64, "window100", "softcap", 3, True), "fifo", 4),
+    # three stages of key rows (an A100's 163 KB a block): each copy a sub-tile ahead
+    (ROLES_THREE_TILES, "low", 3), (ROLES_THREE_TILES, "high", 3),
 ], ids=str)
-def test_mma_sync_roles(case, order, rng, monkeypatch):
+def test_mma_sync_roles(case, order, stages, rng, monkeypatch):
     """The 32-row block's split-role form (kernels/mma_sync_roles.py: four warps score with
     Q in registers, four multiply by V and copy the tiles), which the selector takes with
     ``MMA_SYNC_ROLES`` on. With the score warps run ahead of the V warps ("low") and behind
@@ -953,18 +956,25 @@ def test_mma_sync_roles(case, order, rng, monkeypatch):
     writes it before it is read (tried: each of its five handoffs removed fails a case)."""
     from numba_mla import _numba, selector
 
+    from numba_mla import heuristics
+    from numba_mla.kernels import mma_sync_roles
+
     B, Sq, H, lengths, dtype, kind, page, mask_id, mod_id, P, wide = case
     monkeypatch.setattr(selector, "MMA_SYNC_ROLES", True)
     monkeypatch.setattr(launch, "_aligned16", lambda dev: wide)
+    if stages == 3:  # (an A100's block: the 32-row block itself does not fit)
+        monkeypatch.setattr(heuristics, "smem_per_block", lambda: 166912)
+        assert heuristics.mma_sync_block_m(Sq * H) == 16
+    assert mma_sync_roles.stages_that_fit(heuristics.smem_per_block()) == stages
     seen, real = [], factory.mma_sync_roles_partition_kernel
     monkeypatch.setattr(factory, "mma_sync_roles_partition_kernel",
-                        lambda *args: seen.append(args[-1]) or real(*args))
+                        lambda *args: seen.append(args[6:]) or real(*args))
     p = make_problem(rng, B, Sq, H, lengths, DTYPES[dtype], kind, page)
     mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100" else
             MASKS[mask_id].make(p, rng))
     with _numba.sim_turn_order(order):
         check_kernel(p, mask, SCORE_MODS[mod_id].make(p), P, "mma_sync")
-    assert seen == [wide], "expected the split-role kernel, with the case's copies"
+    assert seen == [(wide, stages)], "expected the split-role kernel, its copies and stages"
 
 
 @KERNEL

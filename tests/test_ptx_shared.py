@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from numba_mla import ptx  # before numba.cuda: applies numba_mla's environment shims
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from numba_mla._compat import SIMULATOR
 
@@ -159,3 +159,39 @@ def test_prefetch_l2_out_of_bounds_raises_in_simulator():
     for kernel in (past_the_end, before_the_start):
         with pytest.raises(Exception, match="out of bounds"):
             kernel[1, 1](cuda.to_device(np.zeros((4, 8), np.int32)))
+
+
+@cuda.jit
+def copy_in_groups(src, out):
+    # one thread: two groups of 16-byte copies into shared memory (words 0-3, then 4-7), over
+    # words that hold -1; what it reads before each wait, after waiting for all but the newest
+    # group, after waiting for all
+    sm = cuda.shared.array(8, int32)
+    for i in range(8):
+        sm[i] = -1
+    base = ptx.smem_addr(sm)
+    g = ptx.global_addr(src, 0, 0, 0)
+    ptx.cp_async16_at(sm, base, g, True)
+    ptx.cp_async_commit()
+    ptx.cp_async16_at(sm, base + 16, g + 16, True)
+    ptx.cp_async_commit()
+    ptx.cp_async_wait_one()
+    for i in range(8):
+        out[0, i] = sm[i]
+    ptx.cp_async_wait_all()
+    for i in range(8):
+        out[1, i] = sm[i]
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="when a copy lands on a GPU is not observable: "
+                    "simulator only")
+def test_async_copies_land_at_their_wait():
+    """The simulator's ``cp.async`` twin writes shared memory only when a wait of its thread
+    completes the copy's group (the GPU may land it any time up to then), so a kernel that
+    waits for too few groups, or reads before its wait, reads what was there before: after
+    ``wait_one`` the first group is in and the second not yet, after ``wait_all`` both."""
+    src = np.arange(8, dtype=np.int32).reshape(1, 1, 8) + 10
+    out = np.zeros((2, 8), np.int32)
+    copy_in_groups[1, 1](src, out)
+    np.testing.assert_array_equal(out[0], [10, 11, 12, 13, -1, -1, -1, -1])
+    np.testing.assert_array_equal(out[1], np.arange(8) + 10)

@@ -19,7 +19,8 @@ wgmma seesaw kernel split tiles:
 
 Sub-tiles of 32 keys (two a 64-key tile of the walk, so the schedule, the mask's tile
 classes and skipping are the other kernels'), j = 0, 1, ... in walk order, h = j % 2: the
-key rows in stage j % 4 of Ks (four stages of 32 rows), P in buffer h. Handoffs by named
+key rows in stage j % NS of Ks (NS = 4 stages of 32 rows, or 3 where four do not fit: an
+A100), P in buffer h. Handoffs by named
 barriers (a producer ``bar.arrive``, the consumer ``bar.sync``, 256 threads), each pair of
 ids alternating with h so that neither side can arrive twice before the other has synced:
 
@@ -28,14 +29,14 @@ ids alternating with h so that neither side can arrive twice before the other ha
     PREADY[h]  score -> V: P and alpha of sub-tile j are in buffer h
     PFREE[h]   V -> score: buffer h is free again (after P V of j, for j + 2; first for 0, 1)
     PAIR[sm]   the two score warps of m16 tile sm (64 threads): their partial scores
-    VDONE      the V warps (128): all four are past P V of j before stage j % 4 is refilled
-               with sub-tile j + 4
+    VDONE      the V warps (128): all four are past P V of j before stage j % NS is
+               refilled with sub-tile j + NS
 
-So the score warps run up to two sub-tiles ahead of P V, and each copy is issued two
+So the score warps run up to two sub-tiles ahead of P V, and each copy is issued NS - 2
 sub-tiles before the score warps need it. Shared memory (bytes; ``layout``):
 
     Qs  [32][ROWW]       the block's queries (read once into the score warps' registers)
-    Ks  [4][32][ROWW]    the key rows of four sub-tiles (the first 512 dims are V)
+    Ks  [NS][32][ROWW]   the key rows of NS sub-tiles (the first 512 dims are V)
     Ps  [2][32][PW]      P of two sub-tiles, 16-bit (32 keys: 16 words + 4 padding a row)
     Al  [2][32] f32      each row's alpha for those sub-tiles
     Mx  [2][32] f32      the row maxima of each key half (dh) of the sub-tile
@@ -58,7 +59,7 @@ from .mma_sync import BLOCK_N, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue
 
 BLOCK_M = 32  # query rows a block (two m16 tiles)
 SUB = 32  # keys a sub-tile
-STAGES = 4  # sub-tiles of key rows in shared memory
+STAGES = (4, 3)  # sub-tiles of key rows in shared memory: 4 where they fit, else 3 (an A100)
 NT = 256  # threads: 4 score warps, then 4 V warps
 SCORE_THREADS = 128
 OD = D_V // 4  # output dims a V warp owns (128)
@@ -71,10 +72,12 @@ P_ROW_BYTES = 4 * PW
 BAR_PAIR, BAR_KREADY, BAR_PREADY, BAR_PFREE, BAR_VDONE = 1, 3, 5, 7, 9
 
 
-def layout():
-    """Word offsets of Qs, Ks, Ps, Al, Mx, Xs, Lf, Mf in dynamic shared memory, and its size
-    in words (each offset a multiple of 4 words: 16-byte aligned)."""
-    sizes = (BLOCK_M * ROWW, STAGES * SUB * ROWW, 2 * BLOCK_M * PW, 2 * BLOCK_M, 2 * BLOCK_M,
+def layout(stages=4):
+    """Word offsets of Qs, Ks, Ps, Al, Mx, Xs, Lf, Mf in dynamic shared memory with ``stages``
+    stages of key rows, and its size in words (each offset a multiple of 4 words: 16-byte
+    aligned)."""
+    assert stages in STAGES, stages
+    sizes = (BLOCK_M * ROWW, stages * SUB * ROWW, 2 * BLOCK_M * PW, 2 * BLOCK_M, 2 * BLOCK_M,
              4 * 2 * 32 * 4, 2 * BLOCK_M, BLOCK_M)
     offs, at = [], 0
     for n in sizes:
@@ -83,8 +86,14 @@ def layout():
     return tuple(offs), at
 
 
-def smem_bytes():
-    return 4 * layout()[1]
+def smem_bytes(stages=4):
+    return 4 * layout(stages)[1]
+
+
+def stages_that_fit(limit):
+    """The most stages whose block fits ``limit`` bytes of shared memory a block (4 on an
+    H100 or H200: 197 KB; 3 on an A100: 160 KB of its 163), or 0 (an Ada GPU's 99 KB)."""
+    return max((n for n in STAGES if smem_bytes(n) <= limit), default=0)
 
 
 def _make_q_load(steps):
@@ -120,10 +129,15 @@ def _make_scores(tag, steps):
 
 
 def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
-                          score_mod, fold_scale, heads, wide=True, key_count=None):
+                          score_mod, fold_scale, heads, wide=True, stages=4, key_count=None):
     """The split-role kernel for one configuration (factory.py; arguments as for
-    mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block)."""
-    (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF), _ = layout()
+    mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
+    ``STAGES``)."""
+    (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF), _ = layout(stages)
+    NS = stages
+    # sub-tile j + NS (copied once P V of j is done) is half (h + NS) % 2 of the tile
+    # (h + NS) // 2 = 1 or 2 ahead of sub-tile j's (t1 or t2 below)
+    AHEAD_HALF = NS % 2
     KS_BYTES = 4 * SUB * ROWW  # a stage
     H = heads
     JIT = JIT_OPTIONS if SIMULATOR else dict(JIT_OPTIONS, launch_bounds=(NT, 1))
@@ -140,12 +154,12 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
 
     @cuda.jit(device=True, **INLINE)
     def issue_sub(words, base, storage, block_table, b, kstart, kend, t, t_end, h, j, vtid):
-        """The copy of sub-tile j (half h of tile t) into stage j % 4 (the V warps; nothing
+        """The copy of sub-tile j (half h of tile t) into stage j % NS (the V warps; nothing
         but an empty group where t is past the walk's end, so that every sub-tile is one
         group)."""
         if t < t_end:  # (a half past the keys copies zeros, looking up key kend - 1)
             k0 = min(kstart + t * BLOCK_N + SUB * h, kend)
-            issue(words, base, KS_BYTES * (j % STAGES), storage, block_table, b, k0,
+            issue(words, base, KS_BYTES * (j % NS), storage, block_table, b, k0,
                   min(k0 + SUB, kend), vtid)
         else:
             ptx.cp_async_commit()
@@ -170,8 +184,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         if nrows <= 0:
             return  # the whole block leaves: no barrier is skipped
 
-        q_lo, q_hi, kstart, kend, t, t_end = first_tiles(length, nq, r0, nrows, p, nparts,
-                                                            chunk)
+        q_lo, q_hi, kstart, kend, t, t_end = first_tiles(length, nq, r0, nrows, p, nparts, chunk)
         if t >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
             mark_empty(part_lse, row0, r0, nrows, p, H, tid, NT)
             return  # uniform in the block, before any barrier
@@ -213,7 +226,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     ptx.bar_sync(BAR_KREADY + h, NT)  # sub-tile j's rows have landed
                     for k in range(16):
                         s2[k] = float32(0.0)
-                    scores(s2, qf, words, k_addr + KS_BYTES * (j % STAGES), tid)
+                    scores(s2, qf, words, k_addr + KS_BYTES * (j % NS), tid)
                     # the partner's 16 keys to it, its partials of this warp's 16 from it
                     for u in range(2):
                         ptx.sts128(floats, x_give + 512 * u,
@@ -289,16 +302,20 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 acc[k] = float32(0.0)
             p_addr = base + 4 * P_OFF + a_row * P_ROW_BYTES + 2 * a_col
             v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + OD * od)
-            # the walk two tiles ahead: sub-tiles j + 2 and j + 4 are of tiles t1 and t2
+            # the walk two tiles ahead (t1, t2): sub-tile j + 2 is of t1, j + NS of t1 or t2
             t1 = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi) if t < t_end else t_end
             for h in range(2):
                 issue_sub(words, base, storage, block_table, b, kstart, kend, t, t_end, h, h,
                           vtid)
-            for h in range(2):
+            for h in range(NS - 2):
                 issue_sub(words, base, storage, block_table, b, kstart, kend, t1, t_end, h,
                           2 + h, vtid)
             t2 = next_tile(t1 + 1, t_end, kstart, kend, q_lo, q_hi) if t1 < t_end else t_end
-            ptx.cp_async_wait_two()  # sub-tiles 0 and 1 (this thread's pieces)
+            # sub-tiles 0 and 1 (this thread's pieces): all but the NS - 2 copies after them
+            if NS == 4:
+                ptx.cp_async_wait_two()
+            else:
+                ptx.cp_async_wait_one()
             if t < t_end:  # (an arrival no score warp waits for would be left over)
                 for h in range(2):
                     ptx.bar_arrive(BAR_KREADY + h, NT)
@@ -307,8 +324,11 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             while t < t_end:
                 for h in range(2):
                     ptx.bar_sync(BAR_PREADY + h, NT)  # P and alpha of sub-tile j
-                    if t1 < t_end:  # sub-tile j + 2's rows (copied since sub-tile j - 2)
-                        ptx.cp_async_wait_one()
+                    if t1 < t_end:  # sub-tile j + 2's rows (copied since sub-tile j + 2 - NS)
+                        if NS == 4:  # (all but the newest copy, j + 3's)
+                            ptx.cp_async_wait_one()
+                        else:
+                            ptx.cp_async_wait_all()
                         ptx.bar_arrive(BAR_KREADY + h, NT)
                     a0 = floats[AL_OFF + BLOCK_M * h + gr]
                     a1 = floats[AL_OFF + BLOCK_M * h + gr + 8]
@@ -318,7 +338,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                             a3 != float32(1.0)):
                         scale_acc(acc, a0, a1, a2, a3)
                     pa = p_addr + P_ROW_BYTES * BLOCK_M * h
-                    va = v_addr + KS_BYTES * (j % STAGES)
+                    va = v_addr + KS_BYTES * (j % NS)
                     for step in range(SUB // 16):
                         c0, c1, c2, c3 = ptx.ldmatrix_x4(words, pa + 32 * step, tid)
                         c4, c5, c6, c7 = ptx.ldmatrix_x4(words, pa + 16 * P_ROW_BYTES
@@ -328,8 +348,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     if t1 < t_end:
                         ptx.bar_arrive(BAR_PFREE + h, NT)  # for sub-tile j + 2's P
                     ptx.bar_sync(BAR_VDONE, NT - SCORE_THREADS)  # every V warp is past j
-                    issue_sub(words, base, storage, block_table, b, kstart, kend, t2, t_end,
-                              h, j + 4, vtid)
+                    issue_sub(words, base, storage, block_table, b, kstart, kend,
+                              t2 if h + NS >= 4 else t1, t_end, (h + AHEAD_HALF) % 2, j + NS,
+                              vtid)
                     j += 1
                 t, t1 = t1, t2
                 t2 = next_tile(t2 + 1, t_end, kstart, kend, q_lo, q_hi) if t2 < t_end else t_end
@@ -341,8 +362,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 i = gr + 8 * jr
                 if i < nrows:
                     t_row, hh = row0 + (r0 + i) // H, (r0 + i) % H
-                    l = floats[LF_OFF + i] + floats[LF_OFF + BLOCK_M + i]
-                    inv = float32(0.0) if l == 0.0 else float32(1.0) / l
+                    lsum = floats[LF_OFF + i] + floats[LF_OFF + BLOCK_M + i]
+                    inv = float32(0.0) if lsum == 0.0 else float32(1.0) / lsum
                     at = (jr // 2) * (NACC // 2) + 2 * (jr % 2)
                     for n8 in range(OD // 8):
                         d = OD * od + 8 * n8 + 2 * tq
@@ -350,7 +371,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                         part_out[t_row, hh, p, d + 1] = store(acc[at + 4 * n8 + 1] * inv)
                     if od == 0 and tq == 0:
                         part_lse[t_row, hh, p] = (
-                            float32(NEG_INF) if l == 0.0 else
-                            (floats[MF_OFF + i] + math.log2(l)) * float32(LN2))
+                            float32(NEG_INF) if lsum == 0.0 else
+                            (floats[MF_OFF + i] + math.log2(lsum)) * float32(LN2))
 
     return partition_kernel
