@@ -266,22 +266,33 @@ def attach_disk_cache(dispatcher, cache_dir, digest):
 _turn_threads = {}
 
 #: (Simulator) Which ready thread gets the next turn: "fifo" (in the order they became
-#: ready: the default), or "low" / "high" (the lowest or highest thread index first, so
-#: those warps run as far ahead of the others as the barriers let them). Every order is one
-#: a GPU may take; a kernel that is right only in some of them lacks a barrier. Set for a
-#: while by ``sim_turn_order``; for a whole run by ``NUMBA_MLA_SIM_TURN_ORDER``.
+#: ready: the default), "low" / "high" (the lowest or highest thread index first, so those
+#: warps run as far ahead of the others as the barriers let them), or "warps:SEED" (the
+#: warps in an order drawn from SEED, a warp's lanes in index order: some warps run ahead of
+#: others, whichever they are). Every order is one a GPU may take; a kernel that is right
+#: only in some of them lacks a barrier. Set for a while by ``sim_turn_order``; for a whole
+#: run by ``NUMBA_MLA_SIM_TURN_ORDER``.
 _turn_order = [os.environ.get("NUMBA_MLA_SIM_TURN_ORDER", "fifo")]
-assert _turn_order[0] in ("fifo", "low", "high"), (
-    f"NUMBA_MLA_SIM_TURN_ORDER={_turn_order[0]!r}: 'fifo', 'low' or 'high'")
+
+
+def _check_turn_order(order):
+    ok = order in ("fifo", "low", "high") or (
+        order.startswith("warps:") and order[6:].isdigit())
+    if not ok:
+        raise ValueError(f"simulator turn order {order!r}: 'fifo', 'low', 'high' or "
+                         f"'warps:SEED' (NUMBA_MLA_SIM_TURN_ORDER, sim_turn_order)")
+
+
+_check_turn_order(_turn_order[0])
 
 
 @contextlib.contextmanager
 def sim_turn_order(order):
-    """(Simulator) Launches within run their blocks' threads in ``order`` ("fifo", "low" or
-    "high": ``_turn_order``), as a test's way to reach the interleavings where a missing
-    barrier shows: with "low" the lower warps run ahead (a consumer before its producer, when
-    the consumers are the lower warps), with "high" the higher ones."""
-    assert order in ("fifo", "low", "high"), order
+    """(Simulator) Launches within run their blocks' threads in ``order`` (``_turn_order``),
+    as a test's way to reach the interleavings where a missing barrier shows: with "low" the
+    lower warps run ahead (a consumer before its producer, when the consumers are the lower
+    warps), with "high" the higher ones, with "warps:SEED" those SEED's draw puts first."""
+    _check_turn_order(order)
     before = _turn_order[0]
     _turn_order[0] = order
     try:
@@ -290,26 +301,44 @@ def sim_turn_order(order):
         _turn_order[0] = before
 
 
-class _ReadyByIndex:
-    """(Simulator) Ready threads, the one with the lowest (or, ``high``, highest) thread index
-    first: a heap with the deque methods ``_Turns`` uses."""
+class _ReadyByRank:
+    """(Simulator) Ready threads, the one first whose thread index ``key`` maps lowest: a
+    heap with the deque methods ``_Turns`` uses."""
 
-    def __init__(self, threads, high):
+    def __init__(self, threads, key):
         import heapq
 
-        self._heapq, self._sign, self._heap, self._n = heapq, -1 if high else 1, [], 0
+        self._heapq, self._key, self._heap, self._n = heapq, key, [], 0
         self.extend(threads)
 
     def extend(self, threads):
         for t in threads:
             self._n += 1
-            self._heapq.heappush(self._heap, (self._sign * t.rank, self._n, t))
+            self._heapq.heappush(self._heap, (self._key(t.rank), self._n, t))
 
     def popleft(self):
         return self._heapq.heappop(self._heap)[2]
 
     def __bool__(self):
         return bool(self._heap)
+
+
+def _ready_queue(threads, order):
+    """(Simulator) The ready queue of a block's ``threads`` (all ready at its start) under a
+    turn order."""
+    import collections
+
+    if order == "fifo":
+        return collections.deque(threads)
+    if order == "low":
+        return _ReadyByRank(threads, lambda r: r)
+    if order == "high":
+        return _ReadyByRank(threads, lambda r: -r)
+    import numpy as np
+
+    warps = -(-len(threads) // 32)
+    place = np.random.default_rng(int(order[6:])).permutation(warps)  # (the warps' order)
+    return _ReadyByRank(threads, lambda r: 32 * int(place[r // 32]) + r % 32)
 
 
 def _turn_thread():
@@ -331,13 +360,10 @@ class _Turns:
     of those still running, the threads waiting at ``syncthreads``, and the block's error."""
 
     def __init__(self, threads):
-        import collections
         import threading
 
-        order = _turn_order[0]
         self.threads = threads
-        self.ready = (collections.deque(threads) if order == "fifo" else
-                      _ReadyByIndex(threads, order == "high"))
+        self.ready = _ready_queue(threads, _turn_order[0])
         self.live, self.at_barrier, self.error = len(threads), [], None
         self.done = threading.Event()
 

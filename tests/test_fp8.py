@@ -523,22 +523,30 @@ def test_fp8_seesaw_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts,
 
 
 @KERNEL
-@pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts", [
-    (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1),
-    (np.float16, "contiguous", 2, 40, [450], "causal", "softcap", 2)])
-def test_fp8_seesaw_converter_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts, rng,
-                                     monkeypatch):
+@pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts,order", [
+    (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "fifo"),
+    (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "warps:2"),
+    (np.float16, "contiguous", 2, 40, [450], "causal", "softcap", 2, "fifo")])
+def test_fp8_seesaw_converter_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts, order,
+                                     rng, monkeypatch):
     """The seesaw kernel on "e4m3" rows with a third warpgroup that converts every tile in
     place as its codes land (``selector.SEESAW_CONVERTER``): seven tiles in one partition
     beside an empty sequence (both buffers refilled, buffer 1 twice after warpgroup 1 let it
     go, the last pair without a second tile, a short last tile); two tokens of 40 heads
-    causal with a soft cap in two partitions of four tiles each (the second ends short)."""
-    from numba_mla import selector
+    causal with a soft cap in two partitions of four tiles each (the second ends short). The
+    first case again with the threads taking turns in the order of warps that seed 2 draws
+    (docs/testing.md; warps 1, 11, 0, 8, 9, 6, 7, 5, 10, 2, 3, 4: three of the converter's
+    warps among the first five, warpgroup 1's first warp last): without the handoff that lets
+    the converter write buffer 1 only after warpgroup 1's product on it (BAR_FREE1) both
+    cases fail in that order (tried; in the default order, and in "low" and "high", they
+    pass)."""
+    from numba_mla import _numba, selector
 
     monkeypatch.setattr(selector, "SEESAW_CONVERTER", True)
     seen = spy_factory(monkeypatch, "seesaw_partition_kernel",
                        lambda a, kw: (a[4], kw.get("fp8"), kw.get("converter")))
-    run_mma_case(rng, dtype, cache, Sq, H, lengths, mask_id, mod_id, parts)
+    with _numba.sim_turn_order(order):
+        run_mma_case(rng, dtype, cache, Sq, H, lengths, mask_id, mod_id, parts)
     assert set(seen) == {(H, "e4m3", True)}
 
 

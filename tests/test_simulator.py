@@ -248,24 +248,28 @@ def _arrival_order(out, counter):
     counter[0] += 1
 
 
-@pytest.mark.parametrize("order", ["fifo", "low", "high"])
+@pytest.mark.parametrize("order", ["fifo", "low", "high", "warps:3"])
 def test_turn_orders(order):
     """``sim_turn_order``: in the default order the threads run as they became ready (thread
     index order, at the start and after a barrier that opens for all), with "low" the lowest
-    index that is ready always first, with "high" the highest; the order before comes back
-    after."""
+    index that is ready always first, with "high" the highest, with "warps:SEED" the warps
+    in the order SEED draws (here warp 1 first), each warp's lanes in index order; the order
+    before comes back after. Anything else is refused."""
     out, counter = np.zeros((2, THREADS), np.int64), np.zeros(1, np.int64)
     before = list(_numba._turn_order)
     with _numba.sim_turn_order(order):
         assert launch(_arrival_order, out, counter, blocks=1) is None
     ranks = np.arange(THREADS)
-    want = ranks[::-1] if order == "high" else ranks
+    want = {"high": ranks[::-1], "warps:3": np.roll(ranks, 32)}.get(order, ranks)
     assert (out[0] == want).all()
     # after the barrier: the last thread to arrive opens it and runs on, then the others in
     # the order (which for these is the order they parked in)
     assert out[1, want[-1]] == THREADS
     assert (out[1, want[:-1]] == THREADS + 1 + ranks[:-1]).all()
     assert _numba._turn_order == before
+    with pytest.raises(ValueError, match="turn order 'lowest'"):
+        with _numba.sim_turn_order("lowest"):
+            pass
 
 
 _calls = []  # the lane counts _sum_once was called with

@@ -45,5 +45,60 @@ def device_with_twin(twin):
 
 
 def no_op(*args):
-    """The twin of an instruction with nothing to do in the simulator (a fence, a commit, a
-    wait: there every memory access and copy takes effect when it is issued)."""
+    """The twin of an instruction with nothing to do in the simulator (a fence; a barrier's
+    arrival where nothing waits)."""
+
+
+class AsyncGroups:
+    """(Simulator) One thread's asynchronous operations of one kind (``cp.async`` copies,
+    wgmma products) in flight, as the GPU keeps them: those issued since the last commit
+    (``open``), then the committed groups, oldest first. Each is a function that completes
+    it (writes shared memory, or the product into the accumulators); a wait of the thread
+    runs the oldest groups' until at most ``pending`` groups remain. So what a kernel reads
+    before the wait that completes an operation is what was there before: a wait too few,
+    or an operand overwritten before its product's wait, shows as a wrong result here."""
+
+    _threads = {}  # (threading.get_ident(), kind) -> this, for the block it was made in
+
+    def __init__(self, block):
+        self.block, self.open, self.groups = block, [], []
+
+    @classmethod
+    def of_this_thread(cls, kind):
+        """The calling thread's, or None outside the simulator's block scheduler (where an
+        operation completes when issued)."""
+        import threading
+
+        from .._numba import sim_block
+
+        block = sim_block()
+        if block is None:
+            return None
+        key = threading.get_ident(), kind
+        state = cls._threads.get(key)
+        if state is None or state.block is not block:  # (a new block starts with none)
+            state = cls._threads[key] = cls(block)
+        return state
+
+    @classmethod
+    def issue(cls, kind, complete):
+        state = cls.of_this_thread(kind)
+        if state is None:
+            complete()
+        else:
+            state.open.append(complete)
+
+    @classmethod
+    def commit(cls, kind):
+        state = cls.of_this_thread(kind)
+        if state is not None:
+            state.groups.append(state.open)
+            state.open = []
+
+    @classmethod
+    def wait(cls, kind, pending):
+        """Complete the thread's oldest groups until at most ``pending`` remain."""
+        state = cls.of_this_thread(kind)
+        while state is not None and len(state.groups) > pending:
+            for complete in state.groups.pop(0):
+                complete()

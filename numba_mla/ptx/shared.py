@@ -35,8 +35,8 @@
   publishes them (and ``fence_proxy_async``, in wgmma.py, to tensor-core reads).
 
 In the simulator a copy reads its source when issued and writes shared memory when a wait of
-its thread completes its group (``_AsyncCopies``), as on the GPU a copy may land any time up
-to then: a wait too few, or a read before it, finds the buffer as it was.
+its thread completes its group (``_twin.AsyncGroups``), as on the GPU a copy may land any
+time up to then: a wait too few, or a read before it, finds the buffer as it was.
 """
 import numpy as np
 from llvmlite import ir
@@ -44,9 +44,9 @@ from numba.cuda import types
 from numba.cuda.extending import intrinsic
 
 from .._compat import SIMULATOR
-from .._numba import array_data, item_pointer, sim_block
+from .._numba import array_data, item_pointer
 from ._codegen import addr32, f32, global_window, i32, i64, shared_window, void_asm
-from ._twin import intrinsic_with_twin, with_twin
+from ._twin import AsyncGroups, intrinsic_with_twin, with_twin
 
 
 def _aligned(addr, nbytes, what, space="shared address"):
@@ -326,40 +326,6 @@ def prefetch_l2(typingctx, arr, i0, i1):
     return sig, cg
 
 
-class _AsyncCopies:
-    """(Simulator) A thread's copies in flight, as the GPU keeps them: those not yet in a
-    group (``open``), then its committed groups, oldest first. A copy reads its source when
-    issued (nothing writes the cache during a kernel) and writes shared memory only when a
-    ``cp_async_wait_*`` of its thread completes its group, so a read of the buffer before
-    that wait (or before the barrier after it, for another thread) finds what was there."""
-
-    _threads = {}  # threading.get_ident() -> this, for the block it was made in
-
-    def __init__(self, block):
-        self.block, self.open, self.groups = block, [], []
-
-    @classmethod
-    def of_this_thread(cls):
-        """The calling thread's, or None outside the simulator's block scheduler (where a
-        copy completes when issued)."""
-        import threading
-
-        block = sim_block()
-        if block is None:
-            return None
-        me = threading.get_ident()
-        state = cls._threads.get(me)
-        if state is None or state.block is not block:  # (a new block starts with none)
-            state = cls._threads[me] = cls(block)
-        return state
-
-    def wait(self, pending):
-        """Complete the oldest groups until at most ``pending`` remain."""
-        while len(self.groups) > pending:
-            for arr, i, values in self.groups.pop(0):
-                arr[i:i + len(values)] = values
-
-
 def _cp_async_at_twin(nbytes, cache_op):
     words = nbytes // 4
 
@@ -367,11 +333,11 @@ def _cp_async_at_twin(nbytes, cache_op):
         i = _aligned(addr, nbytes, "cp_async")
         _aligned(gaddr.byte, nbytes, "cp_async", "global offset")
         values = [gaddr.word(j) if valid else 0 for j in range(words)]
-        state = _AsyncCopies.of_this_thread()
-        if state is None:
+
+        def land():
             arr[i:i + words] = values
-        else:
-            state.open.append((arr, i, values))
+
+        AsyncGroups.issue("cp.async", land)
 
     return copy
 
@@ -407,17 +373,12 @@ cp_async16_at = _cp_async_at(16, "cg")
 
 
 def _cp_async_commit_twin():
-    state = _AsyncCopies.of_this_thread()
-    if state is not None:
-        state.groups.append(state.open)
-        state.open = []
+    AsyncGroups.commit("cp.async")
 
 
 def _cp_async_wait_twin(pending):
     def wait():
-        state = _AsyncCopies.of_this_thread()
-        if state is not None:
-            state.wait(pending)
+        AsyncGroups.wait("cp.async", pending)
 
     return wait
 

@@ -38,7 +38,10 @@ matrices of 8 rows x 16 bytes, each 128 contiguous bytes, placed at
   visible to wgmma (the async proxy); then a barrier.
 
 The twins decode the descriptors' bits to find the operands in the shared array and compute the
-thread's part of the product in float64; the fences, commits and waits have nothing to do.
+thread's part of the product in float64, when a wait of the thread completes the product's
+group (``_twin.AsyncGroups``): the GPU may read the operands and write the accumulators any
+time up to then, so an operand overwritten, or an accumulator read, before that wait shows as
+a wrong result in the simulator too. The fences have nothing to do.
 """
 import functools
 
@@ -50,7 +53,7 @@ from numba.cuda.extending import intrinsic
 
 from .._compat import SIMULATOR
 from ._codegen import acc_pointers, i32, i64, tied_asm, void_asm
-from ._twin import device_with_twin, no_op, with_twin
+from ._twin import AsyncGroups, device_with_twin, no_op, with_twin
 from .accumulators import _acc_col, _acc_row
 from .mma_sync import DTYPES, a_fragment, halves
 from .warp import warp_once
@@ -198,9 +201,14 @@ def _wgmma_twin(n, tag, trans_b):
 
     def mma(acc, arr, desc_a, desc_b, accumulate, wtid):
         rows, cols, row_of, col_of = _thread_cells(n, int(wtid))
-        a = _gather(arr, _operand_halves(int(desc_a), 64, True)[rows], dtype)
-        bt = _gather(arr, _operand_halves(int(desc_b), n, not trans_b)[cols], dtype)
-        _store(acc, (a @ bt.T)[row_of, col_of], accumulate)  # a[row_of[i]] . bt[col_of[i]]
+        desc_a, desc_b = int(desc_a), int(desc_b)
+
+        def complete():  # (at the wait: the operands as shared memory holds them then)
+            a = _gather(arr, _operand_halves(desc_a, 64, True)[rows], dtype)
+            bt = _gather(arr, _operand_halves(desc_b, n, not trans_b)[cols], dtype)
+            _store(acc, (a @ bt.T)[row_of, col_of], accumulate)  # a[row_of[i]] . bt[col_of[i]]
+
+        AsyncGroups.issue("wgmma", complete)
 
     return mma
 
@@ -231,13 +239,23 @@ def _wgmma_rs_twin(n, tag, trans_b, start=0):
     dtype = DTYPES[tag]
 
     def mma(acc, a0, a1, a2, a3, arr, desc_b, accumulate, tid):
-        def product(words):  # once a warp: its 16 rows of A (its lanes' words) times B
+        def product(words):  # once a warp: its 16 rows of A (its lanes' words) times B, the
+            # first time one of its lanes waits for it (B as shared memory holds it then)
             a = a_fragment(halves(words, dtype))
-            bt = _gather(arr, _operand_halves(int(desc_b), n, not trans_b), dtype)  # [n, 16]
-            d = a @ bt.T  # [16, n], float64 (each product exact)
-            return d[_lane_cells(n)]  # [lane, n/2]: each lane's accumulators
+            done = []
 
-        _store(acc, warp_once((a0, a1, a2, a3), product, tid)[int(tid) % 32], accumulate, start)
+            def lanes():
+                if not done:
+                    bt = _gather(arr, _operand_halves(int(desc_b), n, not trans_b), dtype)
+                    d = a @ bt.T  # [16, n], float64 (each product exact)
+                    done.append(d[_lane_cells(n)])  # [lane, n/2]: each lane's accumulators
+                return done[0]
+
+            return lanes
+
+        lanes = warp_once((a0, a1, a2, a3), product, tid)
+        lane = int(tid) % 32
+        AsyncGroups.issue("wgmma", lambda: _store(acc, lanes()[lane], accumulate, start))
 
     return mma
 
@@ -257,8 +275,12 @@ def wgmma_rs(n, tag, trans_b, start=0):
 
 # -- fences, commits, waits --------------------------------------------------------------------
 
+def _wgmma_commit_twin():
+    AsyncGroups.commit("wgmma")
+
+
 wgmma_fence = no_op if SIMULATOR else void_asm("wgmma.fence.sync.aligned;")
-wgmma_commit = no_op if SIMULATOR else void_asm("wgmma.commit_group.sync.aligned;")
+wgmma_commit = _wgmma_commit_twin if SIMULATOR else void_asm("wgmma.commit_group.sync.aligned;")
 fence_proxy_async = no_op if SIMULATOR else void_asm("fence.proxy.async.shared::cta;")
 
 
@@ -276,7 +298,10 @@ def _wait_all(counts, pending=0):
 
 
 def _wgmma_wait_twin(nacc):
-    return no_op
+    def wait(acc):
+        AsyncGroups.wait("wgmma", 0)
+
+    return wait
 
 
 @with_twin(_wgmma_wait_twin)
@@ -289,7 +314,10 @@ def wgmma_wait(nacc):
 
 
 def _wgmma_wait_pending_twin(n1, n2, pending):
-    return no_op
+    def wait(acc1, acc2):
+        AsyncGroups.wait("wgmma", pending)
+
+    return wait
 
 
 @with_twin(_wgmma_wait_pending_twin)
