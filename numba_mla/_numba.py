@@ -347,6 +347,14 @@ def _turn_thread():
     return _turn_threads.get(_get_ident())
 
 
+def sim_scratch():
+    """(Simulator) A dict of the calling thread's own for the block it runs, new for every
+    block, under the scheduler; None elsewhere. The twins keep a thread's state there (its
+    asynchronous operations in flight: ptx/_twin.py)."""
+    me = _turn_threads.get(_get_ident())
+    return None if me is None else me.scratch
+
+
 def sim_block():
     """(Simulator) The block the calling thread belongs to under the scheduler (an object that
     is new for every block), else None: twins keep per-block state (a warp's exchange counts,
@@ -597,6 +605,7 @@ def _install_block_scheduler():
         turns = _Turns(threads)
         for t in threads:
             t._manager, t.blockIdx, t.job, t.turns = self, Dim3(*grid_point), job, turns
+            t.scratch = {}  # (the twins' per-thread state for this block: sim_scratch)
             t.exception = None
         with _package_swapped(sim._get_kernel_context()):
             turns._pass()

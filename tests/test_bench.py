@@ -253,7 +253,7 @@ def test_a_kernel_form_as_a_backend():
     from numba_mla import selector
     from numba_mla.kernels import mma_sync_roles
 
-    doc = bench.run([bench.Config(1, 20, 70, page_size=16, sweep="tiny")],
+    doc = bench.run([bench.Config(1, 20, 33, page_size=16, sweep="tiny")],
                     providers.select_providers("numba_mla:mma_sync_roles"), progress=False,
                     log=lambda *a: None)
     assert selector.MMA_SYNC_ROLES is False
@@ -261,7 +261,7 @@ def test_a_kernel_form_as_a_backend():
     assert row["backend"] == "mma_sync_roles" and 0 < row["rel_err"] < 2e-2
     assert row["smem_bytes"] == mma_sync_roles.smem_bytes()  # (the form's kernel ran)
     assert doc["meta"]["errors"] == [] and doc["meta"]["skipped"] == []
-    p = bench.make_problem(bench.Config(1, 16, 70, page_size=16, sweep="tiny"),
+    p = bench.make_problem(bench.Config(1, 16, 33, page_size=16, sweep="tiny"),
                            bench.Device(), np.random.default_rng(0), bench.Settings.simulator())
     with pytest.raises(bench.Skip, match="past 16 query rows"):
         providers.numba_mla(p, "mma_sync_roles")

@@ -186,12 +186,18 @@ def copy_in_groups(src, out):
 @pytest.mark.skipif(not SIMULATOR, reason="when a copy lands on a GPU is not observable: "
                     "simulator only")
 def test_async_copies_land_at_their_wait():
-    """The simulator's ``cp.async`` twin writes shared memory only when a wait of its thread
-    completes the copy's group (the GPU may land it any time up to then), so a kernel that
-    waits for too few groups, or reads before its wait, reads what was there before: after
-    ``wait_one`` the first group is in and the second not yet, after ``wait_all`` both."""
+    """The simulator's ``cp.async`` twin writes the copy's words only when a wait of its
+    thread completes the copy's group, and NaN words from its issue until then (on the GPU
+    the destination is undefined in between), so a kernel that waits for too few groups,
+    reads before its wait, or still reads what was there once the copy is issued, reads NaN:
+    after ``wait_one`` the first group is in and the second not yet, after ``wait_all``
+    both."""
+    from numba_mla.ptx.shared import IN_FLIGHT
+
     src = np.arange(8, dtype=np.int32).reshape(1, 1, 8) + 10
     out = np.zeros((2, 8), np.int32)
     copy_in_groups[1, 1](src, out)
-    np.testing.assert_array_equal(out[0], [10, 11, 12, 13, -1, -1, -1, -1])
+    np.testing.assert_array_equal(out[0], [10, 11, 12, 13] + [IN_FLIGHT] * 4)
+    assert np.isnan(np.array([IN_FLIGHT], np.int32).view(np.float32)).all()
+    assert np.isnan(np.array([IN_FLIGHT], np.int32).view(np.float16)).all()
     np.testing.assert_array_equal(out[1], np.arange(8) + 10)

@@ -53,52 +53,63 @@ class AsyncGroups:
     """(Simulator) One thread's asynchronous operations of one kind (``cp.async`` copies,
     wgmma products) in flight, as the GPU keeps them: those issued since the last commit
     (``open``), then the committed groups, oldest first. Each is a function that completes
-    it (writes shared memory, or the product into the accumulators); a wait of the thread
-    runs the oldest groups' until at most ``pending`` groups remain. So what a kernel reads
+    it (writes shared memory, or the product into the accumulators), or what the wait's
+    ``complete`` completes; a wait of the thread completes the oldest groups' until at most
+    ``pending`` groups remain. So what a kernel reads
     before the wait that completes an operation is what was there before: a wait too few,
-    or an operand overwritten before its product's wait, shows as a wrong result here."""
+    or an operand overwritten before its product's wait, shows as a wrong result here.
+    Outside the simulator's block scheduler an operation completes when issued."""
 
-    _threads = {}  # (threading.get_ident(), kind) -> this, for the block it was made in
+    __slots__ = ("open", "groups")
 
-    def __init__(self, block):
-        self.block, self.open, self.groups = block, [], []
+    def __init__(self):
+        self.open, self.groups = [], []
 
-    @classmethod
-    def of_this_thread(cls, kind):
-        """The calling thread's, or None outside the simulator's block scheduler (where an
-        operation completes when issued)."""
-        import threading
-
-        from .._numba import sim_block
-
-        block = sim_block()
-        if block is None:
+    @staticmethod
+    def _of_this_thread(kind):
+        scratch = _sim_scratch()
+        if scratch is None:
             return None
-        key = threading.get_ident(), kind
-        state = cls._threads.get(key)
-        if state is None or state.block is not block:  # (a new block starts with none)
-            state = cls._threads[key] = cls(block)
+        state = scratch.get(kind)
+        if state is None:
+            state = scratch[kind] = AsyncGroups()
         return state
 
-    @classmethod
-    def issue(cls, kind, complete):
-        state = cls.of_this_thread(kind)
-        if state is None:
-            complete()
+    @staticmethod
+    def issue(kind, op, complete=None):
+        """``op`` in flight (completed now outside the scheduler: ``complete(op)``, or
+        ``op()``)."""
+        state = AsyncGroups._of_this_thread(kind)
+        if state is not None:
+            state.open.append(op)
+        elif complete is None:
+            op()
         else:
-            state.open.append(complete)
+            complete(op)
 
-    @classmethod
-    def commit(cls, kind):
-        state = cls.of_this_thread(kind)
+    @staticmethod
+    def commit(kind):
+        state = AsyncGroups._of_this_thread(kind)
         if state is not None:
             state.groups.append(state.open)
             state.open = []
 
-    @classmethod
-    def wait(cls, kind, pending):
-        """Complete the thread's oldest groups until at most ``pending`` remain."""
-        state = cls.of_this_thread(kind)
+    @staticmethod
+    def wait(kind, pending, complete=None):
+        """Complete the thread's oldest groups until at most ``pending`` remain: each
+        operation by ``complete(op)``, or ``op()``."""
+        state = AsyncGroups._of_this_thread(kind)
         while state is not None and len(state.groups) > pending:
-            for complete in state.groups.pop(0):
-                complete()
+            for op in state.groups.pop(0):
+                if complete is None:
+                    op()
+                else:
+                    complete(op)
+
+
+def _sim_scratch():
+    from .._numba import sim_scratch
+
+    global _sim_scratch
+    _sim_scratch = sim_scratch  # (bound once: the import is not repeated for every copy)
+    return sim_scratch()

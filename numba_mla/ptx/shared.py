@@ -34,9 +34,10 @@
   ``cp_async_wait_two()``: all but its two most recent ones); a barrier then
   publishes them (and ``fence_proxy_async``, in wgmma.py, to tensor-core reads).
 
-In the simulator a copy reads its source when issued and writes shared memory when a wait of
-its thread completes its group (``_twin.AsyncGroups``), as on the GPU a copy may land any
-time up to then: a wait too few, or a read before it, finds the buffer as it was.
+In the simulator a copy writes NaN words (``IN_FLIGHT``) when issued and its source when a
+wait of its thread completes its group (``_twin.AsyncGroups``): on the GPU what the
+destination holds is undefined in between, so a wait too few, a read before it, or a read of
+the old contents after the copy is issued finds NaN.
 """
 import numpy as np
 from llvmlite import ir
@@ -326,18 +327,32 @@ def prefetch_l2(typingctx, arr, i0, i1):
     return sig, cg
 
 
+#: (Simulator) What a copy's words hold from its issue to its wait: NaN as fp32, as each
+#: 16-bit half (bf16 and fp16) and as each byte (e4m3 codes 0xFF and 0x7F).
+IN_FLIGHT = 0x7FFF7FFF
+
+
+def _land(copy):
+    """(Simulator) An issued ``cp.async`` lands: its words into shared memory (read from the
+    source now: nothing writes the cache during a kernel)."""
+    arr, i, gaddr, valid, words = copy
+    for j in range(words):
+        arr[i + j] = gaddr.word(j) if valid else 0
+
+
 def _cp_async_at_twin(nbytes, cache_op):
     words = nbytes // 4
 
     def copy(arr, addr, gaddr, valid):
         i = _aligned(addr, nbytes, "cp_async")
         _aligned(gaddr.byte, nbytes, "cp_async", "global offset")
-        values = [gaddr.word(j) if valid else 0 for j in range(words)]
-
-        def land():
-            arr[i:i + words] = values
-
-        AsyncGroups.issue("cp.async", land)
+        # Until its wait the destination holds neither what was there nor the copy: a
+        # reader that is not ordered after the wait, or one still reading what was there
+        # when the copy is issued, finds NaN.
+        view = arr.view(np.int32)
+        for j in range(words):
+            view[i + j] = IN_FLIGHT
+        AsyncGroups.issue("cp.async", (arr, i, gaddr, valid, words), _land)
 
     return copy
 
@@ -378,7 +393,7 @@ def _cp_async_commit_twin():
 
 def _cp_async_wait_twin(pending):
     def wait():
-        AsyncGroups.wait("cp.async", pending)
+        AsyncGroups.wait("cp.async", pending, _land)
 
     return wait
 
