@@ -191,6 +191,29 @@ def make_issue(locate, wide, nthreads, rows, region, row_bytes, src_bytes):
     return issue
 
 
+@cuda.jit(device=True, **INLINE)
+def pass_partials(s, s2, floats, x_give, x_take, dh, barrier):
+    """S's exchange between the two warps that scored the same 32 keys, each over its half
+    ``dh`` of the dims (``s2``: n8 tiles 0-3): this warp's partial scores of its partner's 16
+    keys (n8 tiles 2 (1 - dh), + 1) to Xs at byte ``x_give`` (16 bytes a lane, two halves 512
+    bytes apart), the pair's named barrier ``barrier`` (64 threads), then into ``s[8]`` its
+    own 16 keys' partials (n8 tiles 2 dh, + 1) plus the partner's from ``x_take``. Selects,
+    not an index that depends on dh: the partials stay in registers."""
+    for j in range(2):
+        ptx.sts128(floats, x_give + 512 * j,
+                   s2[4 * j] if dh else s2[8 + 4 * j],
+                   s2[4 * j + 1] if dh else s2[9 + 4 * j],
+                   s2[4 * j + 2] if dh else s2[10 + 4 * j],
+                   s2[4 * j + 3] if dh else s2[11 + 4 * j])
+    ptx.bar_sync(barrier, 64)  # the pair's partials are in
+    for j in range(2):
+        x0, x1, x2, x3 = ptx.lds128(floats, x_take + 512 * j)
+        s[4 * j] = (s2[8 + 4 * j] if dh else s2[4 * j]) + x0
+        s[4 * j + 1] = (s2[9 + 4 * j] if dh else s2[4 * j + 1]) + x1
+        s[4 * j + 2] = (s2[10 + 4 * j] if dh else s2[4 * j + 2]) + x2
+        s[4 * j + 3] = (s2[11 + 4 * j] if dh else s2[4 * j + 3]) + x3
+
+
 def _make_pv(tag, mt, od):
     """``pv(acc, sm, vaddr, a, tid)`` with ``a`` the 4 MT words of P's A fragments (m16 tile
     u's at 4u): acc += P . V over one 16-key step for the warp's od / 8 n8 tiles of each m16
@@ -490,20 +513,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 mma(s2, 4, a0, a1, a2, a3, b2, b3, tid)  # keys 32 kh + 8..15
                 mma(s2, 8, a0, a1, a2, a3, c0, c1, tid)  # keys 32 kh + 16..23
                 mma(s2, 12, a0, a1, a2, a3, c2, c3, tid)  # keys 32 kh + 24..31
-            # (selects, not an index that depends on dh: the partials stay in registers)
-            for j in range(2):
-                ptx.sts128(floats, x_give + 512 * j,
-                           s2[4 * j] if dh else s2[8 + 4 * j],
-                           s2[4 * j + 1] if dh else s2[9 + 4 * j],
-                           s2[4 * j + 2] if dh else s2[10 + 4 * j],
-                           s2[4 * j + 3] if dh else s2[11 + 4 * j])
-            ptx.bar_sync(1 + warp // 2, 64)  # the pair's partials are in
-            for j in range(2):
-                x0, x1, x2, x3 = ptx.lds128(floats, x_take + 512 * j)
-                s[4 * j] = (s2[8 + 4 * j] if dh else s2[4 * j]) + x0
-                s[4 * j + 1] = (s2[9 + 4 * j] if dh else s2[4 * j + 1]) + x1
-                s[4 * j + 2] = (s2[10 + 4 * j] if dh else s2[4 * j + 2]) + x2
-                s[4 * j + 3] = (s2[11 + 4 * j] if dh else s2[4 * j + 3]) + x3
+            pass_partials(s, s2, floats, x_give, x_take, dh, 1 + warp // 2)
             for half in range(2):
                 i = 16 * sm + gr + 8 * half  # the block's row
                 r = r0 + i

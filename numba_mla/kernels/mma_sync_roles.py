@@ -55,7 +55,7 @@ from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
                      make_tile_walk, mark_empty)
-from .mma_sync import BLOCK_N, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue
+from .mma_sync import BLOCK_N, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue, pass_partials
 
 BLOCK_M = 32  # query rows a block (two m16 tiles)
 SUB = 32  # keys a sub-tile
@@ -228,19 +228,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                         s2[k] = float32(0.0)
                     scores(s2, qf, words, k_addr + KS_BYTES * (j % NS), tid)
                     # the partner's 16 keys to it, its partials of this warp's 16 from it
-                    for u in range(2):
-                        ptx.sts128(floats, x_give + 512 * u,
-                                   s2[4 * u] if dh else s2[8 + 4 * u],
-                                   s2[4 * u + 1] if dh else s2[9 + 4 * u],
-                                   s2[4 * u + 2] if dh else s2[10 + 4 * u],
-                                   s2[4 * u + 3] if dh else s2[11 + 4 * u])
-                    ptx.bar_sync(BAR_PAIR + sm, 64)
-                    for u in range(2):
-                        x0, x1, x2, x3 = ptx.lds128(floats, x_take + 512 * u)
-                        s[4 * u] = (s2[8 + 4 * u] if dh else s2[4 * u]) + x0
-                        s[4 * u + 1] = (s2[9 + 4 * u] if dh else s2[4 * u + 1]) + x1
-                        s[4 * u + 2] = (s2[10 + 4 * u] if dh else s2[4 * u + 2]) + x2
-                        s[4 * u + 3] = (s2[11 + 4 * u] if dh else s2[4 * u + 3]) + x3
+                    pass_partials(s, s2, floats, x_give, x_take, dh, BAR_PAIR + sm)
                     # mask and score mod on this warp's keys, their row maxima to Mx[dh]
                     for half in range(2):
                         i = 16 * sm + gr + 8 * half  # the block's row
