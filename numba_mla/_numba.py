@@ -351,7 +351,7 @@ def sim_scratch():
     """(Simulator) A dict of the calling thread's own for the block it runs, new for every
     block, under the scheduler; None elsewhere. The twins keep a thread's state there (its
     asynchronous operations in flight: ptx/_twin.py)."""
-    me = _turn_threads.get(_get_ident())
+    me = _turn_thread()
     return None if me is None else me.scratch
 
 

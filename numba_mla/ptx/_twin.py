@@ -18,6 +18,7 @@ from numba import cuda
 from numba.cuda.extending import intrinsic
 
 from .._compat import SIMULATOR
+from .._numba import sim_scratch
 
 
 def with_twin(twin, make=None):
@@ -55,10 +56,10 @@ class AsyncGroups:
     (``open``), then the committed groups, oldest first. Each is a function that completes
     it (writes shared memory, or the product into the accumulators), or what the wait's
     ``complete`` completes; a wait of the thread completes the oldest groups' until at most
-    ``pending`` groups remain. So what a kernel reads
-    before the wait that completes an operation is what was there before: a wait too few,
-    or an operand overwritten before its product's wait, shows as a wrong result here.
-    Outside the simulator's block scheduler an operation completes when issued."""
+    ``pending`` groups remain. So nothing a kernel reads before the wait that completes an
+    operation comes from it: a wait too few, or an operand overwritten before its product's
+    wait, shows as a wrong result here. Outside the simulator's block scheduler an operation
+    completes when issued."""
 
     __slots__ = ("open", "groups")
 
@@ -67,7 +68,7 @@ class AsyncGroups:
 
     @staticmethod
     def _of_this_thread(kind):
-        scratch = _sim_scratch()
+        scratch = sim_scratch()
         if scratch is None:
             return None
         state = scratch.get(kind)
@@ -105,11 +106,3 @@ class AsyncGroups:
                     op()
                 else:
                     complete(op)
-
-
-def _sim_scratch():
-    from .._numba import sim_scratch
-
-    global _sim_scratch
-    _sim_scratch = sim_scratch  # (bound once: the import is not repeated for every copy)
-    return sim_scratch()
