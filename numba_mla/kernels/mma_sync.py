@@ -214,6 +214,59 @@ def pass_partials(s, s2, floats, x_give, x_take, dh, barrier):
         s[4 * j + 3] = (s2[11 + 4 * j] if dh else s2[4 * j + 3]) + x3
 
 
+def make_score_rows(log2_score, heads):
+    """``score_rows(s, floats, mx_at, folded, fold, sm_scale, cls, b, row, r0, nrows, length,
+    nq, key0, k1, bias, tq, tid)``: a warp's 16 keys of S (``s``: rows ``row`` and ``row`` + 8
+    of the block, keys key0 + 8 n8 + 2 tq (+ 1) at s[4 n8 + 2 half (+ 1)]) times ``folded``,
+    masked and score-modded in log2 units (NEG_INF past ``nrows`` and ``k1``), in place; each
+    row's max of them to ``floats[mx_at + row (+ 8)]`` (lanes tq == 0) and returned to none."""
+    H = heads
+
+    @cuda.jit(device=True, **INLINE)
+    def score_rows(s, floats, mx_at, folded, fold, sm_scale, cls, b, row, r0, nrows, length,
+                   nq, key0, k1, bias, tq, tid):
+        for half in range(2):
+            i = row + 8 * half  # the block's row
+            r = r0 + i
+            qi, h = r // H, r % H
+            q_pos = length - nq + qi
+            row_max = float32(NEG_INF)
+            for k in range(4):  # this row's 4 scores: n8 tile k // 2, key 2 tq + k % 2
+                e = 4 * (k // 2) + 2 * half + k % 2
+                key = key0 + 8 * (k // 2) + 2 * tq + k % 2
+                x = float32(NEG_INF)
+                if i < nrows and key < k1:
+                    x = log2_score(s[e] * folded, fold, sm_scale, cls, b, h, qi, q_pos, key,
+                                   bias)
+                s[e] = x
+                row_max = max(row_max, x)
+            row_max = max(row_max, ptx.shfl_xor(row_max, 1, tid))  # the quad's 4 lanes
+            row_max = max(row_max, ptx.shfl_xor(row_max, 2, tid))
+            if tq == 0:
+                floats[mx_at + i] = row_max
+
+    return score_rows
+
+
+def make_write_p(pack):
+    """``write_p(s, words, half, m_ref, p_at, tq, tid)``: P = 2^(s - m_ref) of a warp's 16
+    keys in row ``half`` of its m16 tile's pair of rows (``s`` as in ``score_rows``), packed
+    as 16-bit pairs (``pack``) into words ``p_at + 4 n8 + tq`` (n8 = 0, 1); returns the row's
+    sum of them over the quad's 4 lanes (these 16 keys)."""
+    @cuda.jit(device=True, **INLINE)
+    def write_p(s, words, half, m_ref, p_at, tq, tid):
+        row_sum = float32(0.0)
+        for n8 in range(2):  # keys 8 n8 + 2 tq, + 1 -> one word
+            x0 = math.exp2(s[4 * n8 + 2 * half] - m_ref)
+            x1 = math.exp2(s[4 * n8 + 2 * half + 1] - m_ref)
+            row_sum += x0 + x1
+            words[p_at + 4 * n8 + tq] = pack(x0, x1)
+        row_sum += ptx.shfl_xor(row_sum, 1, tid)
+        return row_sum + ptx.shfl_xor(row_sum, 2, tid)
+
+    return write_p
+
+
 def _make_pv(tag, mt, od):
     """``pv(acc, sm, vaddr, a, tid)`` with ``a`` the 4 MT words of P's A fragments (m16 tile
     u's at 4u): acc += P . V over one 16-key step for the warp's od / 8 n8 tiles of each m16
@@ -262,7 +315,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
     first_tiles = make_partition_walk(key_tiles, next_tile)
-    log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
+    score_rows = make_score_rows(make_log2_score(mask_apply, score_mod, fold_scale), heads)
     mma = ptx.mma_m16n8k16(tag)
     pv = _make_pv(tag, MT, OD)
     scale_acc = ptx.acc_scale(NACC) if MT == 1 else ptx.acc_scale_halves(NACC)
@@ -275,6 +328,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     FOLD = fp8 == "e4m3"
 
     pack = ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2  # two floats, one cvt
+    write_p = make_write_p(pack)
 
     e4m3x4_to_16 = ptx.e4m3x4_to_bf16x4 if tag == "bf16" else ptx.e4m3x4_to_f16x4
 
@@ -514,25 +568,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 mma(s2, 8, a0, a1, a2, a3, c0, c1, tid)  # keys 32 kh + 16..23
                 mma(s2, 12, a0, a1, a2, a3, c2, c3, tid)  # keys 32 kh + 24..31
             pass_partials(s, s2, floats, x_give, x_take, dh, 1 + warp // 2)
-            for half in range(2):
-                i = 16 * sm + gr + 8 * half  # the block's row
-                r = r0 + i
-                qi, h = r // H, r % H
-                q_pos = length - nq + qi
-                row_max = float32(NEG_INF)
-                for k in range(4):  # this row's 4 scores: n8 tile k // 2, key 2 tq + k % 2
-                    e = 4 * (k // 2) + 2 * half + k % 2
-                    key = k0 + 16 * kg + 8 * (k // 2) + 2 * tq + k % 2
-                    x = float32(NEG_INF)
-                    if i < nrows and key < k1:
-                        x = log2_score(s[e] * folded, fold, sm_scale, cls, b, h, qi, q_pos,
-                                       key, bias)
-                    s[e] = x
-                    row_max = max(row_max, x)
-                row_max = max(row_max, ptx.shfl_xor(row_max, 1, tid))  # the quad's 4 lanes
-                row_max = max(row_max, ptx.shfl_xor(row_max, 2, tid))
-                if tq == 0:
-                    floats[MX_OFF + kg * BM + i] = row_max
+            score_rows(s, floats, MX_OFF + kg * BM, folded, fold, sm_scale, cls, b, 16 * sm + gr,
+                       r0, nrows, length, nq, k0 + 16 * kg, k1, bias, tq, tid)
             cuda.syncthreads()  # every warp's maxima
 
             # -- phase 3: the new running max (the same in every warp), P, the row sums --
@@ -550,14 +587,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 if MT == 2 and sm == 1:  # (a select: no branch around the shuffles below)
                     m_ref = m_run[2 + half]
                 m_ref = m_ref if m_ref != float32(NEG_INF) else float32(0.0)
-                row_sum = float32(0.0)
-                for n8 in range(2):  # keys 16 kg + 8 n8 + 2 tq, + 1 -> one word
-                    x0 = math.exp2(s[4 * n8 + 2 * half] - m_ref)
-                    x1 = math.exp2(s[4 * n8 + 2 * half + 1] - m_ref)
-                    row_sum += x0 + x1
-                    words[P_OFF + i * PROWW + 8 * kg + 4 * n8 + tq] = pack(x0, x1)
-                row_sum += ptx.shfl_xor(row_sum, 1, tid)
-                row_sum += ptx.shfl_xor(row_sum, 2, tid)
+                row_sum = write_p(s, words, half, m_ref, P_OFF + i * PROWW + 8 * kg, tq, tid)
                 if tq == 0:
                     floats[SX_OFF + kg * BM + i] = row_sum
             cuda.syncthreads()  # P and every warp's sums

@@ -55,7 +55,8 @@ from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
                      make_tile_walk, mark_empty)
-from .mma_sync import BLOCK_N, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue, pass_partials
+from .mma_sync import (BLOCK_N, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue, make_score_rows,
+                       make_write_p, pass_partials)
 
 BLOCK_M = 32  # query rows a block (two m16 tiles)
 SUB = 32  # keys a sub-tile
@@ -144,8 +145,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
     first_tiles = make_partition_walk(key_tiles, next_tile)
-    log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
-    pack = ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2
+    score_rows = make_score_rows(make_log2_score(mask_apply, score_mod, fold_scale), heads)
+    write_p = make_write_p(ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2)
     load_q = _make_q_load(HALF_STEPS)
     scores = _make_scores(tag, HALF_STEPS)
     pv = _make_pv(tag, 2, OD)
@@ -230,25 +231,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     # the partner's 16 keys to it, its partials of this warp's 16 from it
                     pass_partials(s, s2, floats, x_give, x_take, dh, BAR_PAIR + sm)
                     # mask and score mod on this warp's keys, their row maxima to Mx[dh]
-                    for half in range(2):
-                        i = 16 * sm + gr + 8 * half  # the block's row
-                        r = r0 + i
-                        qi, hh = r // H, r % H
-                        q_pos = length - nq + qi
-                        row_max = float32(NEG_INF)
-                        for k in range(4):  # n8 tile k // 2, key 2 tq + k % 2
-                            e = 4 * (k // 2) + 2 * half + k % 2
-                            key = k0 + SUB * h + 16 * dh + 8 * (k // 2) + 2 * tq + k % 2
-                            x = float32(NEG_INF)
-                            if i < nrows and key < k1:
-                                x = log2_score(s[e], fold, sm_scale, cls, b, hh, qi, q_pos,
-                                               key, bias)
-                            s[e] = x
-                            row_max = max(row_max, x)
-                        row_max = max(row_max, ptx.shfl_xor(row_max, 1, tid))
-                        row_max = max(row_max, ptx.shfl_xor(row_max, 2, tid))
-                        if tq == 0:
-                            floats[MX_OFF + BLOCK_M * dh + i] = row_max
+                    score_rows(s, floats, MX_OFF + BLOCK_M * dh, float32(1.0), fold, sm_scale,
+                               cls, b, 16 * sm + gr, r0, nrows, length, nq,
+                               k0 + SUB * h + 16 * dh, k1, bias, tq, tid)
                     # Buffer h is free (P V of j - 2 done). All four score warps wait here,
                     # so this also orders both halves' maxima before their reads below.
                     ptx.bar_sync(BAR_PFREE + h, NT)
@@ -259,15 +244,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                         m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
                         alpha = math.exp2(m_run[half] - m_ref)
                         m_run[half] = m_new
-                        row_sum = float32(0.0)
-                        for n8 in range(2):  # keys 16 dh + 8 n8 + 2 tq, + 1 -> one word
-                            x0 = math.exp2(s[4 * n8 + 2 * half] - m_ref)
-                            x1 = math.exp2(s[4 * n8 + 2 * half + 1] - m_ref)
-                            row_sum += x0 + x1
-                            words[P_OFF + (BLOCK_M * h + i) * PW + 8 * dh + 4 * n8 + tq] = (
-                                pack(x0, x1))
-                        row_sum += ptx.shfl_xor(row_sum, 1, tid)
-                        row_sum += ptx.shfl_xor(row_sum, 2, tid)
+                        row_sum = write_p(s, words, half, m_ref,
+                                          P_OFF + (BLOCK_M * h + i) * PW + 8 * dh, tq, tid)
                         l_own[half] = l_own[half] * alpha + row_sum
                         if dh == 0 and tq == 0:
                             floats[AL_OFF + BLOCK_M * h + i] = alpha
