@@ -1,6 +1,6 @@
 """Compile the partition kernels (tensor-core, FMA, simple and its warp split-K) for sm_90a on
-a machine without a GPU and fail on local-memory spills or a call left in the code; for the
-tensor-core kernel also on a missing or serialised HGMMA. The warp tensor-core kernel
+a machine without a GPU and fail on local memory (spills or a stack frame) or a call left in
+the code; for the tensor-core kernel also on a missing or serialised HGMMA. The warp tensor-core kernel
 (``mma_sync``, and its 32-row block's split-role form) is built for sm_80 and sm_89 (Ampere,
 Ada) and must hold its mma.sync and their HMMA. A kernel that launch.py builds as a whole program (the dispatcher's
 ``whole_program``: the seesaw kernel's converter warpgroup, for ``setmaxnreg``) is built by a
@@ -207,9 +207,11 @@ def cuobjdump():
 
 
 def _resources(ptx, log):
-    """(registers, spill bytes, calls) of a kernel built by ``build_sass``."""
+    """(registers, local-memory bytes, calls) of a kernel built by ``build_sass``: spill stores
+    and the stack frame, where an array that was not put in registers lives (its accesses are
+    not spills to ptxas, but local memory all the same: the selector refuses both)."""
     regs = re.findall(r"Used (\d+) registers", log)
-    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", log))
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes (?:spill stores|stack frame)", log))
     return (regs[0] if regs else "?"), spills, len(re.findall(r"\bcall(?:\.uni)?\s", ptx))
 
 

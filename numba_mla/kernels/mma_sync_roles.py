@@ -151,6 +151,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     scores = _make_scores(tag, HALF_STEPS)
     pv = _make_pv(tag, 2, OD)
     scale_acc = ptx.acc_scale_halves(NACC)
+    zero_acc = ptx.acc_zero(NACC)
     issue = make_issue(locate, wide, NT - SCORE_THREADS, SUB, K_OFF, ROW_BYTES, 4 * WORDS)
 
     @cuda.jit(device=True, **INLINE)
@@ -201,6 +202,10 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         sm_scale = float32(scale.real)
         fold = float32(sm_scale * LOG2E)
         a_row, a_col = lane % 8 + 8 * (lane // 8 % 2), 8 * (lane // 16)
+        # The V warps' O (128 accumulators a lane), declared here, where both roles pass: an
+        # array defined in one branch and read after the two join is a pointer chosen by the
+        # branch taken, which keeps the whole array in local memory
+        acc = cuda.local.array(NACC, float32)
         if warp < 4:
             # ---- a score warp: m16 tile sm, dims [288 dh, 288 dh + 288) ----
             sm, dh = warp // 2, warp % 2
@@ -263,9 +268,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             # ---- a V warp: output dims [128 od, 128 od + 128) of all 32 rows ----
             od = warp - 4
             vtid = tid - SCORE_THREADS
-            acc = cuda.local.array(NACC, float32)
-            for k in range(NACC):
-                acc[k] = float32(0.0)
+            zero_acc(acc)
             p_addr = base + 4 * P_OFF + a_row * P_ROW_BYTES + 2 * a_col
             v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + OD * od)
             # the walk two tiles ahead (t1, t2): sub-tile j + 2 is of t1, j + NS of t1 or t2
@@ -335,8 +338,12 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                         d = OD * od + 8 * n8 + 2 * tq
                         part_out[t_row, hh, p, d] = store(acc[at + 4 * n8] * inv)
                         part_out[t_row, hh, p, d + 1] = store(acc[at + 4 * n8 + 1] * inv)
-                    if od == 0 and tq == 0:
-                        part_lse[t_row, hh, p] = (
+            if od == 0 and tq == 0:  # the rows' LSE (a loop apart: 8 registers fewer)
+                for jr in range(4):
+                    i = gr + 8 * jr
+                    if i < nrows:
+                        lsum = floats[LF_OFF + i] + floats[LF_OFF + BLOCK_M + i]
+                        part_lse[row0 + (r0 + i) // H, (r0 + i) % H, p] = (
                             float32(NEG_INF) if lsum == 0.0 else
                             (floats[MF_OFF + i] + math.log2(lsum)) * float32(LN2))
 
