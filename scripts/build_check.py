@@ -215,6 +215,18 @@ def _resources(ptx, log):
     return (regs[0] if regs else "?"), spills, len(re.findall(r"\bcall(?:\.uni)?\s", ptx))
 
 
+def _stack_frame(log):
+    """The stack frame's bytes in a build's log (part of ``_resources``' local memory)."""
+    return sum(int(n) for n in re.findall(r"(\d+) bytes stack frame", log))
+
+
+#: The simple kernel's warp split-K keeps each lane's output (8 rows x 16 dims, fp32) in a
+#: local array its loops index by variables: a stack frame of this many bytes, as built since
+#: it was written (in registers, 128 more a lane beside the 228-231 it takes, it would not
+#: fit); anything more, or any spill, fails
+WSPLIT_STACK = 512
+
+
 def toolchain_missing():
     """Why the sm_90a build cannot run here (None when it can)."""
     try:
@@ -362,7 +374,8 @@ def main():
                                   launch_bounds=kern.targetoptions.get("launch_bounds"))
         _, log = build_sass(ptx)
         regs, spills, calls = _resources(ptx, log)
-        ok = not spills and calls == 0
+        allowed = WSPLIT_STACK if name == "wsplit" and _stack_frame(log) == WSPLIT_STACK else 0
+        ok = spills == allowed and calls == 0
         bad += not ok
         print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
               f"direct={direct!s:5} fp8={layout} regs={regs} spills={spills} "
