@@ -209,7 +209,8 @@ def cuobjdump():
 def _resources(ptx, log):
     """(registers, local-memory bytes, calls) of a kernel built by ``build_sass``: spill stores
     and the stack frame, where an array that was not put in registers lives (its accesses are
-    not spills to ptxas, but local memory all the same: the selector refuses both)."""
+    not spills to ptxas, but local memory all the same: the selector's check, where it weighs
+    a kernel's forms, refuses both)."""
     regs = re.findall(r"Used (\d+) registers", log)
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes (?:spill stores|stack frame)", log))
     return (regs[0] if regs else "?"), spills, len(re.findall(r"\bcall(?:\.uni)?\s", ptx))

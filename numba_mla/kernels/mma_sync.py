@@ -219,7 +219,7 @@ def make_score_rows(log2_score, heads):
     nq, key0, k1, bias, tq, tid)``: a warp's 16 keys of S (``s``: rows ``row`` and ``row`` + 8
     of the block, keys key0 + 8 n8 + 2 tq (+ 1) at s[4 n8 + 2 half (+ 1)]) times ``folded``,
     masked and score-modded in log2 units (NEG_INF past ``nrows`` and ``k1``), in place; each
-    row's max of them to ``floats[mx_at + row (+ 8)]`` (lanes tq == 0) and returned to none."""
+    row's max of them to ``floats[mx_at + row (+ 8)]`` (lanes tq == 0)."""
     H = heads
 
     @cuda.jit(device=True, **INLINE)
