@@ -212,8 +212,8 @@ def _resources(ptx, log):
     not spills to ptxas, but local memory all the same: the selector's check, where it weighs
     a kernel's forms, refuses both)."""
     regs = re.findall(r"Used (\d+) registers", log)
-    spills = sum(int(n) for n in re.findall(r"(\d+) bytes (?:spill stores|stack frame)", log))
-    return (regs[0] if regs else "?"), spills, len(re.findall(r"\bcall(?:\.uni)?\s", ptx))
+    local = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", log)) + _stack_frame(log)
+    return (regs[0] if regs else "?"), local, len(re.findall(r"\bcall(?:\.uni)?\s", ptx))
 
 
 def _stack_frame(log):
@@ -322,7 +322,7 @@ def main():
                     continue
             else:
                 sass, log = build_sass(ptx)
-            regs, spills, calls = _resources(ptx, log)
+            regs, local, calls = _resources(ptx, log)
             hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256|16)x16", sass))
             serial = "serialized" in log
             # lockstep: 36 for S and 4 for P V; seesaw: 4 in each of its four S sites (a loop
@@ -332,7 +332,7 @@ def main():
             # loop over the boxes and the last box after it)
             want = {"mma": 40, "mma8": 40, "tr8": 68, "tr8x32": 68, "tr8x32a": 68, "tr8x64": 34,
                     "tr8x64a": 34, "seesaw8": 48}.get(name, 32)
-            ok = ((not spills or name in ("tr8x32a", "tr8x64a", "seesaw8", "seesaw8c"))
+            ok = ((not local or name in ("tr8x32a", "tr8x64a", "seesaw8", "seesaw8c"))
                   and calls == 0 and not serial and hgmma == want)
             if name == "seesaw8c":  # both setmaxnreg kept (whole program)
                 ok = ok and len(re.findall(r"USETMAXREG", sass)) == 2 or HASHES["on"]
@@ -340,7 +340,7 @@ def main():
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)
             bad += not ok
             print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
-                  f"direct={direct!s:5} tma={tma!s:5} regs={regs} spills={spills} "
+                  f"direct={direct!s:5} tma={tma!s:5} regs={regs} local={local} "
                   f"calls={calls} HGMMA={hgmma} serialized={serial}  {verdict(ok)}")
     # The FMA kernels: simt at each case's rows per block, simple at its one (simple.BLOCK_M);
     # 16-bit storage, then the FP8 layouts
@@ -374,12 +374,12 @@ def main():
         ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=(9, 0, "a"),
                                   launch_bounds=kern.targetoptions.get("launch_bounds"))
         _, log = build_sass(ptx)
-        regs, spills, calls = _resources(ptx, log)
+        regs, local, calls = _resources(ptx, log)
         allowed = WSPLIT_STACK if name == "wsplit" and _stack_frame(log) == WSPLIT_STACK else 0
-        ok = spills == allowed and calls == 0
+        ok = local == allowed and calls == 0
         bad += not ok
         print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
-              f"direct={direct!s:5} fp8={layout} regs={regs} spills={spills} "
+              f"direct={direct!s:5} fp8={layout} regs={regs} local={local} "
               f"calls={calls}  {verdict(ok)}")
     # The warp tensor-core kernel for Ampere and Ada, then reading FP8 rows (sm_89: the e4m3
     # conversions), both layouts, loaded by the warps (Ada) or staged through shared memory
@@ -404,17 +404,17 @@ def main():
         ptx, _ = cuda.compile_ptx(kern.py_func, mma_sync_signature(tag, direct, layout), cc=cc,
                                   launch_bounds=kern.targetoptions.get("launch_bounds"))
         sass, log = build_sass(ptx, f"sm_{cc[0]}{cc[1]}")
-        regs, spills, calls = _resources(ptx, log)
+        regs, local, calls = _resources(ptx, log)
         mmas = ptx.count("mma.sync.aligned.m16n8k16")
         hmma = len(re.findall(r"HMMA\.16816", sass))
         # 4 a step of S's loop (unrolled as the compiler likes), 32 a step of P V's, every
         # one an HMMA in the SASS
-        ok = not spills and calls == 0 and mmas >= 36 and hmma >= mmas
+        ok = not local and calls == 0 and mmas >= 36 and hmma >= mmas
         bad += not ok
         stages = f"/staged{staged}" if staged else ""
         print(f"msync  {mask!r:40.40} {tag} {cache.kind:10} M={block_m:<2} H={heads:<3} "
               f"direct={direct!s:5} sm_{cc[0]}{cc[1]} fp8={layout}{stages} "
-              f"regs={regs} spills={spills} "
+              f"regs={regs} local={local} "
               f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
     # ... and its 32-row block's split-role form (kernels/mma_sync_roles.py; 16-bit rows),
     # with 3 stages (an A100) and 4 (more shared memory; an Ada GPU's 99 KB take neither): S
@@ -430,14 +430,14 @@ def main():
                 ptx, _ = cuda.compile_ptx(kern.py_func, mma_sync_signature(tag, direct), cc=cc,
                                           launch_bounds=kern.targetoptions.get("launch_bounds"))
                 sass, log = build_sass(ptx, f"sm_{cc[0]}{cc[1]}")
-                regs, spills, calls = _resources(ptx, log)
+                regs, local, calls = _resources(ptx, log)
                 mmas = ptx.count("mma.sync.aligned.m16n8k16")
                 hmma = len(re.findall(r"HMMA\.16816", sass))
-                ok = not spills and calls == 0 and mmas >= 18 * 4 + 2 * 32 and hmma >= mmas
+                ok = not local and calls == 0 and mmas >= 18 * 4 + 2 * 32 and hmma >= mmas
                 bad += not ok
                 print(f"mroles {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
                       f"direct={direct!s:5} sm_{cc[0]}{cc[1]} stages={stages} regs={regs} "
-                      f"spills={spills} "
+                      f"local={local} "
                       f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
     # The clamp of device row offsets that runs before a ragged call's partition kernel
     from numba_mla.kernels import offsets
@@ -448,10 +448,10 @@ def main():
             continue
         ptx, _ = cuda.compile_ptx(offsets.clamp_offsets.py_func, sig, cc=cc)
         _, log = build_sass(ptx, "sm_" + "".join(map(str, cc)))
-        regs, spills, calls = _resources(ptx, log)
-        ok = not spills and calls == 0
+        regs, local, calls = _resources(ptx, log)
+        ok = not local and calls == 0
         bad += not ok
-        print(f"clamp_offsets sm_{''.join(map(str, cc))} regs={regs} spills={spills} "
+        print(f"clamp_offsets sm_{''.join(map(str, cc))} regs={regs} local={local} "
               f"calls={calls}  {verdict(ok)}")
     return 1 if bad and not HASHES["on"] else 0
 

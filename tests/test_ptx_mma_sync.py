@@ -319,13 +319,12 @@ def build_check():
         want["M88" if layout == "kmajor" else "MT88", "2" if x2 else "4"] += 4 if x2 else 2
         got = collections.Counter(ldsm)
         local = len(re.findall(r"\b(?:LDL|STL)\b", sass)) + ptx_text.count(".local")
-        spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", log))
-        stack = sum(int(n) for n in re.findall(r"(\d+) bytes stack frame", log))
-        ok = hmma == 4 and got == want and not local and not spills and not stack
+        _, local_bytes, _ = bc._resources(ptx_text, log)  # spill stores and stack frame
+        ok = hmma == 4 and got == want and not local and not local_bytes
         bad += not ok
         verdict = "ok" if ok else f"FAIL (wanted 4 HMMA, LDSM {dict(want)})"
         print(f"{tag:4} {layout:6} x2={x2!s:5} HMMA.16816={hmma} LDSM={dict(got)} local={local} "
-              f"spills={spills} stack={stack}  {verdict}")
+              f"local_bytes={local_bytes}  {verdict}")
     return 1 if bad else 0
 
 
