@@ -49,8 +49,8 @@ from helpers import (
     to_numpy,
     to_torch,
 )
-from numba_mla import factory, heuristics, launch
-from numba_mla.kernels import seesaw, simple
+from numba_mla import factory, heuristics, launch, selector
+from numba_mla.kernels import mma_sync_roles, seesaw, simple
 from numba_mla.mods import as_mask, as_score_mod
 
 #: Runs the kernels: in the CUDA simulator in CI, on the device when there is one.
@@ -659,7 +659,7 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
     local memory but the local arrays its PTX declares (none without such a call): no
     spills. The tensor-core kernel's SASS holds its wgmma instructions (HGMMA)."""
     tag = factory.dtype_tag(p.dtype)
-    seesaw = []
+    seesaw, forms = [], []
     if backend == "mma":  # workspace or one-partition (direct) output; TMA or cp.async tiles
         dispatchers = [factory.mma_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
                                                     type(p.cache), p.heads, direct, tma)
@@ -674,6 +674,12 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
                                                          tag, type(p.cache), block_m, p.heads,
                                                          direct)
                        for block_m in (16, 32) for direct in (False, True)]
+        # the 32-row block's split-role form, where the selector takes it (MMA_SYNC_ROLES)
+        forms = [factory.mma_sync_roles_partition_kernel(as_mask(mask), as_score_mod(score_mod),
+                                                         tag, type(p.cache), p.heads, direct,
+                                                         wide, stages)
+                 for direct in (False, True) for wide in (False, True)
+                 for stages in mma_sync_roles.STAGES]
     elif backend == "simple":
         dispatchers = [factory.simple_partition_kernel(as_mask(mask), as_score_mod(score_mod),
                                                        tag, type(p.cache), simple.BLOCK_M,
@@ -684,18 +690,21 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
         dispatchers = [factory.partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
                                                 type(p.cache), block_m, p.heads, direct)
                        for direct in (False, True)]  # workspace or one-partition output
-    kernels = [k for d in dispatchers + seesaw for k in d.overloads.values()]
+    kernels = [k for d in dispatchers + seesaw + forms for k in d.overloads.values()]
     assert kernels, "the partition kernel for this configuration was never compiled"
     if backend == "mma_sync":
-        block_m = heuristics.mma_sync_block_m(int(p.counts.max()) * p.heads)
-        used = dispatchers[:2] if block_m == 16 else dispatchers[2:]
-        assert any(d.overloads for d in used), f"expected the {block_m}-row mma_sync block"
+        rows = int(p.counts.max()) * p.heads
+        block_m = heuristics.mma_sync_block_m(rows)
+        roles = selector._mma_sync_roles(None, rows, None)
+        used = forms if roles else dispatchers[:2] if block_m == 16 else dispatchers[2:]
+        assert any(d.overloads for d in used), (
+            "expected the split-role form" if roles else f"expected the {block_m}-row mma_sync block")
     if backend == "mma":  # the copy engine brings the tiles wherever a tile fits one page
         tma = p.cache.kind == "contiguous" or p.cache.page_size % 64 == 0
         used = seesaw + dispatchers[1::2] if tma else dispatchers[0::2]
         assert any(d.overloads for d in used), (
             f"expected the {'TMA' if tma else 'cp.async'} variant for {p.cache!r}")
-    for d in dispatchers + seesaw:
+    for d in dispatchers + seesaw + forms:
         for k in d.overloads.values():
             # cc=None: the PTX the kernel was built from (the current device's architecture,
             # "sm_90a" on an H200), kept with the kernel; (9, 0) would compile it for "sm_90".
