@@ -184,8 +184,12 @@ SEESAW_E4M3 = True
 SEESAW_CONVERTER = False
 # The warp tensor-core kernel's 32-row block on 16-bit rows as its split-role form
 # (kernels/mma_sync_roles.py: four warps score with Q in registers, four multiply by V),
-# where its shared memory fits and no config names the block's shape. Off until timed.
-MMA_SYNC_ROLES = False
+# where its shared memory fits and no config names the block's shape: 0.93-0.99x the
+# lockstep 32-row block's time at H = 128 (an H100; docs/kernels/mma_sync.md) ...
+MMA_SYNC_ROLES = True
+# ... also in three stages of key rows where four do not fit (an A100's 163 KB a block):
+# never run on a GPU yet (the simulator only), so off
+MMA_SYNC_ROLES_THREE_STAGES = False
 PIPELINE_STAGES = {"simt": 2, "simt_warpsplit": 2, "mma": 2, "mma_sync": 1, "simple": 1,
                    "warpsplit": 1}
 
@@ -206,15 +210,16 @@ def _mma_sync_roles(config, rows, fp8):
     """The stages of key rows of the warp tensor-core kernel's split-role block
     (``MMA_SYNC_ROLES``: 32 rows, where a sequence has more than 16; 16-bit rows, no config
     of the block's shape or stages; the most stages whose shared memory fits the device's
-    block: 4 on an H100 or H200, 3 on an A100, whose 163 KB do not take the 32-row block),
-    or 0: the blocks as they are."""
+    block: 4 on an H100 or H200, 3 on an A100, whose 163 KB do not take the 32-row block, where
+    ``MMA_SYNC_ROLES_THREE_STAGES``), or 0: the blocks as they are."""
     from .kernels import mma_sync_roles
 
     if not (MMA_SYNC_ROLES and rows > 16 and fp8 is None
             and (config is None or (config.num_queries_per_block is None
                                     and config.num_pipeline_stages is None))):
         return 0
-    return mma_sync_roles.stages_that_fit(heuristics.smem_per_block())
+    stages = mma_sync_roles.stages_that_fit(heuristics.smem_per_block())
+    return stages if stages == 4 or MMA_SYNC_ROLES_THREE_STAGES else 0
 
 
 def _mma_sync_shape(config, rows, fp8):

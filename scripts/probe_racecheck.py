@@ -11,11 +11,20 @@ threads), a different number of times in each warpgroup. This kernel does only t
 same handoffs (a value written before each arrival, read after the wait), ``pairs`` times,
 then the epilogue's store, block barrier and load. A hazard here is racecheck's, not a race.
 
+Also the one-way handoff of the mma_sync kernel's split-role form (kernels/mma_sync_roles.py):
+one warp stores, then ``bar.arrive``; another ``bar.sync``s on the same barrier, then loads.
+The PTX ISA orders those (an arrive guarantees that the thread's earlier accesses are
+performed relative to the barrier's threads when it completes). ``--handoffs`` runs that
+kernel ("arrive"), the same with ``bar.sync`` on both sides ("sync") and a real race, the
+store after the arrival ("racy"), each under racecheck.
+
 Usage (GPU):  python scripts/probe_racecheck.py [--pairs 1,2,3,5,8]
     runs itself under racecheck once for each pair count and prints the hazards of each.
-              python scripts/probe_racecheck.py --child N
-    one launch of N pairs, its result checked (also in the simulator:
-    NUMBA_ENABLE_CUDASIM=1).
+              python scripts/probe_racecheck.py --handoffs [arrive,sync,racy]
+    the same for the one-way handoff kernels.
+              python scripts/probe_racecheck.py --child N  (or --handoff-child KIND)
+    one launch of N pairs (or of that handoff kernel), its result checked (also in the
+    simulator: NUMBA_ENABLE_CUDASIM=1).
 """
 import argparse
 import re
@@ -64,6 +73,41 @@ def make_probe():
     return probe
 
 
+def make_handoff(kind):
+    """Warp 0 stores 32 values and hands them to warp 1 (64 threads, named barrier 1): by
+    ``bar.arrive`` ("arrive"), by ``bar.sync`` on both sides ("sync"), or with the store
+    after the arrival ("racy": a race)."""
+    from numba import int32
+
+    racy, arrive = kind == "racy", kind == "arrive"  # (constants in the kernel)
+
+    @cuda.jit
+    def handoff(out):
+        vals = cuda.shared.array(32, int32)
+        tid = cuda.threadIdx.x
+        if tid < 32:
+            if racy:
+                ptx.bar_arrive(1, 64)
+            vals[tid] = tid + 1
+            if arrive:
+                ptx.bar_arrive(1, 64)
+            elif not racy:
+                ptx.bar_sync(1, 64)
+        else:
+            ptx.bar_sync(1, 64)
+            out[tid - 32] = vals[(tid + 1) % 32]
+
+    return handoff
+
+
+def handoff_child(kind):
+    out = cuda.to_device(np.zeros(32, np.int32))
+    make_handoff(kind)[1, 64](out)
+    ok = np.array_equal(out.copy_to_host(), (np.arange(32) + 1) % 32 + 1)
+    print(f"handoff {kind}: {'ok' if ok else 'WRONG'}")
+    return 0 if ok or kind == "racy" else 1
+
+
 def child(pairs):
     out = cuda.device_array(256, np.float32)
     make_probe()[1, 256](out, pairs)
@@ -81,16 +125,25 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", type=int, default=None, help="one launch of this many pairs")
     ap.add_argument("--pairs", default="1,2,3,5,8")
+    ap.add_argument("--handoffs", nargs="?", const="arrive,sync,racy", default=None,
+                    help="probe the one-way handoff kernels instead (default all three)")
+    ap.add_argument("--handoff-child", choices=("arrive", "sync", "racy"), default=None,
+                    help="one launch of that handoff kernel")
     args = ap.parse_args(argv)
     if args.child is not None:
         return child(args.child)
+    if args.handoff_child is not None:
+        return handoff_child(args.handoff_child)
+    runs = ([(f"handoff {k}", ["--handoff-child", k]) for k in args.handoffs.split(",")]
+            if args.handoffs else
+            [(f"pairs {n}", ["--child", n]) for n in args.pairs.split(",")])
     bad = 0
-    for n in (int(x) for x in args.pairs.split(",")):
-        r = subprocess.run(["compute-sanitizer", "--tool", "racecheck", sys.executable, __file__,
-                            "--child", str(n)], capture_output=True, text=True)
+    for name, child_args in runs:
+        r = subprocess.run(["compute-sanitizer", "--tool", "racecheck", sys.executable, __file__]
+                           + child_args, capture_output=True, text=True)
         text = r.stdout + r.stderr
         m = re.search(r"RACECHECK SUMMARY: (\d+) hazard", text)
-        print(f"pairs {n}: racecheck {m.group(1) if m else '?'} hazards, rc {r.returncode}"
+        print(f"{name}: racecheck {m.group(1) if m else '?'} hazards, rc {r.returncode}"
               f"{'' if 'ok' in r.stdout else ' (result WRONG or missing)'}", flush=True)
         bad += r.returncode != 0 or m is None
     return 1 if bad else 0

@@ -245,26 +245,31 @@ def test_fp8_rows_beside_bf16_rows():
 
 
 @pytest.mark.kernel
-def test_a_kernel_form_as_a_backend():
-    """``numba_mla:mma_sync_roles`` times the warp tensor-core kernel with a form the selector
-    leaves off (providers.FORMS): planned with its flag set, the flag as it was after, and
-    its row beside the backend's own; where the form does not run (16 query rows) it is
-    skipped with the reason."""
+@pytest.mark.parametrize("form, kernel", [("mma_sync_roles", "mma_sync_roles"),
+                                          ("mma_sync_lockstep", "mma_sync")])
+def test_a_kernel_form_as_a_backend(form, kernel, monkeypatch):
+    """``numba_mla:mma_sync_roles`` and ``numba_mla:mma_sync_lockstep`` time the warp
+    tensor-core kernel's 32-row block in the form each names (providers.FORMS): planned with
+    the selector's flag set their way, whatever it is, and as it was after; where neither
+    form runs (16 query rows) the row is skipped with the reason."""
     from numba_mla import selector
-    from numba_mla.kernels import mma_sync_roles
+    from numba_mla.kernels import mma_sync, mma_sync_roles
 
-    doc = bench.run([bench.Config(1, 20, 33, page_size=16, sweep="tiny")],
-                    providers.select_providers("numba_mla:mma_sync_roles"), progress=False,
-                    log=lambda *a: None)
-    assert selector.MMA_SYNC_ROLES is False
-    (row,) = doc["rows"]
-    assert row["backend"] == "mma_sync_roles" and 0 < row["rel_err"] < 2e-2
-    assert row["smem_bytes"] == mma_sync_roles.smem_bytes()  # (the form's kernel ran)
-    assert doc["meta"]["errors"] == [] and doc["meta"]["skipped"] == []
+    smem = mma_sync_roles.smem_bytes() if kernel == "mma_sync_roles" else mma_sync.smem_bytes(32)
+    for flag in (True, False):
+        monkeypatch.setattr(selector, "MMA_SYNC_ROLES", flag)
+        doc = bench.run([bench.Config(1, 20, 33, page_size=16, sweep="tiny")],
+                        providers.select_providers(f"numba_mla:{form}"), progress=False,
+                        log=lambda *a: None)
+        assert selector.MMA_SYNC_ROLES is flag
+        (row,) = doc["rows"]
+        assert row["backend"] == form and 0 < row["rel_err"] < 2e-2
+        assert row["block_m"] == 32 and row["smem_bytes"] == smem  # (the form's kernel ran)
+        assert doc["meta"]["errors"] == [] and doc["meta"]["skipped"] == []
     p = bench.make_problem(bench.Config(1, 16, 33, page_size=16, sweep="tiny"),
                            bench.Device(), np.random.default_rng(0), bench.Settings.simulator())
     with pytest.raises(bench.Skip, match="past 16 query rows"):
-        providers.numba_mla(p, "mma_sync_roles")
+        providers.numba_mla(p, form)
     assert selector.MMA_SYNC_ROLES is False
 
 

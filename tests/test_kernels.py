@@ -958,16 +958,18 @@ def test_mma_sync_32_rows(case, rng):
 def test_mma_sync_roles(case, order, stages, rng, monkeypatch):
     """The 32-row block's split-role form (kernels/mma_sync_roles.py: four warps score with
     Q in registers, four multiply by V and copy the tiles), which the selector takes with
-    ``MMA_SYNC_ROLES`` on. With the score warps run ahead of the V warps ("low") and behind
-    them ("high"), a handoff without its barrier reads a buffer before it is written or
-    writes it before it is read, and a wait for one copy group too few reads a stage not yet
-    landed (tried: each of its five handoffs removed, and each wait one short, fails one of
-    the first two cases)."""
+    ``MMA_SYNC_ROLES`` on (in three stages with ``MMA_SYNC_ROLES_THREE_STAGES`` too). With
+    the score warps run ahead of the V warps ("low") and behind them ("high"), a handoff
+    without its barrier reads a buffer before it is written or writes it before it is read,
+    and a wait for one copy group too few reads a stage not yet landed (tried: each of its
+    five handoffs removed, and each wait one short, fails one of the first two cases).
+    """
     from numba_mla import _numba, heuristics, selector
     from numba_mla.kernels import mma_sync_roles
 
     B, Sq, H, lengths, dtype, kind, page, mask_id, mod_id, P, wide = case
     monkeypatch.setattr(selector, "MMA_SYNC_ROLES", True)
+    monkeypatch.setattr(selector, "MMA_SYNC_ROLES_THREE_STAGES", True)
     monkeypatch.setattr(launch, "_aligned16", lambda dev: wide)
     if stages == 3:  # (an A100's block: the 32-row block itself does not fit)
         monkeypatch.setattr(heuristics, "smem_per_block", lambda: 166912)

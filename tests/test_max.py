@@ -246,13 +246,15 @@ def test_mma_sync_config_fits_the_device(rng, monkeypatch):
     """The warp tensor-core kernel's config is read against the device's shared memory a
     block: its 32-row block (192 KB) is refused by name on an A100-sized one, and on an
     Ada-sized one neither it nor the FMA kernel's (208 KB) runs 32 rows of FP8, so ``"auto"``
-    refuses that config by name too; FP8 rows staged through shared memory run
+    refuses that config by name too (with no config the A100 takes 16 rows, or the 32-row
+    block's split-role form in three stages, 160 KB, where that is on); FP8 rows staged through
+    shared memory run
     two tiles in flight at 16 rows too (``num_pipeline_stages=2`` is honoured there, 1 only
     where they are loaded by the warps; "v32" rows, which "auto" gives this kernel at any
     rows); "e4m3" rows take two raw stages, three tiles in flight (3), or one when the config
     asks for 2."""
-    from numba_mla import heuristics
-    from numba_mla.kernels import mma_sync
+    from numba_mla import heuristics, selector
+    from numba_mla.kernels import mma_sync, mma_sync_roles
 
     p = make_problem(rng, 1, 1, 20, [40], BF16, "contiguous")  # 20 query rows
     monkeypatch.setattr(heuristics, "smem_per_block", lambda: 166912)  # an A100's
@@ -260,6 +262,11 @@ def test_mma_sync_config_fits_the_device(rng, monkeypatch):
                                          r"kernel for this call runs 16, got 32"):
         _spec(p, nm.MHAConfig(num_queries_per_block=32), "mma_sync")
     assert _spec(p, None, "mma_sync").block_m == 16
+    monkeypatch.setattr(selector, "MMA_SYNC_ROLES_THREE_STAGES", True)
+    spec = _spec(p, None, "mma_sync")
+    assert (spec.backend, spec.block_m, spec.smem) == ("mma_sync_roles", 32,
+                                                       mma_sync_roles.smem_bytes(3))
+    monkeypatch.setattr(selector, "MMA_SYNC_ROLES_THREE_STAGES", False)
 
     for H, rows in ((20, 32), (16, 32)):  # (FP8 staged: 32 rows at 16 too)
         pf = with_fp8_cache(dataclasses.replace(p, q=p.q[:, :, :H]), "v32")

@@ -63,3 +63,20 @@ def test_probe_racecheck_kernel_hands_off_right():
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     assert probe.child(3) == 0
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("kind", ["arrive", "sync"])
+def test_probe_racecheck_handoff_kernel_hands_off_right(kind):
+    """scripts/probe_racecheck.py's one-way handoff (the split-role mma_sync kernel's: a store,
+    ``bar.arrive``; ``bar.sync``, a load) gives the stored values, so a hazard racecheck
+    reports on it is racecheck's."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                        "probe_racecheck.py")
+    spec = importlib.util.spec_from_file_location("_probe_racecheck", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.handoff_child(kind) == 0

@@ -25,11 +25,13 @@ from .problems import D_QK, D_V
 #: "warpsplit" is the simple kernel with ``decoding_warp_split_k`` (kernels/warpsplit.py),
 #: "simt_warpsplit" the FMA kernel with it (kernels/simt.py, two groups of warps); the call
 #: names the backend selector.WARP_SPLIT_ASKS gives.
-#: "mma_sync_roles" is "mma_sync" with a kernel form the selector leaves off by default
-#: (``FORMS``: the backend it asks and the selector flag set while it is planned).
+#: "mma_sync_roles" and "mma_sync_lockstep" are "mma_sync" with its 32-row block's form chosen
+#: either way (``FORMS``: the backend asked, the selector flag, its value while planning, and
+#: the kernel the selector must then take, else the row is skipped).
 KERNEL_BACKENDS = ("simt", "mma", "mma_sync", "simple", "warpsplit", "simt_warpsplit",
-                   "mma_sync_roles")
-FORMS = {"mma_sync_roles": ("mma_sync", "MMA_SYNC_ROLES")}
+                   "mma_sync_roles", "mma_sync_lockstep")
+FORMS = {"mma_sync_roles": ("mma_sync", "MMA_SYNC_ROLES", True, "mma_sync_roles"),
+         "mma_sync_lockstep": ("mma_sync", "MMA_SYNC_ROLES", False, "mma_sync")}
 
 
 class Skip(Exception):
@@ -68,7 +70,7 @@ def numba_mla(p, backend):
             yield
             return
         before = getattr(selector, form[1])
-        setattr(selector, form[1], True)
+        setattr(selector, form[1], form[2])
         try:
             yield
         finally:
@@ -92,9 +94,10 @@ def numba_mla(p, backend):
     built = getattr(plan, "backend", None)
     if built is not None and built != (form[0] if form else backend):
         raise Skip(f"launch.Plan built backend {built!r} for backend={backend!r}")
-    if form and plan.spec.backend != backend:
-        raise Skip(f"{backend}: the selector took {plan.spec.backend!r} here (the form runs "
-                   f"past 16 query rows a sequence, 16-bit rows, where its block fits)")
+    if form and (plan.spec.backend, plan.spec.block_m) != (form[3], 32):
+        raise Skip(f"{backend}: the selector took {plan.spec.backend!r} with "
+                   f"{plan.spec.block_m} rows a block here (the 32-row forms run past 16 "
+                   f"query rows a sequence, 16-bit rows, where their block fits)")
     info = dict(num_partitions=plan.num_partitions, block_m=getattr(plan, "block_m", None),
                 chunk=getattr(getattr(plan, "spec", None), "chunk", None))  # tiles a partition
     if plan.launches:
