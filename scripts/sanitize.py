@@ -3,11 +3,12 @@ representative set of configurations, and print a summary table.
 
 Usage (on a GPU machine):  python scripts/sanitize.py [--tools memcheck,racecheck] [--out FILE]
                                                      [--backend mma] [--fp8] [--log FILE]
-                                                     [--hazards]
+                                                     [--hazards] [--selector FLAG[=0|1]]
 Each tool runs the whole case list in one child process (``--cases``), checked against the
 reference so that a sanitizer-clean wrong answer still fails. ``--log``: every tool's whole
 output into FILE (the summary prints only the end of a failing one); ``--hazards``: racecheck
-lists each hazard with its threads and shared address (``--racecheck-report hazard``).
+lists each hazard with its threads and shared address (``--racecheck-report hazard``);
+``--selector``: a numba_mla.selector flag set (to True, or 0 / 1) in the children first.
 The device needs numba_mla importable in the child (run from the checkout with
 ``PYTHONPATH=$PWD``).
 """
@@ -118,16 +119,20 @@ def main():
     ap.add_argument("--log", default=None, help="every tool's whole output into this file")
     ap.add_argument("--hazards", action="store_true",
                     help="racecheck: each hazard with its threads and address")
-    ap.add_argument("--selector", action="append", default=[], metavar="FLAG",
-                    help="set numba_mla.selector.FLAG to True first (e.g. MMA_SYNC_ROLES: a "
-                         "kernel form that is off by default)")
+    ap.add_argument("--selector", action="append", default=[], metavar="FLAG[=0|1]",
+                    help="set numba_mla.selector.FLAG first, to True or to the value given "
+                         "(e.g. MMA_SYNC_ROLES=0: the mma_sync kernel's lockstep 32-row "
+                         "block; MMA_SYNC_ROLES_THREE_STAGES: a form that is off)")
     args = ap.parse_args()
-    for flag in args.selector:
+    for item in args.selector:
         from numba_mla import selector
 
+        flag, _, value = item.partition("=")
         if not hasattr(selector, flag):
             ap.error(f"--selector: numba_mla.selector has no {flag}")
-        setattr(selector, flag, True)
+        if value not in ("", "0", "1"):
+            ap.error(f"--selector: {item!r}: the value is 0 or 1")
+        setattr(selector, flag, value != "0")
     if args.cases:
         sys.exit(1 if run_cases(args.backend, args.fp8) else 0)
     env = dict(os.environ, NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS="0", PYTHONUNBUFFERED="1")
