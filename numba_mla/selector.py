@@ -488,9 +488,13 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
 
             disp = factory.mma_sync_roles_partition_kernel(mask, mod, tag, cache_cls, H, direct,
                                                            facts.cache_aligned16, roles)
-            return KernelSpec("mma_sync_roles", disp, mma_sync_roles.NT,
+            spec = KernelSpec("mma_sync_roles", disp, mma_sync_roles.NT,
                               mma_sync_roles.smem_bytes(roles), q_pairs=True, tma=False,
                               **common)
+            # where the form spills (a score mod with much arithmetic), the lockstep 32-row
+            # block, where it fits (the same rows a block and one block a multiprocessor)
+            if not spills(spec) or not heuristics.mma_sync_fits(32)[1]:
+                return spec
         disp = factory.mma_sync_partition_kernel(mask, mod, tag, cache_cls, block_m, H, direct,
                                                  fp8, facts.cache_aligned16, staged)
         return KernelSpec("mma_sync", disp, mma_sync.threads(block_m),

@@ -446,6 +446,37 @@ def test_mma_tma_falls_back_when_the_seesaw_spills(rng, monkeypatch):
     assert considered == seesaw_kernels and len(seesaw_kernels) == 1
 
 
+@KERNEL
+def test_mma_sync_roles_falls_back_when_it_spills(rng, monkeypatch):
+    """Where the mma_sync kernel's split-role form would spill (a score mod with much
+    arithmetic), the lockstep 32-row block runs in its place, and matches the reference."""
+    considered = []
+
+    def spills(self):
+        considered.append(self.dispatcher)
+        return self.dispatcher in roles_kernels
+
+    roles_kernels, built_lockstep = [], []
+    build_roles, build_lockstep = (factory.mma_sync_roles_partition_kernel,
+                                   factory.mma_sync_partition_kernel)
+
+    def recording_roles(*args):
+        roles_kernels.append(build_roles(*args))
+        return roles_kernels[-1]
+
+    def recording_lockstep(*args):
+        built_lockstep.append(args[4])  # (its block_m)
+        return build_lockstep(*args)
+
+    monkeypatch.setattr(factory, "mma_sync_roles_partition_kernel", recording_roles)
+    monkeypatch.setattr(factory, "mma_sync_partition_kernel", recording_lockstep)
+    monkeypatch.setattr(launch._Launch, "spills", spills)
+    p = make_problem(rng, 1, 1, 20, [150], BF16, "paged", 64)  # 20 query rows: 32 a block
+    check_kernel(p, MASKS["window3"].make(p, rng), SCORE_MODS["alibi"].make(p), 1, "mma_sync")
+    assert considered == roles_kernels and len(roles_kernels) == 1
+    assert built_lockstep == [32]
+
+
 MANY_ROWS = [  # (dtype, layout, mask, score mod): H * Sq = 18 query rows per sequence
     ("bf16", "padded", "causal", "alibi"),                 # one group, BLOCK_M = 32
     ("fp16", "ragged", "bias_B_H_Sq_S", "softcap"),        # one group, BLOCK_M = 32
