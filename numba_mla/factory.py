@@ -223,15 +223,19 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
                                     wide=True, stages=4):
     """The warp tensor-core kernel's split-role block (kernels/mma_sync_roles.py: 32 rows,
     four warps score and four multiply by V; 16-bit rows) for this configuration, arguments
-    as for ``mma_sync_partition_kernel``; ``stages`` of key rows (4, or 3 on an A100)."""
-    def build():
-        from .kernels.mma_sync_roles import make_partition_kernel
+    as for ``mma_sync_partition_kernel``; ``stages`` of key rows (4, or 3 on an A100); its S
+    in the module's ``S_CHAINS`` accumulator chains (read here, so part of the key)."""
+    from .kernels import mma_sync_roles
 
-        return make_partition_kernel(tag=tag, store=_output_store(tag, direct), heads=heads,
-                                     wide=bool(wide), stages=stages,
-                                     **_device_functions(mask, score_mod, cache_cls))
+    chains = mma_sync_roles.S_CHAINS
+
+    def build():
+        return mma_sync_roles.make_partition_kernel(
+            tag=tag, store=_output_store(tag, direct), heads=heads, wide=bool(wide),
+            stages=stages, s_chains=chains, **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("mma_sync_roles", tag, heads, direct, bool(wide), stages)
+                   + ((("s_chains", chains),) if chains != 4 else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

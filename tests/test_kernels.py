@@ -447,6 +447,22 @@ def test_mma_tma_falls_back_when_the_seesaw_spills(rng, monkeypatch):
 
 
 @KERNEL
+def test_mma_sync_roles_eight_chains(rng, monkeypatch):
+    """The split-role form with its score warps' S in eight accumulator chains
+    (``mma_sync_roles.S_CHAINS = 8``, untimed: the odd steps' products apart, added at the
+    end) matches the reference: two tiles, the second partial, 20 query rows."""
+    from numba_mla.kernels import mma_sync_roles
+
+    monkeypatch.setattr(mma_sync_roles, "S_CHAINS", 8)
+    seen, real = [], mma_sync_roles.make_partition_kernel
+    monkeypatch.setattr(mma_sync_roles, "make_partition_kernel",
+                        lambda **kw: seen.append(kw["s_chains"]) or real(**kw))
+    p = make_problem(rng, 1, 1, 20, [100], BF16, "paged", 16)
+    check_kernel(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
+    assert seen == [8], "expected the split-role kernel built with eight chains"
+
+
+@KERNEL
 def test_mma_sync_roles_falls_back_when_it_spills(rng, monkeypatch):
     """Where the mma_sync kernel's split-role form would spill (a score mod with much
     arithmetic), the lockstep 32-row block runs in its place, and matches the reference."""

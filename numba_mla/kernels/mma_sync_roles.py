@@ -67,6 +67,7 @@ OD = D_V // 4  # output dims a V warp owns (128)
 NACC = 2 * OD // 8 * 4  # its accumulators a lane (128)
 HALF_STEPS = D_QK // 32  # k16 steps of S a score warp takes: its half of the dims (18)
 QF = 4 * HALF_STEPS  # its Q fragments' registers a lane (72)
+S_CHAINS = 4  # a score warp's accumulator chains in S (8: even and odd steps apart; untimed)
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
 # named barriers (0 is the block's)
@@ -110,30 +111,43 @@ def _make_q_load(steps):
     return cuda.jit(device=True, **INLINE)(scope["load_q"])
 
 
-def _make_scores(tag, steps):
+def _make_scores(tag, steps, chains=4):
     """``scores(s2, qf, words, kaddr, tid)``: s2 += Q K^T over ``steps`` k16 steps for 32 keys
     (n8 tiles 0-3 at s2[0], [4], [8], [12]); ``kaddr`` this lane's ldmatrix address of the
     first 16 keys' step 0 (the next 16 keys are 16 rows further). Written out like
-    ``_make_q_load``."""
+    ``_make_q_load``. ``chains``: 4, each step's four products added into s2 (four chains of
+    ``steps`` dependent HMMAs), or 8, the odd steps' into a second set added at the end (half
+    as long)."""
+    assert chains in (4, 8), chains
     lines = ["def scores(s2, qf, words, kaddr, tid):"]
+    if chains == 8:
+        lines += ["    s2b = cuda.local.array(16, float32)",
+                  "    for k in range(16):",
+                  "        s2b[k] = float32(0.0)"]
     for s in range(steps):
         a = ", ".join(f"qf[{4 * s + k}]" for k in range(4))
+        acc = "s2b" if chains == 8 and s % 2 else "s2"
         lines += [f"    b0, b1, b2, b3 = ldsm(words, kaddr + {32 * s}, tid)",
                   f"    c0, c1, c2, c3 = ldsm(words, kaddr + {16 * ROW_BYTES + 32 * s}, tid)",
-                  f"    mma(s2, 0, {a}, b0, b1, tid)",
-                  f"    mma(s2, 4, {a}, b2, b3, tid)",
-                  f"    mma(s2, 8, {a}, c0, c1, tid)",
-                  f"    mma(s2, 12, {a}, c2, c3, tid)"]
-    scope = {"ldsm": ptx.ldmatrix_x4, "mma": ptx.mma_m16n8k16(tag)}
+                  f"    mma({acc}, 0, {a}, b0, b1, tid)",
+                  f"    mma({acc}, 4, {a}, b2, b3, tid)",
+                  f"    mma({acc}, 8, {a}, c0, c1, tid)",
+                  f"    mma({acc}, 12, {a}, c2, c3, tid)"]
+    if chains == 8:
+        lines += ["    for k in range(16):",
+                  "        s2[k] += s2b[k]"]
+    scope = {"ldsm": ptx.ldmatrix_x4, "mma": ptx.mma_m16n8k16(tag), "cuda": cuda,
+             "float32": float32}
     exec("\n".join(lines), scope)  # (generated here, from the lines above: no outside input)
     return cuda.jit(device=True, **INLINE)(scope["scores"])
 
 
 def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
-                          score_mod, fold_scale, heads, wide=True, stages=4, key_count=None):
+                          score_mod, fold_scale, heads, wide=True, stages=4, key_count=None,
+                          s_chains=S_CHAINS):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
-    ``STAGES``)."""
+    ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``)."""
     (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF), _ = layout(stages)
     NS = stages
     # sub-tile j + NS (copied once P V of j is done) is half (h + NS) % 2 of the tile
@@ -148,7 +162,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     score_rows = make_score_rows(make_log2_score(mask_apply, score_mod, fold_scale), heads)
     write_p = make_write_p(ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2)
     load_q = _make_q_load(HALF_STEPS)
-    scores = _make_scores(tag, HALF_STEPS)
+    scores = _make_scores(tag, HALF_STEPS, s_chains)
     pv = _make_pv(tag, 2, OD)
     scale_acc = ptx.acc_scale_halves(NACC)
     zero_acc = ptx.acc_zero(NACC)
