@@ -224,18 +224,21 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     """The warp tensor-core kernel's split-role block (kernels/mma_sync_roles.py: 32 rows,
     four warps score and four multiply by V; 16-bit rows) for this configuration, arguments
     as for ``mma_sync_partition_kernel``; ``stages`` of key rows (4, or 3 on an A100); its S
-    in the module's ``S_CHAINS`` accumulator chains (read here, so part of the key)."""
+    in the module's ``S_CHAINS`` accumulator chains, ahead of P or not (``S_AHEAD``; both read
+    here, so part of the key)."""
     from .kernels import mma_sync_roles
 
-    chains = mma_sync_roles.S_CHAINS
+    chains, ahead = mma_sync_roles.S_CHAINS, mma_sync_roles.S_AHEAD
 
     def build():
         return mma_sync_roles.make_partition_kernel(
             tag=tag, store=_output_store(tag, direct), heads=heads, wide=bool(wide),
-            stages=stages, s_chains=chains, **_device_functions(mask, score_mod, cache_cls))
+            stages=stages, s_chains=chains, s_ahead=ahead,
+            **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("mma_sync_roles", tag, heads, direct, bool(wide), stages)
                    + ((("s_chains", chains),) if chains != 4 else ())
+                   + ((("s_ahead", True),) if ahead else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

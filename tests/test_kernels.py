@@ -1002,19 +1002,23 @@ def test_mma_sync_32_rows(case, rng):
     pytest.param((2, 1, 32, [300, 0], "bf16", "paged", 64, "window100", "softcap", 3, True),
                  "fifo", 4, marks=pytest.mark.slow),
 ], ids=str)
-def test_mma_sync_roles(case, order, stages, rng, monkeypatch):
+@pytest.mark.parametrize("ahead", [False, True], ids=["s_in_turn", "s_ahead"])
+def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
     """The 32-row block's split-role form (kernels/mma_sync_roles.py: four warps score with
     Q in registers, four multiply by V and copy the tiles), which the selector takes with
     ``MMA_SYNC_ROLES`` on (in three stages with ``MMA_SYNC_ROLES_THREE_STAGES`` too). With
     the score warps run ahead of the V warps ("low") and behind them ("high"), a handoff
     without its barrier reads a buffer before it is written or writes it before it is read,
     and a wait for one copy group too few reads a stage not yet landed (tried: each of its
-    five handoffs removed, and each wait one short, fails one of the first two cases).
+    five handoffs removed, and each wait one short, fails one of the first two cases). Also
+    with the score warps' S of the next sub-tile issued before this one's P
+    (``mma_sync_roles.S_AHEAD``, untimed).
     """
     from numba_mla import _numba, heuristics, selector
     from numba_mla.kernels import mma_sync_roles
 
     B, Sq, H, lengths, dtype, kind, page, mask_id, mod_id, P, wide = case
+    monkeypatch.setattr(mma_sync_roles, "S_AHEAD", ahead)
     monkeypatch.setattr(selector, "MMA_SYNC_ROLES", True)
     monkeypatch.setattr(selector, "MMA_SYNC_ROLES_THREE_STAGES", True)
     monkeypatch.setattr(launch, "_aligned16", lambda dev: wide)

@@ -68,6 +68,9 @@ NACC = 2 * OD // 8 * 4  # its accumulators a lane (128)
 HALF_STEPS = D_QK // 32  # k16 steps of S a score warp takes: its half of the dims (18)
 QF = 4 * HALF_STEPS  # its Q fragments' registers a lane (72)
 S_CHAINS = 4  # a score warp's accumulator chains in S (8: even and odd steps apart; untimed)
+# a score warp computes S of sub-tile j + 1 between the maxima of j and its wait for P's
+# buffer, so that its products run under the softmax and that wait (untimed)
+S_AHEAD = False
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
 # named barriers (0 is the block's)
@@ -144,10 +147,11 @@ def _make_scores(tag, steps, chains=4):
 
 def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
                           score_mod, fold_scale, heads, wide=True, stages=4, key_count=None,
-                          s_chains=S_CHAINS):
+                          s_chains=S_CHAINS, s_ahead=S_AHEAD):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
-    ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``)."""
+    ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
+    ``s_ahead``: S of the next sub-tile before this one's P, ``S_AHEAD``)."""
     (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF), _ = layout(stages)
     NS = stages
     # sub-tile j + NS (copied once P V of j is done) is half (h + NS) % 2 of the tile
@@ -163,6 +167,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     write_p = make_write_p(ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2)
     load_q = _make_q_load(HALF_STEPS)
     scores = _make_scores(tag, HALF_STEPS, s_chains)
+    S_AHEAD = s_ahead  # (a constant of the kernel)
     pv = _make_pv(tag, 2, OD)
     scale_acc = ptx.acc_scale_halves(NACC)
     zero_acc = ptx.acc_zero(NACC)
@@ -238,21 +243,35 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 m_run[j] = float32(NEG_INF)
                 l_own[j] = float32(0.0)
             j = 0
+            if S_AHEAD and t < t_end:  # (S of sub-tile 0 before the walk)
+                ptx.bar_sync(BAR_KREADY, NT)
+                for k in range(16):
+                    s2[k] = float32(0.0)
+                scores(s2, qf, words, k_addr, tid)
             while t < t_end:
                 k0 = kstart + t * BLOCK_N
                 k1 = min(k0 + BLOCK_N, kend)
                 cls = mask_classify(k0, k1, q_lo, q_hi)
+                t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi) if S_AHEAD else t
                 for h in range(2):
-                    ptx.bar_sync(BAR_KREADY + h, NT)  # sub-tile j's rows have landed
-                    for k in range(16):
-                        s2[k] = float32(0.0)
-                    scores(s2, qf, words, k_addr + KS_BYTES * (j % NS), tid)
+                    if not S_AHEAD:
+                        ptx.bar_sync(BAR_KREADY + h, NT)  # sub-tile j's rows have landed
+                        for k in range(16):
+                            s2[k] = float32(0.0)
+                        scores(s2, qf, words, k_addr + KS_BYTES * (j % NS), tid)
                     # the partner's 16 keys to it, its partials of this warp's 16 from it
                     pass_partials(s, s2, floats, x_give, x_take, dh, BAR_PAIR + sm)
                     # mask and score mod on this warp's keys, their row maxima to Mx[dh]
                     score_rows(s, floats, MX_OFF + BLOCK_M * dh, float32(1.0), fold, sm_scale,
                                cls, b, 16 * sm + gr, r0, nrows, length, nq,
                                k0 + SUB * h + 16 * dh, k1, bias, tq, tid)
+                    if S_AHEAD and (h == 0 or t_next < t_end):
+                        # S of sub-tile j + 1 now, its products under this one's softmax (its
+                        # partner's pair barrier, not KREADY, now orders the maxima's reuse)
+                        ptx.bar_sync(BAR_KREADY + 1 - h, NT)
+                        for k in range(16):
+                            s2[k] = float32(0.0)
+                        scores(s2, qf, words, k_addr + KS_BYTES * ((j + 1) % NS), tid)
                     # Buffer h is free (P V of j - 2 done). All four score warps wait here,
                     # so this also orders both halves' maxima before their reads below.
                     ptx.bar_sync(BAR_PFREE + h, NT)
@@ -270,7 +289,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                             floats[AL_OFF + BLOCK_M * h + i] = alpha
                     ptx.bar_arrive(BAR_PREADY + h, NT)  # P and alpha of sub-tile j
                     j += 1
-                t = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+                t = t_next if S_AHEAD else next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
             # the final row sums of each half and the max, for the V warps
             if tq == 0:
                 for half in range(2):
