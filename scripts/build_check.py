@@ -417,10 +417,10 @@ def main():
               f"regs={regs} local={local} "
               f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
     # ... and its 32-row block's split-role form (kernels/mma_sync_roles.py; 16-bit rows),
-    # with 3 stages (an A100) and 4 (more shared memory; an Ada GPU's 99 KB take neither): S
-    # and P V written out (18 steps of 4, 2 of 32), every one an HMMA
-    cc = (8, 0)
-    for stages in (3, 4):
+    # with 3 stages (an A100) and 4 (more shared memory; an Ada GPU's 99 KB take neither), the
+    # four-stage form also for sm_90 (where the selector takes it): S and P V written out (18
+    # steps of 4, 2 of 32), every one an HMMA
+    for stages, cc in ((3, (8, 0)), (4, (8, 0)), (4, (9, 0))):
         for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES:
             for direct in (False, True) if block_m == 32 else ():
                 if not mine():

@@ -446,6 +446,17 @@ def test_mma_tma_falls_back_when_the_seesaw_spills(rng, monkeypatch):
     assert considered == seesaw_kernels and len(seesaw_kernels) == 1
 
 
+def launched_specs(monkeypatch):
+    """The kernels the selector picks from here on (a list it appends to): what ran, after
+    any fallback from a form whose build uses local memory."""
+    from numba_mla import selector
+
+    specs, real = [], selector.select_kernel
+    monkeypatch.setattr(selector, "select_kernel",
+                        lambda *args: specs.append(real(*args)) or specs[-1])
+    return specs
+
+
 @KERNEL
 def test_mma_sync_roles_eight_chains(rng, monkeypatch):
     """The split-role form with its score warps' S in eight accumulator chains
@@ -454,12 +465,11 @@ def test_mma_sync_roles_eight_chains(rng, monkeypatch):
     from numba_mla.kernels import mma_sync_roles
 
     monkeypatch.setattr(mma_sync_roles, "S_CHAINS", 8)
-    seen, real = [], mma_sync_roles.make_partition_kernel
-    monkeypatch.setattr(mma_sync_roles, "make_partition_kernel",
-                        lambda **kw: seen.append(kw["s_chains"]) or real(**kw))
+    specs = launched_specs(monkeypatch)
     p = make_problem(rng, 1, 1, 20, [100], BF16, "paged", 16)
     check_kernel(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
-    assert seen == [8], "expected the split-role kernel built with eight chains"
+    assert [(s.backend, s.dispatcher.form["s_chains"]) for s in specs] == [
+        ("mma_sync_roles", 8)], "expected the split-role kernel with eight chains"
 
 
 @KERNEL
@@ -743,9 +753,14 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
         rows = int(p.counts.max()) * p.heads
         block_m = heuristics.mma_sync_block_m(rows)
         roles = selector._mma_sync_roles(None, rows, None)
-        used = forms if roles else dispatchers[:2] if block_m == 16 else dispatchers[2:]
+        # (a form whose build uses local memory gives way to the lockstep 32-row block)
+        fell_back = roles and any(k.local_mem_per_thread > 0
+                                  for d in forms for k in d.overloads.values())
+        used = (dispatchers[2:] if fell_back else forms) if roles else (
+            dispatchers[:2] if block_m == 16 else dispatchers[2:])
         assert any(d.overloads for d in used), (
-            "expected the split-role form" if roles else f"expected the {block_m}-row mma_sync block")
+            "expected the split-role form" if roles and not fell_back
+            else f"expected the {block_m}-row mma_sync block")
     if backend == "mma":  # the copy engine brings the tiles wherever a tile fits one page
         tma = p.cache.kind == "contiguous" or p.cache.page_size % 64 == 0
         used = seesaw + dispatchers[1::2] if tma else dispatchers[0::2]
@@ -773,6 +788,11 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
             if callees and backend == "mma":
                 # The call's ABI saves the live accumulators to local memory around it (and
                 # ptxas serialises the wgmmas): slow, and expected of a score mod with a call.
+                continue
+            if d in forms and k.local_mem_per_thread > declared:
+                # built only for the selector's local-memory check: the lockstep block ran
+                assert any(x.overloads for x in dispatchers[2:]), (
+                    "the split-role form uses local memory and no lockstep block replaced it")
                 continue
             if d in seesaw and k.local_mem_per_thread > declared:
                 # A seesaw kernel that spills is not launched: the lockstep kernel's TMA
@@ -1026,15 +1046,15 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
         monkeypatch.setattr(heuristics, "smem_per_block", lambda: 166912)
         assert heuristics.mma_sync_block_m(Sq * H) == 16
     assert mma_sync_roles.stages_that_fit(heuristics.smem_per_block()) == stages
-    seen, real = [], factory.mma_sync_roles_partition_kernel
-    monkeypatch.setattr(factory, "mma_sync_roles_partition_kernel",
-                        lambda *args: seen.append(args[6:]) or real(*args))
+    specs = launched_specs(monkeypatch)
     p = make_problem(rng, B, Sq, H, lengths, DTYPES[dtype], kind, page)
     mask = (nm.SlidingWindowCausalMask(100) if mask_id == "window100" else
             MASKS[mask_id].make(p, rng))
     with _numba.sim_turn_order(order):
         check_kernel(p, mask, SCORE_MODS[mod_id].make(p), P, "mma_sync")
-    assert seen == [(wide, stages)], "expected the split-role kernel, its copies and stages"
+    assert [(spec.backend, spec.dispatcher.form) for spec in specs] == [
+        ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead))], (
+        "expected the split-role kernel, its copies, stages and S")
 
 
 @KERNEL

@@ -266,7 +266,6 @@ def test_mma_sync_config_fits_the_device(rng, monkeypatch):
     spec = _spec(p, None, "mma_sync")
     assert (spec.backend, spec.block_m, spec.smem) == ("mma_sync_roles", 32,
                                                        mma_sync_roles.smem_bytes(3))
-    monkeypatch.setattr(selector, "MMA_SYNC_ROLES_THREE_STAGES", False)
 
     for H, rows in ((20, 32), (16, 32)):  # (FP8 staged: 32 rows at 16 too)
         pf = with_fp8_cache(dataclasses.replace(p, q=p.q[:, :, :H]), "v32")

@@ -61,7 +61,7 @@ def numba_mla(p, backend):
     cfg = p.config
 
     split = backend in WARP_SPLIT_ASKS
-    form = FORMS.get(backend)  # (backend asked, selector flag set while planning)
+    form = FORMS.get(backend)  # (backend asked, selector flag, its value, kernel expected)
     asks = form[0] if form else WARP_SPLIT_ASKS.get(backend, backend)
 
     @contextlib.contextmanager
@@ -97,7 +97,9 @@ def numba_mla(p, backend):
     if form and (plan.spec.backend, plan.spec.block_m) != (form[3], 32):
         raise Skip(f"{backend}: the selector took {plan.spec.backend!r} with "
                    f"{plan.spec.block_m} rows a block here (the 32-row forms run past 16 "
-                   f"query rows a sequence, 16-bit rows, where their block fits)")
+                   f"query rows a sequence, 16-bit rows, where their block fits; the "
+                   f"split-role form in four stages only, and not where its build uses "
+                   f"local memory)")
     info = dict(num_partitions=plan.num_partitions, block_m=getattr(plan, "block_m", None),
                 chunk=getattr(getattr(plan, "spec", None), "chunk", None))  # tiles a partition
     if plan.launches:

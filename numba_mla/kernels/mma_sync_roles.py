@@ -33,7 +33,12 @@ ids alternating with h so that neither side can arrive twice before the other ha
                refilled with sub-tile j + NS
 
 So the score warps run up to two sub-tiles ahead of P V, and each copy is issued NS - 2
-sub-tiles before the score warps need it. Shared memory (bytes; ``layout``):
+sub-tiles before the score warps need it. With ``S_AHEAD`` (off: untimed) a score warp waits
+for KREADY of j + 1 and computes S of j + 1 right after the maxima of j, before its PFREE
+wait and P of j, so a copy is issued NS - 3 sub-tiles before it is needed; the reuse of Mx,
+which the next KREADY wait ordered, is then ordered by the pair's barrier in the exchange of
+j + 1 (only the two warps of a m16 tile touch its rows of Mx). Shared memory (bytes;
+``layout``):
 
     Qs  [32][ROWW]       the block's queries (read once into the score warps' registers)
     Ks  [NS][32][ROWW]   the key rows of NS sub-tiles (the first 512 dims are V)
@@ -380,4 +385,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                             float32(NEG_INF) if lsum == 0.0 else
                             (floats[MF_OFF + i] + math.log2(lsum)) * float32(LN2))
 
+    # what this kernel was built with (the tests ask which form the selector launched)
+    partition_kernel.form = dict(stages=stages, wide=wide, s_chains=s_chains, s_ahead=s_ahead)
     return partition_kernel
