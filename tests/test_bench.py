@@ -268,7 +268,7 @@ def test_a_kernel_form_as_a_backend(form, kernel, monkeypatch):
         assert doc["meta"]["errors"] == [] and doc["meta"]["skipped"] == []
     p = bench.make_problem(bench.Config(1, 16, 33, page_size=16, sweep="tiny"),
                            bench.Device(), np.random.default_rng(0), bench.Settings.simulator())
-    other = not providers.FORMS[form][2]  # (the flag as the form does not set it)
+    other = not providers.FORMS[form].value  # (the flag as the form does not set it)
     monkeypatch.setattr(selector, "MMA_SYNC_ROLES", other)
     with pytest.raises(bench.Skip, match="past 16 query rows"):
         providers.numba_mla(p, form)

@@ -49,11 +49,8 @@ def test_gpu_producer_consumer_handoff_draws(rng):
         run(rng)
 
 
-@pytest.mark.kernel
-def test_probe_racecheck_kernel_hands_off_right():
-    """scripts/probe_racecheck.py's kernel (the seesaw kernel's named-barrier pattern, then
-    its epilogue's handoff across the block barrier) gives the values it should, so a hazard
-    racecheck reports on it is racecheck's: 3 pairs."""
+def _probe_racecheck():
+    """scripts/probe_racecheck.py, loaded as a module."""
     import importlib.util
     import os
 
@@ -62,7 +59,15 @@ def test_probe_racecheck_kernel_hands_off_right():
     spec = importlib.util.spec_from_file_location("_probe_racecheck", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
-    assert probe.child(3) == 0
+    return probe
+
+
+@pytest.mark.kernel
+def test_probe_racecheck_kernel_hands_off_right():
+    """scripts/probe_racecheck.py's kernel (the seesaw kernel's named-barrier pattern, then
+    its epilogue's handoff across the block barrier) gives the values it should, so a hazard
+    racecheck reports on it is racecheck's: 3 pairs."""
+    assert _probe_racecheck().child(3) == 0
 
 
 @pytest.mark.kernel
@@ -71,12 +76,4 @@ def test_probe_racecheck_handoff_kernel_hands_off_right(kind):
     """scripts/probe_racecheck.py's one-way handoff (the split-role mma_sync kernel's: a store,
     ``bar.arrive``; ``bar.sync``, a load) gives the stored values, so a hazard racecheck
     reports on it is racecheck's."""
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
-                        "probe_racecheck.py")
-    spec = importlib.util.spec_from_file_location("_probe_racecheck", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    assert probe.handoff_child(kind) == 0
+    assert _probe_racecheck().handoff_child(kind) == 0

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -26,12 +26,23 @@ from .problems import D_QK, D_V
 #: "simt_warpsplit" the FMA kernel with it (kernels/simt.py, two groups of warps); the call
 #: names the backend selector.WARP_SPLIT_ASKS gives.
 #: "mma_sync_roles" and "mma_sync_lockstep" are "mma_sync" with its 32-row block's form chosen
-#: either way (``FORMS``: the backend asked, the selector flag, its value while planning, and
-#: the kernel the selector must then take, else the row is skipped).
+#: either way (``FORMS``).
 KERNEL_BACKENDS = ("simt", "mma", "mma_sync", "simple", "warpsplit", "simt_warpsplit",
                    "mma_sync_roles", "mma_sync_lockstep")
-FORMS = {"mma_sync_roles": ("mma_sync", "MMA_SYNC_ROLES", True, "mma_sync_roles"),
-         "mma_sync_lockstep": ("mma_sync", "MMA_SYNC_ROLES", False, "mma_sync")}
+
+
+class Form(NamedTuple):
+    """A provider that times one form of a backend's kernel: the backend it asks, the
+    selector flag set to ``value`` while planning, and the kernel (KernelSpec.backend) the
+    selector must then take, else the row is skipped."""
+    asks: str
+    flag: str
+    value: bool
+    kernel: str
+
+
+FORMS = {"mma_sync_roles": Form("mma_sync", "MMA_SYNC_ROLES", True, "mma_sync_roles"),
+         "mma_sync_lockstep": Form("mma_sync", "MMA_SYNC_ROLES", False, "mma_sync")}
 
 
 class Skip(Exception):
@@ -61,20 +72,20 @@ def numba_mla(p, backend):
     cfg = p.config
 
     split = backend in WARP_SPLIT_ASKS
-    form = FORMS.get(backend)  # (backend asked, selector flag, its value, kernel expected)
-    asks = form[0] if form else WARP_SPLIT_ASKS.get(backend, backend)
+    form = FORMS.get(backend)
+    asks = form.asks if form else WARP_SPLIT_ASKS.get(backend, backend)
 
     @contextlib.contextmanager
     def flagged():
         if form is None:
             yield
             return
-        before = getattr(selector, form[1])
-        setattr(selector, form[1], form[2])
+        before = getattr(selector, form.flag)
+        setattr(selector, form.flag, form.value)
         try:
             yield
         finally:
-            setattr(selector, form[1], before)
+            setattr(selector, form.flag, before)
 
     def plan_for():
         call = checks.check_decode(p.q, p.cache, p.scale, p.mask, None, cfg.num_partitions,
@@ -92,9 +103,9 @@ def numba_mla(p, backend):
             raise Skip(f"launch.Plan: {e}") from None
         raise
     built = getattr(plan, "backend", None)
-    if built is not None and built != (form[0] if form else backend):
+    if built is not None and built != (form.asks if form else backend):
         raise Skip(f"launch.Plan built backend {built!r} for backend={backend!r}")
-    if form and (plan.spec.backend, plan.spec.block_m) != (form[3], 32):
+    if form and (plan.spec.backend, plan.spec.block_m) != (form.kernel, 32):
         raise Skip(f"{backend}: the selector took {plan.spec.backend!r} with "
                    f"{plan.spec.block_m} rows a block here (the 32-row forms run past 16 "
                    f"query rows a sequence, 16-bit rows, where their block fits; the "

@@ -179,6 +179,15 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     issue = make_issue(locate, wide, NT - SCORE_THREADS, SUB, K_OFF, ROW_BYTES, 4 * WORDS)
 
     @cuda.jit(device=True, **INLINE)
+    def score_sub(s2, qf, words, kaddr, kready, tid):
+        """A score warp's S of one sub-tile (its rows at ``kaddr``) into s2, from zero, once
+        the V warps say on barrier ``kready`` that the rows have landed."""
+        ptx.bar_sync(kready, NT)
+        for k in range(16):
+            s2[k] = float32(0.0)
+        scores(s2, qf, words, kaddr, tid)
+
+    @cuda.jit(device=True, **INLINE)
     def issue_sub(words, base, storage, block_table, b, kstart, kend, t, t_end, h, j, vtid):
         """The copy of sub-tile j (half h of tile t) into stage j % NS (the V warps; nothing
         but an empty group where t is past the walk's end, so that every sub-tile is one
@@ -249,21 +258,16 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 l_own[j] = float32(0.0)
             j = 0
             if S_AHEAD and t < t_end:  # (S of sub-tile 0 before the walk)
-                ptx.bar_sync(BAR_KREADY, NT)
-                for k in range(16):
-                    s2[k] = float32(0.0)
-                scores(s2, qf, words, k_addr, tid)
+                score_sub(s2, qf, words, k_addr, BAR_KREADY, tid)
             while t < t_end:
                 k0 = kstart + t * BLOCK_N
                 k1 = min(k0 + BLOCK_N, kend)
                 cls = mask_classify(k0, k1, q_lo, q_hi)
                 t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi) if S_AHEAD else t
                 for h in range(2):
-                    if not S_AHEAD:
-                        ptx.bar_sync(BAR_KREADY + h, NT)  # sub-tile j's rows have landed
-                        for k in range(16):
-                            s2[k] = float32(0.0)
-                        scores(s2, qf, words, k_addr + KS_BYTES * (j % NS), tid)
+                    if not S_AHEAD:  # (sub-tile j's)
+                        score_sub(s2, qf, words, k_addr + KS_BYTES * (j % NS), BAR_KREADY + h,
+                                  tid)
                     # the partner's 16 keys to it, its partials of this warp's 16 from it
                     pass_partials(s, s2, floats, x_give, x_take, dh, BAR_PAIR + sm)
                     # mask and score mod on this warp's keys, their row maxima to Mx[dh]
@@ -273,10 +277,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     if S_AHEAD and (h == 0 or t_next < t_end):
                         # S of sub-tile j + 1 now, its products under this one's softmax (its
                         # partner's pair barrier, not KREADY, now orders the maxima's reuse)
-                        ptx.bar_sync(BAR_KREADY + 1 - h, NT)
-                        for k in range(16):
-                            s2[k] = float32(0.0)
-                        scores(s2, qf, words, k_addr + KS_BYTES * ((j + 1) % NS), tid)
+                        score_sub(s2, qf, words, k_addr + KS_BYTES * ((j + 1) % NS),
+                                  BAR_KREADY + 1 - h, tid)
                     # Buffer h is free (P V of j - 2 done). All four score warps wait here,
                     # so this also orders both halves' maxima before their reads below.
                     ptx.bar_sync(BAR_PFREE + h, NT)
