@@ -15,12 +15,13 @@ Also the one-way handoff of the mma_sync kernel's split-role form (kernels/mma_s
 one warp stores, then ``bar.arrive``; another ``bar.sync``s on the same barrier, then loads.
 The PTX ISA orders those (an arrive guarantees that the thread's earlier accesses are
 performed relative to the barrier's threads when it completes). ``--handoffs`` runs that
-kernel ("arrive"), the same with ``bar.sync`` on both sides ("sync") and a real race, the
-store after the arrival ("racy"), each under racecheck.
+kernel ("arrive"), the same with ``bar.sync`` on both sides ("sync"), a real race, the
+store after the arrival ("racy"), and the form's whole protocol of named barriers over several
+sub-tiles ("ring": ``make_ring``), each under racecheck.
 
 Usage (GPU):  python scripts/probe_racecheck.py [--pairs 1,2,3,5,8]
     runs itself under racecheck once for each pair count and prints the hazards of each.
-              python scripts/probe_racecheck.py --handoffs [arrive,sync,racy]
+              python scripts/probe_racecheck.py --handoffs [arrive,sync,racy,ring]
     the same for the one-way handoff kernels.
               python scripts/probe_racecheck.py --child N  (or --handoff-child KIND)
     one launch of N pairs (or of that handoff kernel), its result checked (also in the
@@ -100,7 +101,70 @@ def make_handoff(kind):
     return handoff
 
 
+#: sub-tiles the "ring" handoff walks
+RING_SUBS = 6
+
+
+def make_ring():
+    """The split-role kernel's whole handoff protocol, without its arithmetic: 256 threads,
+    score warps 0-3 and V warps 4-7, ``RING_SUBS`` sub-tiles j, buffer h = j % 2, its barriers
+    (kernels/mma_sync_roles.py: PAIR 1 + sm, KREADY 3 + h, PREADY 5 + h, PFREE 7 + h, VDONE
+    9). A score warp waits for KREADY[h] and its pair, then PFREE[h], writes its rows' value
+    of sub-tile j into buffer h as the kernel writes alpha (lanes tq = 0 of dh = 0), arrives
+    at PREADY[h]; a V warp waits for PREADY[h], arrives at KREADY[h] for j + 2, reads four
+    rows of buffer h, arrives at PFREE[h] for j + 2 and syncs the V warps (VDONE). Each V
+    thread writes the sum of what it read."""
+    @cuda.jit
+    def ring(out):
+        al = cuda.shared.array(64, float32)
+        tid = cuda.threadIdx.x
+        warp, lane = tid // 32, tid % 32
+        gr, tq = lane // 4, lane % 4
+        if warp < 4:
+            sm, dh = warp // 2, warp % 2
+            for j in range(RING_SUBS):
+                h = j % 2
+                ptx.bar_sync(3 + h, 256)
+                ptx.bar_sync(1 + sm, 64)
+                ptx.bar_sync(7 + h, 256)
+                for half in range(2):
+                    i = 16 * sm + gr + 8 * half
+                    if dh == 0 and tq == 0:
+                        al[32 * h + i] = float32(32 * j + i)
+                ptx.bar_arrive(5 + h, 256)
+        else:
+            for h in range(2):
+                ptx.bar_arrive(3 + h, 256)
+                ptx.bar_arrive(7 + h, 256)
+            total = float32(0.0)
+            for j in range(RING_SUBS):
+                h = j % 2
+                ptx.bar_sync(5 + h, 256)
+                if j + 2 < RING_SUBS:
+                    ptx.bar_arrive(3 + h, 256)
+                for k in range(4):
+                    total += al[32 * h + gr + 8 * k]
+                if j + 2 < RING_SUBS:
+                    ptx.bar_arrive(7 + h, 256)
+                ptx.bar_sync(9, 128)
+            out[tid - 128] = total
+
+    return ring
+
+
+def ring_child():
+    out = cuda.to_device(np.zeros(128, np.float32))
+    make_ring()[1, 256](out)
+    gr = np.arange(128) % 32 // 4
+    want = sum(32 * j + gr + 8 * k for j in range(RING_SUBS) for k in range(4)).astype(np.float32)
+    ok = np.array_equal(out.copy_to_host(), want)
+    print(f"handoff ring: {'ok' if ok else 'WRONG'}")
+    return 0 if ok else 1
+
+
 def handoff_child(kind):
+    if kind == "ring":
+        return ring_child()
     out = cuda.to_device(np.zeros(32, np.int32))
     make_handoff(kind)[1, 64](out)
     ok = np.array_equal(out.copy_to_host(), (np.arange(32) + 1) % 32 + 1)
@@ -125,9 +189,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", type=int, default=None, help="one launch of this many pairs")
     ap.add_argument("--pairs", default="1,2,3,5,8")
-    ap.add_argument("--handoffs", nargs="?", const="arrive,sync,racy", default=None,
+    ap.add_argument("--handoffs", nargs="?", const="arrive,sync,racy,ring", default=None,
                     help="probe the one-way handoff kernels instead (default all three)")
-    ap.add_argument("--handoff-child", choices=("arrive", "sync", "racy"), default=None,
+    ap.add_argument("--handoff-child", choices=("arrive", "sync", "racy", "ring"), default=None,
                     help="one launch of that handoff kernel")
     args = ap.parse_args(argv)
     if args.child is not None:
