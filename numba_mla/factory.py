@@ -224,11 +224,12 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     """The warp tensor-core kernel's split-role block (kernels/mma_sync_roles.py: 32 rows,
     four warps score and four multiply by V; 16-bit rows) for this configuration, arguments
     as for ``mma_sync_partition_kernel``; ``stages`` of key rows (4, or 3 on an A100); its S
-    in the module's ``S_CHAINS`` accumulator chains, ahead of P or not (``S_AHEAD``; both read
-    here, so part of the key)."""
+    in the module's ``S_CHAINS`` accumulator chains, ahead of P or not (``S_AHEAD``, with four
+    stages: the three-stage form's sm_80 build would spill; both read here, so part of the
+    key)."""
     from .kernels import mma_sync_roles
 
-    chains, ahead = mma_sync_roles.S_CHAINS, mma_sync_roles.S_AHEAD
+    chains, ahead = mma_sync_roles.S_CHAINS, mma_sync_roles.S_AHEAD and stages == 4
 
     def build():
         return mma_sync_roles.make_partition_kernel(

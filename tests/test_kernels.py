@@ -1032,7 +1032,7 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
     and a wait for one copy group too few reads a stage not yet landed (tried: each of its
     five handoffs removed, and each wait one short, fails one of the first two cases). Also
     with the score warps' S of the next sub-tile issued before this one's P
-    (``mma_sync_roles.S_AHEAD``, untimed).
+    (``mma_sync_roles.S_AHEAD``, the default; four stages only) and without.
     """
     from numba_mla import _numba, heuristics, selector
     from numba_mla.kernels import mma_sync_roles
@@ -1053,7 +1053,8 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
     with _numba.sim_turn_order(order):
         check_kernel(p, mask, SCORE_MODS[mod_id].make(p), P, "mma_sync")
     assert [(spec.backend, spec.dispatcher.form) for spec in specs] == [
-        ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead))], (
+        ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4,
+                                s_ahead=ahead and stages == 4))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

@@ -33,7 +33,7 @@ ids alternating with h so that neither side can arrive twice before the other ha
                refilled with sub-tile j + NS
 
 So the score warps run up to two sub-tiles ahead of P V, and each copy is issued NS - 2
-sub-tiles before the score warps need it. With ``S_AHEAD`` (off: untimed) a score warp waits
+sub-tiles before the score warps need it. With ``S_AHEAD`` (on, four stages) a score warp waits
 for KREADY of j + 1 and computes S of j + 1 right after the maxima of j, before its PFREE
 wait and P of j, so a copy is issued NS - 3 sub-tiles before it is needed; the reuse of Mx,
 which the next KREADY wait ordered, is then ordered by the pair's barrier in the exchange of
@@ -60,8 +60,8 @@ from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
                      make_tile_walk, mark_empty)
-from .mma_sync import (BLOCK_N, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue, make_score_rows,
-                       make_write_p, pass_partials)
+from .mma_sync import (BLOCK_N, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue, make_q_copy,
+                       make_score_rows, make_write_p, pass_partials)
 
 BLOCK_M = 32  # query rows a block (two m16 tiles)
 SUB = 32  # keys a sub-tile
@@ -74,8 +74,10 @@ HALF_STEPS = D_QK // 32  # k16 steps of S a score warp takes: its half of the di
 QF = 4 * HALF_STEPS  # its Q fragments' registers a lane (72)
 S_CHAINS = 4  # a score warp's accumulator chains in S (8: even and odd steps apart; untimed)
 # a score warp computes S of sub-tile j + 1 between the maxima of j and its wait for P's
-# buffer, so that its products run under the softmax and that wait (untimed)
-S_AHEAD = False
+# buffer, so that its products run under the softmax and that wait (H100, 7262b7b: 0.963-0.978
+# of the time in turn at H = 128, docs/kernels/mma_sync.md); four stages only (factory.py: the
+# three-stage form, an A100's, would spill)
+S_AHEAD = True
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
 # named barriers (0 is the block's)
@@ -171,6 +173,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     score_rows = make_score_rows(make_log2_score(mask_apply, score_mod, fold_scale), heads)
     write_p = make_write_p(ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2)
     load_q = _make_q_load(HALF_STEPS)
+    copy_q = make_q_copy(BLOCK_M, NT, Q_OFF)
     scores = _make_scores(tag, HALF_STEPS, s_chains)
     S_AHEAD = s_ahead  # (a constant of the kernel)
     pv = _make_pv(tag, 2, OD)
@@ -224,11 +227,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             mark_empty(part_lse, row0, r0, nrows, p, H, tid, NT)
             return  # uniform in the block, before any barrier
 
-        # -- the block's queries into Qs (zeros past nrows) --
-        for c in range(tid, BLOCK_M * WORDS, NT):
-            i, d = c // WORDS, c % WORDS
-            words[Q_OFF + i * ROWW + d] = (q[row0 + (r0 + i) // H, (r0 + i) % H, d]
-                                           if i < nrows else 0)
+        copy_q(words, base, q, row0, r0, nrows, H, tid)  # the block's queries into Qs
         cuda.syncthreads()
 
         gr, tq = lane // 4, lane % 4
