@@ -270,11 +270,34 @@ def make_score_rows(log2_score, heads):
     return score_rows
 
 
-def make_write_p(pack):
+def make_write_p(pack, unpack=None):
     """``write_p(s, words, half, m_ref, p_at, tq, tid)``: P = 2^(s - m_ref) of a warp's 16
     keys in row ``half`` of its m16 tile's pair of rows (``s`` as in ``score_rows``), packed
     as 16-bit pairs (``pack``) into words ``p_at + 4 n8 + tq`` (n8 = 0, 1); returns the row's
-    sum of them over the quad's 4 lanes (these 16 keys)."""
+    sum of them over the quad's 4 lanes (these 16 keys). With ``unpack`` (the inverse of
+    ``pack``), returns that sum and the sum of P as rounded to 16 bits (what P V multiplies:
+    the output's divisor where the reference max lags, so that even a dominant key's rounded
+    P divides out)."""
+    if unpack is not None:
+        @cuda.jit(device=True, **INLINE)
+        def write_p_rounded(s, words, half, m_ref, p_at, tq, tid):
+            row_sum = float32(0.0)
+            row_rnd = float32(0.0)
+            for n8 in range(2):
+                x0 = math.exp2(s[4 * n8 + 2 * half] - m_ref)
+                x1 = math.exp2(s[4 * n8 + 2 * half + 1] - m_ref)
+                row_sum += x0 + x1
+                w = pack(x0, x1)
+                words[p_at + 4 * n8 + tq] = w
+                r0, r1 = unpack(w)
+                row_rnd += r0 + r1
+            row_sum += ptx.shfl_xor(row_sum, 1, tid)
+            row_rnd += ptx.shfl_xor(row_rnd, 1, tid)
+            return (row_sum + ptx.shfl_xor(row_sum, 2, tid),
+                    row_rnd + ptx.shfl_xor(row_rnd, 2, tid))
+
+        return write_p_rounded
+
     @cuda.jit(device=True, **INLINE)
     def write_p(s, words, half, m_ref, p_at, tq, tid):
         row_sum = float32(0.0)

@@ -47,6 +47,13 @@ j + 1 (only the two warps of a m16 tile touch its rows of Mx). Shared memory (by
     Mx  [2][32] f32      the row maxima of each key half (dh) of the sub-tile
     Xs  [4][2][32][4] f32  the partial scores passed between the score warps of a pair
     Lf  [2][32] f32, Mf [32] f32   the final row sums of each half, the final max
+    Lr  [2][32] f32      the final row sums of each half of P as rounded to 16 bits
+
+The reference max lags, as in the wgmma kernels (kernels/mma.py): it moves only where a
+row's max passes it by more than ``RESCALE_SLACK`` (8, log2 units), so alpha is 1 on most
+sub-tiles and the V warps skip their 128 multiplies a lane. P (below 2^8 then) is rounded to
+16 bits for P V even for a dominant key, so the output divides by the sum of P as rounded
+(Lr), the LSE by the unrounded sum (Lf).
 
 Fragment notation as in mma_sync.py (lane l = 4 gr + tq). Output as there: the partition's
 normalised ``part_out`` and natural-log LSE, or ``out`` and ``lse`` with one partition.
@@ -60,6 +67,7 @@ from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
                      make_tile_walk, mark_empty)
+from .mma import RESCALE_SLACK
 from .mma_sync import (BLOCK_N, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue, make_q_copy,
                        make_score_rows, make_write_p, pass_partials)
 
@@ -85,12 +93,12 @@ BAR_PAIR, BAR_KREADY, BAR_PREADY, BAR_PFREE, BAR_VDONE = 1, 3, 5, 7, 9
 
 
 def layout(stages=4):
-    """Word offsets of Qs, Ks, Ps, Al, Mx, Xs, Lf, Mf in dynamic shared memory with ``stages``
+    """Word offsets of Qs, Ks, Ps, Al, Mx, Xs, Lf, Mf, Lr in dynamic shared memory with ``stages``
     stages of key rows, and its size in words (each offset a multiple of 4 words: 16-byte
     aligned)."""
     assert stages in STAGES, stages
     sizes = (BLOCK_M * ROWW, stages * SUB * ROWW, 2 * BLOCK_M * PW, 2 * BLOCK_M, 2 * BLOCK_M,
-             4 * 2 * 32 * 4, 2 * BLOCK_M, BLOCK_M)
+             4 * 2 * 32 * 4, 2 * BLOCK_M, BLOCK_M, 2 * BLOCK_M)
     offs, at = [], 0
     for n in sizes:
         offs.append(at)
@@ -159,7 +167,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
     ``s_ahead``: S of the next sub-tile before this one's P, ``S_AHEAD``)."""
-    (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF), _ = layout(stages)
+    (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF, LR_OFF), _ = layout(stages)
     NS = stages
     # sub-tile j + NS (copied once P V of j is done) is half (h + NS) % 2 of the tile
     # (h + NS) // 2 = 1 or 2 ahead of sub-tile j's (t1 or t2 below)
@@ -171,7 +179,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                                           key_count=key_count)
     first_tiles = make_partition_walk(key_tiles, next_tile)
     score_rows = make_score_rows(make_log2_score(mask_apply, score_mod, fold_scale), heads)
-    write_p = make_write_p(ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2)
+    write_p = make_write_p(ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2,
+                           ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32)
     load_q = _make_q_load(HALF_STEPS)
     copy_q = make_q_copy(BLOCK_M, NT, Q_OFF)
     scores = _make_scores(tag, HALF_STEPS, s_chains)
@@ -252,9 +261,11 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             s = cuda.local.array(8, float32)  # this warp's 16 keys: rows gr, gr + 8 of sm
             m_run = cuda.local.array(2, float32)  # rows 16 sm + gr + 8 half
             l_own = cuda.local.array(2, float32)  # ... the sums of P over this warp's keys
+            l_rnd = cuda.local.array(2, float32)  # ... of P as rounded to 16 bits
             for j in range(2):
                 m_run[j] = float32(NEG_INF)
                 l_own[j] = float32(0.0)
+                l_rnd[j] = float32(0.0)
             j = 0
             if S_AHEAD and t < t_end:  # (S of sub-tile 0 before the walk)
                 score_sub(s2, qf, words, k_addr, BAR_KREADY, tid)
@@ -283,14 +294,18 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     ptx.bar_sync(BAR_PFREE + h, NT)
                     for half in range(2):
                         i = 16 * sm + gr + 8 * half
-                        m_new = max(m_run[half], max(floats[MX_OFF + i],
-                                                     floats[MX_OFF + BLOCK_M + i]))
+                        m_old = m_run[half]
+                        m_new = max(m_old, max(floats[MX_OFF + i], floats[MX_OFF + BLOCK_M + i]))
+                        if m_new <= m_old + float32(RESCALE_SLACK):  # (False for NaN)
+                            m_new = m_old  # the reference lags: alpha 1
                         m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
-                        alpha = math.exp2(m_run[half] - m_ref)
+                        alpha = math.exp2(m_old - m_ref)
                         m_run[half] = m_new
-                        row_sum = write_p(s, words, half, m_ref,
-                                          P_OFF + (BLOCK_M * h + i) * PW + 8 * dh, tq, tid)
+                        row_sum, row_rnd = write_p(s, words, half, m_ref,
+                                                   P_OFF + (BLOCK_M * h + i) * PW + 8 * dh, tq,
+                                                   tid)
                         l_own[half] = l_own[half] * alpha + row_sum
+                        l_rnd[half] = l_rnd[half] * alpha + row_rnd
                         if dh == 0 and tq == 0:
                             floats[AL_OFF + BLOCK_M * h + i] = alpha
                     ptx.bar_arrive(BAR_PREADY + h, NT)  # P and alpha of sub-tile j
@@ -301,6 +316,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 for half in range(2):
                     i = 16 * sm + gr + 8 * half
                     floats[LF_OFF + BLOCK_M * dh + i] = l_own[half]
+                    floats[LR_OFF + BLOCK_M * dh + i] = l_rnd[half]
                     if dh == 0:
                         floats[MF_OFF + i] = m_run[half]
         else:
@@ -370,7 +386,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 i = gr + 8 * jr
                 if i < nrows:
                     t_row, hh = row0 + (r0 + i) // H, (r0 + i) % H
-                    lsum = floats[LF_OFF + i] + floats[LF_OFF + BLOCK_M + i]
+                    lsum = floats[LR_OFF + i] + floats[LR_OFF + BLOCK_M + i]  # (P as rounded)
                     inv = float32(0.0) if lsum == 0.0 else float32(1.0) / lsum
                     at = (jr // 2) * (NACC // 2) + 2 * (jr % 2)
                     for n8 in range(OD // 8):
