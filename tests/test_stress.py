@@ -175,10 +175,12 @@ def test_large_common_offset(dtype, backend, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [16, 128])
 @pytest.mark.parametrize("kind", ["x100", "offset"])
-@pytest.mark.parametrize("dtype,backend", backend_cases(["bf16", "fp16", "fp32"]))
+@pytest.mark.parametrize("dtype,backend", backend_cases(["bf16", "fp16", "fp32"]) + [
+    pytest.param(dt, "mma_sync", id=f"{dt}-mma_sync") for dt in ("bf16", "fp16")])
 def test_gpu_large_scores(dtype, backend, kind, heads, rng):
-    """(At 128 heads the seesaw kernel's reference max lags: a one-hot row's P is then
-    rounded, and only its division by P as rounded gives V exactly.)"""
+    """(At 128 heads the reference max of the seesaw kernel and of the mma_sync kernel's
+    split-role form lags: a one-hot row's P is then rounded, and only its division by P as
+    rounded gives V exactly.)"""
     lengths = [1000, 777, 2, 0]
     make = large_x100 if kind == "x100" else large_offset
     p = make(rng, dtype, 4, 2, heads, lengths, 64)
