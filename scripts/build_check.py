@@ -421,11 +421,13 @@ def main():
     # four-stage form also for sm_90 (where the selector takes it): S and P V written out (18
     # steps of 4, 2 of 32), every one an HMMA
     # (S of the next sub-tile ahead, the four-stage default, only for sm_90: for sm_80 it
-    # spills, and no sm_8x GPU gives a block four stages)
+    # spills, and no sm_8x GPU gives a block four stages, so the four-stage sm_80 build, a
+    # form no GPU runs today, is S in turn: it checks that form's instructions)
     from numba_mla.kernels import mma_sync_roles
 
+    default_ahead = mma_sync_roles.S_AHEAD
     for stages, cc in ((3, (8, 0)), (4, (8, 0)), (4, (9, 0))):
-        mma_sync_roles.S_AHEAD = cc >= (9, 0)
+        mma_sync_roles.S_AHEAD = default_ahead and cc >= (9, 0)
         for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES:
             for direct in (False, True) if block_m == 32 else ():
                 if not mine():
@@ -442,8 +444,9 @@ def main():
                 bad += not ok
                 print(f"mroles {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
                       f"direct={direct!s:5} sm_{cc[0]}{cc[1]} stages={stages} "
-                      f"ahead={mma_sync_roles.S_AHEAD:d} regs={regs} local={local} "
+                      f"ahead={kern.form['s_ahead']:d} regs={regs} local={local} "
                       f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
+    mma_sync_roles.S_AHEAD = default_ahead
     # The clamp of device row offsets that runs before a ragged call's partition kernel
     from numba_mla.kernels import offsets
 

@@ -17,14 +17,15 @@ The PTX ISA orders those (an arrive guarantees that the thread's earlier accesse
 performed relative to the barrier's threads when it completes). ``--handoffs`` runs that
 kernel ("arrive"), the same with ``bar.sync`` on both sides ("sync"), a real race, the
 store after the arrival ("racy"), the form's whole protocol of named barriers over several
-sub-tiles ("ring": ``make_ring``) and the same with the values' handoff (PREADY) synced on
-both sides ("ring_sync"), each under racecheck. On an H100 (2026-12-05, d6d96a2):
+sub-tiles in the in-turn order ("ring": ``make_ring``) and in ``S_AHEAD``'s, the default's
+("ring_ahead"), and the in-turn ring with the values' handoff (PREADY) synced on both sides
+("ring_sync"), each under racecheck. On an H100 (2026-12-05, d6d96a2):
 arrive 0 hazards, sync 0, racy 1, ring 224 read-after-write errors on the handed-over values
 with the result right.
 
 Usage (GPU):  python scripts/probe_racecheck.py [--pairs 1,2,3,5,8]
     runs itself under racecheck once for each pair count and prints the hazards of each.
-              python scripts/probe_racecheck.py --handoffs [arrive,sync,racy,ring,ring_sync]
+              python scripts/probe_racecheck.py --handoffs [arrive,sync,racy,ring,ring_ahead,ring_sync]
     the same for the one-way handoff kernels.
               python scripts/probe_racecheck.py --child N  (or --handoff-child KIND)
     one launch of N pairs (or of that handoff kernel), its result checked (also in the
@@ -108,7 +109,7 @@ def make_handoff(kind):
 RING_SUBS = 6
 
 
-def make_ring(sync_pready=False):
+def make_ring(sync_pready=False, ahead=False):
     """The split-role kernel's whole handoff protocol, without its arithmetic: 256 threads,
     score warps 0-3 and V warps 4-7, ``RING_SUBS`` sub-tiles j, buffer h = j % 2, its barriers
     (kernels/mma_sync_roles.py: PAIR 1 + sm, KREADY 3 + h, PREADY 5 + h, PFREE 7 + h, VDONE
@@ -118,7 +119,9 @@ def make_ring(sync_pready=False):
     rows of buffer h, arrives at PFREE[h] for j + 2 and syncs the V warps (VDONE). Each V
     thread writes the sum of what it read. ``sync_pready``: the score warps ``bar.sync`` on
     PREADY in place of their arrival (the V warps always reach that barrier next, so nothing
-    deadlocks): the handoff of the values then has both sides wait."""
+    deadlocks): the handoff of the values then has both sides wait. ``ahead``: the score
+    warps' order with ``S_AHEAD`` (the default four-stage form's): KREADY[0] once before
+    the walk, then for each sub-tile the pair, KREADY of the next (if any), PFREE[h]."""
     @cuda.jit
     def ring(out):
         al = cuda.shared.array(64, float32)
@@ -127,10 +130,15 @@ def make_ring(sync_pready=False):
         gr, tq = lane // 4, lane % 4
         if warp < 4:
             sm, dh = warp // 2, warp % 2
+            if ahead:
+                ptx.bar_sync(3, 256)
             for j in range(RING_SUBS):
                 h = j % 2
-                ptx.bar_sync(3 + h, 256)
+                if not ahead:
+                    ptx.bar_sync(3 + h, 256)
                 ptx.bar_sync(1 + sm, 64)
+                if ahead and j + 1 < RING_SUBS:
+                    ptx.bar_sync(3 + 1 - h, 256)
                 ptx.bar_sync(7 + h, 256)
                 for half in range(2):
                     i = 16 * sm + gr + 8 * half
@@ -162,7 +170,7 @@ def make_ring(sync_pready=False):
 
 def ring_child(kind="ring"):
     out = cuda.to_device(np.zeros(128, np.float32))
-    make_ring(kind == "ring_sync")[1, 256](out)
+    make_ring(kind == "ring_sync", kind == "ring_ahead")[1, 256](out)
     gr = np.arange(128) % 32 // 4
     want = sum(32 * j + gr + 8 * k for j in range(RING_SUBS) for k in range(4)).astype(np.float32)
     ok = np.array_equal(out.copy_to_host(), want)
@@ -197,9 +205,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", type=int, default=None, help="one launch of this many pairs")
     ap.add_argument("--pairs", default="1,2,3,5,8")
-    ap.add_argument("--handoffs", nargs="?", const="arrive,sync,racy,ring,ring_sync", default=None,
-                    help="probe the one-way handoff kernels instead (default all three)")
-    ap.add_argument("--handoff-child", choices=("arrive", "sync", "racy", "ring", "ring_sync"), default=None,
+    ap.add_argument("--handoffs", nargs="?", const="arrive,sync,racy,ring,ring_ahead,ring_sync", default=None,
+                    help="probe the one-way handoff kernels instead (default all of them)")
+    ap.add_argument("--handoff-child", choices=("arrive", "sync", "racy", "ring", "ring_ahead",
+                                                     "ring_sync"), default=None,
                     help="one launch of that handoff kernel")
     args = ap.parse_args(argv)
     if args.child is not None:

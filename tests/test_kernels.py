@@ -1012,8 +1012,9 @@ def test_mma_sync_32_rows(case, rng):
     # sub-tiles ahead) whose last holds 5 keys (its second half past the end), the second
     # m16 tile with one row (17), beside an empty sequence (no tile: out 0, LSE -inf, written
     # by the block itself); with the V warps run ahead ("high") and four stages, and with
-    # the score warps ahead ("low"), three stages (an A100's) and 4-byte copies
+    # the score warps ahead ("low"), four stages and three (an A100's), 4-byte copies
     ((2, 1, 17, [133, 0], "bf16", "paged", 16, "null", "identity", 1, True), "high", 4),
+    ((2, 1, 17, [133, 0], "fp16", "paged", 16, "causal", "alibi", 1, False), "low", 4),
     ((2, 1, 17, [133, 0], "fp16", "paged", 16, "causal", "alibi", 1, False), "low", 3),
     # (GPU machine) two row groups (32 rows, then 8) in two partitions; a window that skips
     # tiles, an empty sequence and split-K in three
@@ -1038,6 +1039,8 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
     from numba_mla.kernels import mma_sync_roles
 
     B, Sq, H, lengths, dtype, kind, page, mask_id, mod_id, P, wide = case
+    if ahead and stages == 3:
+        pytest.skip("the three-stage form keeps S in turn (factory.py): s_in_turn's case")
     monkeypatch.setattr(mma_sync_roles, "S_AHEAD", ahead)
     monkeypatch.setattr(selector, "MMA_SYNC_ROLES", True)
     monkeypatch.setattr(selector, "MMA_SYNC_ROLES_THREE_STAGES", True)
@@ -1053,8 +1056,7 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
     with _numba.sim_turn_order(order):
         check_kernel(p, mask, SCORE_MODS[mod_id].make(p), P, "mma_sync")
     assert [(spec.backend, spec.dispatcher.form) for spec in specs] == [
-        ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4,
-                                s_ahead=ahead and stages == 4))], (
+        ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

@@ -71,7 +71,7 @@ def test_probe_racecheck_kernel_hands_off_right():
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("kind", ["arrive", "sync", "ring", "ring_sync"])
+@pytest.mark.parametrize("kind", ["arrive", "sync", "ring", "ring_ahead", "ring_sync"])
 def test_probe_racecheck_handoff_kernel_hands_off_right(kind):
     """scripts/probe_racecheck.py's one-way handoff (the split-role mma_sync kernel's: a store,
     ``bar.arrive``; ``bar.sync``, a load) gives the stored values, so a hazard racecheck
