@@ -418,16 +418,18 @@ def main():
               f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
     # ... and its 32-row block's split-role form (kernels/mma_sync_roles.py; 16-bit rows),
     # with 3 stages (an A100) and 4 (more shared memory; an Ada GPU's 99 KB take neither), the
-    # four-stage form also for sm_90 (where the selector takes it): S and P V written out (18
-    # steps of 4, 2 of 32), every one an HMMA
+    # four-stage form also for sm_90 (where the selector takes it): S and P V written out,
+    # every one an HMMA
     # (S of the next sub-tile ahead, the four-stage default, only for sm_90: for sm_80 it
     # spills, and no sm_8x GPU gives a block four stages, so the four-stage sm_80 build, a
     # form no GPU runs today, is S in turn: it checks that form's instructions)
     from numba_mla.kernels import mma_sync_roles
 
-    default_ahead = mma_sync_roles.S_AHEAD
-    for stages, cc in ((3, (8, 0)), (4, (8, 0)), (4, (9, 0))):
+    # (and the form with eight V warps, untimed and off: 12 warps a block at 168 registers)
+    default_ahead, default_v_warps = mma_sync_roles.S_AHEAD, mma_sync_roles.V_WARPS
+    for stages, cc, v_warps in ((3, (8, 0), 4), (4, (8, 0), 4), (4, (9, 0), 4), (4, (9, 0), 8)):
         mma_sync_roles.S_AHEAD = default_ahead and cc >= (9, 0)
+        mma_sync_roles.V_WARPS = v_warps
         for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES:
             for direct in (False, True) if block_m == 32 else ():
                 if not mine():
@@ -440,13 +442,17 @@ def main():
                 regs, local, calls = _resources(ptx, log)
                 mmas = ptx.count("mma.sync.aligned.m16n8k16")
                 hmma = len(re.findall(r"HMMA\.16816", sass))
-                ok = not local and calls == 0 and mmas >= 18 * 4 + 2 * 32 and hmma >= mmas
+                # (S: 18 steps of 4; P V: two steps of a V warp's 512 / v_warps / 8 n8 tiles
+                # for each of the two m16 tiles)
+                ok = (not local and calls == 0 and mmas >= 18 * 4 + 2 * 2 * (512 // v_warps // 8)
+                      and hmma >= mmas)
                 bad += not ok
                 print(f"mroles {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
                       f"direct={direct!s:5} sm_{cc[0]}{cc[1]} stages={stages} "
-                      f"ahead={kern.form['s_ahead']:d} regs={regs} local={local} "
+                      f"ahead={kern.form['s_ahead']:d} v_warps={v_warps} regs={regs} "
+                      f"local={local} "
                       f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
-    mma_sync_roles.S_AHEAD = default_ahead
+    mma_sync_roles.S_AHEAD, mma_sync_roles.V_WARPS = default_ahead, default_v_warps
     # The clamp of device row offsets that runs before a ragged call's partition kernel
     from numba_mla.kernels import offsets
 

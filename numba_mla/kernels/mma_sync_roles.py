@@ -15,21 +15,22 @@ wgmma seesaw kernel split tiles:
   of its own keys; the two halves add up at the end (alpha is the same in both).
 - **V warps** 4-7: warp 4 + od owns output dims [128 od, 128 od + 128) of all 32 rows (128
   fp32 accumulators a lane); per sub-tile, after its P, O = alpha O + P V. They also issue
-  every tile copy (``cp.async``, 128 threads) and hand the tiles to the score warps.
+  every tile copy (``cp.async``, 128 threads) and hand the tiles to the score warps. (With
+  ``V_WARPS = 8``, untimed: warps 4-11, 64 dims and 64 accumulators each, 384 threads.)
 
 Sub-tiles of 32 keys (two a 64-key tile of the walk, so the schedule, the mask's tile
 classes and skipping are the other kernels'), j = 0, 1, ... in walk order, h = j % 2: the
 key rows in stage j % NS of Ks (NS = 4 stages of 32 rows, or 3 where four do not fit: an
-A100), P in buffer h. Handoffs by named
-barriers (a producer ``bar.arrive``, the consumer ``bar.sync``, 256 threads), each pair of
-ids alternating with h so that neither side can arrive twice before the other has synced:
+A100), P in buffer h. Handoffs by named barriers (a producer ``bar.arrive``, the consumer
+``bar.sync``, all the block's threads), each pair of ids alternating with h so that neither
+side can arrive twice before the other has synced:
 
     KREADY[h]  V warps -> score warps: sub-tile j's rows have landed (arrived for j + 2
                during sub-tile j, after the V warps' wait for that copy; for 0 and 1 first)
     PREADY[h]  score -> V: P and alpha of sub-tile j are in buffer h
     PFREE[h]   V -> score: buffer h is free again (after P V of j, for j + 2; first for 0, 1)
     PAIR[sm]   the two score warps of m16 tile sm (64 threads): their partial scores
-    VDONE      the V warps (128): all four are past P V of j before stage j % NS is
+    VDONE      the V warps (128, or 256): all are past P V of j before stage j % NS is
                refilled with sub-tile j + NS
 
 So the score warps run up to two sub-tiles ahead of P V, and each copy is issued NS - 2
@@ -78,6 +79,9 @@ NT = 256  # threads: 4 score warps, then 4 V warps
 SCORE_THREADS = 128
 OD = D_V // 4  # output dims a V warp owns (128)
 NACC = 2 * OD // 8 * 4  # its accumulators a lane (128)
+# V warps (8: 64 dims and 64 accumulators each, 12 warps a block, so three a scheduler, at
+# 168 registers a thread; untimed, off)
+V_WARPS = 4
 HALF_STEPS = D_QK // 32  # k16 steps of S a score warp takes: its half of the dims (18)
 QF = 4 * HALF_STEPS  # its Q fragments' registers a lane (72)
 S_CHAINS = 4  # a score warp's accumulator chains in S (8: even and odd steps apart; untimed)
@@ -90,6 +94,11 @@ PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units
 P_ROW_BYTES = 4 * PW
 # named barriers (0 is the block's)
 BAR_PAIR, BAR_KREADY, BAR_PREADY, BAR_PFREE, BAR_VDONE = 1, 3, 5, 7, 9
+
+
+def threads(v_warps=V_WARPS):
+    """Threads a block: the four score warps and ``v_warps`` V warps."""
+    return SCORE_THREADS + 32 * v_warps
 
 
 def layout(stages=4):
@@ -162,11 +171,16 @@ def _make_scores(tag, steps, chains=4):
 
 def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
                           score_mod, fold_scale, heads, wide=True, stages=4, key_count=None,
-                          s_chains=S_CHAINS, s_ahead=S_AHEAD):
+                          s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
-    ``s_ahead``: S of the next sub-tile before this one's P, ``S_AHEAD``)."""
+    ``s_ahead``: S of the next sub-tile before this one's P, ``S_AHEAD``; ``v_warps``, 4
+    or 8, ``V_WARPS``)."""
+    assert v_warps in (4, 8), v_warps
+    NT = threads(v_warps)  # (these three shadow the module's, which are the 4-warp block's)
+    OD = D_V // v_warps
+    NACC = 2 * OD // 8 * 4
     (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF, LR_OFF), _ = layout(stages)
     NS = stages
     # sub-tile j + NS (copied once P V of j is done) is half (h + NS) % 2 of the tile
@@ -403,5 +417,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                             (floats[MF_OFF + i] + math.log2(lsum)) * float32(LN2))
 
     # what this kernel was built with (the tests ask which form the selector launched)
-    partition_kernel.form = dict(stages=stages, wide=wide, s_chains=s_chains, s_ahead=s_ahead)
+    partition_kernel.form = dict(stages=stages, wide=wide, s_chains=s_chains, s_ahead=s_ahead,
+                                 v_warps=v_warps)
     return partition_kernel
