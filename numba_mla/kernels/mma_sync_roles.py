@@ -84,7 +84,7 @@ NACC = 2 * OD // 8 * 4  # its accumulators a lane (128)
 V_WARPS = 4
 HALF_STEPS = D_QK // 32  # k16 steps of S a score warp takes: its half of the dims (18)
 QF = 4 * HALF_STEPS  # its Q fragments' registers a lane (72)
-S_CHAINS = 4  # a score warp's accumulator chains in S (8: even and odd steps apart; untimed)
+S_CHAINS = 4  # a score warp's accumulator chains in S (8: even and odd steps apart; 0.99-1.02x, kept 4)
 # a score warp computes S of sub-tile j + 1 between the maxima of j and its wait for P's
 # buffer, so that its products run under the softmax and that wait (H100, 7262b7b: 0.963-0.978
 # of the time in turn at H = 128, docs/kernels/mma_sync.md); four stages only (factory.py: the
