@@ -449,7 +449,7 @@ def main():
                 bad += not ok
                 print(f"mroles {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
                       f"direct={direct!s:5} sm_{cc[0]}{cc[1]} stages={stages} "
-                      f"ahead={kern.form['s_ahead']:d} v_warps={v_warps} regs={regs} "
+                      f"ahead={kern.form['s_ahead']:d} v_warps={kern.form['v_warps']} regs={regs} "
                       f"local={local} "
                       f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
     mma_sync_roles.S_AHEAD, mma_sync_roles.V_WARPS = default_ahead, default_v_warps

@@ -449,8 +449,6 @@ def test_mma_tma_falls_back_when_the_seesaw_spills(rng, monkeypatch):
 def launched_specs(monkeypatch):
     """The kernels the selector picks from here on (a list it appends to): what ran, after
     any fallback from a form whose build uses local memory."""
-    from numba_mla import selector
-
     specs, real = [], selector.select_kernel
     monkeypatch.setattr(selector, "select_kernel",
                         lambda *args: specs.append(real(*args)) or specs[-1])
@@ -463,8 +461,6 @@ def test_mma_sync_roles_eight_chains(rng, monkeypatch):
     (``mma_sync_roles.S_CHAINS = 8``, off: 0.99-1.02x the time on an H100; the odd steps'
     products apart, added at the end) matches the reference: two tiles, the second partial,
     20 query rows."""
-    from numba_mla.kernels import mma_sync_roles
-
     monkeypatch.setattr(mma_sync_roles, "S_CHAINS", 8)
     specs = launched_specs(monkeypatch)
     p = make_problem(rng, 1, 1, 20, [100], BF16, "paged", 16)
@@ -481,7 +477,6 @@ def test_mma_sync_roles_eight_v_warps(order, rng, monkeypatch):
     V warps and behind them: one partition of three tiles, the last partial, beside an empty
     sequence; 17 query rows (the second m16 tile one row)."""
     from numba_mla import _numba
-    from numba_mla.kernels import mma_sync_roles
 
     monkeypatch.setattr(mma_sync_roles, "V_WARPS", 8)
     specs = launched_specs(monkeypatch)
@@ -1051,12 +1046,11 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
     the score warps run ahead of the V warps ("low") and behind them ("high"), a handoff
     without its barrier reads a buffer before it is written or writes it before it is read,
     and a wait for one copy group too few reads a stage not yet landed (tried: each of its
-    five handoffs removed, and each wait one short, fails one of the first two cases). Also
-    with the score warps' S of the next sub-tile issued before this one's P
-    (``mma_sync_roles.S_AHEAD``, the default; four stages only) and without.
+    five handoffs removed, and each wait one short, fails the "high" four-stage case or the
+    "low" three-stage one). Also with the score warps' S of the next sub-tile issued before
+    this one's P (``mma_sync_roles.S_AHEAD``, the default; four stages only) and without.
     """
-    from numba_mla import _numba, heuristics, selector
-    from numba_mla.kernels import mma_sync_roles
+    from numba_mla import _numba
 
     B, Sq, H, lengths, dtype, kind, page, mask_id, mod_id, P, wide = case
     if ahead and stages == 3:

@@ -75,10 +75,7 @@ from .mma_sync import (BLOCK_N, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue, ma
 BLOCK_M = 32  # query rows a block (two m16 tiles)
 SUB = 32  # keys a sub-tile
 STAGES = (4, 3)  # sub-tiles of key rows in shared memory: 4 where they fit, else 3 (an A100)
-NT = 256  # threads: 4 score warps, then 4 V warps
-SCORE_THREADS = 128
-OD = D_V // 4  # output dims a V warp owns (128)
-NACC = 2 * OD // 8 * 4  # its accumulators a lane (128)
+SCORE_THREADS = 128  # the four score warps (then the V warps)
 # V warps (8: 64 dims and 64 accumulators each, 12 warps a block, so three a scheduler, at
 # 168 registers a thread; untimed, off)
 V_WARPS = 4
@@ -178,9 +175,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     ``s_ahead``: S of the next sub-tile before this one's P, ``S_AHEAD``; ``v_warps``, 4
     or 8, ``V_WARPS``)."""
     assert v_warps in (4, 8), v_warps
-    NT = threads(v_warps)  # (these three shadow the module's, which are the 4-warp block's)
-    OD = D_V // v_warps
-    NACC = 2 * OD // 8 * 4
+    NT = threads(v_warps)
+    OD = D_V // v_warps  # output dims a V warp owns (128 of four, 64 of eight)
+    NACC = 2 * OD // 8 * 4  # its accumulators a lane
     (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF, LR_OFF), _ = layout(stages)
     NS = stages
     # sub-tile j + NS (copied once P V of j is done) is half (h + NS) % 2 of the tile
@@ -287,7 +284,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 k0 = kstart + t * BLOCK_N
                 k1 = min(k0 + BLOCK_N, kend)
                 cls = mask_classify(k0, k1, q_lo, q_hi)
-                t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi) if S_AHEAD else t
+                t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
                 for h in range(2):
                     if not S_AHEAD:  # (sub-tile j's)
                         score_sub(s2, qf, words, k_addr + KS_BYTES * (j % NS), BAR_KREADY + h,
@@ -324,7 +321,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                             floats[AL_OFF + BLOCK_M * h + i] = alpha
                     ptx.bar_arrive(BAR_PREADY + h, NT)  # P and alpha of sub-tile j
                     j += 1
-                t = t_next if S_AHEAD else next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
+                t = t_next
             # the final row sums of each half and the max, for the V warps
             if tq == 0:
                 for half in range(2):
