@@ -488,29 +488,6 @@ def test_mma_sync_roles_eight_v_warps(order, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("order", ["low", "high"])
-@pytest.mark.parametrize("ahead", [False, True], ids=["s_in_turn", "s_ahead"])
-def test_mma_sync_roles_eight_score_warps(order, ahead, rng, monkeypatch):
-    """The split-role form with eight score warps, each of a m16 tile's four over half the
-    dims of half a sub-tile's keys (``mma_sync_roles.SCORE_WARPS = 8``, untimed: 12 warps a
-    block), matches the reference with the score warps run ahead of the V warps and behind
-    them, S in turn and ahead: one partition of three tiles, the last partial, beside an
-    empty sequence; 17 query rows (the second m16 tile one row). With the score warps
-    ahead, one warp writes its row maxima of the next sub-tile while the other key half's
-    warps may still read this one's: the maxima are kept in two sets."""
-    from numba_mla import _numba
-
-    monkeypatch.setattr(mma_sync_roles, "SCORE_WARPS", 8)
-    monkeypatch.setattr(mma_sync_roles, "S_AHEAD", ahead)
-    specs = launched_specs(monkeypatch)
-    p = make_problem(rng, 2, 1, 17, [133, 0], BF16, "paged", 16)
-    with _numba.sim_turn_order(order):
-        check_kernel(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
-    assert [(s.backend, s.dispatcher.form["score_warps"], s.threads) for s in specs] == [
-        ("mma_sync_roles", 8, 384)], "expected the split-role kernel with eight score warps"
-
-
-@KERNEL
 def test_mma_sync_roles_falls_back_when_it_spills(rng, monkeypatch):
     """Where the mma_sync kernel's split-role form would spill (a score mod with much
     arithmetic), the lockstep 32-row block runs in its place, and matches the reference."""
@@ -1094,7 +1071,7 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
         check_kernel(p, mask, SCORE_MODS[mod_id].make(p), P, "mma_sync")
     assert [(spec.backend, spec.dispatcher.form) for spec in specs] == [
         ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead,
-                                v_warps=4, score_warps=4))], (
+                                v_warps=4))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

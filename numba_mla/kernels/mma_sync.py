@@ -214,20 +214,6 @@ def make_q_copy(block_m, nthreads, region):
 
 
 @cuda.jit(device=True, **INLINE)
-def pass_partial_n8(s, s2, floats, x_give, x_take, dh, barrier):
-    """``pass_partials`` for two warps that scored the same 16 keys (``s2``: n8 tiles 0, 1):
-    n8 tile 1 - dh to the partner, then into ``s[4]`` n8 tile dh plus the partner's."""
-    ptx.sts128(floats, x_give, s2[0] if dh else s2[4], s2[1] if dh else s2[5],
-               s2[2] if dh else s2[6], s2[3] if dh else s2[7])
-    ptx.bar_sync(barrier, 64)  # the pair's partials are in
-    x0, x1, x2, x3 = ptx.lds128(floats, x_take)
-    s[0] = (s2[4] if dh else s2[0]) + x0
-    s[1] = (s2[5] if dh else s2[1]) + x1
-    s[2] = (s2[6] if dh else s2[2]) + x2
-    s[3] = (s2[7] if dh else s2[3]) + x3
-
-
-@cuda.jit(device=True, **INLINE)
 def pass_partials(s, s2, floats, x_give, x_take, dh, barrier):
     """S's exchange between the two warps that scored the same 32 keys, each over its half
     ``dh`` of the dims (``s2``: n8 tiles 0-3): this warp's partial scores of its partner's 16
@@ -250,14 +236,13 @@ def pass_partials(s, s2, floats, x_give, x_take, dh, barrier):
         s[4 * j + 3] = (s2[11 + 4 * j] if dh else s2[4 * j + 3]) + x3
 
 
-def make_score_rows(log2_score, heads, n8s=2):
+def make_score_rows(log2_score, heads):
     """``score_rows(s, floats, mx_at, folded, fold, sm_scale, cls, b, row, r0, nrows, length,
-    nq, key0, k1, bias, tq, tid)``: a warp's 8 ``n8s`` keys of S (16; ``s``: rows ``row`` and
-    ``row`` + 8 of the block, keys key0 + 8 n8 + 2 tq (+ 1) at s[4 n8 + 2 half (+ 1)]) times
-    ``folded``, masked and score-modded in log2 units (NEG_INF past ``nrows`` and ``k1``), in
-    place; each row's max of them to ``floats[mx_at + row (+ 8)]`` (lanes tq == 0)."""
+    nq, key0, k1, bias, tq, tid)``: a warp's 16 keys of S (``s``: rows ``row`` and ``row`` + 8
+    of the block, keys key0 + 8 n8 + 2 tq (+ 1) at s[4 n8 + 2 half (+ 1)]) times ``folded``,
+    masked and score-modded in log2 units (NEG_INF past ``nrows`` and ``k1``), in place; each
+    row's max of them to ``floats[mx_at + row (+ 8)]`` (lanes tq == 0)."""
     H = heads
-    NK = 2 * n8s  # a row's scores a lane
 
     @cuda.jit(device=True, **INLINE)
     def score_rows(s, floats, mx_at, folded, fold, sm_scale, cls, b, row, r0, nrows, length,
@@ -268,7 +253,7 @@ def make_score_rows(log2_score, heads, n8s=2):
             qi, h = r // H, r % H
             q_pos = length - nq + qi
             row_max = float32(NEG_INF)
-            for k in range(NK):  # this row's scores: n8 tile k // 2, key 2 tq + k % 2
+            for k in range(4):  # this row's 4 scores: n8 tile k // 2, key 2 tq + k % 2
                 e = 4 * (k // 2) + 2 * half + k % 2
                 key = key0 + 8 * (k // 2) + 2 * tq + k % 2
                 x = float32(NEG_INF)
@@ -285,11 +270,11 @@ def make_score_rows(log2_score, heads, n8s=2):
     return score_rows
 
 
-def make_write_p(pack, unpack=None, n8s=2):
-    """``write_p(s, words, half, m_ref, p_at, tq, tid)``: P = 2^(s - m_ref) of a warp's 8
-    ``n8s`` keys (16) in row ``half`` of its m16 tile's pair of rows (``s`` as in
-    ``score_rows``), packed as 16-bit pairs (``pack``) into words ``p_at + 4 n8 + tq`` (n8 <
-    ``n8s``); returns the row's sum of them over the quad's 4 lanes. With ``unpack`` (the inverse of
+def make_write_p(pack, unpack=None):
+    """``write_p(s, words, half, m_ref, p_at, tq, tid)``: P = 2^(s - m_ref) of a warp's 16
+    keys in row ``half`` of its m16 tile's pair of rows (``s`` as in ``score_rows``), packed
+    as 16-bit pairs (``pack``) into words ``p_at + 4 n8 + tq`` (n8 = 0, 1); returns the row's
+    sum of them over the quad's 4 lanes (these 16 keys). With ``unpack`` (the inverse of
     ``pack``), returns that sum and the sum of P as rounded to 16 bits (what P V multiplies:
     the output's divisor where the reference max lags, so that even a dominant key's rounded
     P divides out)."""
@@ -298,7 +283,7 @@ def make_write_p(pack, unpack=None, n8s=2):
         def write_p_rounded(s, words, half, m_ref, p_at, tq, tid):
             row_sum = float32(0.0)
             row_rnd = float32(0.0)
-            for n8 in range(n8s):
+            for n8 in range(2):
                 x0 = math.exp2(s[4 * n8 + 2 * half] - m_ref)
                 x1 = math.exp2(s[4 * n8 + 2 * half + 1] - m_ref)
                 row_sum += x0 + x1
@@ -316,7 +301,7 @@ def make_write_p(pack, unpack=None, n8s=2):
     @cuda.jit(device=True, **INLINE)
     def write_p(s, words, half, m_ref, p_at, tq, tid):
         row_sum = float32(0.0)
-        for n8 in range(n8s):  # keys 8 n8 + 2 tq, + 1 -> one word
+        for n8 in range(2):  # keys 8 n8 + 2 tq, + 1 -> one word
             x0 = math.exp2(s[4 * n8 + 2 * half] - m_ref)
             x1 = math.exp2(s[4 * n8 + 2 * half + 1] - m_ref)
             row_sum += x0 + x1

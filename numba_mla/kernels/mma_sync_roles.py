@@ -70,14 +70,12 @@ from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_parti
                      make_tile_walk, mark_empty)
 from .mma import RESCALE_SLACK
 from .mma_sync import (BLOCK_N, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue, make_q_copy,
-                       make_score_rows, make_write_p, pass_partial_n8, pass_partials)
+                       make_score_rows, make_write_p, pass_partials)
 
 BLOCK_M = 32  # query rows a block (two m16 tiles)
 SUB = 32  # keys a sub-tile
 STAGES = (4, 3)  # sub-tiles of key rows in shared memory: 4 where they fit, else 3 (an A100)
-# score warps (8: each of the four takes half the keys of a sub-tile, so two a scheduler:
-# 12 warps a block with four V warps, at 168 registers; untimed, off)
-SCORE_WARPS = 4
+SCORE_THREADS = 128  # the four score warps (then the V warps)
 # V warps (8: 64 dims and 64 accumulators each, 12 warps a block, so three a scheduler, at
 # 168 registers a thread; untimed, off)
 V_WARPS = 4
@@ -91,37 +89,22 @@ S_CHAINS = 4  # a score warp's accumulator chains in S (8: even and odd steps ap
 S_AHEAD = True
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
-BAR_PAIR = 1  # named barriers (0 is the block's): the pairs' first, then (barriers())
+# named barriers (0 is the block's)
+BAR_PAIR, BAR_KREADY, BAR_PREADY, BAR_PFREE, BAR_VDONE = 1, 3, 5, 7, 9
 
 
-def barriers(score_warps=SCORE_WARPS):
-    """The named barriers KREADY, PREADY, PFREE (each the first of two) and VDONE, after the
-    score warps' pairs' (from ``BAR_PAIR``): 3, 5, 7, 9 with four score warps."""
-    first = BAR_PAIR + score_warps // 2
-    return first, first + 2, first + 4, first + 6
+def threads(v_warps=V_WARPS):
+    """Threads a block: the four score warps and ``v_warps`` V warps."""
+    return SCORE_THREADS + 32 * v_warps
 
 
-def threads(v_warps=V_WARPS, score_warps=SCORE_WARPS):
-    """Threads a block: ``score_warps`` score warps and ``v_warps`` V warps."""
-    return 32 * (score_warps + v_warps)
-
-
-def parts(score_warps=SCORE_WARPS):
-    """The pieces a row's keys of a sub-tile are scored in (dim halves x key parts: 2, or 4
-    with eight score warps), each with its row maxima and sums."""
-    return score_warps // 2
-
-
-def layout(stages=4, score_warps=SCORE_WARPS):
+def layout(stages=4):
     """Word offsets of Qs, Ks, Ps, Al, Mx, Xs, Lf, Mf, Lr in dynamic shared memory with ``stages``
-    stages of key rows and ``score_warps`` score warps, and its size in words (each offset a
-    multiple of 4 words: 16-byte aligned). Eight score warps keep the maxima of two sub-tiles
-    (below)."""
+    stages of key rows, and its size in words (each offset a multiple of 4 words: 16-byte
+    aligned)."""
     assert stages in STAGES, stages
-    np_ = parts(score_warps)
-    mx_sets = 2 if score_warps == 8 else 1
-    sizes = (BLOCK_M * ROWW, stages * SUB * ROWW, 2 * BLOCK_M * PW, 2 * BLOCK_M,
-             mx_sets * np_ * BLOCK_M, 4 * 2 * 32 * 4, np_ * BLOCK_M, BLOCK_M, np_ * BLOCK_M)
+    sizes = (BLOCK_M * ROWW, stages * SUB * ROWW, 2 * BLOCK_M * PW, 2 * BLOCK_M, 2 * BLOCK_M,
+             4 * 2 * 32 * 4, 2 * BLOCK_M, BLOCK_M, 2 * BLOCK_M)
     offs, at = [], 0
     for n in sizes:
         offs.append(at)
@@ -129,9 +112,8 @@ def layout(stages=4, score_warps=SCORE_WARPS):
     return tuple(offs), at
 
 
-def smem_bytes(stages=4, score_warps=None):
-    """Bytes of dynamic shared memory (``score_warps`` None: the module's ``SCORE_WARPS``)."""
-    return 4 * layout(stages, SCORE_WARPS if score_warps is None else score_warps)[1]
+def smem_bytes(stages=4):
+    return 4 * layout(stages)[1]
 
 
 def stages_that_fit(limit):
@@ -153,14 +135,14 @@ def _make_q_load(steps):
     return cuda.jit(device=True, **INLINE)(scope["load_q"])
 
 
-def _make_scores(tag, steps, chains=4, keys=SUB):
+def _make_scores(tag, steps, chains=4):
     """``scores(s2, qf, words, kaddr, tid)``: s2 += Q K^T over ``steps`` k16 steps for 32 keys
-    (n8 tiles 0-3 at s2[0], [4], [8], [12]; or 16 ``keys``, n8 tiles 0, 1); ``kaddr`` this
-    lane's ldmatrix address of the first 16 keys' step 0 (the next 16 keys are 16 rows
-    further). Written out like ``_make_q_load``. ``chains``: 4, each step's four products
-    added into s2 (four chains of ``steps`` dependent HMMAs), or 8 (32 keys only), the odd
-    steps' into a second set added at the end (half as long)."""
-    assert chains in (4, 8) and keys in (16, 32) and (chains == 4 or keys == 32), (chains, keys)
+    (n8 tiles 0-3 at s2[0], [4], [8], [12]); ``kaddr`` this lane's ldmatrix address of the
+    first 16 keys' step 0 (the next 16 keys are 16 rows further). Written out like
+    ``_make_q_load``. ``chains``: 4, each step's four products added into s2 (four chains of
+    ``steps`` dependent HMMAs), or 8, the odd steps' into a second set added at the end (half
+    as long)."""
+    assert chains in (4, 8), chains
     lines = ["def scores(s2, qf, words, kaddr, tid):"]
     if chains == 8:
         lines += ["    s2b = cuda.local.array(16, float32)",
@@ -169,14 +151,12 @@ def _make_scores(tag, steps, chains=4, keys=SUB):
     for s in range(steps):
         a = ", ".join(f"qf[{4 * s + k}]" for k in range(4))
         acc = "s2b" if chains == 8 and s % 2 else "s2"
-        lines += [f"    b0, b1, b2, b3 = ldsm(words, kaddr + {32 * s}, tid)"]
-        if keys == 32:
-            lines += [f"    c0, c1, c2, c3 = ldsm(words, kaddr + {16 * ROW_BYTES + 32 * s}, tid)"]
-        lines += [f"    mma({acc}, 0, {a}, b0, b1, tid)",
-                  f"    mma({acc}, 4, {a}, b2, b3, tid)"]
-        if keys == 32:
-            lines += [f"    mma({acc}, 8, {a}, c0, c1, tid)",
-                      f"    mma({acc}, 12, {a}, c2, c3, tid)"]
+        lines += [f"    b0, b1, b2, b3 = ldsm(words, kaddr + {32 * s}, tid)",
+                  f"    c0, c1, c2, c3 = ldsm(words, kaddr + {16 * ROW_BYTES + 32 * s}, tid)",
+                  f"    mma({acc}, 0, {a}, b0, b1, tid)",
+                  f"    mma({acc}, 4, {a}, b2, b3, tid)",
+                  f"    mma({acc}, 8, {a}, c0, c1, tid)",
+                  f"    mma({acc}, 12, {a}, c2, c3, tid)"]
     if chains == 8:
         lines += ["    for k in range(16):",
                   "        s2[k] += s2b[k]"]
@@ -188,30 +168,17 @@ def _make_scores(tag, steps, chains=4, keys=SUB):
 
 def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
                           score_mod, fold_scale, heads, wide=True, stages=4, key_count=None,
-                          s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS,
-                          score_warps=SCORE_WARPS):
+                          s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
     ``s_ahead``: S of the next sub-tile before this one's P, ``S_AHEAD``; ``v_warps``, 4
-    or 8, ``V_WARPS``; ``score_warps``, 4 or 8, ``SCORE_WARPS``)."""
-    assert v_warps in (4, 8) and score_warps in (4, 8), (v_warps, score_warps)
-    SW = score_warps
-    ST = 32 * SW  # the score warps' threads (then the V warps')
-    NT = threads(v_warps, SW)
-    KP = SW // 4  # key parts of a sub-tile: a score warp scores SUB / KP keys of it
-    WK = SUB // KP  # (32, or 16 with eight score warps)
-    OWN8 = WK // 16  # n8 tiles of those keys a warp owns after the pair's exchange (2 or 1)
-    S2N, SN = WK // 2, 4 * OWN8  # a lane's partial scores (WK keys), then its own keys'
-    NPART = parts(SW)  # a row's pieces (dim half x key part): maxima and sums
-    XW = 1024 // SW  # words of Xs a score warp gives
-    # eight score warps: the four of a m16 tile read each other's maxima, so a warp may write
-    # those of sub-tile j + 1 while another still reads j's: two sets, by h
-    MX_SET = NPART * BLOCK_M if SW == 8 else 0
-    BAR_KREADY, BAR_PREADY, BAR_PFREE, BAR_VDONE = barriers(SW)
+    or 8, ``V_WARPS``)."""
+    assert v_warps in (4, 8), v_warps
+    NT = threads(v_warps)
     OD = D_V // v_warps  # output dims a V warp owns (128 of four, 64 of eight)
     NACC = 2 * OD // 8 * 4  # its accumulators a lane
-    (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF, LR_OFF), _ = layout(stages, SW)
+    (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF, LR_OFF), _ = layout(stages)
     NS = stages
     # sub-tile j + NS (copied once P V of j is done) is half (h + NS) % 2 of the tile
     # (h + NS) // 2 = 1 or 2 ahead of sub-tile j's (t1 or t2 below)
@@ -222,26 +189,24 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
     first_tiles = make_partition_walk(key_tiles, next_tile)
-    score_rows = make_score_rows(make_log2_score(mask_apply, score_mod, fold_scale), heads,
-                                 OWN8)
+    score_rows = make_score_rows(make_log2_score(mask_apply, score_mod, fold_scale), heads)
     write_p = make_write_p(ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2,
-                           ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32, OWN8)
-    exchange = pass_partials if SW == 4 else pass_partial_n8
+                           ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32)
     load_q = _make_q_load(HALF_STEPS)
     copy_q = make_q_copy(BLOCK_M, NT, Q_OFF)
-    scores = _make_scores(tag, HALF_STEPS, s_chains, WK)
+    scores = _make_scores(tag, HALF_STEPS, s_chains)
     S_AHEAD = s_ahead  # (a constant of the kernel)
     pv = _make_pv(tag, 2, OD)
     scale_acc = ptx.acc_scale_halves(NACC)
     zero_acc = ptx.acc_zero(NACC)
-    issue = make_issue(locate, wide, NT - ST, SUB, K_OFF, ROW_BYTES, 4 * WORDS)
+    issue = make_issue(locate, wide, NT - SCORE_THREADS, SUB, K_OFF, ROW_BYTES, 4 * WORDS)
 
     @cuda.jit(device=True, **INLINE)
     def score_sub(s2, qf, words, kaddr, kready, tid):
         """A score warp's S of one sub-tile (its rows at ``kaddr``) into s2, from zero, once
         the V warps say on barrier ``kready`` that the rows have landed."""
         ptx.bar_sync(kready, NT)
-        for k in range(S2N):
+        for k in range(16):
             s2[k] = float32(0.0)
         scores(s2, qf, words, kaddr, tid)
 
@@ -293,20 +258,18 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         # array defined in one branch and read after the two join is a pointer chosen by the
         # branch taken, which keeps the whole array in local memory
         acc = cuda.local.array(NACC, float32)
-        if warp < SW:
-            # ---- a score warp: m16 tile sm, dims [288 dh, 288 dh + 288), keys WK kh + (WK) ----
-            kh = warp // 4 if SW == 8 else 0
-            sm, dh = (warp // 2 % 2 if SW == 8 else warp // 2), warp % 2
-            part = 2 * kh + dh  # its piece of its rows: maxima and sums
+        if warp < 4:
+            # ---- a score warp: m16 tile sm, dims [288 dh, 288 dh + 288) ----
+            sm, dh = warp // 2, warp % 2
             qf = cuda.local.array(QF, int32)
             load_q(qf, words, base + 4 * Q_OFF + (16 * sm + a_row) * ROW_BYTES + 2 * a_col
                    + 32 * HALF_STEPS * dh, tid)
-            k_addr = (base + 4 * K_OFF + (lane % 8 + 8 * (lane // 16) + WK * kh) * ROW_BYTES
+            k_addr = (base + 4 * K_OFF + (lane % 8 + 8 * (lane // 16)) * ROW_BYTES
                       + 2 * 8 * (lane // 8 % 2) + 32 * HALF_STEPS * dh)
-            x_give = base + 4 * (X_OFF + XW * warp) + 16 * lane
-            x_take = base + 4 * (X_OFF + XW * (warp ^ 1)) + 16 * lane
-            s2 = cuda.local.array(S2N, float32)  # partial scores: WK keys, half the dims
-            s = cuda.local.array(SN, float32)  # its WK / 2 keys: rows gr, gr + 8 of sm
+            x_give = base + 4 * (X_OFF + 256 * warp) + 16 * lane
+            x_take = base + 4 * (X_OFF + 256 * (warp ^ 1)) + 16 * lane
+            s2 = cuda.local.array(16, float32)  # partial scores: 32 keys, half the dims
+            s = cuda.local.array(8, float32)  # this warp's 16 keys: rows gr, gr + 8 of sm
             m_run = cuda.local.array(2, float32)  # rows 16 sm + gr + 8 half
             l_own = cuda.local.array(2, float32)  # ... the sums of P over this warp's keys
             l_rnd = cuda.local.array(2, float32)  # ... of P as rounded to 16 bits
@@ -326,54 +289,51 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     if not S_AHEAD:  # (sub-tile j's)
                         score_sub(s2, qf, words, k_addr + KS_BYTES * (j % NS), BAR_KREADY + h,
                                   tid)
-                    # the partner's keys to it, its partials of this warp's keys from it
-                    exchange(s, s2, floats, x_give, x_take, dh, BAR_PAIR + warp // 2)
-                    # mask and score mod on this warp's keys, their row maxima to Mx[part]
-                    score_rows(s, floats, MX_OFF + MX_SET * h + BLOCK_M * part, float32(1.0),
-                               fold, sm_scale, cls, b, 16 * sm + gr, r0, nrows, length, nq,
-                               k0 + SUB * h + WK * kh + WK // 2 * dh, k1, bias, tq, tid)
+                    # the partner's 16 keys to it, its partials of this warp's 16 from it
+                    pass_partials(s, s2, floats, x_give, x_take, dh, BAR_PAIR + sm)
+                    # mask and score mod on this warp's keys, their row maxima to Mx[dh]
+                    score_rows(s, floats, MX_OFF + BLOCK_M * dh, float32(1.0), fold, sm_scale,
+                               cls, b, 16 * sm + gr, r0, nrows, length, nq,
+                               k0 + SUB * h + 16 * dh, k1, bias, tq, tid)
                     if S_AHEAD and (h == 0 or t_next < t_end):
                         # S of sub-tile j + 1 now, its products under this one's softmax (its
                         # partner's pair barrier, not KREADY, now orders the maxima's reuse)
                         score_sub(s2, qf, words, k_addr + KS_BYTES * ((j + 1) % NS),
                                   BAR_KREADY + 1 - h, tid)
-                    # Buffer h is free (P V of j - 2 done). All the score warps wait here, so
-                    # this also orders every piece's maxima before their reads below.
+                    # Buffer h is free (P V of j - 2 done). All four score warps wait here,
+                    # so this also orders both halves' maxima before their reads below.
                     ptx.bar_sync(BAR_PFREE + h, NT)
                     for half in range(2):
                         i = 16 * sm + gr + 8 * half
                         m_old = m_run[half]
-                        m_new = max(m_old, max(floats[MX_OFF + MX_SET * h + i],
-                                               floats[MX_OFF + MX_SET * h + BLOCK_M + i]))
-                        for pc in range(2, NPART):  # (eight score warps: the other key part)
-                            m_new = max(m_new, floats[MX_OFF + MX_SET * h + BLOCK_M * pc + i])
+                        m_new = max(m_old, max(floats[MX_OFF + i], floats[MX_OFF + BLOCK_M + i]))
                         if m_new <= m_old + float32(RESCALE_SLACK):  # (False for NaN)
                             m_new = m_old  # the reference lags: alpha 1
                         m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
                         alpha = math.exp2(m_old - m_ref)
                         m_run[half] = m_new
                         row_sum, row_rnd = write_p(s, words, half, m_ref,
-                                                   P_OFF + (BLOCK_M * h + i) * PW
-                                                   + WK // 2 * kh + WK // 4 * dh, tq, tid)
+                                                   P_OFF + (BLOCK_M * h + i) * PW + 8 * dh, tq,
+                                                   tid)
                         l_own[half] = l_own[half] * alpha + row_sum
                         l_rnd[half] = l_rnd[half] * alpha + row_rnd
-                        if part == 0 and tq == 0:
+                        if dh == 0 and tq == 0:
                             floats[AL_OFF + BLOCK_M * h + i] = alpha
                     ptx.bar_arrive(BAR_PREADY + h, NT)  # P and alpha of sub-tile j
                     j += 1
                 t = t_next
-            # the final row sums of each piece and the max, for the V warps
+            # the final row sums of each half and the max, for the V warps
             if tq == 0:
                 for half in range(2):
                     i = 16 * sm + gr + 8 * half
-                    floats[LF_OFF + BLOCK_M * part + i] = l_own[half]
-                    floats[LR_OFF + BLOCK_M * part + i] = l_rnd[half]
-                    if part == 0:
+                    floats[LF_OFF + BLOCK_M * dh + i] = l_own[half]
+                    floats[LR_OFF + BLOCK_M * dh + i] = l_rnd[half]
+                    if dh == 0:
                         floats[MF_OFF + i] = m_run[half]
         else:
             # ---- a V warp: output dims [128 od, 128 od + 128) of all 32 rows ----
-            od = warp - SW
-            vtid = tid - ST
+            od = warp - 4
+            vtid = tid - SCORE_THREADS
             zero_acc(acc)
             p_addr = base + 4 * P_OFF + a_row * P_ROW_BYTES + 2 * a_col
             v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + OD * od)
@@ -422,7 +382,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                            c7, tid)
                     if t1 < t_end:
                         ptx.bar_arrive(BAR_PFREE + h, NT)  # for sub-tile j + 2's P
-                    ptx.bar_sync(BAR_VDONE, NT - ST)  # every V warp is past j
+                    ptx.bar_sync(BAR_VDONE, NT - SCORE_THREADS)  # every V warp is past j
                     issue_sub(words, base, storage, block_table, b, kstart, kend,
                               t2 if h + NS >= 4 else t1, t_end, (h + AHEAD_HALF) % 2, j + NS,
                               vtid)
@@ -431,15 +391,13 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 t2 = next_tile(t2 + 1, t_end, kstart, kend, q_lo, q_hi) if t2 < t_end else t_end
         cuda.syncthreads()  # the score warps' final sums and max
 
-        if warp >= SW:
-            od = warp - SW
+        if warp >= 4:
+            od = warp - 4
             for jr in range(4):  # rows gr + 8 jr: m16 tile jr // 2
                 i = gr + 8 * jr
                 if i < nrows:
                     t_row, hh = row0 + (r0 + i) // H, (r0 + i) % H
                     lsum = floats[LR_OFF + i] + floats[LR_OFF + BLOCK_M + i]  # (P as rounded)
-                    for pc in range(2, NPART):
-                        lsum += floats[LR_OFF + BLOCK_M * pc + i]
                     inv = float32(0.0) if lsum == 0.0 else float32(1.0) / lsum
                     at = (jr // 2) * (NACC // 2) + 2 * (jr % 2)
                     for n8 in range(OD // 8):
@@ -451,13 +409,11 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     i = gr + 8 * jr
                     if i < nrows:
                         lsum = floats[LF_OFF + i] + floats[LF_OFF + BLOCK_M + i]
-                        for pc in range(2, NPART):
-                            lsum += floats[LF_OFF + BLOCK_M * pc + i]
                         part_lse[row0 + (r0 + i) // H, (r0 + i) % H, p] = (
                             float32(NEG_INF) if lsum == 0.0 else
                             (floats[MF_OFF + i] + math.log2(lsum)) * float32(LN2))
 
     # what this kernel was built with (the tests ask which form the selector launched)
     partition_kernel.form = dict(stages=stages, wide=wide, s_chains=s_chains, s_ahead=s_ahead,
-                                 v_warps=v_warps, score_warps=SW)
+                                 v_warps=v_warps)
     return partition_kernel
