@@ -471,6 +471,26 @@ def test_mma_sync_roles_eight_chains(rng, monkeypatch):
 
 @KERNEL
 @pytest.mark.parametrize("order", ["low", "high"])
+def test_mma_sync_roles_maxima_after_the_wait(order, rng, monkeypatch):
+    """The split-role form with the pair's row maxima read after the wait for P's buffer
+    (``mma_sync_roles.MAX_EARLY = False``, the form before it) and P by ``math.exp2``
+    (``P_FTZ = False``) matches the reference with the score warps ahead and behind: two
+    tiles, the second partial, 20 query rows."""
+    from numba_mla import _numba
+
+    monkeypatch.setattr(mma_sync_roles, "MAX_EARLY", False)
+    monkeypatch.setattr(mma_sync_roles, "P_FTZ", False)
+    specs = launched_specs(monkeypatch)
+    p = make_problem(rng, 1, 1, 20, [100], BF16, "paged", 16)
+    with _numba.sim_turn_order(order):
+        check_kernel(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
+    assert [(s.backend, s.dispatcher.form["max_early"], s.dispatcher.form["p_ftz"])
+            for s in specs] == [("mma_sync_roles", False, False)], (
+        "expected the split-role kernel with its maxima read late")
+
+
+@KERNEL
+@pytest.mark.parametrize("order", ["low", "high"])
 def test_mma_sync_roles_eight_v_warps(order, rng, monkeypatch):
     """The split-role form with eight V warps of 64 dims (``mma_sync_roles.V_WARPS = 8``,
     untimed: 12 warps a block) matches the reference with the score warps run ahead of the
@@ -1071,7 +1091,7 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
         check_kernel(p, mask, SCORE_MODS[mod_id].make(p), P, "mma_sync")
     assert [(spec.backend, spec.dispatcher.form) for spec in specs] == [
         ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead,
-                                v_warps=4))], (
+                                v_warps=4, max_early=True, p_ftz=True))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

@@ -270,22 +270,23 @@ def make_score_rows(log2_score, heads):
     return score_rows
 
 
-def make_write_p(pack, unpack=None):
+def make_write_p(pack, unpack=None, exp2=math.exp2):
     """``write_p(s, words, half, m_ref, p_at, tq, tid)``: P = 2^(s - m_ref) of a warp's 16
     keys in row ``half`` of its m16 tile's pair of rows (``s`` as in ``score_rows``), packed
     as 16-bit pairs (``pack``) into words ``p_at + 4 n8 + tq`` (n8 = 0, 1); returns the row's
     sum of them over the quad's 4 lanes (these 16 keys). With ``unpack`` (the inverse of
     ``pack``), returns that sum and the sum of P as rounded to 16 bits (what P V multiplies:
     the output's divisor where the reference max lags, so that even a dominant key's rounded
-    P divides out)."""
+    P divides out). ``exp2``: 2^x (math.exp2, or ptx.exp2_ftz: one instruction, results below
+    2^-126 flushed to zero)."""
     if unpack is not None:
         @cuda.jit(device=True, **INLINE)
         def write_p_rounded(s, words, half, m_ref, p_at, tq, tid):
             row_sum = float32(0.0)
             row_rnd = float32(0.0)
             for n8 in range(2):
-                x0 = math.exp2(s[4 * n8 + 2 * half] - m_ref)
-                x1 = math.exp2(s[4 * n8 + 2 * half + 1] - m_ref)
+                x0 = exp2(s[4 * n8 + 2 * half] - m_ref)
+                x1 = exp2(s[4 * n8 + 2 * half + 1] - m_ref)
                 row_sum += x0 + x1
                 w = pack(x0, x1)
                 words[p_at + 4 * n8 + tq] = w
@@ -302,8 +303,8 @@ def make_write_p(pack, unpack=None):
     def write_p(s, words, half, m_ref, p_at, tq, tid):
         row_sum = float32(0.0)
         for n8 in range(2):  # keys 8 n8 + 2 tq, + 1 -> one word
-            x0 = math.exp2(s[4 * n8 + 2 * half] - m_ref)
-            x1 = math.exp2(s[4 * n8 + 2 * half + 1] - m_ref)
+            x0 = exp2(s[4 * n8 + 2 * half] - m_ref)
+            x1 = exp2(s[4 * n8 + 2 * half + 1] - m_ref)
             row_sum += x0 + x1
             words[p_at + 4 * n8 + tq] = pack(x0, x1)
         row_sum += ptx.shfl_xor(row_sum, 1, tid)

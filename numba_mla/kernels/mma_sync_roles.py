@@ -87,6 +87,15 @@ S_CHAINS = 4  # a score warp's accumulator chains in S (8: even and odd steps ap
 # of the time in turn at H = 128, docs/kernels/mma_sync.md); four stages only (factory.py: the
 # three-stage form, an A100's, would spill)
 S_AHEAD = True
+# the pair of score warps of a m16 tile read each other's row maxima right after both are
+# written (their own barrier), so that the loads' latency passes under S of the next
+# sub-tile rather than after the wait for P's buffer (Nsight Compute, H100: the maxima's
+# loads after that wait held 4% of the block's samples)
+MAX_EARLY = True
+# P and the rescale by ``ex2.approx.ftz`` (one instruction; values below 2^-126 of the
+# reference, which at most 2^8 under the row's max (RESCALE_SLACK) leaves out of a sum of at
+# least 1, flushed to zero) rather than math.exp2's range check and two multiplies
+P_FTZ = True
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
 # named barriers (0 is the block's)
@@ -168,12 +177,14 @@ def _make_scores(tag, steps, chains=4):
 
 def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
                           score_mod, fold_scale, heads, wide=True, stages=4, key_count=None,
-                          s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS):
+                          s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS,
+                          max_early=MAX_EARLY, p_ftz=P_FTZ):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
     ``s_ahead``: S of the next sub-tile before this one's P, ``S_AHEAD``; ``v_warps``, 4
-    or 8, ``V_WARPS``)."""
+    or 8, ``V_WARPS``; ``max_early``: the pair's maxima read before S of the next sub-tile,
+    ``MAX_EARLY``; ``p_ftz``: P and alpha by ``ptx.exp2_ftz``, ``P_FTZ``)."""
     assert v_warps in (4, 8), v_warps
     NT = threads(v_warps)
     OD = D_V // v_warps  # output dims a V warp owns (128 of four, 64 of eight)
@@ -190,12 +201,14 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                                           key_count=key_count)
     first_tiles = make_partition_walk(key_tiles, next_tile)
     score_rows = make_score_rows(make_log2_score(mask_apply, score_mod, fold_scale), heads)
+    exp2 = ptx.exp2_ftz if p_ftz else math.exp2
     write_p = make_write_p(ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2,
-                           ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32)
+                           ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32, exp2)
     load_q = _make_q_load(HALF_STEPS)
     copy_q = make_q_copy(BLOCK_M, NT, Q_OFF)
     scores = _make_scores(tag, HALF_STEPS, s_chains)
-    S_AHEAD = s_ahead  # (a constant of the kernel)
+    S_AHEAD = s_ahead  # (constants of the kernel)
+    MAX_EARLY = max_early
     pv = _make_pv(tag, 2, OD)
     scale_acc = ptx.acc_scale_halves(NACC)
     zero_acc = ptx.acc_zero(NACC)
@@ -295,22 +308,34 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     score_rows(s, floats, MX_OFF + BLOCK_M * dh, float32(1.0), fold, sm_scale,
                                cls, b, 16 * sm + gr, r0, nrows, length, nq,
                                k0 + SUB * h + 16 * dh, k1, bias, tq, tid)
+                    mx0 = mx1 = mx2 = mx3 = float32(NEG_INF)
+                    if MAX_EARLY:  # (the pair's maxima in: loaded now, taken after S below)
+                        ptx.bar_sync(BAR_PAIR + sm, 64)
+                        mx0 = floats[MX_OFF + 16 * sm + gr]
+                        mx1 = floats[MX_OFF + BLOCK_M + 16 * sm + gr]
+                        mx2 = floats[MX_OFF + 16 * sm + gr + 8]
+                        mx3 = floats[MX_OFF + BLOCK_M + 16 * sm + gr + 8]
                     if S_AHEAD and (h == 0 or t_next < t_end):
                         # S of sub-tile j + 1 now, its products under this one's softmax (its
                         # partner's pair barrier, not KREADY, now orders the maxima's reuse)
                         score_sub(s2, qf, words, k_addr + KS_BYTES * ((j + 1) % NS),
                                   BAR_KREADY + 1 - h, tid)
                     # Buffer h is free (P V of j - 2 done). All four score warps wait here,
-                    # so this also orders both halves' maxima before their reads below.
+                    # so this also orders both halves' maxima before their reads below (where
+                    # not read above: there the pair's next exchange orders their reuse).
                     ptx.bar_sync(BAR_PFREE + h, NT)
                     for half in range(2):
                         i = 16 * sm + gr + 8 * half
                         m_old = m_run[half]
-                        m_new = max(m_old, max(floats[MX_OFF + i], floats[MX_OFF + BLOCK_M + i]))
+                        if MAX_EARLY:
+                            m_new = max(m_old, max(mx2, mx3) if half else max(mx0, mx1))
+                        else:
+                            m_new = max(m_old, max(floats[MX_OFF + i],
+                                                   floats[MX_OFF + BLOCK_M + i]))
                         if m_new <= m_old + float32(RESCALE_SLACK):  # (False for NaN)
                             m_new = m_old  # the reference lags: alpha 1
                         m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
-                        alpha = math.exp2(m_old - m_ref)
+                        alpha = exp2(m_old - m_ref)
                         m_run[half] = m_new
                         row_sum, row_rnd = write_p(s, words, half, m_ref,
                                                    P_OFF + (BLOCK_M * h + i) * PW + 8 * dh, tq,
@@ -415,5 +440,5 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
 
     # what this kernel was built with (the tests ask which form the selector launched)
     partition_kernel.form = dict(stages=stages, wide=wide, s_chains=s_chains, s_ahead=s_ahead,
-                                 v_warps=v_warps)
+                                 v_warps=v_warps, max_early=max_early, p_ftz=p_ftz)
     return partition_kernel
