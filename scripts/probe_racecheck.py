@@ -21,7 +21,9 @@ sub-tiles in the in-turn order ("ring": ``make_ring``) and in ``S_AHEAD``'s, the
 ("ring_ahead"), and the in-turn ring with the values' handoff (PREADY) synced on both sides
 ("ring_sync"), each under racecheck. On an H100 (2026-12-05, d6d96a2):
 arrive 0 hazards, sync 0, racy 1, ring 224 read-after-write errors on the handed-over values
-with the result right.
+with the result right; at d3dfe31 (a sanitizer that groups an instruction pair's hazards
+into one error) ring 3, ring_ahead 4, ring_sync 10, each result right
+(plots/racecheck_probe_rings_d3dfe31_h100.txt).
 
 Usage (GPU):  python scripts/probe_racecheck.py [--pairs 1,2,3,5,8]
     runs itself under racecheck once for each pair count and prints the hazards of each.

@@ -10,8 +10,9 @@ wgmma seesaw kernel split tiles:
   dims (dh: 288 dims, 18 k16 steps, 72 registers a lane) in registers for the whole
   partition, so S reads only K (two ``ldmatrix`` for four ``mma.sync`` a step). The two
   warps of a m16 tile pass each other the partial scores of the other's 16 keys (as in
-  mma_sync.py), apply the mask and score mod to their own 16, share their row maxima, and
-  write P (16-bit) and the rows' rescale ``alpha`` for the V warps. Each keeps the row sums
+  mma_sync.py), apply the mask and score mod to their own 16, share their row maxima (behind
+  the pair's barrier, read before S of the next sub-tile: ``MAX_EARLY``), and write P
+  (16-bit) and the rows' rescale ``alpha`` for the V warps. Each keeps the row sums
   of its own keys; the two halves add up at the end (alpha is the same in both).
 - **V warps** 4-7: warp 4 + od owns output dims [128 od, 128 od + 128) of all 32 rows (128
   fp32 accumulators a lane); per sub-tile, after its P, O = alpha O + P V. They also issue
@@ -29,7 +30,8 @@ side can arrive twice before the other has synced:
                during sub-tile j, after the V warps' wait for that copy; for 0 and 1 first)
     PREADY[h]  score -> V: P and alpha of sub-tile j are in buffer h
     PFREE[h]   V -> score: buffer h is free again (after P V of j, for j + 2; first for 0, 1)
-    PAIR[sm]   the two score warps of m16 tile sm (64 threads): their partial scores
+    PAIR[sm]   the two score warps of m16 tile sm (64 threads): their partial scores, then
+               (MAX_EARLY) their row maxima
     VDONE      the V warps (128, or 256): all are past P V of j before stage j % NS is
                refilled with sub-tile j + NS
 
