@@ -471,22 +471,29 @@ def test_mma_sync_roles_eight_chains(rng, monkeypatch):
 
 @KERNEL
 @pytest.mark.parametrize("order", ["low", "high"])
-def test_mma_sync_roles_maxima_after_the_wait(order, rng, monkeypatch):
-    """The split-role form with the pair's row maxima read after the wait for P's buffer
-    (``mma_sync_roles.MAX_EARLY = False``, the form before it) and P by ``math.exp2``
-    (``P_FTZ = False``) matches the reference with the score warps ahead and behind: two
-    tiles, the second partial, 20 query rows."""
+@pytest.mark.parametrize("flags", [
+    dict(MAX_EARLY=False, P_FTZ=False, SUMS_LATE=False),  # (the form before them)
+    dict(LANE_MAX=False),  # (the pair's maxima early, each the quad's)
+], ids=["late_maxima_exp2_quad_sums", "early_quad_maxima"])
+def test_mma_sync_roles_softmax_forms(flags, order, rng, monkeypatch):
+    """The split-role form's softmax with its flags off: the pair's row maxima read after the
+    wait for P's buffer (``mma_sync_roles.MAX_EARLY = False``), P by ``math.exp2``
+    (``P_FTZ = False``) and each sub-tile's row sums added across the quad (``SUMS_LATE =
+    False``); or the maxima read early but each the quad's (``LANE_MAX = False``). Each
+    matches the reference with the score warps ahead and behind: two tiles, the second
+    partial, 20 query rows."""
     from numba_mla import _numba
 
-    monkeypatch.setattr(mma_sync_roles, "MAX_EARLY", False)
-    monkeypatch.setattr(mma_sync_roles, "P_FTZ", False)
+    for name, value in flags.items():
+        monkeypatch.setattr(mma_sync_roles, name, value)
     specs = launched_specs(monkeypatch)
     p = make_problem(rng, 1, 1, 20, [100], BF16, "paged", 16)
     with _numba.sim_turn_order(order):
         check_kernel(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
-    assert [(s.backend, s.dispatcher.form["max_early"], s.dispatcher.form["p_ftz"])
-            for s in specs] == [("mma_sync_roles", False, False)], (
-        "expected the split-role kernel with its maxima read late")
+    want = dict(max_early=flags.get("MAX_EARLY", True), p_ftz=flags.get("P_FTZ", True),
+                sums_late=flags.get("SUMS_LATE", True), lane_max=False)
+    assert [(s.backend, {k: s.dispatcher.form[k] for k in want}) for s in specs] == [
+        ("mma_sync_roles", want)], "expected the split-role kernel with those flags"
 
 
 @KERNEL
@@ -1091,7 +1098,8 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
         check_kernel(p, mask, SCORE_MODS[mod_id].make(p), P, "mma_sync")
     assert [(spec.backend, spec.dispatcher.form) for spec in specs] == [
         ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead,
-                                v_warps=4, max_early=True, p_ftz=True))], (
+                                v_warps=4, max_early=True, p_ftz=True, sums_late=True,
+                                lane_max=True))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

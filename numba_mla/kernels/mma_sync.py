@@ -236,12 +236,13 @@ def pass_partials(s, s2, floats, x_give, x_take, dh, barrier):
         s[4 * j + 3] = (s2[11 + 4 * j] if dh else s2[4 * j + 3]) + x3
 
 
-def make_score_rows(log2_score, heads):
+def make_score_rows(log2_score, heads, lane_max=False):
     """``score_rows(s, floats, mx_at, folded, fold, sm_scale, cls, b, row, r0, nrows, length,
     nq, key0, k1, bias, tq, tid)``: a warp's 16 keys of S (``s``: rows ``row`` and ``row`` + 8
     of the block, keys key0 + 8 n8 + 2 tq (+ 1) at s[4 n8 + 2 half (+ 1)]) times ``folded``,
     masked and score-modded in log2 units (NEG_INF past ``nrows`` and ``k1``), in place; each
-    row's max of them to ``floats[mx_at + row (+ 8)]`` (lanes tq == 0)."""
+    row's max of them to ``floats[mx_at + row (+ 8)]`` (lanes tq == 0); with ``lane_max``,
+    each lane's max of its own 4 to ``floats[mx_at + 4 (row (+ 8)) + tq]``, no shuffles."""
     H = heads
 
     @cuda.jit(device=True, **INLINE)
@@ -262,15 +263,18 @@ def make_score_rows(log2_score, heads):
                                    bias)
                 s[e] = x
                 row_max = max(row_max, x)
-            row_max = max(row_max, ptx.shfl_xor(row_max, 1, tid))  # the quad's 4 lanes
-            row_max = max(row_max, ptx.shfl_xor(row_max, 2, tid))
-            if tq == 0:
-                floats[mx_at + i] = row_max
+            if lane_max:
+                floats[mx_at + 4 * i + tq] = row_max
+            else:
+                row_max = max(row_max, ptx.shfl_xor(row_max, 1, tid))  # the quad's 4 lanes
+                row_max = max(row_max, ptx.shfl_xor(row_max, 2, tid))
+                if tq == 0:
+                    floats[mx_at + i] = row_max
 
     return score_rows
 
 
-def make_write_p(pack, unpack=None, exp2=math.exp2):
+def make_write_p(pack, unpack=None, exp2=math.exp2, quad=True):
     """``write_p(s, words, half, m_ref, p_at, tq, tid)``: P = 2^(s - m_ref) of a warp's 16
     keys in row ``half`` of its m16 tile's pair of rows (``s`` as in ``score_rows``), packed
     as 16-bit pairs (``pack``) into words ``p_at + 4 n8 + tq`` (n8 = 0, 1); returns the row's
@@ -278,7 +282,9 @@ def make_write_p(pack, unpack=None, exp2=math.exp2):
     ``pack``), returns that sum and the sum of P as rounded to 16 bits (what P V multiplies:
     the output's divisor where the reference max lags, so that even a dominant key's rounded
     P divides out). ``exp2``: 2^x (math.exp2, or ptx.exp2_ftz: one instruction, results below
-    2^-126 flushed to zero)."""
+    2^-126 flushed to zero). ``quad`` False (with ``unpack``): the two sums of this lane's 4
+    keys only, the quad's sum left to the caller (a sum of them, rescaled alike in the 4
+    lanes, adds up after the walk)."""
     if unpack is not None:
         @cuda.jit(device=True, **INLINE)
         def write_p_rounded(s, words, half, m_ref, p_at, tq, tid):
@@ -292,6 +298,8 @@ def make_write_p(pack, unpack=None, exp2=math.exp2):
                 words[p_at + 4 * n8 + tq] = w
                 r0, r1 = unpack(w)
                 row_rnd += r0 + r1
+            if not quad:
+                return row_sum, row_rnd
             row_sum += ptx.shfl_xor(row_sum, 1, tid)
             row_rnd += ptx.shfl_xor(row_rnd, 1, tid)
             return (row_sum + ptx.shfl_xor(row_sum, 2, tid),

@@ -98,6 +98,12 @@ MAX_EARLY = True
 # reference, which at most 2^8 under the row's max (RESCALE_SLACK) leaves out of a sum of at
 # least 1, flushed to zero) rather than math.exp2's range check and two multiplies
 P_FTZ = True
+# a lane keeps the row sums of its own keys of P through the walk and the quad adds them up
+# once at the end, rather than four shuffles a row and sub-tile on the score warps' path
+SUMS_LATE = True
+# (with MAX_EARLY) each lane stores the max of its own keys of a row and the pair reads all
+# four lanes' of both halves (two 16-byte loads a row), rather than two shuffles a row first
+LANE_MAX = True
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
 # named barriers (0 is the block's)
@@ -114,8 +120,8 @@ def layout(stages=4):
     stages of key rows, and its size in words (each offset a multiple of 4 words: 16-byte
     aligned)."""
     assert stages in STAGES, stages
-    sizes = (BLOCK_M * ROWW, stages * SUB * ROWW, 2 * BLOCK_M * PW, 2 * BLOCK_M, 2 * BLOCK_M,
-             4 * 2 * 32 * 4, 2 * BLOCK_M, BLOCK_M, 2 * BLOCK_M)
+    sizes = (BLOCK_M * ROWW, stages * SUB * ROWW, 2 * BLOCK_M * PW, 2 * BLOCK_M,
+             2 * BLOCK_M * 4, 4 * 2 * 32 * 4, 2 * BLOCK_M, BLOCK_M, 2 * BLOCK_M)
     offs, at = [], 0
     for n in sizes:
         offs.append(at)
@@ -180,13 +186,17 @@ def _make_scores(tag, steps, chains=4):
 def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
                           score_mod, fold_scale, heads, wide=True, stages=4, key_count=None,
                           s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS,
-                          max_early=MAX_EARLY, p_ftz=P_FTZ):
+                          max_early=MAX_EARLY, p_ftz=P_FTZ, sums_late=SUMS_LATE,
+                          lane_max=LANE_MAX):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
     ``s_ahead``: S of the next sub-tile before this one's P, ``S_AHEAD``; ``v_warps``, 4
     or 8, ``V_WARPS``; ``max_early``: the pair's maxima read before S of the next sub-tile,
-    ``MAX_EARLY``; ``p_ftz``: P and alpha by ``ptx.exp2_ftz``, ``P_FTZ``)."""
+    ``MAX_EARLY``; ``p_ftz``: P and alpha by ``ptx.exp2_ftz``, ``P_FTZ``; ``sums_late``: the
+    row sums added across a quad once, after the walk, ``SUMS_LATE``; ``lane_max``: each
+    lane's row maxima to the pair, not the quad's, ``LANE_MAX``, with ``max_early`` only)."""
+    lane_max = lane_max and max_early
     assert v_warps in (4, 8), v_warps
     NT = threads(v_warps)
     OD = D_V // v_warps  # output dims a V warp owns (128 of four, 64 of eight)
@@ -202,10 +212,13 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           key_count=key_count)
     first_tiles = make_partition_walk(key_tiles, next_tile)
-    score_rows = make_score_rows(make_log2_score(mask_apply, score_mod, fold_scale), heads)
+    score_rows = make_score_rows(make_log2_score(mask_apply, score_mod, fold_scale), heads,
+                                 lane_max)
     exp2 = ptx.exp2_ftz if p_ftz else math.exp2
     write_p = make_write_p(ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2,
-                           ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32, exp2)
+                           ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32, exp2,
+                           not sums_late)
+    SUMS_LATE, LANE_MAX = sums_late, lane_max
     load_q = _make_q_load(HALF_STEPS)
     copy_q = make_q_copy(BLOCK_M, NT, Q_OFF)
     scores = _make_scores(tag, HALF_STEPS, s_chains)
@@ -215,6 +228,12 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     scale_acc = ptx.acc_scale_halves(NACC)
     zero_acc = ptx.acc_zero(NACC)
     issue = make_issue(locate, wide, NT - SCORE_THREADS, SUB, K_OFF, ROW_BYTES, 4 * WORDS)
+
+    @cuda.jit(device=True, **INLINE)
+    def lanes_max(floats, at):
+        """The max of the four floats at byte ``at`` of shared memory (a row's four lanes')."""
+        x0, x1, x2, x3 = ptx.lds128(floats, at)
+        return max(max(x0, x1), max(x2, x3))
 
     @cuda.jit(device=True, **INLINE)
     def score_sub(s2, qf, words, kaddr, kready, tid):
@@ -307,11 +326,19 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     # the partner's 16 keys to it, its partials of this warp's 16 from it
                     pass_partials(s, s2, floats, x_give, x_take, dh, BAR_PAIR + sm)
                     # mask and score mod on this warp's keys, their row maxima to Mx[dh]
-                    score_rows(s, floats, MX_OFF + BLOCK_M * dh, float32(1.0), fold, sm_scale,
+                    score_rows(s, floats, MX_OFF + BLOCK_M * dh * (4 if LANE_MAX else 1),
+                               float32(1.0), fold, sm_scale,
                                cls, b, 16 * sm + gr, r0, nrows, length, nq,
                                k0 + SUB * h + 16 * dh, k1, bias, tq, tid)
                     mx0 = mx1 = mx2 = mx3 = float32(NEG_INF)
-                    if MAX_EARLY:  # (the pair's maxima in: loaded now, taken after S below)
+                    if LANE_MAX:  # (the pair's 8 lanes' maxima of each row, taken now)
+                        ptx.bar_sync(BAR_PAIR + sm, 64)
+                        mx0 = lanes_max(floats, base + 4 * (MX_OFF + 4 * (16 * sm + gr)))
+                        mx1 = lanes_max(floats, base + 4 * (MX_OFF + 4 * (BLOCK_M + 16 * sm + gr)))
+                        mx2 = lanes_max(floats, base + 4 * (MX_OFF + 4 * (16 * sm + gr + 8)))
+                        mx3 = lanes_max(floats, base + 4 * (MX_OFF + 4 * (BLOCK_M + 16 * sm + gr
+                                                                          + 8)))
+                    elif MAX_EARLY:  # (the pair's maxima in: loaded now, taken after S below)
                         ptx.bar_sync(BAR_PAIR + sm, 64)
                         mx0 = floats[MX_OFF + 16 * sm + gr]
                         mx1 = floats[MX_OFF + BLOCK_M + 16 * sm + gr]
@@ -350,6 +377,12 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     j += 1
                 t = t_next
             # the final row sums of each half and the max, for the V warps
+            if SUMS_LATE:  # (each lane's so far: its keys')
+                for half in range(2):
+                    l_own[half] += ptx.shfl_xor(l_own[half], 1, tid)
+                    l_rnd[half] += ptx.shfl_xor(l_rnd[half], 1, tid)
+                    l_own[half] += ptx.shfl_xor(l_own[half], 2, tid)
+                    l_rnd[half] += ptx.shfl_xor(l_rnd[half], 2, tid)
             if tq == 0:
                 for half in range(2):
                     i = 16 * sm + gr + 8 * half
@@ -442,5 +475,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
 
     # what this kernel was built with (the tests ask which form the selector launched)
     partition_kernel.form = dict(stages=stages, wide=wide, s_chains=s_chains, s_ahead=s_ahead,
-                                 v_warps=v_warps, max_early=max_early, p_ftz=p_ftz)
+                                 v_warps=v_warps, max_early=max_early, p_ftz=p_ftz,
+                                 sums_late=sums_late, lane_max=lane_max)
     return partition_kernel
