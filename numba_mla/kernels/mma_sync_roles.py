@@ -47,7 +47,8 @@ j + 1 (only the two warps of a m16 tile touch its rows of Mx). Shared memory (by
     Ks  [NS][32][ROWW]   the key rows of NS sub-tiles (the first 512 dims are V)
     Ps  [2][32][PW]      P of two sub-tiles, 16-bit (32 keys: 16 words + 4 padding a row)
     Al  [2][32] f32      each row's alpha for those sub-tiles
-    Mx  [2][32] f32      the row maxima of each key half (dh) of the sub-tile
+    Mx  [2][32][4] f32   the row maxima of each key half (dh) of the sub-tile (LANE_MAX: each
+                         lane's, tq; else the quad's, in the first 64 words)
     Xs  [4][2][32][4] f32  the partial scores passed between the score warps of a pair
     Lf  [2][32] f32, Mf [32] f32   the final row sums of each half, the final max
     Lr  [2][32] f32      the final row sums of each half of P as rounded to 16 bits
