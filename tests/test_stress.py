@@ -191,6 +191,31 @@ def test_gpu_large_scores(dtype, backend, kind, heads, rng):
         assert_one_hot_rows_exact(p, out, causal=True)
 
 
+@pytest.mark.kernel
+@pytest.mark.parametrize("ahead", [False, True], ids=["s_in_turn", "s_ahead"])
+@pytest.mark.parametrize("flags", [
+    {},  # (the default: each lane's maxima, read early)
+    dict(LANE_MAX=False),  # (the quad's maxima, read early)
+    dict(MAX_EARLY=False, SUMS_LATE=False, P_FTZ=False),  # (the form before them)
+], ids=["lane_max", "early_quad_max", "late_max"])
+def test_mma_sync_roles_large_scores(flags, ahead, rng, monkeypatch):
+    """The mma_sync kernel's split-role form (20 query rows: 32 a block) on scores 10^4 apart
+    (q and keys x100, fp16: P of a row's lesser keys underflows, a max too low by more than
+    16 would overflow P), in each form of its softmax's row maxima and with S of the next
+    sub-tile ahead and in turn: right against the references, and each one-hot row exactly
+    its key's V. A max of the wrong lanes or of one warp of the pair fails here where
+    ordinary scores hide it (the lagging reference max and the division by P as rounded
+    absorb a small error)."""
+    from numba_mla.kernels import mma_sync_roles
+
+    for name, value in dict(flags, S_AHEAD=ahead).items():
+        monkeypatch.setattr(mma_sync_roles, name, value)
+    p = large_x100(rng, "fp16", 2, 1, 20, [100, 37], 16)
+    out, _, _ = check(p, "mma_sync", mask=nm.CausalMask(), num_partitions=1)
+    assert np.isfinite(f64(out)).all()
+    assert_one_hot_rows_exact(p, out, causal=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # One key
 # ---------------------------------------------------------------------------------------------

@@ -285,6 +285,7 @@ def make_write_p(pack, unpack=None, exp2=math.exp2, quad=True):
     2^-126 flushed to zero). ``quad`` False (with ``unpack``): the two sums of this lane's 4
     keys only, the quad's sum left to the caller (a sum of them, rescaled alike in the 4
     lanes, adds up after the walk)."""
+    assert quad or unpack is not None, "quad=False: the rounded form's only"
     if unpack is not None:
         @cuda.jit(device=True, **INLINE)
         def write_p_rounded(s, words, half, m_ref, p_at, tq, tid):

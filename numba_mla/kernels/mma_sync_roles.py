@@ -136,7 +136,7 @@ def smem_bytes(stages=4):
 
 def stages_that_fit(limit):
     """The most stages whose block fits ``limit`` bytes of shared memory a block (4 on an
-    H100 or H200: 197 KB; 3 on an A100: 160 KB of its 163), or 0 (an Ada GPU's 99 KB)."""
+    H100 or H200: 198 KB; 3 on an A100: 161 KB of its 163), or 0 (an Ada GPU's 99 KB)."""
     return max((n for n in STAGES if smem_bytes(n) <= limit), default=0)
 
 
