@@ -425,7 +425,7 @@ def main():
     # form no GPU runs today, is S in turn: it checks that form's instructions)
     from numba_mla.kernels import mma_sync_roles
 
-    # (and the form with eight V warps, untimed and off: 12 warps a block at 168 registers)
+    # (and the form with eight V warps, off: 12 warps a block at 168 registers)
     default_ahead, default_v_warps = mma_sync_roles.S_AHEAD, mma_sync_roles.V_WARPS
     for stages, cc, v_warps in ((3, (8, 0), 4), (4, (8, 0), 4), (4, (9, 0), 4), (4, (9, 0), 8)):
         mma_sync_roles.S_AHEAD = default_ahead and cc >= (9, 0)
