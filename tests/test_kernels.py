@@ -500,9 +500,10 @@ def test_mma_sync_roles_softmax_forms(flags, order, rng, monkeypatch):
 @pytest.mark.parametrize("order", ["low", "high"])
 def test_mma_sync_roles_eight_v_warps(order, rng, monkeypatch):
     """The split-role form with eight V warps of 64 dims (``mma_sync_roles.V_WARPS = 8``,
-    off: 12 warps a block, 1.03-1.05x the time of four on an H100) matches the reference with the score warps run ahead of the
-    V warps and behind them: one partition of three tiles, the last partial, beside an empty
-    sequence; 17 query rows (the second m16 tile one row)."""
+    off: 12 warps a block, 1.03-1.05x the time of four on an H100) matches the reference
+    with the score warps run ahead of the V warps and behind them: one partition of three
+    tiles, the last partial, beside an empty sequence; 17 query rows (the second m16 tile
+    one row)."""
     from numba_mla import _numba
 
     monkeypatch.setattr(mma_sync_roles, "V_WARPS", 8)
