@@ -191,6 +191,35 @@ def make_issue(locate, wide, nthreads, rows, region, row_bytes, src_bytes):
     return issue
 
 
+def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes):
+    """``issue(words, dst, storage, block_table, b, k0, k1, src0, tid)``: ``make_issue``'s copy
+    (16-byte pieces, the same pieces of the same rows), with what a thread's copies share
+    computed once by its caller: ``dst`` the shared address of this thread's first piece
+    (its row tid // 8 of the stage, piece tid % 8), ``src0`` the global address of the
+    storage's first row plus piece tid % 8; ``k0``, ``k1`` int32. Each row's index is
+    32-bit arithmetic (``ptx.row_addr``; rows ``src_bytes`` apart: a C-contiguous storage of
+    rows as they are), where ``make_issue``'s 64-bit indices and addresses took about 70
+    instructions a row (the split-role form's sm_90 SASS)."""
+    rows_a_pass = nthreads // 8  # key rows a pass copies (8 lanes a row)
+    assert rows % rows_a_pass == 0 and src_bytes % 128 == 0
+    passes = src_bytes // 128  # a thread's pieces of a row (16 bytes, 8 lanes a row)
+
+    @cuda.jit(device=True, **INLINE)
+    def issue(words, dst, storage, block_table, b, k0, k1, src0, tid):
+        npages, page_size = storage.shape[0], storage.shape[1]
+        for j in range(rows // rows_a_pass):
+            key = k0 + (tid // 8 + rows_a_pass * j)
+            page, slot = locate(block_table, page_size, npages, b, ptx.min_i32(key, k1 - 1))
+            src = ptx.row_addr(src0, page, page_size, slot, src_bytes)
+            ok = ptx.lt_i32(key, k1)
+            for u in range(passes):
+                ptx.cp_async16_at(words, dst + row_bytes * rows_a_pass * j + 128 * u,
+                                  src + 128 * u, ok)
+        ptx.cp_async_commit()
+
+    return issue
+
+
 def make_q_copy(block_m, nthreads, region):
     """``copy_q(words, base, q, row0, r0, nrows, H, tid)``: the block's ``block_m`` query rows
     (flattened rows r0 .. r0 + nrows of the sequence whose first token is ``row0``; zeros
@@ -236,14 +265,16 @@ def pass_partials(s, s2, floats, x_give, x_take, dh, barrier):
         s[4 * j + 3] = (s2[11 + 4 * j] if dh else s2[4 * j + 3]) + x3
 
 
-def make_score_rows(log2_score, heads, lane_max=False):
+def make_score_rows(log2_score, heads, lane_max=False, n8s=2):
     """``score_rows(s, floats, mx_at, folded, fold, sm_scale, cls, b, row, r0, nrows, length,
     nq, key0, k1, bias, tq, tid)``: a warp's 16 keys of S (``s``: rows ``row`` and ``row`` + 8
     of the block, keys key0 + 8 n8 + 2 tq (+ 1) at s[4 n8 + 2 half (+ 1)]) times ``folded``,
     masked and score-modded in log2 units (NEG_INF past ``nrows`` and ``k1``), in place; each
     row's max of them to ``floats[mx_at + row (+ 8)]`` (lanes tq == 0); with ``lane_max``,
-    each lane's max of its own 4 to ``floats[mx_at + 4 (row (+ 8)) + tq]``, no shuffles."""
+    each lane's max of its own to ``floats[mx_at + 4 (row (+ 8)) + tq]``, no shuffles.
+    ``n8s``: the n8 tiles of keys the warp holds (2: 16 keys; 1: 8, at s[2 half (+ 1)])."""
     H = heads
+    assert n8s in (1, 2), n8s
 
     @cuda.jit(device=True, **INLINE)
     def score_rows(s, floats, mx_at, folded, fold, sm_scale, cls, b, row, r0, nrows, length,
@@ -254,7 +285,7 @@ def make_score_rows(log2_score, heads, lane_max=False):
             qi, h = r // H, r % H
             q_pos = length - nq + qi
             row_max = float32(NEG_INF)
-            for k in range(4):  # this row's 4 scores: n8 tile k // 2, key 2 tq + k % 2
+            for k in range(2 * n8s):  # this row's scores: n8 tile k // 2, key 2 tq + k % 2
                 e = 4 * (k // 2) + 2 * half + k % 2
                 key = key0 + 8 * (k // 2) + 2 * tq + k % 2
                 x = float32(NEG_INF)
@@ -274,7 +305,7 @@ def make_score_rows(log2_score, heads, lane_max=False):
     return score_rows
 
 
-def make_write_p(pack, unpack=None, exp2=math.exp2, quad=True):
+def make_write_p(pack, unpack=None, exp2=math.exp2, quad=True, n8s=2):
     """``write_p(s, words, half, m_ref, p_at, tq, tid)``: P = 2^(s - m_ref) of a warp's 16
     keys in row ``half`` of its m16 tile's pair of rows (``s`` as in ``score_rows``), packed
     as 16-bit pairs (``pack``) into words ``p_at + 4 n8 + tq`` (n8 = 0, 1); returns the row's
@@ -284,14 +315,16 @@ def make_write_p(pack, unpack=None, exp2=math.exp2, quad=True):
     P divides out). ``exp2``: 2^x (math.exp2, or ptx.exp2_ftz: one instruction, results below
     2^-126 flushed to zero). ``quad`` False (with ``unpack``): the two sums of this lane's 4
     keys only, the quad's sum left to the caller (a sum of them, rescaled alike in the 4
-    lanes, adds up after the walk)."""
+    lanes, adds up after the walk). ``n8s`` as in ``make_score_rows`` (1: 8 keys, a word at
+    ``p_at + tq``; the rounded form only)."""
     assert quad or unpack is not None, "quad=False: the rounded form's only"
+    assert n8s == 2 or unpack is not None, "n8s=1 (8 keys, one word a lane): the rounded form's"
     if unpack is not None:
         @cuda.jit(device=True, **INLINE)
         def write_p_rounded(s, words, half, m_ref, p_at, tq, tid):
             row_sum = float32(0.0)
             row_rnd = float32(0.0)
-            for n8 in range(2):
+            for n8 in range(n8s):
                 x0 = exp2(s[4 * n8 + 2 * half] - m_ref)
                 x1 = exp2(s[4 * n8 + 2 * half + 1] - m_ref)
                 row_sum += x0 + x1

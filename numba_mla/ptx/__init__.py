@@ -22,13 +22,14 @@ Modules, by topic (each opens with the list of its primitives):
 - ``tma``: tensor maps and bulk tensor copies.
 - ``mma_sync``: warp products (``mma.sync`` m16n8k16) and ``ldmatrix`` (kernels/mma_sync.py).
 - ``arith``: 32-bit ``divmod``, ``rcp`` and ``exp2_ftz`` without subroutine calls; byte
-  permutes (``prmt``).
+  permutes (``prmt``); a row's address from a 32-bit index.
 
 Every primitive is importable from ``numba_mla.ptx`` itself (``ptx.lds128(...)``).
 """
 from .accumulators import (acc_col, acc_row, acc_scale, acc_scale_cols, acc_scale_halves,
                            acc_store, acc_zero)
-from .arith import byte_perm, divmod_u32, exp2_ftz, opaque_i32, rcp
+from .arith import (byte_perm, divmod_u32, exp2_ftz, lt_i32, min_i32, opaque_i32, rcp,
+                    row_addr)
 from .barriers import (bar_arrive, bar_sync, grid_dependency_wait, mbar_expect_tx,
                        mbar_fence_init, mbar_init, mbar_try_wait, set_max_registers)
 from .conversions import (bf16_to_f32, bf16x2_to_f32, f16_to_f32, f16x2_to_f32, f32_to_bf16,
@@ -71,5 +72,6 @@ __all__ = [
     # mma.sync
     "mma_m16n8k16", "ldmatrix_x2", "ldmatrix_x2_trans", "ldmatrix_x4", "ldmatrix_x4_trans",
     # arithmetic
-    "divmod_u32", "rcp", "exp2_ftz", "byte_perm", "opaque_i32",
+    "divmod_u32", "rcp", "exp2_ftz", "byte_perm", "opaque_i32", "row_addr",
+    "min_i32", "lt_i32",
 ]

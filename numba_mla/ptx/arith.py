@@ -10,6 +10,13 @@
 - ``byte_perm(sel)`` -> ``perm(a, b)``: ``prmt.b32`` with the constant selector ``sel``: byte
   k of the result is byte ``(sel >> 4k) & 7`` of the pair (bytes 0-3 of ``a``, 4-7 of ``b``);
   e.g. 0x5140 interleaves the low bytes of two words (a0 b0 a1 b1), 0x7362 the high ones.
+- ``row_addr(base, page, rows, slot, nbytes)``: the address ``base + (page rows + slot)
+  nbytes`` (a row of a C-contiguous array of ``rows`` rows a page, ``nbytes`` apart), the row
+  index in 32-bit arithmetic (page rows + slot < 2**32) and one widening multiply; Python's
+  ints would make it a 64-bit product of 64-bit indices.
+- ``min_i32(a, b)``, ``lt_i32(a, b)``: ``min(a, b)`` and ``a < b`` of the low 32 bits, as
+  32-bit instructions (Numba widens int32 arithmetic to 64 bits, and a comparison or min of
+  64-bit sums stays 64-bit: two instructions each, with the carries).
 - ``opaque_i32(x)``: ``x`` through a ``mov.b32`` the compiler keeps where it stands (volatile
   asm): what is computed from the result is computed there, not hoisted out of a loop into
   registers held across it.
@@ -84,6 +91,56 @@ def byte_perm(sel):
         return types.int32(a, b), cg
 
     return perm
+
+
+def _row_addr_twin(base, page, rows, slot, nbytes):
+    return base + (int(page) * int(rows) + int(slot)) % 2 ** 32 * int(nbytes)
+
+
+@intrinsic_with_twin(_row_addr_twin)
+def row_addr(typingctx, base, page, rows, slot, nbytes):
+    def cg(ctx, bld, s, args):
+        p, r, k = (bld.trunc(ctx.cast(bld, v, t, types.int64), i32)
+                   for v, t in zip(args[1:4], s.args[1:4]))
+        row = bld.zext(bld.add(bld.mul(p, r), k), ir.IntType(64))
+        nbytes = ctx.cast(bld, args[4], s.args[4], types.int64)
+        return bld.add(ctx.cast(bld, args[0], s.args[0], types.int64), bld.mul(row, nbytes))
+
+    return types.int64(base, page, rows, slot, nbytes), cg
+
+
+def _i32(x):
+    return (int(x) + 2 ** 31) % 2 ** 32 - 2 ** 31
+
+
+def _min_i32_twin(a, b):
+    return min(_i32(a), _i32(b))
+
+
+def _lt_i32_twin(a, b):
+    return _i32(a) < _i32(b)
+
+
+def _low32(ctx, bld, s, args):
+    return [bld.trunc(ctx.cast(bld, v, t, types.int64), i32) for v, t in zip(args, s.args)]
+
+
+@intrinsic_with_twin(_min_i32_twin)
+def min_i32(typingctx, a, b):
+    def cg(ctx, bld, s, args):
+        x, y = _low32(ctx, bld, s, args)
+        return bld.select(bld.icmp_signed("<", x, y), x, y)
+
+    return types.int32(a, b), cg
+
+
+@intrinsic_with_twin(_lt_i32_twin)
+def lt_i32(typingctx, a, b):
+    def cg(ctx, bld, s, args):
+        x, y = _low32(ctx, bld, s, args)
+        return bld.icmp_signed("<", x, y)
+
+    return types.boolean(a, b), cg
 
 
 def _opaque_i32_twin(x):
