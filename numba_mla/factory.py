@@ -225,14 +225,13 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     four warps score and four multiply by V; 16-bit rows) for this configuration, arguments
     as for ``mma_sync_partition_kernel``; ``stages`` of key rows (4, or 3 on an A100); its S
     in the module's ``S_CHAINS`` accumulator chains, ahead of P or not (``S_AHEAD``, with four
-    stages: the three-stage form's sm_80 build would spill), by ``SCORE_WARPS`` score warps
-    and ``V_WARPS`` V warps, with
+    stages: the three-stage form's sm_80 build would spill), by ``V_WARPS`` V warps, with
     ``MAX_EARLY``, ``P_FTZ``, ``SUMS_LATE`` and ``LANE_MAX`` (all read here, so part of the
     key)."""
     from .kernels import mma_sync_roles
 
     chains, ahead = mma_sync_roles.S_CHAINS, mma_sync_roles.S_AHEAD and stages == 4
-    v_warps, score_warps = mma_sync_roles.V_WARPS, mma_sync_roles.SCORE_WARPS
+    v_warps = mma_sync_roles.V_WARPS
     early, ftz, late = mma_sync_roles.MAX_EARLY, mma_sync_roles.P_FTZ, mma_sync_roles.SUMS_LATE
     lane_max = mma_sync_roles.LANE_MAX and early
 
@@ -241,13 +240,12 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
             tag=tag, store=_output_store(tag, direct), heads=heads, wide=bool(wide),
             stages=stages, s_chains=chains, s_ahead=ahead, v_warps=v_warps,
             max_early=early, p_ftz=ftz, sums_late=late, lane_max=lane_max,
-            score_warps=score_warps, **_device_functions(mask, score_mod, cache_cls))
+            **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("mma_sync_roles", tag, heads, direct, bool(wide), stages)
                    + ((("s_chains", chains),) if chains != 4 else ())
                    + ((("s_ahead", True),) if ahead else ())
                    + ((("v_warps", v_warps),) if v_warps != 4 else ())
-                   + ((("score_warps", score_warps),) if score_warps != 4 else ())
                    + ((("max_early", False),) if not early else ())
                    + ((("p_ftz", False),) if not ftz else ())
                    + ((("sums_late", False),) if not late else ())

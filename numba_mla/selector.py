@@ -488,11 +488,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
 
             disp = factory.mma_sync_roles_partition_kernel(mask, mod, tag, cache_cls, H, direct,
                                                            facts.cache_aligned16, roles)
-            form = disp.form
-            spec = KernelSpec("mma_sync_roles", disp,
-                              mma_sync_roles.threads(form["v_warps"], form["score_warps"]),
-                              mma_sync_roles.smem_bytes(roles, form["score_warps"]), q_pairs=True,
-                              tma=False,
+            spec = KernelSpec("mma_sync_roles", disp, mma_sync_roles.threads(disp.form["v_warps"]),
+                              mma_sync_roles.smem_bytes(roles), q_pairs=True, tma=False,
                               **common)
             # where the form spills (a score mod with much arithmetic), the lockstep 32-row
             # block, where it fits (the same rows a block and one block a multiprocessor)

@@ -516,29 +516,6 @@ def test_mma_sync_roles_eight_v_warps(order, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("order", ["low", "high"])
-def test_mma_sync_roles_sixteen_warps(order, rng, monkeypatch):
-    """The split-role form with eight score warps, each of a m16 tile's four over a quarter
-    of the dims (``mma_sync_roles.SCORE_WARPS = 8``, off), and eight V warps: 16 warps a
-    block. The four warps of a m16 tile pass each other the partial scores of the keys each
-    owns (8 of a sub-tile's 32) and read each other's row maxima; it matches the reference
-    with the score warps run ahead of the V warps and behind them: one partition of three
-    tiles, the last partial, beside an empty sequence; 17 query rows (the second m16 tile
-    one row)."""
-    from numba_mla import _numba
-
-    monkeypatch.setattr(mma_sync_roles, "V_WARPS", 8)
-    monkeypatch.setattr(mma_sync_roles, "SCORE_WARPS", 8)
-    specs = launched_specs(monkeypatch)
-    p = make_problem(rng, 2, 1, 17, [133, 0], DTYPES["fp16"], "paged", 16)
-    with _numba.sim_turn_order(order):
-        check_kernel(p, nm.CausalMask(), SCORE_MODS["alibi"].make(p), 1, "mma_sync")
-    assert [(s.backend, s.dispatcher.form["score_warps"], s.dispatcher.form["v_warps"],
-             s.threads) for s in specs] == [("mma_sync_roles", 8, 8, 512)], (
-        "expected the split-role kernel with eight score warps and eight V warps")
-
-
-@KERNEL
 def test_mma_sync_roles_falls_back_when_it_spills(rng, monkeypatch):
     """Where the mma_sync kernel's split-role form would spill (a score mod with much
     arithmetic), the lockstep 32-row block runs in its place, and matches the reference."""
@@ -1123,7 +1100,7 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
     assert [(spec.backend, spec.dispatcher.form) for spec in specs] == [
         ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead,
                                 v_warps=4, max_early=True, p_ftz=True, sums_late=True,
-                                lane_max=True, score_warps=4))], (
+                                lane_max=True))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

@@ -265,16 +265,14 @@ def pass_partials(s, s2, floats, x_give, x_take, dh, barrier):
         s[4 * j + 3] = (s2[11 + 4 * j] if dh else s2[4 * j + 3]) + x3
 
 
-def make_score_rows(log2_score, heads, lane_max=False, n8s=2):
+def make_score_rows(log2_score, heads, lane_max=False):
     """``score_rows(s, floats, mx_at, folded, fold, sm_scale, cls, b, row, r0, nrows, length,
     nq, key0, k1, bias, tq, tid)``: a warp's 16 keys of S (``s``: rows ``row`` and ``row`` + 8
     of the block, keys key0 + 8 n8 + 2 tq (+ 1) at s[4 n8 + 2 half (+ 1)]) times ``folded``,
     masked and score-modded in log2 units (NEG_INF past ``nrows`` and ``k1``), in place; each
     row's max of them to ``floats[mx_at + row (+ 8)]`` (lanes tq == 0); with ``lane_max``,
-    each lane's max of its own to ``floats[mx_at + 4 (row (+ 8)) + tq]``, no shuffles.
-    ``n8s``: the n8 tiles of keys the warp holds (2: 16 keys; 1: 8, at s[2 half (+ 1)])."""
+    each lane's max of its own 4 to ``floats[mx_at + 4 (row (+ 8)) + tq]``, no shuffles."""
     H = heads
-    assert n8s in (1, 2), n8s
 
     @cuda.jit(device=True, **INLINE)
     def score_rows(s, floats, mx_at, folded, fold, sm_scale, cls, b, row, r0, nrows, length,
@@ -285,7 +283,7 @@ def make_score_rows(log2_score, heads, lane_max=False, n8s=2):
             qi, h = r // H, r % H
             q_pos = length - nq + qi
             row_max = float32(NEG_INF)
-            for k in range(2 * n8s):  # this row's scores: n8 tile k // 2, key 2 tq + k % 2
+            for k in range(4):  # this row's 4 scores: n8 tile k // 2, key 2 tq + k % 2
                 e = 4 * (k // 2) + 2 * half + k % 2
                 key = key0 + 8 * (k // 2) + 2 * tq + k % 2
                 x = float32(NEG_INF)
@@ -305,7 +303,7 @@ def make_score_rows(log2_score, heads, lane_max=False, n8s=2):
     return score_rows
 
 
-def make_write_p(pack, unpack=None, exp2=math.exp2, quad=True, n8s=2):
+def make_write_p(pack, unpack=None, exp2=math.exp2, quad=True):
     """``write_p(s, words, half, m_ref, p_at, tq, tid)``: P = 2^(s - m_ref) of a warp's 16
     keys in row ``half`` of its m16 tile's pair of rows (``s`` as in ``score_rows``), packed
     as 16-bit pairs (``pack``) into words ``p_at + 4 n8 + tq`` (n8 = 0, 1); returns the row's
@@ -315,16 +313,14 @@ def make_write_p(pack, unpack=None, exp2=math.exp2, quad=True, n8s=2):
     P divides out). ``exp2``: 2^x (math.exp2, or ptx.exp2_ftz: one instruction, results below
     2^-126 flushed to zero). ``quad`` False (with ``unpack``): the two sums of this lane's 4
     keys only, the quad's sum left to the caller (a sum of them, rescaled alike in the 4
-    lanes, adds up after the walk). ``n8s`` as in ``make_score_rows`` (1: 8 keys, a word at
-    ``p_at + tq``; the rounded form only)."""
+    lanes, adds up after the walk)."""
     assert quad or unpack is not None, "quad=False: the rounded form's only"
-    assert n8s == 2 or unpack is not None, "n8s=1 (8 keys, one word a lane): the rounded form's"
     if unpack is not None:
         @cuda.jit(device=True, **INLINE)
         def write_p_rounded(s, words, half, m_ref, p_at, tq, tid):
             row_sum = float32(0.0)
             row_rnd = float32(0.0)
-            for n8 in range(n8s):
+            for n8 in range(2):
                 x0 = exp2(s[4 * n8 + 2 * half] - m_ref)
                 x1 = exp2(s[4 * n8 + 2 * half + 1] - m_ref)
                 row_sum += x0 + x1
