@@ -497,20 +497,6 @@ def test_mma_sync_roles_softmax_forms(flags, order, rng, monkeypatch):
 
 
 @KERNEL
-def test_mma_sync_roles_rows_looked_up_in_turn(rng, monkeypatch):
-    """The split-role form with each copy's rows looked up where the copy starts
-    (``mma_sync_roles.LOOK_AHEAD = False``: after P V, not before the wait for P) matches the
-    reference: three tiles, the last partial, pages of 16 keys (two lookups a thread's
-    copy in different pages), beside an empty sequence."""
-    monkeypatch.setattr(mma_sync_roles, "LOOK_AHEAD", False)
-    specs = launched_specs(monkeypatch)
-    p = make_problem(rng, 2, 1, 20, [150, 0], BF16, "paged", 16)
-    check_kernel(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
-    assert [(s.backend, s.dispatcher.form["look_ahead"]) for s in specs] == [
-        ("mma_sync_roles", False)], "expected the split-role kernel, rows looked up in turn"
-
-
-@KERNEL
 @pytest.mark.parametrize("order", ["low", "high"])
 def test_mma_sync_roles_eight_v_warps(order, rng, monkeypatch):
     """The split-role form with eight V warps of 64 dims (``mma_sync_roles.V_WARPS = 8``,
@@ -1114,7 +1100,7 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
     assert [(spec.backend, spec.dispatcher.form) for spec in specs] == [
         ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead,
                                 v_warps=4, max_early=True, p_ftz=True, sums_late=True,
-                                lane_max=True, look_ahead=wide))], (
+                                lane_max=True))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

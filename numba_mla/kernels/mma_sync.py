@@ -192,52 +192,32 @@ def make_issue(locate, wide, nthreads, rows, region, row_bytes, src_bytes):
 
 
 def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes):
-    """``(issue, look, start)``: ``issue(words, dst, storage, block_table, b, k0, k1, src0,
-    tid)`` is ``make_issue``'s copy (16-byte pieces, the same pieces of the same rows), with
-    what a thread's copies share computed once by its caller: ``dst`` the shared address of
-    this thread's first piece (its row tid // 8 of the stage, piece tid % 8), ``src0`` the
-    global address of the storage's first row plus piece tid % 8; ``k0``, ``k1`` int32. Each
-    row's index is 32-bit arithmetic (``ptx.row_addr``; rows ``src_bytes`` apart: a
-    C-contiguous storage of rows as they are), where ``make_issue``'s 64-bit indices and
-    addresses took about 70 instructions a row (the split-role form's sm_90 SASS). ``issue``
-    is ``start(words, dst, storage, k0, k1, *look(storage, block_table, b, k0, k1, tid), src0,
-    tid)``: ``look`` finds this thread's rows (page and slot of each of two passes; the
-    block table's loads), ``start`` issues their copies, so that a caller can look a copy's
-    rows up before it may start the copy."""
+    """``issue(words, dst, storage, block_table, b, k0, k1, src0, tid)``: ``make_issue``'s copy
+    (16-byte pieces, the same pieces of the same rows), with what a thread's copies share
+    computed once by its caller: ``dst`` the shared address of this thread's first piece
+    (its row tid // 8 of the stage, piece tid % 8), ``src0`` the global address of the
+    storage's first row plus piece tid % 8; ``k0``, ``k1`` int32. Each row's index is
+    32-bit arithmetic (``ptx.row_addr``; rows ``src_bytes`` apart: a C-contiguous storage of
+    rows as they are), where ``make_issue``'s 64-bit indices and addresses took about 70
+    instructions a row (the split-role form's sm_90 SASS)."""
     rows_a_pass = nthreads // 8  # key rows a pass copies (8 lanes a row)
-    n_pass = rows // rows_a_pass
-    assert n_pass in (1, 2) and rows % rows_a_pass == 0 and src_bytes % 128 == 0
+    assert rows % rows_a_pass == 0 and src_bytes % 128 == 0
     passes = src_bytes // 128  # a thread's pieces of a row (16 bytes, 8 lanes a row)
 
     @cuda.jit(device=True, **INLINE)
-    def look(storage, block_table, b, k0, k1, tid):
+    def issue(words, dst, storage, block_table, b, k0, k1, src0, tid):
         npages, page_size = storage.shape[0], storage.shape[1]
-        key = k0 + tid // 8
-        p0, s0 = locate(block_table, page_size, npages, b, ptx.min_i32(key, k1 - 1))
-        p1, s1 = p0, s0
-        if n_pass == 2:
-            p1, s1 = locate(block_table, page_size, npages, b,
-                            ptx.min_i32(key + rows_a_pass, k1 - 1))
-        return p0, s0, p1, s1
-
-    @cuda.jit(device=True, **INLINE)
-    def start(words, dst, storage, k0, k1, p0, s0, p1, s1, src0, tid):
-        page_size = storage.shape[1]
-        for j in range(n_pass):
-            src = ptx.row_addr(src0, p0 if j == 0 else p1, page_size, s0 if j == 0 else s1,
-                               src_bytes)
-            ok = ptx.lt_i32(k0 + (tid // 8 + rows_a_pass * j), k1)
+        for j in range(rows // rows_a_pass):
+            key = k0 + (tid // 8 + rows_a_pass * j)
+            page, slot = locate(block_table, page_size, npages, b, ptx.min_i32(key, k1 - 1))
+            src = ptx.row_addr(src0, page, page_size, slot, src_bytes)
+            ok = ptx.lt_i32(key, k1)
             for u in range(passes):
                 ptx.cp_async16_at(words, dst + row_bytes * rows_a_pass * j + 128 * u,
                                   src + 128 * u, ok)
         ptx.cp_async_commit()
 
-    @cuda.jit(device=True, **INLINE)
-    def issue(words, dst, storage, block_table, b, k0, k1, src0, tid):
-        p0, s0, p1, s1 = look(storage, block_table, b, k0, k1, tid)
-        start(words, dst, storage, k0, k1, p0, s0, p1, s1, src0, tid)
-
-    return issue, look, start
+    return issue
 
 
 def make_q_copy(block_m, nthreads, region):

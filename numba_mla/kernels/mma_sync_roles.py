@@ -105,10 +105,6 @@ SUMS_LATE = True
 # (with MAX_EARLY) each lane stores the max of its own keys of a row and the pair reads all
 # four lanes' of both halves (two 16-byte loads a row), rather than two shuffles a row first
 LANE_MAX = True
-# the V warps look up the rows of the copy they issue after P V of sub-tile j (the block
-# table's loads, whose latency the profile put under a third of the copy region's samples)
-# before their wait for P of j, where they wait anyway (16-byte aligned caches)
-LOOK_AHEAD = True
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
 # named barriers (0 is the block's)
@@ -192,7 +188,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                           score_mod, fold_scale, heads, wide=True, stages=4, key_count=None,
                           s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS,
                           max_early=MAX_EARLY, p_ftz=P_FTZ, sums_late=SUMS_LATE,
-                          lane_max=LANE_MAX, look_ahead=LOOK_AHEAD):
+                          lane_max=LANE_MAX):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
@@ -200,9 +196,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     or 8, ``V_WARPS``; ``max_early``: the pair's maxima read before S of the next sub-tile,
     ``MAX_EARLY``; ``p_ftz``: P and alpha by ``ptx.exp2_ftz``, ``P_FTZ``; ``sums_late``: the
     row sums added across a quad once, after the walk, ``SUMS_LATE``; ``lane_max``: each
-    lane's row maxima to the pair, not the quad's, ``LANE_MAX``, with ``max_early`` only;
-    ``look_ahead``: each copy's rows looked up before the V warps' wait for P, ``LOOK_AHEAD``,
-    16-byte aligned caches only)."""
+    lane's row maxima to the pair, not the quad's, ``LANE_MAX``, with ``max_early`` only)."""
     lane_max = lane_max and max_early
     assert v_warps in (4, 8), v_warps
     NT = threads(v_warps)
@@ -236,12 +230,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     zero_acc = ptx.acc_zero(NACC)
     # (a 16-byte aligned cache: the copy's shared and global bases a thread computed once)
     WIDE = wide
-    LOOK_AHEAD = wide and look_ahead
-    if wide:
-        issue, look, start = make_issue_rows(locate, NT - SCORE_THREADS, SUB, ROW_BYTES, 4 * WORDS)
-    else:
-        issue = make_issue(locate, wide, NT - SCORE_THREADS, SUB, K_OFF, ROW_BYTES, 4 * WORDS)
-        look = start = None
+    issue = (make_issue_rows(locate, NT - SCORE_THREADS, SUB, ROW_BYTES, 4 * WORDS) if wide
+             else make_issue(locate, wide, NT - SCORE_THREADS, SUB, K_OFF, ROW_BYTES, 4 * WORDS))
 
     @cuda.jit(device=True, **INLINE)
     def lanes_max(floats, at):
@@ -273,29 +263,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                       vtid)
             else:
                 issue(words, base, KS_BYTES * stage, storage, block_table, b, k0, k1, vtid)
-        else:
-            ptx.cp_async_commit()
-
-    @cuda.jit(device=True, **INLINE)
-    def look_sub(storage, block_table, b, kstart, kend, t, t_end, h, vtid):
-        """``issue_sub``'s first half (``WIDE``): sub-tile (t, h)'s keys and this thread's rows
-        of it looked up, ``(k0, k1, p0, s0, p1, s1)``; k1 = -1 where t is past the walk's end
-        (nothing looked up, nothing to copy)."""
-        k0 = ptx.min_i32(kstart + t * BLOCK_N + SUB * h, kend)
-        k1 = ptx.min_i32(k0 + SUB, kend)
-        p0 = s0 = p1 = s1 = int32(0)
-        if t < t_end:
-            p0, s0, p1, s1 = look(storage, block_table, b, k0, k1, vtid)
-        else:
-            k1 = int32(-1)
-        return k0, k1, p0, s0, p1, s1
-
-    @cuda.jit(device=True, **INLINE)
-    def start_sub(words, storage, k0, k1, p0, s0, p1, s1, j, dst0, src0, vtid):
-        """... and its second: the copy into stage j % NS (an empty group where k1 < 0)."""
-        if k1 >= 0:
-            start(words, dst0 + KS_BYTES * (j & 3 if NS == 4 else j % NS), storage, k0, k1, p0,
-                  s0, p1, s1, src0, vtid)
         else:
             ptx.cp_async_commit()
 
@@ -464,10 +431,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             j = 0
             while t < t_end:
                 for h in range(2):
-                    if LOOK_AHEAD:  # (sub-tile j + NS's rows, before the wait for P of j)
-                        ck0, ck1, cp0, cs0, cp1, cs1 = look_sub(
-                            storage, block_table, b, kstart, kend, t2 if h + NS >= 4 else t1,
-                            t_end, (h + AHEAD_HALF) % 2, vtid)
                     ptx.bar_sync(BAR_PREADY + h, NT)  # P and alpha of sub-tile j
                     if t1 < t_end:  # sub-tile j + 2's rows (copied since sub-tile j + 2 - NS)
                         if NS == 4:  # (all but the newest copy, j + 3's)
@@ -493,13 +456,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     if t1 < t_end:
                         ptx.bar_arrive(BAR_PFREE + h, NT)  # for sub-tile j + 2's P
                     ptx.bar_sync(BAR_VDONE, NT - SCORE_THREADS)  # every V warp is past j
-                    if LOOK_AHEAD:
-                        start_sub(words, storage, ck0, ck1, cp0, cs0, cp1, cs1, j + NS, dst0,
-                                  src0, vtid)
-                    else:
-                        issue_sub(words, base, storage, block_table, b, kstart, kend,
-                                  t2 if h + NS >= 4 else t1, t_end, (h + AHEAD_HALF) % 2,
-                                  j + NS, vtid, dst0, src0)
+                    issue_sub(words, base, storage, block_table, b, kstart, kend,
+                              t2 if h + NS >= 4 else t1, t_end, (h + AHEAD_HALF) % 2, j + NS,
+                              vtid, dst0, src0)
                     j += 1
                 t, t1 = t1, t2
                 t2 = next_tile(t2 + 1, t_end, kstart, kend, q_lo, q_hi) if t2 < t_end else t_end
@@ -530,6 +489,5 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     # what this kernel was built with (the tests ask which form the selector launched)
     partition_kernel.form = dict(stages=stages, wide=wide, s_chains=s_chains, s_ahead=s_ahead,
                                  v_warps=v_warps, max_early=max_early, p_ftz=p_ftz,
-                                 sums_late=sums_late, lane_max=lane_max,
-                                 look_ahead=LOOK_AHEAD)
+                                 sums_late=sums_late, lane_max=lane_max)
     return partition_kernel
