@@ -230,3 +230,28 @@ def test_index_ops(rng):
     assert got[60, 0] == -2**31 and got[60, 1] == 1  # (2^31 - 1 + 1 wraps to -2^31 < 0)
     rows = ((a & 0xFFFF) * (b & 0x7FFF) + (c & 0xFFFF)) % 2**32
     assert np.array_equal(got[:, 2], (1 << 40) + rows * 1152)
+
+
+def _probe_cp_async():
+    """scripts/probe_cp_async.py, loaded as a module."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                        "probe_cp_async.py")
+    spec = importlib.util.spec_from_file_location("_probe_cp_async", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    return probe
+
+
+@pytest.mark.kernel
+def test_probe_cp_async_copies_land_right(rng):
+    """scripts/probe_cp_async.py's copies (8, 16 or 32 lanes a row, ``cg`` and ``ca``) land
+    every word of every tile where its read-back looks: three tiles over two blocks, each
+    block's sum of its tiles as NumPy's, so its timings and wavefront counts are of copies
+    that did their work."""
+    probe = _probe_cp_async()
+    for lanes, op in probe.VARIANTS:
+        out, src, _ = probe.run(lanes, op, 3, 2, rng)
+        assert np.array_equal(out, probe.expected(src, 2)), (lanes, op)

@@ -1,0 +1,119 @@
+"""Probe: which lane layout lets ``cp.async`` write a key tile into shared memory at Nsight
+Compute's ideal count of wavefronts? (docs/kernels/mma_sync.md, "Next steps" item 9: the
+warp tensor-core kernel's copies take 2.6x that ideal, 26% of its shared wavefronts.)
+
+A block of 128 threads (the split-role form's V warps) copies tiles of 32 cache rows (576
+16-bit values, 1,152 bytes, as they lie in a page) into a stage of rows 1,168 bytes apart
+(the kernels' padding), one tile after another, each waited for and then read back by the
+block into an output (so that what landed is checked). Variants:
+
+- ``lanes`` a row: 8 (the kernels' layout: a warp-instruction writes 128 bytes of each of 4
+  rows), 16 (256 bytes of 2 rows) or 32 (512 bytes of one row);
+- the cache operator: ``cg`` (the kernels', L2 only) or ``ca`` (through L1).
+
+Usage: python scripts/probe_cp_async.py [--variant LANES:OP] [--tiles N]   (times every
+variant, or one, with CUDA events; under Nsight Compute, one variant a run:
+``ncu --section SourceCounters --kernel-name regex:copy_probe --page source --csv
+--print-source sass python scripts/probe_cp_async.py --variant 8:cg`` gives each LDGSTS's
+"L1 Wavefronts Shared" and its "Ideal")
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from numba_mla import ptx  # noqa: E402  (before numba.cuda: numba_mla's environment shims)
+from numba import cuda, int32  # noqa: E402
+
+from numba_mla._compat import SIMULATOR  # noqa: E402
+from numba_mla.ptx.shared import _cp_async_at  # noqa: E402
+
+ROWS, WORDS, ROW_BYTES = 32, 288, 1168  # a tile's rows, words a row, bytes a padded row
+NT = 128  # threads a block
+VARIANTS = [(lanes, op) for lanes in (8, 16, 32) for op in ("cg", "ca")]
+_COPIES = {"cg": ptx.cp_async16_at, "ca": _cp_async_at(16, "ca")}
+
+
+def make_kernel(lanes, op):
+    """``copy_probe(src, out, tiles)``: block b copies tiles b, b + grid, ... of ``src`` [n, 32,
+    288] int32 words into its stage and adds each landed word into ``out[b]`` [32, 288]."""
+    copy = _COPIES[op]
+    rows_a_pass = NT // lanes  # rows one pass of the block writes
+    pieces = 4 * WORDS // 16  # 16-byte pieces a row (72)
+    per_lane = -(-pieces // lanes)  # a lane's pieces of a row (the last maybe not all lanes')
+
+    @cuda.jit
+    def copy_probe(src, out, tiles):
+        words = cuda.shared.array(0, int32)
+        base = ptx.smem_addr(words)
+        tid = cuda.threadIdx.x
+        for t in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+            for j in range(ROWS // rows_a_pass):
+                n = tid // lanes + rows_a_pass * j
+                g = ptx.global_addr(src, t, n, 0)
+                for u in range(per_lane):
+                    p = tid % lanes + lanes * u
+                    if p < pieces:
+                        copy(words, base + n * ROW_BYTES + 16 * p, g + 16 * p, True)
+            ptx.cp_async_commit()
+            ptx.cp_async_wait_all()
+            cuda.syncthreads()
+            for c in range(tid, ROWS * WORDS, NT):  # (every word as it landed)
+                r, w = c // WORDS, c % WORDS
+                out[cuda.blockIdx.x, r, w] += words[r * (ROW_BYTES // 4) + w]
+            cuda.syncthreads()
+
+    return copy_probe
+
+
+def run(lanes, op, tiles, blocks, rng=None, reps=1):
+    """(out [blocks, 32, 288], the source, median ms of ``reps`` launches) for one variant."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    src = rng.integers(-2**20, 2**20, (tiles, ROWS, WORDS)).astype(np.int32)
+    d_src = cuda.to_device(src)
+    kernel = make_kernel(lanes, op)
+    times = []
+    for _ in range(reps):
+        d_out = cuda.to_device(np.zeros((blocks, ROWS, WORDS), np.int32))
+        if SIMULATOR:  # (no events there: wall time)
+            t0 = time.perf_counter()
+            kernel[blocks, NT, 0, ROWS * ROW_BYTES](d_src, d_out, tiles)
+            times.append((time.perf_counter() - t0) * 1e3)
+            continue
+        start, stop = cuda.event(timing=True), cuda.event(timing=True)
+        start.record()
+        kernel[blocks, NT, 0, ROWS * ROW_BYTES](d_src, d_out, tiles)
+        stop.record()
+        stop.synchronize()
+        times.append(cuda.event_elapsed_time(start, stop))
+    return d_out.copy_to_host(), src, float(np.median(times))
+
+
+def expected(src, blocks):
+    """What ``out`` should hold: block b's sum of the tiles it copied."""
+    out = np.zeros((blocks,) + src.shape[1:], np.int64)
+    for t in range(src.shape[0]):
+        out[t % blocks] += src[t]
+    return out.astype(np.int32)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", help="LANES:OP, e.g. 8:cg (default: every one)")
+    ap.add_argument("--tiles", type=int, default=2 if SIMULATOR else 132 * 256)
+    args = ap.parse_args()
+    blocks = 1 if SIMULATOR else 132
+    variants = ([(int(args.variant.split(":")[0]), args.variant.split(":")[1])] if args.variant
+                else VARIANTS)
+    for lanes, op in variants:
+        out, src, ms = run(lanes, op, args.tiles, blocks, reps=1 if SIMULATOR else 5)
+        ok = np.array_equal(out, expected(src, blocks))
+        gbps = args.tiles * ROWS * WORDS * 4 / ms / 1e6
+        print(f"lanes {lanes:2} {op}: {'right' if ok else 'WRONG'}, {ms:.3f} ms, {gbps:.0f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
