@@ -191,30 +191,34 @@ def make_issue(locate, wide, nthreads, rows, region, row_bytes, src_bytes):
     return issue
 
 
-def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes):
+def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8):
     """``issue(words, dst, storage, block_table, b, k0, k1, src0, tid)``: ``make_issue``'s copy
-    (16-byte pieces, the same pieces of the same rows), with what a thread's copies share
-    computed once by its caller: ``dst`` the shared address of this thread's first piece
-    (its row tid // 8 of the stage, piece tid % 8), ``src0`` the global address of the
-    storage's first row plus piece tid % 8; ``k0``, ``k1`` int32. Each row's index is
-    32-bit arithmetic (``ptx.row_addr``; rows ``src_bytes`` apart: a C-contiguous storage of
-    rows as they are), where ``make_issue``'s 64-bit indices and addresses took about 70
-    instructions a row (the split-role form's sm_90 SASS)."""
-    rows_a_pass = nthreads // 8  # key rows a pass copies (8 lanes a row)
-    assert rows % rows_a_pass == 0 and src_bytes % 128 == 0
-    passes = src_bytes // 128  # a thread's pieces of a row (16 bytes, 8 lanes a row)
+    (16-byte pieces; with ``lanes`` 8 the same pieces of the same rows), with what a thread's
+    copies share computed once by its caller: ``dst`` the shared address of this thread's
+    first piece (its row tid // lanes of the stage, piece tid % lanes), ``src0`` the global
+    address of the storage's first row plus piece tid % lanes; ``k0``, ``k1`` int32. Each
+    row's index is 32-bit arithmetic (``ptx.row_addr``; rows ``src_bytes`` apart: a
+    C-contiguous storage of rows as they are), where ``make_issue``'s 64-bit indices and
+    addresses took about 70 instructions a row (the split-role form's sm_90 SASS). ``lanes``
+    a row: 8 (a warp-instruction writes 128 bytes of each of 4 rows), 16 or 32 (512 bytes of
+    one row; a thread then looks up 4 or 8 rows of a 32-row stage, not 2)."""
+    rows_a_pass = nthreads // lanes  # key rows a pass copies
+    assert lanes in (8, 16, 32) and rows % rows_a_pass == 0 and src_bytes % 16 == 0
+    pieces = src_bytes // 16  # a row's
+    passes = -(-pieces // lanes)  # a thread's pieces of a row, the last maybe not all lanes'
 
     @cuda.jit(device=True, **INLINE)
     def issue(words, dst, storage, block_table, b, k0, k1, src0, tid):
         npages, page_size = storage.shape[0], storage.shape[1]
         for j in range(rows // rows_a_pass):
-            key = k0 + (tid // 8 + rows_a_pass * j)
+            key = k0 + (tid // lanes + rows_a_pass * j)
             page, slot = locate(block_table, page_size, npages, b, ptx.min_i32(key, k1 - 1))
             src = ptx.row_addr(src0, page, page_size, slot, src_bytes)
             ok = ptx.lt_i32(key, k1)
             for u in range(passes):
-                ptx.cp_async16_at(words, dst + row_bytes * rows_a_pass * j + 128 * u,
-                                  src + 128 * u, ok)
+                if pieces % lanes == 0 or tid % lanes + lanes * u < pieces:
+                    ptx.cp_async16_at(words, dst + row_bytes * rows_a_pass * j + 16 * lanes * u,
+                                      src + 16 * lanes * u, ok)
         ptx.cp_async_commit()
 
     return issue

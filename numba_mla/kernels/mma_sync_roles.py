@@ -105,6 +105,11 @@ SUMS_LATE = True
 # (with MAX_EARLY) each lane stores the max of its own keys of a row and the pair reads all
 # four lanes' of both halves (two 16-byte loads a row), rather than two shuffles a row first
 LANE_MAX = True
+# lanes a row of the V warps' copy of a 16-byte aligned cache: 8, a warp-instruction
+# writing 128 bytes of each of 4 rows (Nsight Compute counts 2.6x its ideal shared
+# wavefronts for these LDGSTS: docs/kernels/mma_sync.md, item 9), or 16 or 32 (512 bytes
+# of one row); 16 and 32 untimed
+COPY_LANES = 8
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
 # named barriers (0 is the block's)
@@ -188,7 +193,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                           score_mod, fold_scale, heads, wide=True, stages=4, key_count=None,
                           s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS,
                           max_early=MAX_EARLY, p_ftz=P_FTZ, sums_late=SUMS_LATE,
-                          lane_max=LANE_MAX):
+                          lane_max=LANE_MAX, copy_lanes=COPY_LANES):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
@@ -196,7 +201,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     or 8, ``V_WARPS``; ``max_early``: the pair's maxima read before S of the next sub-tile,
     ``MAX_EARLY``; ``p_ftz``: P and alpha by ``ptx.exp2_ftz``, ``P_FTZ``; ``sums_late``: the
     row sums added across a quad once, after the walk, ``SUMS_LATE``; ``lane_max``: each
-    lane's row maxima to the pair, not the quad's, ``LANE_MAX``, with ``max_early`` only)."""
+    lane's row maxima to the pair, not the quad's, ``LANE_MAX``, with ``max_early`` only;
+    ``copy_lanes``: lanes a row of a 16-byte aligned cache's copy, ``COPY_LANES``)."""
     lane_max = lane_max and max_early
     assert v_warps in (4, 8), v_warps
     NT = threads(v_warps)
@@ -230,7 +236,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     zero_acc = ptx.acc_zero(NACC)
     # (a 16-byte aligned cache: the copy's shared and global bases a thread computed once)
     WIDE = wide
-    issue = (make_issue_rows(locate, NT - SCORE_THREADS, SUB, ROW_BYTES, 4 * WORDS) if wide
+    CL = copy_lanes  # (lanes a row of the 16-byte copy)
+    issue = (make_issue_rows(locate, NT - SCORE_THREADS, SUB, ROW_BYTES, 4 * WORDS, CL) if wide
              else make_issue(locate, wide, NT - SCORE_THREADS, SUB, K_OFF, ROW_BYTES, 4 * WORDS))
 
     @cuda.jit(device=True, **INLINE)
@@ -409,9 +416,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + OD * od)
             # the walk two tiles ahead (t1, t2): sub-tile j + 2 is of t1, j + NS of t1 or t2
             t1 = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi) if t < t_end else t_end
-            # this thread's copy pieces: row vtid // 8 of a stage, 16 bytes vtid % 8 of it
-            dst0 = base + 4 * K_OFF + vtid // 8 * ROW_BYTES + 16 * (vtid % 8)
-            src0 = ptx.global_addr(storage, 0, 0, 0) + 16 * (vtid % 8) if t < t_end else 0
+            # this thread's copy pieces: row vtid // CL of a stage, 16 bytes vtid % CL of it
+            dst0 = base + 4 * K_OFF + vtid // CL * ROW_BYTES + 16 * (vtid % CL)
+            src0 = ptx.global_addr(storage, 0, 0, 0) + 16 * (vtid % CL) if t < t_end else 0
             for h in range(2):
                 issue_sub(words, base, storage, block_table, b, kstart, kend, t, t_end, h, h,
                           vtid, dst0, src0)
@@ -489,5 +496,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     # what this kernel was built with (the tests ask which form the selector launched)
     partition_kernel.form = dict(stages=stages, wide=wide, s_chains=s_chains, s_ahead=s_ahead,
                                  v_warps=v_warps, max_early=max_early, p_ftz=p_ftz,
-                                 sums_late=sums_late, lane_max=lane_max)
+                                 sums_late=sums_late, lane_max=lane_max,
+                                 copy_lanes=copy_lanes if wide else 8)
     return partition_kernel
