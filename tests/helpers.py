@@ -227,18 +227,23 @@ def references(p, mask=None, score_mod=None):
     return golden, (low_out.astype(p.dtype), low_lse)
 
 
-def build_check_module():
-    """scripts/build_check.py as a module (``toolchain_missing``, ``build_sass``): for the
-    sm_90a build checks that test files run as scripts."""
+def script_module(name):
+    """scripts/``name``.py loaded as a module (``_name``)."""
     import importlib.util
     import os
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location(
-        "_build_check", os.path.join(root, "scripts", "build_check.py"))
-    bc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bc)
-    return bc
+        "_" + name, os.path.join(root, "scripts", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_check_module():
+    """scripts/build_check.py as a module (``toolchain_missing``, ``build_sass``): for the
+    sm_90a build checks that test files run as scripts."""
+    return script_module("build_check")
 
 
 def run_build_script(script, *args):

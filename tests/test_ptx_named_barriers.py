@@ -51,15 +51,9 @@ def test_gpu_producer_consumer_handoff_draws(rng):
 
 def _probe_racecheck():
     """scripts/probe_racecheck.py, loaded as a module."""
-    import importlib.util
-    import os
+    from helpers import script_module
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
-                        "probe_racecheck.py")
-    spec = importlib.util.spec_from_file_location("_probe_racecheck", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
+    return script_module("probe_racecheck")
 
 
 @pytest.mark.kernel

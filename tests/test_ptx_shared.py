@@ -234,15 +234,9 @@ def test_index_ops(rng):
 
 def _probe_cp_async():
     """scripts/probe_cp_async.py, loaded as a module."""
-    import importlib.util
-    import os
+    from helpers import script_module
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
-                        "probe_cp_async.py")
-    spec = importlib.util.spec_from_file_location("_probe_cp_async", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
+    return script_module("probe_cp_async")
 
 
 @pytest.mark.kernel
