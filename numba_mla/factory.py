@@ -226,8 +226,8 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     as for ``mma_sync_partition_kernel``; ``stages`` of key rows (4, or 3 on an A100); its S
     in the module's ``S_CHAINS`` accumulator chains, ahead of P or not (``S_AHEAD``, with four
     stages: the three-stage form's sm_80 build would spill), by ``V_WARPS`` V warps, with
-    ``MAX_EARLY``, ``P_FTZ``, ``SUMS_LATE``, ``LANE_MAX`` and ``COPY_LANES`` (all read here,
-    so part of the key)."""
+    ``MAX_EARLY``, ``P_FTZ``, ``SUMS_LATE``, ``LANE_MAX``, ``COPY_LANES`` and ``COPY_CACHE``
+    (all read here, so part of the key)."""
     from .kernels import mma_sync_roles
 
     chains, ahead = mma_sync_roles.S_CHAINS, mma_sync_roles.S_AHEAD and stages == 4
@@ -235,13 +235,14 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     early, ftz, late = mma_sync_roles.MAX_EARLY, mma_sync_roles.P_FTZ, mma_sync_roles.SUMS_LATE
     lane_max = mma_sync_roles.LANE_MAX and early
     copy_lanes = mma_sync_roles.COPY_LANES if wide else 8
+    copy_cache = mma_sync_roles.COPY_CACHE if wide else "cg"
 
     def build():
         return mma_sync_roles.make_partition_kernel(
             tag=tag, store=_output_store(tag, direct), heads=heads, wide=bool(wide),
             stages=stages, s_chains=chains, s_ahead=ahead, v_warps=v_warps,
             max_early=early, p_ftz=ftz, sums_late=late, lane_max=lane_max,
-            copy_lanes=copy_lanes, **_device_functions(mask, score_mod, cache_cls))
+            copy_lanes=copy_lanes, copy_cache=copy_cache, **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("mma_sync_roles", tag, heads, direct, bool(wide), stages)
                    + ((("s_chains", chains),) if chains != 4 else ())
@@ -252,6 +253,7 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
                    + ((("sums_late", False),) if not late else ())
                    + ((("lane_max", False),) if not lane_max else ())
                    + ((("copy_lanes", copy_lanes),) if copy_lanes != 8 else ())
+                   + ((("copy_cache", copy_cache),) if copy_cache != "cg" else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

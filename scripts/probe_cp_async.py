@@ -29,12 +29,11 @@ from numba_mla import ptx  # noqa: E402  (before numba.cuda: numba_mla's environ
 from numba import cuda, int32  # noqa: E402
 
 from numba_mla._compat import SIMULATOR  # noqa: E402
-from numba_mla.ptx.shared import _cp_async_at  # noqa: E402
 
 ROWS, WORDS, ROW_BYTES = 32, 288, 1168  # a tile's rows, words a row, bytes a padded row
 NT = 128  # threads a block
 VARIANTS = [(lanes, op) for lanes in (8, 16, 32) for op in ("cg", "ca")]
-_COPIES = {"cg": ptx.cp_async16_at, "ca": _cp_async_at(16, "ca")}
+_COPIES = {"cg": ptx.cp_async16_at, "ca": ptx.cp_async16_ca_at}
 
 
 def make_kernel(lanes, op):

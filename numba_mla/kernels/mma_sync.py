@@ -191,7 +191,7 @@ def make_issue(locate, wide, nthreads, rows, region, row_bytes, src_bytes):
     return issue
 
 
-def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8):
+def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8, cache="cg"):
     """``issue(words, dst, storage, block_table, b, k0, k1, src0, tid)``: ``make_issue``'s copy
     (16-byte pieces; with ``lanes`` 8 the same pieces of the same rows), with what a thread's
     copies share computed once by its caller: ``dst`` the shared address of this thread's
@@ -201,7 +201,9 @@ def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8):
     C-contiguous storage of rows as they are), where ``make_issue``'s 64-bit indices and
     addresses took about 70 instructions a row (the split-role form's sm_90 SASS). ``lanes``
     a row: 8 (a warp-instruction writes 128 bytes of each of 4 rows), 16 or 32 (512 bytes of
-    one row; a thread then looks up 4 or 8 rows of a 32-row stage, not 2)."""
+    one row; a thread then looks up 4 or 8 rows of a 32-row stage, not 2). ``cache``: "cg"
+    (``cp.async.cg``, L2 only) or "ca" (through L1)."""
+    copy = {"cg": ptx.cp_async16_at, "ca": ptx.cp_async16_ca_at}[cache]
     rows_a_pass = nthreads // lanes  # key rows a pass copies
     assert lanes in (8, 16, 32) and rows % rows_a_pass == 0 and src_bytes % 16 == 0
     pieces = src_bytes // 16  # a row's
@@ -217,8 +219,8 @@ def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8):
             ok = ptx.lt_i32(key, k1)
             for u in range(passes):
                 if pieces % lanes == 0 or tid % lanes + lanes * u < pieces:
-                    ptx.cp_async16_at(words, dst + row_bytes * rows_a_pass * j + 16 * lanes * u,
-                                      src + 16 * lanes * u, ok)
+                    copy(words, dst + row_bytes * rows_a_pass * j + 16 * lanes * u,
+                         src + 16 * lanes * u, ok)
         ptx.cp_async_commit()
 
     return issue

@@ -16,8 +16,8 @@
   ``gaddr`` (an address plus a byte offset: a row's address computed once serves all its
   chunks, and the offsets fold into the instruction; the row's last axis must be contiguous)
   into the shared ``arr`` at ``addr`` without passing through registers (``cp.async``, L2
-  only); zeros when not ``valid`` (nothing is read). ``cp_async4_at`` the same for 4 bytes
-  (through L1).
+  only); zeros when not ``valid`` (nothing is read). ``cp_async16_ca_at`` the same through
+  L1 (``.ca``); ``cp_async4_at`` the same for 4 bytes (through L1).
 - ``aligned_x4(arr)``: whether ``arr`` starts aligned for ``st_global_x4`` (4 elements'
   bytes). ``st_global_x4(arr, i0, i1, i2, i3, x0, x1, x2, x3)`` stores x0..x3 (converted to
   ``arr``'s dtype) at ``arr[i0, i1, i2, i3 .. i3 + 3]`` (a 4-D array whose last axis is
@@ -385,6 +385,7 @@ def _cp_async_at(nbytes, cache_op):
 
 cp_async4_at = _cp_async_at(4, "ca")
 cp_async16_at = _cp_async_at(16, "cg")
+cp_async16_ca_at = _cp_async_at(16, "ca")
 
 
 def _cp_async_commit_twin():
