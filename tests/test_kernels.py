@@ -1078,6 +1078,10 @@ def test_mma_sync_32_rows(case, rng):
     ((2, 1, 17, [133, 0], "bf16", "paged", 16, "null", "identity", 1, True), "high", 4),
     ((2, 1, 17, [133, 0], "fp16", "paged", 16, "causal", "alibi", 1, False), "low", 4),
     ((2, 1, 17, [133, 0], "fp16", "paged", 16, "causal", "alibi", 1, False), "low", 3),
+    # 16-byte copies from a contiguous and a ragged cache (each row's address from the
+    # cache's own lookup: b x capacity + slot, the run's offset + key)
+    ((3, 1, 20, [70, 0, 133], "bf16", "contiguous", 0, "null", "identity", 1, True), "high", 4),
+    ((3, 1, 20, [70, 0, 133], "fp16", "ragged", 0, "causal", "softcap", 1, True), "low", 4),
     # (GPU machine) two row groups (32 rows, then 8) in two partitions; a window that skips
     # tiles, an empty sequence and split-K in three
     pytest.param((1, 2, 20, [100], "fp16", "contiguous", 0, "causal", "alibi", 2, False),
