@@ -220,10 +220,12 @@ def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, d
 
 
 def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False,
-                                    wide=True, stages=4):
+                                    wide=True, stages=4, packed=True):
     """The warp tensor-core kernel's split-role block (kernels/mma_sync_roles.py: 32 rows,
     four warps score and four multiply by V; 16-bit rows) for this configuration, arguments
-    as for ``mma_sync_partition_kernel``; ``stages`` of key rows (4, or 3 on an A100); its S
+    as for ``mma_sync_partition_kernel``; ``stages`` of key rows (4, or 3 on an A100);
+    ``packed``: the cache's rows lie back to back (a C-contiguous storage; else each row's
+    address follows the strides, as a torch view of a wider buffer needs); its S
     in the module's ``S_CHAINS`` accumulator chains, ahead of P or not (``S_AHEAD``, with four
     stages: the three-stage form's sm_80 build would spill), by ``V_WARPS`` V warps, with
     ``MAX_EARLY``, ``P_FTZ``, ``SUMS_LATE``, ``LANE_MAX``, ``COPY_LANES`` and ``COPY_CACHE``
@@ -234,15 +236,17 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     v_warps = mma_sync_roles.V_WARPS
     early, ftz, late = mma_sync_roles.MAX_EARLY, mma_sync_roles.P_FTZ, mma_sync_roles.SUMS_LATE
     lane_max = mma_sync_roles.LANE_MAX and early
-    copy_lanes = mma_sync_roles.COPY_LANES if wide else 8
-    copy_cache = mma_sync_roles.COPY_CACHE if wide else "cg"
+    lean = bool(wide and packed)
+    copy_lanes = mma_sync_roles.COPY_LANES if lean else 8
+    copy_cache = mma_sync_roles.COPY_CACHE if lean else "cg"
 
     def build():
         return mma_sync_roles.make_partition_kernel(
             tag=tag, store=_output_store(tag, direct), heads=heads, wide=bool(wide),
             stages=stages, s_chains=chains, s_ahead=ahead, v_warps=v_warps,
             max_early=early, p_ftz=ftz, sums_late=late, lane_max=lane_max,
-            copy_lanes=copy_lanes, copy_cache=copy_cache, **_device_functions(mask, score_mod, cache_cls))
+            packed=bool(packed), copy_lanes=copy_lanes, copy_cache=copy_cache,
+            **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("mma_sync_roles", tag, heads, direct, bool(wide), stages)
                    + ((("s_chains", chains),) if chains != 4 else ())
@@ -252,6 +256,7 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
                    + ((("p_ftz", False),) if not ftz else ())
                    + ((("sums_late", False),) if not late else ())
                    + ((("lane_max", False),) if not lane_max else ())
+                   + ((("packed", False),) if not packed else ())
                    + ((("copy_lanes", copy_lanes),) if copy_lanes != 8 else ())
                    + ((("copy_cache", copy_cache),) if copy_cache != "cg" else ())
                    + _mods_key(mask, score_mod, cache_cls), build)

@@ -435,7 +435,8 @@ class Plan:
         facts = selector.ArrayFacts(
             aligned16=_aligned16(q_pairs) and _aligned16(storage),
             cache_aligned16=_aligned16(storage),
-            packed_rows=q_pairs.is_c_contiguous() and storage.is_c_contiguous())
+            packed_rows=q_pairs.is_c_contiguous() and storage.is_c_contiguous(),
+            cache_packed=storage.is_c_contiguous())
         rows = int(counts.max(initial=0)) * H
         keys = heuristics.key_counts(call.mask, cache.lengths_host, counts,
                                      getattr(cache, "position_map", None))

@@ -134,6 +134,7 @@ class ArrayFacts:
     aligned16: bool  # q and the cache both start 16-byte aligned
     cache_aligned16: bool  # the cache does (16-byte copies in the FMA and mma_sync kernels)
     packed_rows: bool  # q and the cache are C-contiguous (TMA sees them as [rows, 576])
+    cache_packed: bool = True  # the cache is (its rows back to back: the split-role copy's)
 
 
 def check_warp_split(warp_split_k, backend):
@@ -487,7 +488,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
             from .kernels import mma_sync_roles
 
             disp = factory.mma_sync_roles_partition_kernel(mask, mod, tag, cache_cls, H, direct,
-                                                           facts.cache_aligned16, roles)
+                                                           facts.cache_aligned16, roles,
+                                                           facts.cache_packed)
             spec = KernelSpec("mma_sync_roles", disp, mma_sync_roles.threads(disp.form["v_warps"]),
                               mma_sync_roles.smem_bytes(roles), q_pairs=True, tma=False,
                               **common)

@@ -11,11 +11,14 @@ block into an output (so that what landed is checked). Variants:
   rows), 16 (256 bytes of 2 rows) or 32 (512 bytes of one row);
 - the cache operator: ``cg`` (the kernels', L2 only) or ``ca`` (through L1).
 
-Usage: python scripts/probe_cp_async.py [--variant LANES:OP] [--tiles N]   (times every
-variant, or one, with CUDA events; under Nsight Compute, one variant a run:
-``ncu --section SourceCounters --kernel-name regex:copy_probe --page source --csv
---print-source sass python scripts/probe_cp_async.py --variant 8:cg`` gives each LDGSTS's
-"L1 Wavefronts Shared" and its "Ideal")
+Usage: python scripts/probe_cp_async.py [--variant LANES:OP] [--tiles N] [--reps R]
+(times every variant, or one, with CUDA events after a warm-up launch: each tile waited for
+and read back, so the times are of a copy not overlapped with anything, not of the kernels'
+copy cost; the wavefronts are the probe's point. Under Nsight Compute, one variant a run,
+its first timed launch: ``ncu --section SourceCounters --kernel-name regex:copy_probe
+--launch-skip 1 --launch-count 1 --page source --csv --print-source sass python
+scripts/probe_cp_async.py --variant 8:cg --reps 1`` gives each LDGSTS's "L1 Wavefronts
+Shared" and its "Ideal")
 """
 import argparse
 import os
@@ -37,15 +40,17 @@ _COPIES = {"cg": ptx.cp_async16_at, "ca": ptx.cp_async16_ca_at}
 
 
 def make_kernel(lanes, op):
-    """``copy_probe(src, out, tiles)``: block b copies tiles b, b + grid, ... of ``src`` [n, 32,
-    288] int32 words into its stage and adds each landed word into ``out[b]`` [32, 288]."""
+    """``copy_probe(src, out, tiles, nrows)``: block b copies tiles b, b + grid, ... of ``src``
+    [n, 32, 288] int32 words into its stage and adds each landed word into ``out[b]`` [32,
+    288]; rows from ``nrows`` on (32: none) are zero-filled, a predicate known only at run
+    time, as the kernels' copies have."""
     copy = _COPIES[op]
     rows_a_pass = NT // lanes  # rows one pass of the block writes
     pieces = 4 * WORDS // 16  # 16-byte pieces a row (72)
     per_lane = -(-pieces // lanes)  # a lane's pieces of a row (the last maybe not all lanes')
 
     @cuda.jit
-    def copy_probe(src, out, tiles):
+    def copy_probe(src, out, tiles, nrows):
         words = cuda.shared.array(0, int32)
         base = ptx.smem_addr(words)
         tid = cuda.threadIdx.x
@@ -56,7 +61,7 @@ def make_kernel(lanes, op):
                 for u in range(per_lane):
                     p = tid % lanes + lanes * u
                     if p < pieces:
-                        copy(words, base + n * ROW_BYTES + 16 * p, g + 16 * p, True)
+                        copy(words, base + n * ROW_BYTES + 16 * p, g + 16 * p, n < nrows)
             ptx.cp_async_commit()
             ptx.cp_async_wait_all()
             cuda.syncthreads()
@@ -69,26 +74,27 @@ def make_kernel(lanes, op):
 
 
 def run(lanes, op, tiles, blocks, rng=None, reps=1):
-    """(out [blocks, 32, 288], the source, median ms of ``reps`` launches) for one variant."""
+    """(out [blocks, 32, 288], the source, median ms of ``reps`` launches after a warm-up one)
+    for one variant."""
     rng = np.random.default_rng(0) if rng is None else rng
     src = rng.integers(-2**20, 2**20, (tiles, ROWS, WORDS)).astype(np.int32)
     d_src = cuda.to_device(src)
     kernel = make_kernel(lanes, op)
     times = []
-    for _ in range(reps):
+    for rep in range(reps + 1):
         d_out = cuda.to_device(np.zeros((blocks, ROWS, WORDS), np.int32))
         if SIMULATOR:  # (no events there: wall time)
             t0 = time.perf_counter()
-            kernel[blocks, NT, 0, ROWS * ROW_BYTES](d_src, d_out, tiles)
+            kernel[blocks, NT, 0, ROWS * ROW_BYTES](d_src, d_out, tiles, ROWS)
             times.append((time.perf_counter() - t0) * 1e3)
             continue
         start, stop = cuda.event(timing=True), cuda.event(timing=True)
         start.record()
-        kernel[blocks, NT, 0, ROWS * ROW_BYTES](d_src, d_out, tiles)
+        kernel[blocks, NT, 0, ROWS * ROW_BYTES](d_src, d_out, tiles, ROWS)
         stop.record()
         stop.synchronize()
         times.append(cuda.event_elapsed_time(start, stop))
-    return d_out.copy_to_host(), src, float(np.median(times))
+    return d_out.copy_to_host(), src, float(np.median(times[1:]))
 
 
 def expected(src, blocks):
@@ -103,12 +109,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", help="LANES:OP, e.g. 8:cg (default: every one)")
     ap.add_argument("--tiles", type=int, default=2 if SIMULATOR else 132 * 256)
+    ap.add_argument("--reps", type=int, default=1 if SIMULATOR else 5, help="timed launches")
     args = ap.parse_args()
     blocks = 1 if SIMULATOR else 132
     variants = ([(int(args.variant.split(":")[0]), args.variant.split(":")[1])] if args.variant
                 else VARIANTS)
     for lanes, op in variants:
-        out, src, ms = run(lanes, op, args.tiles, blocks, reps=1 if SIMULATOR else 5)
+        out, src, ms = run(lanes, op, args.tiles, blocks, reps=args.reps)
         ok = np.array_equal(out, expected(src, blocks))
         gbps = args.tiles * ROWS * WORDS * 4 / ms / 1e6
         print(f"lanes {lanes:2} {op}: {'right' if ok else 'WRONG'}, {ms:.3f} ms, {gbps:.0f} GB/s")

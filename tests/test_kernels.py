@@ -516,6 +516,32 @@ def test_mma_sync_roles_copy_lanes(lanes, cache, rng, monkeypatch):
 
 
 @KERNEL
+def test_mma_sync_roles_strided_cache(rng, monkeypatch):
+    """A cache whose rows lie further apart than a row (a torch view of rows of 600 values,
+    the first 576 of each the row's; GPU only: a Numba device array cannot be viewed as the
+    kernels' words, and a host array is copied packed): the split-role form takes each row's
+    address from the strides (``packed`` False), not from the row's index, and matches the
+    reference."""
+    import dataclasses
+
+    from helpers import cuda_torch
+
+    torch = cuda_torch()
+    specs = launched_specs(monkeypatch)
+    p = make_problem(rng, 2, 1, 20, [150, 0], DTYPES["fp16"], "paged", 16)
+    rows = np.asarray(p.cache.storage)
+    wide = np.zeros(rows.shape[:2] + (600,), rows.dtype)
+    wide[..., :576] = rows
+    view = torch.from_numpy(wide).cuda()[:, :, :576]
+    assert not view.is_contiguous()
+    cache = nm.PagedKVCache(view, p.cache.block_table_host, p.lengths)
+    check_kernel(dataclasses.replace(p, cache=cache), nm.CausalMask(),
+                 SCORE_MODS["softcap"].make(p), 1, "mma_sync")
+    assert [(s.backend, s.dispatcher.form["packed"]) for s in specs] == [
+        ("mma_sync_roles", False)], "expected the split-role kernel, rows by their strides"
+
+
+@KERNEL
 @pytest.mark.parametrize("order", ["low", "high"])
 def test_mma_sync_roles_eight_v_warps(order, rng, monkeypatch):
     """The split-role form with eight V warps of 64 dims (``mma_sync_roles.V_WARPS = 8``,
@@ -1123,7 +1149,8 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
     assert [(spec.backend, spec.dispatcher.form) for spec in specs] == [
         ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead,
                                 v_warps=4, max_early=True, p_ftz=True, sums_late=True,
-                                lane_max=True, copy_lanes=8, copy_cache="cg"))], (
+                                lane_max=True, packed=True, copy_lanes=8,
+                                copy_cache="cg"))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

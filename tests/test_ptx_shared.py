@@ -209,26 +209,31 @@ def index_ops(a, b, c, out):
     if i < a.shape[0]:
         out[i, 0] = ptx.min_i32(a[i] + b[i], c[i])
         out[i, 1] = 1 if ptx.lt_i32(a[i] + b[i], c[i]) else 0
-        out[i, 2] = ptx.row_addr(1 << 40, a[i] & 0xFFFF, b[i] & 0x7FFF, c[i] & 0xFFFF, 1152)
+        out[i, 2] = ptx.row_addr(1 << 40, a[i] & 0xFFFF, b[i] & 0x1FFFF, c[i] & 0xFFFF, 1152)
 
 
 @pytest.mark.kernel
 def test_index_ops(rng):
     """``ptx.min_i32`` and ``lt_i32`` take the low 32 bits of their arguments (a sum past 2^31
     wraps, as 32-bit instructions do), and ``ptx.row_addr`` gives base + (page rows + slot)
-    bytes, the row index unsigned 32-bit (the copy's addresses in kernels/mma_sync_roles.py):
-    in the simulator and on a GPU alike."""
-    a = np.concatenate([rng.integers(-2**30, 2**30, 60), [2**31 - 1, 5, -7, 0]]).astype(np.int64)
-    b = np.concatenate([rng.integers(-2**30, 2**30, 60), [1, 5, -7, 0]]).astype(np.int64)
-    c = np.concatenate([rng.integers(-2**30, 2**30, 60), [0, 10, -14, 0]]).astype(np.int64)
-    out = cuda.to_device(np.zeros((64, 3), np.int64))
-    index_ops[1, 64](cuda.to_device(a), cuda.to_device(b), cuda.to_device(c), out)
+    bytes, the row index unsigned 32-bit (the copy's addresses in kernels/mma_sync_roles.py;
+    indices in [2^31, 2^32) zero-extended, past 2^32 wrapped): in the simulator and on a GPU
+    alike."""
+    a = np.concatenate([rng.integers(-2**30, 2**30, 60),
+                        [2**31 - 1, 5, -7, 0, 40000, 65535]]).astype(np.int64)
+    b = np.concatenate([rng.integers(-2**30, 2**30, 60),
+                        [1, 5, -7, 0, 65536, 131071]]).astype(np.int64)
+    c = np.concatenate([rng.integers(-2**30, 2**30, 60),
+                        [0, 10, -14, 0, 7, 65535]]).astype(np.int64)
+    out = cuda.to_device(np.zeros((66, 3), np.int64))
+    index_ops[1, 128](cuda.to_device(a), cuda.to_device(b), cuda.to_device(c), out)
     got = out.copy_to_host()
     s = (a + b + 2**31) % 2**32 - 2**31  # (the sum as 32-bit arithmetic wraps it)
     assert np.array_equal(got[:, 0], np.minimum(s, c))
     assert np.array_equal(got[:, 1], (s < c).astype(np.int64))
     assert got[60, 0] == -2**31 and got[60, 1] == 1  # (2^31 - 1 + 1 wraps to -2^31 < 0)
-    rows = ((a & 0xFFFF) * (b & 0x7FFF) + (c & 0xFFFF)) % 2**32
+    rows = ((a & 0xFFFF) * (b & 0x1FFFF) + (c & 0xFFFF)) % 2**32
+    assert 2**31 <= rows[64] < 2**32 and (65535 * 131071 + 65535) // 2**32 == 1  # (both cases)
     assert np.array_equal(got[:, 2], (1 << 40) + rows * 1152)
 
 

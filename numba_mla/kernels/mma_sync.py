@@ -200,8 +200,9 @@ def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8, cache
     row's index is 32-bit arithmetic (``ptx.row_addr``; rows ``src_bytes`` apart: a
     C-contiguous storage of rows as they are), where ``make_issue``'s 64-bit indices and
     addresses took about 70 instructions a row (the split-role form's sm_90 SASS). ``lanes``
-    a row: 8 (a warp-instruction writes 128 bytes of each of 4 rows), 16 or 32 (512 bytes of
-    one row; a thread then looks up 4 or 8 rows of a 32-row stage, not 2). ``cache``: "cg"
+    a row: 8 (a warp-instruction writes 128 bytes of each of 4 rows), 16 (256 bytes of each
+    of 2) or 32 (512 bytes of one row); a thread then looks up 4 or 8 rows of a 32-row
+    stage, not 2. ``cache``: "cg"
     (``cp.async.cg``, L2 only) or "ca" (through L1)."""
     copy = {"cg": ptx.cp_async16_at, "ca": ptx.cp_async16_ca_at}[cache]
     rows_a_pass = nthreads // lanes  # key rows a pass copies

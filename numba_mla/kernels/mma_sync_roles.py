@@ -107,8 +107,8 @@ SUMS_LATE = True
 LANE_MAX = True
 # lanes a row of the V warps' copy of a 16-byte aligned cache: 8, a warp-instruction
 # writing 128 bytes of each of 4 rows (Nsight Compute counts 2.6x its ideal shared
-# wavefronts for these LDGSTS: docs/kernels/mma_sync.md, item 9), or 16 or 32 (512 bytes
-# of one row); 16 and 32 untimed
+# wavefronts for these LDGSTS: docs/kernels/mma_sync.md, item 9), 16 (256 bytes of each of
+# 2 rows) or 32 (512 bytes of one row); 16 and 32 untimed
 COPY_LANES = 8
 # ... and its cache operator: "cg" (L2 only, as measured) or "ca" (through L1; untimed)
 COPY_CACHE = "cg"
@@ -195,7 +195,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                           score_mod, fold_scale, heads, wide=True, stages=4, key_count=None,
                           s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS,
                           max_early=MAX_EARLY, p_ftz=P_FTZ, sums_late=SUMS_LATE,
-                          lane_max=LANE_MAX, copy_lanes=COPY_LANES, copy_cache=COPY_CACHE):
+                          lane_max=LANE_MAX, packed=True, copy_lanes=COPY_LANES,
+                          copy_cache=COPY_CACHE):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
@@ -204,8 +205,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     ``MAX_EARLY``; ``p_ftz``: P and alpha by ``ptx.exp2_ftz``, ``P_FTZ``; ``sums_late``: the
     row sums added across a quad once, after the walk, ``SUMS_LATE``; ``lane_max``: each
     lane's row maxima to the pair, not the quad's, ``LANE_MAX``, with ``max_early`` only;
-    ``copy_lanes``, ``copy_cache``: lanes a row of a 16-byte aligned cache's copy and its
-    cache operator, ``COPY_LANES``, ``COPY_CACHE``)."""
+    ``packed``: the storage is C-contiguous, its rows back to back; ``copy_lanes``,
+    ``copy_cache``: lanes a row of the copy of a 16-byte aligned, packed cache and its cache
+    operator, ``COPY_LANES``, ``COPY_CACHE``)."""
     lane_max = lane_max and max_early
     assert v_warps in (4, 8), v_warps
     NT = threads(v_warps)
@@ -237,11 +239,15 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     pv = _make_pv(tag, 2, OD)
     scale_acc = ptx.acc_scale_halves(NACC)
     zero_acc = ptx.acc_zero(NACC)
-    # (a 16-byte aligned cache: the copy's shared and global bases a thread computed once)
-    WIDE = wide
+    # (a 16-byte aligned cache whose rows lie back to back: the copy's shared and global
+    # bases a thread computed once, each row's address from its index; a strided storage, a
+    # torch view of wider rows, takes each row's address from its strides)
+    WIDE = wide and packed
+    if not WIDE:
+        copy_lanes, copy_cache = 8, "cg"
     CL = copy_lanes  # (lanes a row of the 16-byte copy)
     issue = (make_issue_rows(locate, NT - SCORE_THREADS, SUB, ROW_BYTES, 4 * WORDS, CL,
-                             copy_cache) if wide
+                             copy_cache) if WIDE
              else make_issue(locate, wide, NT - SCORE_THREADS, SUB, K_OFF, ROW_BYTES, 4 * WORDS))
 
     @cuda.jit(device=True, **INLINE)
@@ -501,6 +507,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     partition_kernel.form = dict(stages=stages, wide=wide, s_chains=s_chains, s_ahead=s_ahead,
                                  v_warps=v_warps, max_early=max_early, p_ftz=p_ftz,
                                  sums_late=sums_late, lane_max=lane_max,
-                                 copy_lanes=copy_lanes if wide else 8,
-                                 copy_cache=copy_cache if wide else "cg")
+                                 packed=bool(packed), copy_lanes=copy_lanes,
+                                 copy_cache=copy_cache)
     return partition_kernel
