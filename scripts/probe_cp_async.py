@@ -9,16 +9,19 @@ block into an output (so that what landed is checked). Variants:
 
 - ``lanes`` a row: 8 (the kernels' layout: a warp-instruction writes 128 bytes of each of 4
   rows), 16 (256 bytes of 2 rows) or 32 (512 bytes of one row);
-- the cache operator: ``cg`` (the kernels', L2 only) or ``ca`` (through L1).
+- the cache operator: ``cg`` (the kernels', L2 only) or ``ca`` (through L1);
+- the zero-fill predicate: known at run time (``run``, as the kernels' copies have: a source
+  size of 16 or 0) or the constant ``True`` (``const``: no source size to choose; a report on
+  NVIDIA's forums had a conditional around cp.async cost its coalescing).
 
-Usage: python scripts/probe_cp_async.py [--variant LANES:OP] [--tiles N] [--reps R]
+Usage: python scripts/probe_cp_async.py [--variant LANES:OP[:PRED]] [--tiles N] [--reps R]
 (times every variant, or one, with CUDA events after a warm-up launch: each tile waited for
 and read back, so the times are of a copy not overlapped with anything, not of the kernels'
 copy cost; the wavefronts are the probe's point. Under Nsight Compute, one variant a run,
-its first timed launch: ``ncu --section SourceCounters --kernel-name regex:copy_probe
---launch-skip 1 --launch-count 1 --page source --csv --print-source sass python
-scripts/probe_cp_async.py --variant 8:cg --reps 1`` gives each LDGSTS's "L1 Wavefronts
-Shared" and its "Ideal")
+its first timed launch, as scripts/ncu_source.sh takes its reports: ``ncu --section
+SourceCounters --kernel-name regex:copy_probe --launch-skip 1 --launch-count 1 -o R python
+scripts/probe_cp_async.py --variant 8:cg:run --reps 1``, then ``ncu -i R.ncu-rep --page
+source --csv --print-source sass``: each LDGSTS's "L1 Wavefronts Shared" and its "Ideal")
 """
 import argparse
 import os
@@ -35,15 +38,17 @@ from numba_mla._compat import SIMULATOR  # noqa: E402
 
 ROWS, WORDS, ROW_BYTES = 32, 288, 1168  # a tile's rows, words a row, bytes a padded row
 NT = 128  # threads a block
-VARIANTS = [(lanes, op) for lanes in (8, 16, 32) for op in ("cg", "ca")]
+VARIANTS = [(lanes, op, pred) for lanes in (8, 16, 32) for op in ("cg", "ca")
+            for pred in ("run", "const")]
 _COPIES = {"cg": ptx.cp_async16_at, "ca": ptx.cp_async16_ca_at}
 
 
-def make_kernel(lanes, op):
+def make_kernel(lanes, op, pred="run"):
     """``copy_probe(src, out, tiles, nrows)``: block b copies tiles b, b + grid, ... of ``src``
     [n, 32, 288] int32 words into its stage and adds each landed word into ``out[b]`` [32,
-    288]; rows from ``nrows`` on (32: none) are zero-filled, a predicate known only at run
-    time, as the kernels' copies have."""
+    288]; with ``pred`` "run" rows from ``nrows`` on (32: none) are zero-filled, a predicate
+    known only at run time, as the kernels' copies have ("const": every row copied)."""
+    RUN = pred == "run"
     copy = _COPIES[op]
     rows_a_pass = NT // lanes  # rows one pass of the block writes
     pieces = 4 * WORDS // 16  # 16-byte pieces a row (72)
@@ -61,7 +66,10 @@ def make_kernel(lanes, op):
                 for u in range(per_lane):
                     p = tid % lanes + lanes * u
                     if p < pieces:
-                        copy(words, base + n * ROW_BYTES + 16 * p, g + 16 * p, n < nrows)
+                        if RUN:
+                            copy(words, base + n * ROW_BYTES + 16 * p, g + 16 * p, n < nrows)
+                        else:
+                            copy(words, base + n * ROW_BYTES + 16 * p, g + 16 * p, True)
             ptx.cp_async_commit()
             ptx.cp_async_wait_all()
             cuda.syncthreads()
@@ -73,13 +81,13 @@ def make_kernel(lanes, op):
     return copy_probe
 
 
-def run(lanes, op, tiles, blocks, rng=None, reps=1):
+def run(lanes, op, tiles, blocks, rng=None, reps=1, pred="run"):
     """(out [blocks, 32, 288], the source, median ms of ``reps`` launches after a warm-up one)
     for one variant."""
     rng = np.random.default_rng(0) if rng is None else rng
     src = rng.integers(-2**20, 2**20, (tiles, ROWS, WORDS)).astype(np.int32)
     d_src = cuda.to_device(src)
-    kernel = make_kernel(lanes, op)
+    kernel = make_kernel(lanes, op, pred)
     times = []
     for rep in range(reps + 1):
         d_out = cuda.to_device(np.zeros((blocks, ROWS, WORDS), np.int32))
@@ -107,18 +115,22 @@ def expected(src, blocks):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variant", help="LANES:OP, e.g. 8:cg (default: every one)")
+    ap.add_argument("--variant", help="LANES:OP[:PRED], e.g. 8:cg:run (default: every one)")
     ap.add_argument("--tiles", type=int, default=2 if SIMULATOR else 132 * 256)
     ap.add_argument("--reps", type=int, default=1 if SIMULATOR else 5, help="timed launches")
     args = ap.parse_args()
     blocks = 1 if SIMULATOR else 132
-    variants = ([(int(args.variant.split(":")[0]), args.variant.split(":")[1])] if args.variant
-                else VARIANTS)
-    for lanes, op in variants:
-        out, src, ms = run(lanes, op, args.tiles, blocks, reps=args.reps)
+    if args.variant:
+        parts = args.variant.split(":")
+        variants = [(int(parts[0]), parts[1], parts[2] if len(parts) > 2 else "run")]
+    else:
+        variants = VARIANTS
+    for lanes, op, pred in variants:
+        out, src, ms = run(lanes, op, args.tiles, blocks, reps=args.reps, pred=pred)
         ok = np.array_equal(out, expected(src, blocks))
         gbps = args.tiles * ROWS * WORDS * 4 / ms / 1e6
-        print(f"lanes {lanes:2} {op}: {'right' if ok else 'WRONG'}, {ms:.3f} ms, {gbps:.0f} GB/s")
+        print(f"lanes {lanes:2} {op} {pred:5}: {'right' if ok else 'WRONG'}, {ms:.3f} ms, "
+              f"{gbps:.0f} GB/s")
 
 
 if __name__ == "__main__":
