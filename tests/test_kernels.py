@@ -497,21 +497,25 @@ def test_mma_sync_roles_softmax_forms(flags, order, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("lanes,cache", [(16, "cg"), (32, "cg"), (8, "ca")])
-def test_mma_sync_roles_copy_lanes(lanes, cache, rng, monkeypatch):
+@pytest.mark.parametrize("lanes,cache,const_full", [(16, "cg", False), (32, "cg", False),
+                                                   (8, "ca", False), (8, "cg", True)])
+def test_mma_sync_roles_copy_lanes(lanes, cache, const_full, rng, monkeypatch):
     """The split-role form with its copy by 16 or 32 lanes a row (``mma_sync_roles.COPY_LANES``,
     untimed; a thread's rows of a stage 4 or 8, the last pieces of a row by half or a quarter
-    of the lanes), or through L1 (``COPY_CACHE = "ca"``, untimed), matches the reference:
-    three tiles, the last partial, pages of 16 keys, beside an empty sequence, a 16-byte
-    aligned cache."""
+    of the lanes), or through L1 (``COPY_CACHE = "ca"``, untimed), or whole sub-tiles with a
+    constant predicate (``COPY_CONST_FULL``, untimed: the last, partial, keeps its zero-fill)
+    matches the reference: three tiles, the last partial, pages of 16 keys, beside an empty
+    sequence, a 16-byte aligned cache."""
     monkeypatch.setattr(mma_sync_roles, "COPY_LANES", lanes)
     monkeypatch.setattr(mma_sync_roles, "COPY_CACHE", cache)
+    monkeypatch.setattr(mma_sync_roles, "COPY_CONST_FULL", const_full)
     monkeypatch.setattr(launch, "_aligned16", lambda dev: True)
     specs = launched_specs(monkeypatch)
     p = make_problem(rng, 2, 1, 20, [150, 0], BF16, "paged", 16)
     check_kernel(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
-    assert [(s.backend, s.dispatcher.form["copy_lanes"], s.dispatcher.form["copy_cache"])
-            for s in specs] == [("mma_sync_roles", lanes, cache)], (
+    form = [(s.backend, s.dispatcher.form["copy_lanes"], s.dispatcher.form["copy_cache"],
+             s.dispatcher.form["copy_const_full"]) for s in specs]
+    assert form == [("mma_sync_roles", lanes, cache, const_full)], (
         "expected the split-role kernel with that copy")
 
 
@@ -1150,7 +1154,7 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
         ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead,
                                 v_warps=4, max_early=True, p_ftz=True, sums_late=True,
                                 lane_max=True, packed=True, copy_lanes=8,
-                                copy_cache="cg"))], (
+                                copy_cache="cg", copy_const_full=False))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

@@ -191,7 +191,8 @@ def make_issue(locate, wide, nthreads, rows, region, row_bytes, src_bytes):
     return issue
 
 
-def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8, cache="cg"):
+def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8, cache="cg",
+                    const_full=False):
     """``issue(words, dst, storage, block_table, b, k0, k1, src0, tid)``: ``make_issue``'s copy
     (16-byte pieces; with ``lanes`` 8 the same pieces of the same rows), with what a thread's
     copies share computed once by its caller: ``dst`` the shared address of this thread's
@@ -203,7 +204,9 @@ def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8, cache
     a row: 8 (a warp-instruction writes 128 bytes of each of 4 rows), 16 (256 bytes of each
     of 2) or 32 (512 bytes of one row); a thread then looks up 4 or 8 rows of a 32-row
     stage, not 2. ``cache``: "cg"
-    (``cp.async.cg``, L2 only) or "ca" (through L1)."""
+    (``cp.async.cg``, L2 only) or "ca" (through L1). ``const_full``: a copy of ``rows`` whole
+    keys takes a constant predicate (no source size chosen at run time), a partial one keeps
+    it."""
     copy = {"cg": ptx.cp_async16_at, "ca": ptx.cp_async16_ca_at}[cache]
     rows_a_pass = nthreads // lanes  # key rows a pass copies
     assert lanes in (8, 16, 32) and rows % rows_a_pass == 0 and src_bytes % 16 == 0
@@ -211,7 +214,7 @@ def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8, cache
     passes = -(-pieces // lanes)  # a thread's pieces of a row, the last maybe not all lanes'
 
     @cuda.jit(device=True, **INLINE)
-    def issue(words, dst, storage, block_table, b, k0, k1, src0, tid):
+    def rows_of(words, dst, storage, block_table, b, k0, k1, src0, tid, whole):
         npages, page_size = storage.shape[0], storage.shape[1]
         for j in range(rows // rows_a_pass):
             key = k0 + (tid // lanes + rows_a_pass * j)
@@ -220,8 +223,18 @@ def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8, cache
             ok = ptx.lt_i32(key, k1)
             for u in range(passes):
                 if pieces % lanes == 0 or tid % lanes + lanes * u < pieces:
-                    copy(words, dst + row_bytes * rows_a_pass * j + 16 * lanes * u,
-                         src + 16 * lanes * u, ok)
+                    at = dst + row_bytes * rows_a_pass * j + 16 * lanes * u
+                    if whole:
+                        copy(words, at, src + 16 * lanes * u, True)
+                    else:
+                        copy(words, at, src + 16 * lanes * u, ok)
+
+    @cuda.jit(device=True, **INLINE)
+    def issue(words, dst, storage, block_table, b, k0, k1, src0, tid):
+        if const_full and k1 - k0 == rows:  # (uniform: every thread's keys are whole)
+            rows_of(words, dst, storage, block_table, b, k0, k1, src0, tid, True)
+        else:
+            rows_of(words, dst, storage, block_table, b, k0, k1, src0, tid, False)
         ptx.cp_async_commit()
 
     return issue

@@ -112,6 +112,9 @@ LANE_MAX = True
 COPY_LANES = 8
 # ... and its cache operator: "cg" (L2 only, as measured) or "ca" (through L1; untimed)
 COPY_CACHE = "cg"
+# ... and a whole sub-tile's copy with a constant predicate, a partial one's at run time
+# (untimed: for scripts/probe_cp_async.py's "const" variants)
+COPY_CONST_FULL = False
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
 # named barriers (0 is the block's)
@@ -196,7 +199,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                           s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS,
                           max_early=MAX_EARLY, p_ftz=P_FTZ, sums_late=SUMS_LATE,
                           lane_max=LANE_MAX, packed=True, copy_lanes=COPY_LANES,
-                          copy_cache=COPY_CACHE):
+                          copy_cache=COPY_CACHE, copy_const_full=COPY_CONST_FULL):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
@@ -206,8 +209,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     row sums added across a quad once, after the walk, ``SUMS_LATE``; ``lane_max``: each
     lane's row maxima to the pair, not the quad's, ``LANE_MAX``, with ``max_early`` only;
     ``packed``: the storage is C-contiguous, its rows back to back; ``copy_lanes``,
-    ``copy_cache``: lanes a row of the copy of a 16-byte aligned, packed cache and its cache
-    operator, ``COPY_LANES``, ``COPY_CACHE``)."""
+    ``copy_cache``, ``copy_const_full``: lanes a row of the copy of a 16-byte aligned, packed
+    cache, its cache operator and its predicate, ``COPY_LANES``, ``COPY_CACHE``,
+    ``COPY_CONST_FULL``)."""
     lane_max = lane_max and max_early
     assert v_warps in (4, 8), v_warps
     NT = threads(v_warps)
@@ -244,10 +248,10 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     # torch view of wider rows, takes each row's address from its strides)
     WIDE = wide and packed
     if not WIDE:
-        copy_lanes, copy_cache = 8, "cg"
+        copy_lanes, copy_cache, copy_const_full = 8, "cg", False
     CL = copy_lanes  # (lanes a row of the 16-byte copy)
     issue = (make_issue_rows(locate, NT - SCORE_THREADS, SUB, ROW_BYTES, 4 * WORDS, CL,
-                             copy_cache) if WIDE
+                             copy_cache, copy_const_full) if WIDE
              else make_issue(locate, wide, NT - SCORE_THREADS, SUB, K_OFF, ROW_BYTES, 4 * WORDS))
 
     @cuda.jit(device=True, **INLINE)
@@ -508,5 +512,5 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                                  v_warps=v_warps, max_early=max_early, p_ftz=p_ftz,
                                  sums_late=sums_late, lane_max=lane_max,
                                  packed=bool(packed), copy_lanes=copy_lanes,
-                                 copy_cache=copy_cache)
+                                 copy_cache=copy_cache, copy_const_full=bool(copy_const_full))
     return partition_kernel
