@@ -35,12 +35,12 @@ from numba_mla import ptx  # noqa: E402  (before numba.cuda: numba_mla's environ
 from numba import cuda, int32  # noqa: E402
 
 from numba_mla._compat import SIMULATOR  # noqa: E402
+from numba_mla.kernels.mma_sync import CP_ASYNC16  # noqa: E402
 
 ROWS, WORDS, ROW_BYTES = 32, 288, 1168  # a tile's rows, words a row, bytes a padded row
 NT = 128  # threads a block
 VARIANTS = [(lanes, op, pred) for lanes in (8, 16, 32) for op in ("cg", "ca")
             for pred in ("run", "const")]
-_COPIES = {"cg": ptx.cp_async16_at, "ca": ptx.cp_async16_ca_at}
 
 
 def make_kernel(lanes, op, pred="run"):
@@ -49,7 +49,7 @@ def make_kernel(lanes, op, pred="run"):
     288]; with ``pred`` "run" rows from ``nrows`` on (32: none) are zero-filled, a predicate
     known only at run time, as the kernels' copies have ("const": every row copied)."""
     RUN = pred == "run"
-    copy = _COPIES[op]
+    copy = CP_ASYNC16[op]
     rows_a_pass = NT // lanes  # rows one pass of the block writes
     pieces = 4 * WORDS // 16  # 16-byte pieces a row (72)
     per_lane = -(-pieces // lanes)  # a lane's pieces of a row (the last maybe not all lanes')

@@ -191,6 +191,10 @@ def make_issue(locate, wide, nthreads, rows, region, row_bytes, src_bytes):
     return issue
 
 
+# 16-byte cp.async by cache operator: "cg" (L2 only), "ca" (through L1)
+CP_ASYNC16 = {"cg": ptx.cp_async16_at, "ca": ptx.cp_async16_ca_at}
+
+
 def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8, cache="cg",
                     const_full=False):
     """``issue(words, dst, storage, block_table, b, k0, k1, src0, tid)``: ``make_issue``'s copy
@@ -207,7 +211,7 @@ def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8, cache
     (``cp.async.cg``, L2 only) or "ca" (through L1). ``const_full``: a copy of ``rows`` whole
     keys takes a constant predicate (no source size chosen at run time), a partial one keeps
     it."""
-    copy = {"cg": ptx.cp_async16_at, "ca": ptx.cp_async16_ca_at}[cache]
+    copy = CP_ASYNC16[cache]
     rows_a_pass = nthreads // lanes  # key rows a pass copies
     assert lanes in (8, 16, 32) and rows % rows_a_pass == 0 and src_bytes % 16 == 0
     pieces = src_bytes // 16  # a row's
@@ -220,14 +224,11 @@ def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8, cache
             key = k0 + (tid // lanes + rows_a_pass * j)
             page, slot = locate(block_table, page_size, npages, b, ptx.min_i32(key, k1 - 1))
             src = ptx.row_addr(src0, page, page_size, slot, src_bytes)
-            ok = ptx.lt_i32(key, k1)
+            ok = whole or ptx.lt_i32(key, k1)  # (``whole`` a constant: folded)
             for u in range(passes):
                 if pieces % lanes == 0 or tid % lanes + lanes * u < pieces:
-                    at = dst + row_bytes * rows_a_pass * j + 16 * lanes * u
-                    if whole:
-                        copy(words, at, src + 16 * lanes * u, True)
-                    else:
-                        copy(words, at, src + 16 * lanes * u, ok)
+                    copy(words, dst + row_bytes * rows_a_pass * j + 16 * lanes * u,
+                         src + 16 * lanes * u, ok)
 
     @cuda.jit(device=True, **INLINE)
     def issue(words, dst, storage, block_table, b, k0, k1, src0, tid):

@@ -32,6 +32,11 @@ from ._codegen import f32_asm, i32, pair
 from ._twin import intrinsic_with_twin, with_twin
 
 
+def _low32(ctx, bld, tys, args):
+    """The low 32 bits of each of ``args`` (of types ``tys``)."""
+    return [bld.trunc(ctx.cast(bld, v, t, types.int64), i32) for v, t in zip(args, tys)]
+
+
 def _divmod_u32_twin(a, b):
     return divmod(int(a), int(b))
 
@@ -41,7 +46,7 @@ def divmod_u32(typingctx, a, b):
     sig = types.UniTuple(types.int32, 2)(a, b)
 
     def cg(ctx, bld, s, args):
-        x, y = (bld.trunc(ctx.cast(bld, v, t, types.int64), i32) for v, t in zip(args, s.args))
+        x, y = _low32(ctx, bld, s.args, args)
         quo = bld.udiv(x, y)
         return pair(ctx, bld, s, quo, bld.sub(x, bld.mul(quo, y)))
 
@@ -100,8 +105,7 @@ def _row_addr_twin(base, page, rows, slot, nbytes):
 @intrinsic_with_twin(_row_addr_twin)
 def row_addr(typingctx, base, page, rows, slot, nbytes):
     def cg(ctx, bld, s, args):
-        p, r, k = (bld.trunc(ctx.cast(bld, v, t, types.int64), i32)
-                   for v, t in zip(args[1:4], s.args[1:4]))
+        p, r, k = _low32(ctx, bld, s.args[1:4], args[1:4])
         row = bld.zext(bld.add(bld.mul(p, r), k), ir.IntType(64))
         nbytes = ctx.cast(bld, args[4], s.args[4], types.int64)
         return bld.add(ctx.cast(bld, args[0], s.args[0], types.int64), bld.mul(row, nbytes))
@@ -121,14 +125,10 @@ def _lt_i32_twin(a, b):
     return _i32(a) < _i32(b)
 
 
-def _low32(ctx, bld, s, args):
-    return [bld.trunc(ctx.cast(bld, v, t, types.int64), i32) for v, t in zip(args, s.args)]
-
-
 @intrinsic_with_twin(_min_i32_twin)
 def min_i32(typingctx, a, b):
     def cg(ctx, bld, s, args):
-        x, y = _low32(ctx, bld, s, args)
+        x, y = _low32(ctx, bld, s.args, args)
         return bld.select(bld.icmp_signed("<", x, y), x, y)
 
     return types.int32(a, b), cg
@@ -137,7 +137,7 @@ def min_i32(typingctx, a, b):
 @intrinsic_with_twin(_lt_i32_twin)
 def lt_i32(typingctx, a, b):
     def cg(ctx, bld, s, args):
-        x, y = _low32(ctx, bld, s, args)
+        x, y = _low32(ctx, bld, s.args, args)
         return bld.icmp_signed("<", x, y)
 
     return types.boolean(a, b), cg
