@@ -498,12 +498,13 @@ def test_mma_sync_roles_softmax_forms(flags, order, rng, monkeypatch):
 
 @KERNEL
 @pytest.mark.parametrize("lanes,cache,const_full", [(16, "cg", False), (32, "cg", False),
-                                                   (8, "ca", False), (8, "cg", True)])
+                                                   (8, "cg", False), (8, "ca", True)])
 def test_mma_sync_roles_copy_lanes(lanes, cache, const_full, rng, monkeypatch):
-    """The split-role form with its copy by 16 or 32 lanes a row (``mma_sync_roles.COPY_LANES``,
-    untimed; a thread's rows of a stage 4 or 8, the last pieces of a row by half or a quarter
-    of the lanes), or through L1 (``COPY_CACHE = "ca"``, untimed), or whole sub-tiles with a
-    constant predicate (``COPY_CONST_FULL``, untimed: the last, partial, keeps its zero-fill)
+    """The split-role form with its copy by 16 or 32 lanes a row (``mma_sync_roles.COPY_LANES``;
+    a thread's rows of a stage 4 or 8, the last pieces of a row by half or a quarter of the
+    lanes) and L2 only (``COPY_CACHE = "cg"``, the default's before "ca"), or L2 only by 8
+    lanes, or whole sub-tiles with a constant predicate (``COPY_CONST_FULL``: the last,
+    partial, keeps its zero-fill)
     matches the reference: three tiles, the last partial, pages of 16 keys, beside an empty
     sequence, a 16-byte aligned cache."""
     monkeypatch.setattr(mma_sync_roles, "COPY_LANES", lanes)
@@ -1154,7 +1155,8 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
         ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead,
                                 v_warps=4, max_early=True, p_ftz=True, sums_late=True,
                                 lane_max=True, packed=True, copy_lanes=8,
-                                copy_cache="cg", copy_const_full=False))], (
+                                copy_cache=mma_sync_roles.COPY_CACHE if wide else "cg",
+                                copy_const_full=False))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

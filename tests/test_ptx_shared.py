@@ -247,11 +247,12 @@ def _probe_cp_async():
 @pytest.mark.kernel
 def test_probe_cp_async_copies_land_right(rng):
     """scripts/probe_cp_async.py's copies (8, 16 or 32 lanes a row, ``cg`` and ``ca``, the
-    zero-fill predicate at run time or constant) land
+    zero-fill predicate at run time or constant, padded, 128-byte-aligned or XOR-swizzled
+    rows) land
     every word of every tile where its read-back looks: three tiles over two blocks, each
     block's sum of its tiles as NumPy's, so its timings and wavefront counts are of copies
     that did their work."""
     probe = _probe_cp_async()
-    for lanes, op, pred in probe.VARIANTS:
-        out, src, _ = probe.run(lanes, op, 3, 2, rng, pred=pred)
-        assert np.array_equal(out, probe.expected(src, 2)), (lanes, op, pred)
+    for lanes, op, pred, layout in probe.VARIANTS:
+        out, src, _ = probe.run(lanes, op, 3, 2, rng, pred=pred, layout=layout)
+        assert np.array_equal(out, probe.expected(src, 2)), (lanes, op, pred, layout)

@@ -106,14 +106,16 @@ SUMS_LATE = True
 # four lanes' of both halves (two 16-byte loads a row), rather than two shuffles a row first
 LANE_MAX = True
 # lanes a row of the V warps' copy of a 16-byte aligned cache: 8, a warp-instruction
-# writing 128 bytes of each of 4 rows (Nsight Compute counts 2.6x its ideal shared
-# wavefronts for these LDGSTS: docs/kernels/mma_sync.md, item 9), 16 (256 bytes of each of
-# 2 rows) or 32 (512 bytes of one row); 16 and 32 untimed
+# writing 128 bytes of each of 4 rows, 16 (256 bytes of each of 2 rows: 0.985-0.993x, within
+# noise) or 32 (512 bytes of one row: 1.03-1.05x)
 COPY_LANES = 8
-# ... and its cache operator: "cg" (L2 only, as measured) or "ca" (through L1; untimed)
-COPY_CACHE = "cg"
+# ... and its cache operator: "ca" (through L1) or "cg" (L2 only: the stage's rows, 1,168
+# bytes apart, put each 128 bytes of a row across two 128-byte lines of shared memory, and
+# Nsight Compute counts 2.6x the ideal shared wavefronts for such LDGSTS, "ca" the ideal;
+# "ca" 0.93-0.94x "cg"'s time: docs/kernels/mma_sync.md, item 9)
+COPY_CACHE = "ca"
 # ... and a whole sub-tile's copy with a constant predicate, a partial one's at run time
-# (untimed: for scripts/probe_cp_async.py's "const" variants)
+# (for scripts/probe_cp_async.py's "const" variants: the same wavefronts; 0.99-1.00x)
 COPY_CONST_FULL = False
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
