@@ -228,8 +228,8 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     address follows the strides, as a torch view of a wider buffer needs); its S
     in the module's ``S_CHAINS`` accumulator chains, ahead of P or not (``S_AHEAD``, with four
     stages: the three-stage form's sm_80 build would spill), by ``V_WARPS`` V warps, with
-    ``MAX_EARLY``, ``P_FTZ``, ``SUMS_LATE``, ``LANE_MAX``, ``COPY_LANES``, ``COPY_CACHE`` and
-    ``COPY_CONST_FULL`` (all read here, so part of the key)."""
+    ``MAX_EARLY``, ``P_FTZ``, ``SUMS_LATE``, ``LANE_MAX``, ``COPY_LANES``, ``COPY_CACHE``,
+    ``COPY_CONST_FULL`` and ``K_SWIZZLE`` (all read here, so part of the key)."""
     from .kernels import mma_sync_roles
 
     chains, ahead = mma_sync_roles.S_CHAINS, mma_sync_roles.S_AHEAD and stages == 4
@@ -240,6 +240,7 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     copy_lanes = mma_sync_roles.COPY_LANES if lean else 8
     copy_cache = mma_sync_roles.COPY_CACHE if lean else "cg"
     const_full = bool(mma_sync_roles.COPY_CONST_FULL and lean)
+    swizzle = bool(mma_sync_roles.K_SWIZZLE and lean)
 
     def build():
         return mma_sync_roles.make_partition_kernel(
@@ -247,7 +248,7 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
             stages=stages, s_chains=chains, s_ahead=ahead, v_warps=v_warps,
             max_early=early, p_ftz=ftz, sums_late=late, lane_max=lane_max,
             packed=bool(packed), copy_lanes=copy_lanes, copy_cache=copy_cache,
-            copy_const_full=const_full, **_device_functions(mask, score_mod, cache_cls))
+            copy_const_full=const_full, k_swizzle=swizzle, **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("mma_sync_roles", tag, heads, direct, bool(wide), stages)
                    + ((("s_chains", chains),) if chains != 4 else ())
@@ -261,6 +262,7 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
                    + ((("copy_lanes", copy_lanes),) if copy_lanes != 8 else ())
                    + ((("copy_cache", copy_cache),) if copy_cache != "cg" else ())
                    + ((("copy_const_full", True),) if const_full else ())
+                   + ((("k_swizzle", True),) if swizzle else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

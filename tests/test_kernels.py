@@ -497,26 +497,30 @@ def test_mma_sync_roles_softmax_forms(flags, order, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("lanes,cache,const_full", [(16, "cg", False), (32, "cg", False),
-                                                   (8, "cg", False), (8, "ca", True)])
-def test_mma_sync_roles_copy_lanes(lanes, cache, const_full, rng, monkeypatch):
+@pytest.mark.parametrize("lanes,cache,const_full,swizzle", [
+    (16, "cg", False, False), (32, "cg", False, False), (8, "cg", False, False),
+    (8, "ca", True, False), (8, "cg", False, True), (16, "ca", True, True)])
+def test_mma_sync_roles_copy_lanes(lanes, cache, const_full, swizzle, rng, monkeypatch):
     """The split-role form with its copy by 16 or 32 lanes a row (``mma_sync_roles.COPY_LANES``;
     a thread's rows of a stage 4 or 8, the last pieces of a row by half or a quarter of the
     lanes) and L2 only (``COPY_CACHE = "cg"``, the default's before "ca"), or L2 only by 8
     lanes, or whole sub-tiles with a constant predicate (``COPY_CONST_FULL``: the last,
-    partial, keeps its zero-fill)
+    partial, keeps its zero-fill), or the stage's rows swizzled (``K_SWIZZLE``: the copy's
+    units and every ldmatrix address of K and V XOR the row's low three bits; a reader that
+    takes the unswizzled unit reads another unit's dims)
     matches the reference: three tiles, the last partial, pages of 16 keys, beside an empty
     sequence, a 16-byte aligned cache."""
     monkeypatch.setattr(mma_sync_roles, "COPY_LANES", lanes)
     monkeypatch.setattr(mma_sync_roles, "COPY_CACHE", cache)
     monkeypatch.setattr(mma_sync_roles, "COPY_CONST_FULL", const_full)
+    monkeypatch.setattr(mma_sync_roles, "K_SWIZZLE", swizzle)
     monkeypatch.setattr(launch, "_aligned16", lambda dev: True)
     specs = launched_specs(monkeypatch)
     p = make_problem(rng, 2, 1, 20, [150, 0], BF16, "paged", 16)
     check_kernel(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
     form = [(s.backend, s.dispatcher.form["copy_lanes"], s.dispatcher.form["copy_cache"],
-             s.dispatcher.form["copy_const_full"]) for s in specs]
-    assert form == [("mma_sync_roles", lanes, cache, const_full)], (
+             s.dispatcher.form["copy_const_full"], s.dispatcher.form["k_swizzle"]) for s in specs]
+    assert form == [("mma_sync_roles", lanes, cache, const_full, swizzle)], (
         "expected the split-role kernel with that copy")
 
 
@@ -1156,7 +1160,8 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
                                 v_warps=4, max_early=True, p_ftz=True, sums_late=True,
                                 lane_max=True, packed=True, copy_lanes=8,
                                 copy_cache=mma_sync_roles.COPY_CACHE if wide else "cg",
-                                copy_const_full=False))], (
+                                copy_const_full=False,
+                                k_swizzle=bool(mma_sync_roles.K_SWIZZLE and wide)))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

@@ -372,16 +372,21 @@ def make_write_p(pack, unpack=None, exp2=math.exp2, quad=True):
     return write_p
 
 
-def _make_pv(tag, mt, od):
+def _make_pv(tag, mt, od, swizzle=False):
     """``pv(acc, sm, vaddr, a, tid)`` with ``a`` the 4 MT words of P's A fragments (m16 tile
     u's at 4u): acc += P . V over one 16-key step for the warp's od / 8 n8 tiles of each m16
     tile; ``vaddr`` is this lane's ldmatrix address for the first pair of tiles (each pair is
     16 dims = 32 bytes further). Written out: ``mma`` takes its accumulator offset as a
-    compile-time constant, so that the accumulators stay in registers."""
+    compile-time constant, so that the accumulators stay in registers. With ``swizzle``
+    (rows whose 16-byte units are XOR'd by the row's low three bits, mma_sync_roles.K_SWIZZLE)
+    ``pv(acc, sm, va0, va1, va2, va3, a, tid)``: ``va{m}`` the address of pair m, pair 4 q + m
+    128 q bytes further."""
     names = ", ".join(f"a{k}" for k in range(4 * mt))
-    lines = [f"def pv(acc, sm, vaddr, {names}, tid):"]
+    addrs = "va0, va1, va2, va3" if swizzle else "vaddr"
+    lines = [f"def pv(acc, sm, {addrs}, {names}, tid):"]
     for pair in range(od // 16):
-        lines.append(f"    m0, m1, m2, m3 = ldsm_t(sm, vaddr + {32 * pair}, tid)")
+        at = f"va{pair % 4} + {128 * (pair // 4)}" if swizzle else f"vaddr + {32 * pair}"
+        lines.append(f"    m0, m1, m2, m3 = ldsm_t(sm, {at}, tid)")
         for u in range(mt):
             a = ", ".join(f"a{4 * u + k}" for k in range(4))
             at = u * (od // 8 * 4) + 8 * pair

@@ -117,6 +117,13 @@ COPY_CACHE = "ca"
 # ... and a whole sub-tile's copy with a constant predicate, a partial one's at run time
 # (for scripts/probe_cp_async.py's "const" variants: the same wavefronts; 0.99-1.00x)
 COPY_CONST_FULL = False
+# ... and the stage's rows 1,152 bytes apart with each 16-byte unit u of row r at u ^ (r & 7)
+# (an XOR swizzle, the layout CUTLASS's tensor-core copies use: every 128 bytes of a row on
+# one 128-byte line, which Nsight Compute's ideal asks of a "cg" copy, and ldmatrix's eight
+# rows still on distinct banks), rather than 1,168 bytes apart; the readers' addresses then
+# take four registers a lane where one did (a packed cache, 8 or 16 lanes a row; untimed)
+K_SWIZZLE = False
+K_ROW = 4 * WORDS  # bytes a swizzled stage row (1,152)
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
 # named barriers (0 is the block's)
@@ -165,15 +172,16 @@ def _make_q_load(steps):
     return cuda.jit(device=True, **INLINE)(scope["load_q"])
 
 
-def _make_scores(tag, steps, chains=4):
-    """``scores(s2, qf, words, kaddr, tid)``: s2 += Q K^T over ``steps`` k16 steps for 32 keys
-    (n8 tiles 0-3 at s2[0], [4], [8], [12]); ``kaddr`` this lane's ldmatrix address of the
-    first 16 keys' step 0 (the next 16 keys are 16 rows further). Written out like
-    ``_make_q_load``. ``chains``: 4, each step's four products added into s2 (four chains of
-    ``steps`` dependent HMMAs), or 8, the odd steps' into a second set added at the end (half
-    as long)."""
+def _make_scores(tag, steps, chains=4, swizzle=False):
+    """``scores(s2, qf, words, ka0, ka1, ka2, ka3, tid)``: s2 += Q K^T over ``steps`` k16
+    steps for 32 keys (n8 tiles 0-3 at s2[0], [4], [8], [12]); ``ka0`` this lane's ldmatrix
+    address of the first 16 keys' step 0 (the next 16 keys are 16 rows further; ``ka1`` ..
+    ``ka3`` unused), or with ``swizzle`` (``K_SWIZZLE``'s rows) ``ka{m}`` its address of step
+    m, step 4 q + m then 128 q bytes further. Written out like ``_make_q_load``. ``chains``:
+    4, each step's four products added into s2 (four chains of ``steps`` dependent HMMAs), or
+    8, the odd steps' into a second set added at the end (half as long)."""
     assert chains in (4, 8), chains
-    lines = ["def scores(s2, qf, words, kaddr, tid):"]
+    lines = ["def scores(s2, qf, words, ka0, ka1, ka2, ka3, tid):"]
     if chains == 8:
         lines += ["    s2b = cuda.local.array(16, float32)",
                   "    for k in range(16):",
@@ -181,8 +189,9 @@ def _make_scores(tag, steps, chains=4):
     for s in range(steps):
         a = ", ".join(f"qf[{4 * s + k}]" for k in range(4))
         acc = "s2b" if chains == 8 and s % 2 else "s2"
-        lines += [f"    b0, b1, b2, b3 = ldsm(words, kaddr + {32 * s}, tid)",
-                  f"    c0, c1, c2, c3 = ldsm(words, kaddr + {16 * ROW_BYTES + 32 * s}, tid)",
+        at, row = ((f"ka{s % 4}", 128 * (s // 4)), K_ROW) if swizzle else (("ka0", 32 * s), ROW_BYTES)
+        lines += [f"    b0, b1, b2, b3 = ldsm(words, {at[0]} + {at[1]}, tid)",
+                  f"    c0, c1, c2, c3 = ldsm(words, {at[0]} + {16 * row + at[1]}, tid)",
                   f"    mma({acc}, 0, {a}, b0, b1, tid)",
                   f"    mma({acc}, 4, {a}, b2, b3, tid)",
                   f"    mma({acc}, 8, {a}, c0, c1, tid)",
@@ -201,7 +210,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                           s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS,
                           max_early=MAX_EARLY, p_ftz=P_FTZ, sums_late=SUMS_LATE,
                           lane_max=LANE_MAX, packed=True, copy_lanes=COPY_LANES,
-                          copy_cache=COPY_CACHE, copy_const_full=COPY_CONST_FULL):
+                          copy_cache=COPY_CACHE, copy_const_full=COPY_CONST_FULL,
+                          k_swizzle=K_SWIZZLE):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
@@ -213,7 +223,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     ``packed``: the storage is C-contiguous, its rows back to back; ``copy_lanes``,
     ``copy_cache``, ``copy_const_full``: lanes a row of the copy of a 16-byte aligned, packed
     cache, its cache operator and its predicate, ``COPY_LANES``, ``COPY_CACHE``,
-    ``COPY_CONST_FULL``)."""
+    ``COPY_CONST_FULL``; ``k_swizzle``: such a cache's stage rows swizzled, ``K_SWIZZLE``)."""
     lane_max = lane_max and max_early
     assert v_warps in (4, 8), v_warps
     NT = threads(v_warps)
@@ -239,20 +249,23 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     SUMS_LATE, LANE_MAX = sums_late, lane_max
     load_q = _make_q_load(HALF_STEPS)
     copy_q = make_q_copy(BLOCK_M, NT, Q_OFF)
-    scores = _make_scores(tag, HALF_STEPS, s_chains)
+    WIDE = wide and packed
+    SWZ = bool(k_swizzle and WIDE)
+    assert not SWZ or copy_lanes in (8, 16), "the swizzle's key is a thread's for 8 or 16 lanes"
+    KR = K_ROW if SWZ else ROW_BYTES  # bytes from a stage row to the next
+    scores = _make_scores(tag, HALF_STEPS, s_chains, SWZ)
     S_AHEAD = s_ahead  # (constants of the kernel)
     MAX_EARLY = max_early
-    pv = _make_pv(tag, 2, OD)
+    pv = _make_pv(tag, 2, OD, SWZ)
     scale_acc = ptx.acc_scale_halves(NACC)
     zero_acc = ptx.acc_zero(NACC)
     # (a 16-byte aligned cache whose rows lie back to back: the copy's shared and global
     # bases a thread computed once, each row's address from its index; a strided storage, a
     # torch view of wider rows, takes each row's address from its strides)
-    WIDE = wide and packed
     if not WIDE:
         copy_lanes, copy_cache, copy_const_full = 8, "cg", False
     CL = copy_lanes  # (lanes a row of the 16-byte copy)
-    issue = (make_issue_rows(locate, NT - SCORE_THREADS, SUB, ROW_BYTES, 4 * WORDS, CL,
+    issue = (make_issue_rows(locate, NT - SCORE_THREADS, SUB, KR, 4 * WORDS, CL,
                              copy_cache, copy_const_full) if WIDE
              else make_issue(locate, wide, NT - SCORE_THREADS, SUB, K_OFF, ROW_BYTES, 4 * WORDS))
 
@@ -263,13 +276,14 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         return max(max(x0, x1), max(x2, x3))
 
     @cuda.jit(device=True, **INLINE)
-    def score_sub(s2, qf, words, kaddr, kready, tid):
-        """A score warp's S of one sub-tile (its rows at ``kaddr``) into s2, from zero, once
-        the V warps say on barrier ``kready`` that the rows have landed."""
+    def score_sub(s2, qf, words, ka0, ka1, ka2, ka3, off, kready, tid):
+        """A score warp's S of one sub-tile (its rows at ``ka0`` .. ``ka3`` plus the stage's
+        ``off``, as ``scores`` takes them) into s2, from zero, once the V warps say on barrier
+        ``kready`` that the rows have landed."""
         ptx.bar_sync(kready, NT)
         for k in range(16):
             s2[k] = float32(0.0)
-        scores(s2, qf, words, kaddr, tid)
+        scores(s2, qf, words, ka0 + off, ka1 + off, ka2 + off, ka3 + off, tid)
 
     @cuda.jit(device=True, **INLINE)
     def issue_sub(words, base, storage, block_table, b, kstart, kend, t, t_end, h, j, vtid,
@@ -331,8 +345,16 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             qf = cuda.local.array(QF, int32)
             load_q(qf, words, base + 4 * Q_OFF + (16 * sm + a_row) * ROW_BYTES + 2 * a_col
                    + 32 * HALF_STEPS * dh, tid)
-            k_addr = (base + 4 * K_OFF + (lane % 8 + 8 * (lane // 16)) * ROW_BYTES
-                      + 2 * 8 * (lane // 8 % 2) + 32 * HALF_STEPS * dh)
+            if SWZ:  # (step m's unit u at u ^ the row's low bits: lane % 8)
+                k_row = base + 4 * K_OFF + (lane % 8 + 8 * (lane // 16)) * KR
+                ka0 = k_row + 16 * ((lane // 8 % 2 + 2 * HALF_STEPS * dh) ^ (lane % 8))
+                ka1 = k_row + 16 * ((lane // 8 % 2 + 2 + 2 * HALF_STEPS * dh) ^ (lane % 8))
+                ka2 = k_row + 16 * ((lane // 8 % 2 + 4 + 2 * HALF_STEPS * dh) ^ (lane % 8))
+                ka3 = k_row + 16 * ((lane // 8 % 2 + 6 + 2 * HALF_STEPS * dh) ^ (lane % 8))
+            else:
+                ka0 = (base + 4 * K_OFF + (lane % 8 + 8 * (lane // 16)) * ROW_BYTES
+                       + 2 * 8 * (lane // 8 % 2) + 32 * HALF_STEPS * dh)
+                ka1 = ka2 = ka3 = ka0  # (unused)
             x_give = base + 4 * (X_OFF + 256 * warp) + 16 * lane
             x_take = base + 4 * (X_OFF + 256 * (warp ^ 1)) + 16 * lane
             s2 = cuda.local.array(16, float32)  # partial scores: 32 keys, half the dims
@@ -346,7 +368,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 l_rnd[j] = float32(0.0)
             j = 0
             if S_AHEAD and t < t_end:  # (S of sub-tile 0 before the walk)
-                score_sub(s2, qf, words, k_addr, BAR_KREADY, tid)
+                score_sub(s2, qf, words, ka0, ka1, ka2, ka3, 0, BAR_KREADY, tid)
             while t < t_end:
                 k0 = kstart + t * BLOCK_N
                 k1 = min(k0 + BLOCK_N, kend)
@@ -354,8 +376,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 t_next = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
                 for h in range(2):
                     if not S_AHEAD:  # (sub-tile j's)
-                        score_sub(s2, qf, words, k_addr + KS_BYTES * (j % NS), BAR_KREADY + h,
-                                  tid)
+                        score_sub(s2, qf, words, ka0, ka1, ka2, ka3, KS_BYTES * (j % NS),
+                                  BAR_KREADY + h, tid)
                     # the partner's 16 keys to it, its partials of this warp's 16 from it
                     pass_partials(s, s2, floats, x_give, x_take, dh, BAR_PAIR + sm)
                     # mask and score mod on this warp's keys, their row maxima to Mx[dh]
@@ -380,7 +402,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     if S_AHEAD and (h == 0 or t_next < t_end):
                         # S of sub-tile j + 1 now, its products under this one's softmax (its
                         # partner's pair barrier, not KREADY, now orders the maxima's reuse)
-                        score_sub(s2, qf, words, k_addr + KS_BYTES * ((j + 1) % NS),
+                        score_sub(s2, qf, words, ka0, ka1, ka2, ka3, KS_BYTES * ((j + 1) % NS),
                                   BAR_KREADY + 1 - h, tid)
                     # Buffer h is free (P V of j - 2 done). All four score warps wait here,
                     # so this also orders both halves' maxima before their reads below (where
@@ -430,10 +452,19 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             zero_acc(acc)
             p_addr = base + 4 * P_OFF + a_row * P_ROW_BYTES + 2 * a_col
             v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + OD * od)
+            if SWZ:  # (pair m's unit u at u ^ the row's low bits: lane % 8)
+                v_row = base + 4 * K_OFF + a_row * KR
+                va0 = v_row + 16 * ((OD // 8 * od + lane // 16) ^ (lane % 8))
+                va1 = v_row + 16 * ((OD // 8 * od + lane // 16 + 2) ^ (lane % 8))
+                va2 = v_row + 16 * ((OD // 8 * od + lane // 16 + 4) ^ (lane % 8))
+                va3 = v_row + 16 * ((OD // 8 * od + lane // 16 + 6) ^ (lane % 8))
+            else:
+                va0 = va1 = va2 = va3 = v_addr  # (unused)
             # the walk two tiles ahead (t1, t2): sub-tile j + 2 is of t1, j + NS of t1 or t2
             t1 = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi) if t < t_end else t_end
             # this thread's copy pieces: row vtid // CL of a stage, 16 bytes vtid % CL of it
-            dst0 = base + 4 * K_OFF + vtid // CL * ROW_BYTES + 16 * (vtid % CL)
+            dst0 = base + 4 * K_OFF + vtid // CL * KR + 16 * (
+                ((vtid % CL) ^ (vtid // CL % 8)) if SWZ else vtid % CL)
             src0 = ptx.global_addr(storage, 0, 0, 0) + 16 * (vtid % CL) if t < t_end else 0
             for h in range(2):
                 issue_sub(words, base, storage, block_table, b, kstart, kend, t, t_end, h, h,
@@ -469,13 +500,19 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                             a3 != float32(1.0)):
                         scale_acc(acc, a0, a1, a2, a3)
                     pa = p_addr + P_ROW_BYTES * BLOCK_M * h
-                    va = v_addr + KS_BYTES * (j % NS)
+                    vo = KS_BYTES * (j % NS)
+                    va = v_addr + vo
                     for step in range(SUB // 16):
                         c0, c1, c2, c3 = ptx.ldmatrix_x4(words, pa + 32 * step, tid)
                         c4, c5, c6, c7 = ptx.ldmatrix_x4(words, pa + 16 * P_ROW_BYTES
                                                          + 32 * step, tid)
-                        pv(acc, words, va + 16 * ROW_BYTES * step, c0, c1, c2, c3, c4, c5, c6,
-                           c7, tid)
+                        if SWZ:
+                            o = vo + 16 * KR * step
+                            pv(acc, words, va0 + o, va1 + o, va2 + o, va3 + o, c0, c1, c2, c3,
+                               c4, c5, c6, c7, tid)
+                        else:
+                            pv(acc, words, va + 16 * ROW_BYTES * step, c0, c1, c2, c3, c4, c5,
+                               c6, c7, tid)
                     if t1 < t_end:
                         ptx.bar_arrive(BAR_PFREE + h, NT)  # for sub-tile j + 2's P
                     ptx.bar_sync(BAR_VDONE, NT - SCORE_THREADS)  # every V warp is past j
@@ -514,5 +551,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                                  v_warps=v_warps, max_early=max_early, p_ftz=p_ftz,
                                  sums_late=sums_late, lane_max=lane_max,
                                  packed=bool(packed), copy_lanes=copy_lanes,
-                                 copy_cache=copy_cache, copy_const_full=bool(copy_const_full))
+                                 copy_cache=copy_cache, copy_const_full=bool(copy_const_full),
+                                 k_swizzle=SWZ)
     return partition_kernel
