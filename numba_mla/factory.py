@@ -204,18 +204,22 @@ def mma_sync_partition_kernel(mask, score_mod, tag, cache_cls, block_m, heads, d
     of FP8 rows copied as they are into shared memory (0, 1 or 2: heuristics.mma_sync_fits);
     ``wide``
     whether the cache starts 16-byte aligned (16-byte copies; moot for FP8 rows that are
-    loaded, not copied)."""
+    loaded, not copied); the key stages swizzled by the module's ``K_SWIZZLE`` (read here,
+    so part of the key) for a 16-byte aligned 16-bit cache."""
+    from .kernels import mma_sync
+
     staged = int(staged) if fp8 else 0
     wide = bool(wide or (fp8 and not staged))
+    swizzle = bool(mma_sync.K_SWIZZLE and wide and not fp8)
 
     def build():
-        from .kernels.mma_sync import make_partition_kernel
-
-        return make_partition_kernel(tag=tag, store=_output_store(tag, direct), block_m=block_m,
-                                     heads=heads, fp8=fp8, wide=wide, staged=staged,
-                                     **_device_functions(mask, score_mod, cache_cls))
+        return mma_sync.make_partition_kernel(
+            tag=tag, store=_output_store(tag, direct), block_m=block_m, heads=heads, fp8=fp8,
+            wide=wide, staged=staged, k_swizzle=swizzle,
+            **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("mma_sync", tag, block_m, heads, direct, fp8, wide, staged)
+                   + ((("k_swizzle", True),) if swizzle else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 
@@ -240,7 +244,7 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     copy_lanes = mma_sync_roles.COPY_LANES if lean else 8
     copy_cache = mma_sync_roles.COPY_CACHE if lean else "cg"
     const_full = bool(mma_sync_roles.COPY_CONST_FULL and lean)
-    swizzle = bool(mma_sync_roles.K_SWIZZLE and lean)
+    swizzle = bool(mma_sync_roles.K_SWIZZLE and lean and copy_lanes in (8, 16))
 
     def build():
         return mma_sync_roles.make_partition_kernel(

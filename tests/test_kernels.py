@@ -499,15 +499,17 @@ def test_mma_sync_roles_softmax_forms(flags, order, rng, monkeypatch):
 @KERNEL
 @pytest.mark.parametrize("lanes,cache,const_full,swizzle", [
     (16, "cg", False, False), (32, "cg", False, False), (8, "cg", False, False),
-    (8, "ca", True, False), (8, "cg", False, True), (16, "ca", True, True)])
+    (8, "ca", True, False), (8, "ca", False, False), (16, "ca", True, True)])
 def test_mma_sync_roles_copy_lanes(lanes, cache, const_full, swizzle, rng, monkeypatch):
-    """The split-role form with its copy by 16 or 32 lanes a row (``mma_sync_roles.COPY_LANES``;
-    a thread's rows of a stage 4 or 8, the last pieces of a row by half or a quarter of the
-    lanes) and L2 only (``COPY_CACHE = "cg"``, the default's before "ca"), or L2 only by 8
-    lanes, or whole sub-tiles with a constant predicate (``COPY_CONST_FULL``: the last,
-    partial, keeps its zero-fill), or the stage's rows swizzled (``K_SWIZZLE``: the copy's
-    units and every ldmatrix address of K and V XOR the row's low three bits; a reader that
-    takes the unswizzled unit reads another unit's dims)
+    """The split-role form's copy variants, each of which the default (8 lanes a row, ``.cg``,
+    the stage's rows swizzled: ``test_mma_sync_roles``) is not: rows 1,168 bytes apart
+    (``mma_sync_roles.K_SWIZZLE`` off) copied by 16, 32 or 8 lanes a row
+    (``COPY_LANES``; a thread's rows of a stage 4 or 8, the last pieces of a row by half or a
+    quarter of the lanes), through L1 (``COPY_CACHE = "ca"``), whole sub-tiles with a
+    constant predicate (``COPY_CONST_FULL``: the last, partial, keeps its zero-fill); and
+    swizzled rows copied by 16 lanes through L1 (the swizzle's key the row's low three bits,
+    which a thread's rows share with 8 or 16 lanes; a reader of K or V that takes the
+    unswizzled unit, or a copy whose key is narrowed, fails ``test_mma_sync_roles``)
     matches the reference: three tiles, the last partial, pages of 16 keys, beside an empty
     sequence, a 16-byte aligned cache."""
     monkeypatch.setattr(mma_sync_roles, "COPY_LANES", lanes)
@@ -1163,6 +1165,27 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
                                 copy_const_full=False,
                                 k_swizzle=bool(mma_sync_roles.K_SWIZZLE and wide)))], (
         "expected the split-role kernel, its copies, stages and S")
+
+
+@KERNEL
+@pytest.mark.parametrize("heads,block_m", [(16, 16), (20, 32)])
+def test_mma_sync_swizzled_stages(heads, block_m, rng, monkeypatch):
+    """The lockstep blocks (16 rows, and 32 with the split-role form off) with their key
+    stages swizzled (``mma_sync.K_SWIZZLE``, off, untimed: each 16-byte unit u of a row at
+    u ^ (row & 7), the copy's pieces and every ldmatrix address of K and V with it) match
+    the reference: two tiles, the second partial, pages of 16 keys, beside an empty sequence,
+    a 16-byte aligned cache."""
+    from numba_mla.kernels import mma_sync
+
+    monkeypatch.setattr(mma_sync, "K_SWIZZLE", True)
+    monkeypatch.setattr(selector, "MMA_SYNC_ROLES", False)
+    monkeypatch.setattr(launch, "_aligned16", lambda dev: True)
+    assert heuristics.mma_sync_block_m(heads) == block_m
+    specs = launched_specs(monkeypatch)
+    p = make_problem(rng, 2, 1, heads, [100, 0], BF16, "paged", 16)
+    check_kernel(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
+    assert [(s.backend, s.dispatcher.form["k_swizzle"]) for s in specs] == [
+        ("mma_sync", True)], "expected the lockstep block with swizzled stages"
 
 
 @KERNEL

@@ -97,6 +97,11 @@ STAGE = WORDS // 32  # words of a key row a lane loads before storing them (9; F
 KEY_GROUPS = 4  # warps sharing a m16 tile's S, 16 keys each once their halves are summed
 HALF_STEPS = D_QK // 32  # k16 steps of S a warp takes: half the dims (18)
 HALF_SCORES = 8  # partial scores a lane hands its partner warp (two n8 tiles)
+# the key stages' 16-bit rows 1,152 bytes apart with each 16-byte unit u of row r at
+# u ^ (r & 7) (mma_sync_roles.K_SWIZZLE's layout, which took the split-role form to 0.89x
+# its time), rather than 1,168 bytes apart: for a 16-byte aligned 16-bit cache (untimed)
+K_SWIZZLE = False
+K_ROW = 4 * WORDS  # bytes a swizzled stage row (1,152)
 MIN_BLOCKS = 2  # blocks of 16 rows a multiprocessor the registers are budgeted for
 
 
@@ -159,18 +164,20 @@ def min_blocks(block_m=BLOCK_M):
     return MIN_BLOCKS if block_m == 16 else 1
 
 
-def make_issue(locate, wide, nthreads, rows, region, row_bytes, src_bytes):
+def make_issue(locate, wide, nthreads, rows, region, row_bytes, src_bytes, swizzle=False):
     """``issue(words, base, ks, storage, block_table, b, k0, k1, tid)``: start the copy of keys
     [k0, k1) of sequence b (``src_bytes`` of each row, as they are) into ``rows`` rows of
     ``row_bytes`` from byte ``ks`` of the region at word ``region``, zeros past k1 (P is 0
     there, but 0 * NaN is NaN), by ``nthreads`` threads (``tid`` from 0): thread tid copies
     pieces tid % 8, + 8, ... of rows tid // 8 + (nthreads // 8) j; one page lookup a row (keys
     past k1 look up key k1 - 1, a real one, and copy nothing). ``wide``: 16-byte pieces (the
-    cache starts 16-byte aligned), else 4-byte ones. Then the group is committed."""
+    cache starts 16-byte aligned), else 4-byte ones. Then the group is committed. ``swizzle``
+    (16-byte pieces): piece p of row n lands at unit p ^ (n & 7) of its row (K_SWIZZLE)."""
     piece = 16 if wide else 4  # bytes a cp.async
     cp_async = ptx.cp_async16_at if wide else ptx.cp_async4_at
     rows_a_pass = nthreads // 8  # key rows a pass copies (8 lanes a row)
     assert rows % rows_a_pass == 0
+    assert not swizzle or (wide and rows_a_pass % 8 == 0)  # (a thread's rows: one key)
     pieces = src_bytes // piece  # a row's
     assert pieces * piece == src_bytes
     passes = -(-pieces // 8)  # a thread's pieces of a row, the last maybe not all threads'
@@ -182,7 +189,8 @@ def make_issue(locate, wide, nthreads, rows, region, row_bytes, src_bytes):
             n = tid // 8 + rows_a_pass * j
             page, slot = locate(block_table, page_size, npages, b, min(k0 + n, k1 - 1))
             src = ptx.global_addr(storage, page, slot, 0) + piece * (tid % 8)
-            dst = base + 4 * region + ks + n * row_bytes + piece * (tid % 8)
+            dst = base + 4 * region + ks + n * row_bytes + piece * (
+                ((tid % 8) ^ (tid // 8 % 8)) if swizzle else tid % 8)
             for u in range(passes):
                 if pieces % 8 == 0 or 8 * u + tid % 8 < pieces:
                     cp_async(words, dst + 8 * piece * u, src + 8 * piece * u, k0 + n < k1)
@@ -399,13 +407,14 @@ def _make_pv(tag, mt, od, swizzle=False):
 
 def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
                           score_mod, fold_scale, block_m, heads, fp8=None, wide=True,
-                          staged=0, key_count=None):
+                          staged=0, key_count=None, k_swizzle=K_SWIZZLE):
     """The kernel for one configuration (factory.py): ``tag`` "bf16" or "f16" (q's type, and
     the tiles' in shared memory), ``store`` fp32 -> ``part_out``, ``block_m`` 16 or 32 query
     rows a block, ``fp8`` the cache's FP8 layout (docs/fp8.md) or None, ``wide`` whether the
     cache starts 16-byte aligned (16-byte copies; else 4-byte ones), ``staged`` (FP8 only)
     the Fs stages FP8 rows are copied into as they are by ``cp.async`` and converted from in
-    shared memory (1 or 2; 0: loaded and converted by each warp)."""
+    shared memory (1 or 2; 0: loaded and converted by each warp); ``k_swizzle``: a 16-byte
+    aligned 16-bit cache's key stages swizzled, ``K_SWIZZLE``."""
     assert not staged or fp8
     MT, NW, NT, STAGES = geometry(block_m)
     BM = block_m
@@ -427,7 +436,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     first_tiles = make_partition_walk(key_tiles, next_tile)
     score_rows = make_score_rows(make_log2_score(mask_apply, score_mod, fold_scale), heads)
     mma = ptx.mma_m16n8k16(tag)
-    pv = _make_pv(tag, MT, OD)
+    SWZ = bool(k_swizzle and wide and not fp8)
+    KR = K_ROW if SWZ else ROW_BYTES  # bytes from a key stage's row to the next
+    pv = _make_pv(tag, MT, OD, SWZ)
     scale_acc = ptx.acc_scale(NACC) if MT == 1 else ptx.acc_scale_halves(NACC)
 
     V32 = fp8 == "v32"
@@ -471,7 +482,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         return hi if c % 2 else lo
 
     # 16-bit rows into a Ks stage; FP8 rows as they are into Fs
-    issue_tile = make_issue(locate, wide, NT, BLOCK_N, K_OFF, ROW_BYTES, 4 * WORDS)
+    issue_tile = make_issue(locate, wide, NT, BLOCK_N, K_OFF, KR, 4 * WORDS, SWZ)
     copy_q = make_q_copy(BM, NT, Q_OFF)
     FW = fp8_row_words(fp8) if fp8 else 0  # words of an FP8 row
     issue_raw = make_issue(locate, wide, NT, BLOCK_N, F_OFF, 4 * FW, 4 * FW) if STAGED else None
@@ -593,6 +604,15 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         k_addr = (base + 4 * K_OFF + (32 * kh + lane % 8 + 8 * (lane // 16)) * ROW_BYTES
                   + 2 * 8 * (lane // 8 % 2) + half_at)
         v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + OD * warp)
+        # swizzled (SWZ): a K step's unit u at u ^ the row's low bits (lane % 8), from the
+        # warp's half's first (ku); V's pair m of n8 tiles at va{m}, pair 4 q + m 128 q further
+        k_row = base + 4 * K_OFF + (32 * kh + lane % 8 + 8 * (lane // 16)) * KR
+        ku = lane // 8 % 2 + 2 * HALF_STEPS * dh
+        v_row = base + 4 * K_OFF + a_row * KR
+        va0 = v_row + 16 * ((OD // 8 * warp + lane // 16) ^ (lane % 8))
+        va1 = v_row + 16 * ((OD // 8 * warp + lane // 16 + 2) ^ (lane % 8))
+        va2 = v_row + 16 * ((OD // 8 * warp + lane // 16 + 4) ^ (lane % 8))
+        va3 = v_row + 16 * ((OD // 8 * warp + lane // 16 + 6) ^ (lane % 8))
         # The partial scores a lane hands over (16 bytes a lane, a warp's 32 lanes side by
         # side: no bank conflict), and where it finds its partner warp's (warp ^ 1)
         x_give = base + 4 * (X_OFF + 32 * HALF_SCORES * warp) + 16 * lane
@@ -667,9 +687,14 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 s2[k] = float32(0.0)
             for step in range(HALF_STEPS):
                 a0, a1, a2, a3 = ptx.ldmatrix_x4(words, q_addr + 32 * step, tid)
-                b0, b1, b2, b3 = ptx.ldmatrix_x4(words, k_addr + ks + 32 * step, tid)
-                c0, c1, c2, c3 = ptx.ldmatrix_x4(words, k_addr + ks + 16 * ROW_BYTES
-                                                 + 32 * step, tid)
+                if SWZ:
+                    kb = k_row + ks + 16 * ((ku + 2 * step) ^ (lane % 8))
+                    b0, b1, b2, b3 = ptx.ldmatrix_x4(words, kb, tid)
+                    c0, c1, c2, c3 = ptx.ldmatrix_x4(words, kb + 16 * KR, tid)
+                else:
+                    b0, b1, b2, b3 = ptx.ldmatrix_x4(words, k_addr + ks + 32 * step, tid)
+                    c0, c1, c2, c3 = ptx.ldmatrix_x4(words, k_addr + ks + 16 * ROW_BYTES
+                                                     + 32 * step, tid)
                 mma(s2, 0, a0, a1, a2, a3, b0, b1, tid)  # keys 32 kh + 0..7
                 mma(s2, 4, a0, a1, a2, a3, b2, b3, tid)  # keys 32 kh + 8..15
                 mma(s2, 8, a0, a1, a2, a3, c0, c1, tid)  # keys 32 kh + 16..23
@@ -710,15 +735,25 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 scale_acc(acc, alpha[0], alpha[1])
                 for step in range(BLOCK_N // 16):
                     a0, a1, a2, a3 = ptx.ldmatrix_x4(words, p_addr + 32 * step, tid)
-                    pv(acc, words, v_addr + ks + 16 * ROW_BYTES * step, a0, a1, a2, a3, tid)
+                    if SWZ:
+                        o = ks + 16 * KR * step
+                        pv(acc, words, va0 + o, va1 + o, va2 + o, va3 + o, a0, a1, a2, a3, tid)
+                    else:
+                        pv(acc, words, v_addr + ks + 16 * ROW_BYTES * step, a0, a1, a2, a3,
+                           tid)
             else:
                 scale_acc(acc, alpha[0], alpha[1], alpha[2], alpha[3])
                 for step in range(BLOCK_N // 16):
                     a0, a1, a2, a3 = ptx.ldmatrix_x4(words, p_addr + 32 * step, tid)
                     c0, c1, c2, c3 = ptx.ldmatrix_x4(words, p_addr + 16 * P_ROW_BYTES
                                                      + 32 * step, tid)
-                    pv(acc, words, v_addr + ks + 16 * ROW_BYTES * step, a0, a1, a2, a3, c0, c1,
-                       c2, c3, tid)
+                    if SWZ:
+                        o = ks + 16 * KR * step
+                        pv(acc, words, va0 + o, va1 + o, va2 + o, va3 + o, a0, a1, a2, a3, c0,
+                           c1, c2, c3, tid)
+                    else:
+                        pv(acc, words, v_addr + ks + 16 * ROW_BYTES * step, a0, a1, a2, a3,
+                           c0, c1, c2, c3, tid)
             if TWO_K:
                 ks = KS_BYTES - ks
             if not EARLY:
@@ -743,4 +778,5 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     part_lse[t_row, h, p] = (float32(NEG_INF) if l == 0.0 else
                                              (m_run[j] + math.log2(l)) * float32(LN2))
 
+    partition_kernel.form = dict(k_swizzle=SWZ)  # (the tests ask which layout ran)
     return partition_kernel

@@ -109,11 +109,12 @@ LANE_MAX = True
 # writing 128 bytes of each of 4 rows, 16 (256 bytes of each of 2 rows: 0.985-0.993x, within
 # noise) or 32 (512 bytes of one row: 1.03-1.05x)
 COPY_LANES = 8
-# ... and its cache operator: "ca" (through L1) or "cg" (L2 only: the stage's rows, 1,168
-# bytes apart, put each 128 bytes of a row across two 128-byte lines of shared memory, and
-# Nsight Compute counts 2.6x the ideal shared wavefronts for such LDGSTS, "ca" the ideal;
-# "ca" 0.93-0.94x "cg"'s time: docs/kernels/mma_sync.md, item 9)
-COPY_CACHE = "ca"
+# ... and its cache operator: "cg" (L2 only) or "ca" (through L1). Into rows 1,168 bytes
+# apart (K_SWIZZLE off) a "cg" copy puts each 128 bytes of a row across two 128-byte lines of
+# shared memory, and Nsight Compute counts 2.6x the ideal shared wavefronts for such LDGSTS;
+# "ca" takes the ideal there (0.94-0.95x "cg"'s time). With the swizzle, "cg" is the fastest:
+# 0.89-0.90x "ca" unswizzled, "ca" swizzled 0.99x (docs/kernels/mma_sync.md, item 9)
+COPY_CACHE = "cg"
 # ... and a whole sub-tile's copy with a constant predicate, a partial one's at run time
 # (for scripts/probe_cp_async.py's "const" variants: the same wavefronts; 0.99-1.00x)
 COPY_CONST_FULL = False
@@ -121,8 +122,9 @@ COPY_CONST_FULL = False
 # (an XOR swizzle, the layout CUTLASS's tensor-core copies use: every 128 bytes of a row on
 # one 128-byte line, which Nsight Compute's ideal asks of a "cg" copy, and ldmatrix's eight
 # rows still on distinct banks), rather than 1,168 bytes apart; the readers' addresses then
-# take four registers a lane where one did (a packed cache, 8 or 16 lanes a row; untimed)
-K_SWIZZLE = False
+# take four registers a lane where one did (245 registers, was 240). For a packed cache
+# copied by 8 or 16 lanes a row (a thread's rows then share their low three bits)
+K_SWIZZLE = True
 K_ROW = 4 * WORDS  # bytes a swizzled stage row (1,152)
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
