@@ -1,19 +1,21 @@
 """Probe: which lane layout lets ``cp.async`` write a key tile into shared memory at Nsight
 Compute's ideal count of wavefronts? (docs/kernels/mma_sync.md, "Next steps" item 9: the
-warp tensor-core kernel's copies take 2.6x that ideal, 26% of its shared wavefronts.)
+warp tensor-core kernel's copies took 2.6x that ideal, 26% of its shared wavefronts; its
+answer, plots/probe_cp_async_h100.txt: a ``cg`` copy into padded rows takes 2.6x, ``ca``,
+aligned or swizzled rows the ideal, and the split-role form's stage is swizzled since.)
 
 A block of 128 threads (the split-role form's V warps) copies tiles of 32 cache rows (576
 16-bit values, 1,152 bytes, as they lie in a page) into a stage of rows 1,168 bytes apart
-(the kernels' padding), one tile after another, each waited for and then read back by the
-block into an output (so that what landed is checked). Variants:
+(the lockstep blocks' padding) or another layout, one tile after another, each waited for
+and then read back by the block into an output (so that what landed is checked). Variants:
 
-- ``lanes`` a row: 8 (the kernels' layout: a warp-instruction writes 128 bytes of each of 4
+- ``lanes`` a row: 8 (the kernels': a warp-instruction writes 128 bytes of each of 4
   rows), 16 (256 bytes of 2 rows) or 32 (512 bytes of one row);
 - the cache operator: ``cg`` (the kernels', L2 only) or ``ca`` (through L1);
 - the zero-fill predicate: known at run time (``run``, as the kernels' copies have: a source
   size of 16 or 0) or the constant ``True`` (``const``: no source size to choose; a report on
   NVIDIA's forums had a conditional around cp.async cost its coalescing);
-- the stage's layout: ``pad`` (the kernels': rows 1,168 bytes apart, so a row's 128-byte
+- the stage's layout: ``pad`` (the lockstep blocks': rows 1,168 bytes apart, so a row's 128-byte
   pieces start 16 bytes further into a 128-byte line each row), ``wide`` (rows 1,280 bytes
   apart: every piece on a 128-byte line, same banks every row) or ``xor`` (rows 1,152 bytes
   apart, every piece on a 128-byte line, its eight 16-byte units permuted by the row's low
