@@ -244,7 +244,8 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     copy_lanes = mma_sync_roles.COPY_LANES if lean else 8
     copy_cache = mma_sync_roles.COPY_CACHE if lean else "cg"
     const_full = bool(mma_sync_roles.COPY_CONST_FULL and lean)
-    swizzle = bool(mma_sync_roles.K_SWIZZLE and lean and copy_lanes in (8, 16))
+    # (the swizzle's key is a copying thread's: its rows a multiple of 8 apart)
+    swizzle = bool(mma_sync_roles.K_SWIZZLE and lean and 32 * v_warps // copy_lanes % 8 == 0)
 
     def build():
         return mma_sync_roles.make_partition_kernel(

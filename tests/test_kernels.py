@@ -507,9 +507,10 @@ def test_mma_sync_roles_copy_lanes(lanes, cache, const_full, swizzle, rng, monke
     (``COPY_LANES``; a thread's rows of a stage 4 or 8, the last pieces of a row by half or a
     quarter of the lanes), through L1 (``COPY_CACHE = "ca"``), whole sub-tiles with a
     constant predicate (``COPY_CONST_FULL``: the last, partial, keeps its zero-fill); and
-    swizzled rows copied by 16 lanes through L1 (the swizzle's key the row's low three bits,
-    which a thread's rows share with 8 or 16 lanes; a reader of K or V that takes the
-    unswizzled unit, or a copy whose key is narrowed, fails ``test_mma_sync_roles``)
+    swizzled rows copied by 16 lanes through L1, whole sub-tiles with a constant predicate
+    (the swizzle's key the row's low three bits, which a thread's rows share with 8 or 16
+    lanes; a reader of K or V that takes the unswizzled unit, or a copy whose key is
+    narrowed, fails ``test_mma_sync_roles``'s 16-byte cases: tried, each)
     matches the reference: three tiles, the last partial, pages of 16 keys, beside an empty
     sequence, a 16-byte aligned cache."""
     monkeypatch.setattr(mma_sync_roles, "COPY_LANES", lanes)
@@ -1115,6 +1116,8 @@ def test_mma_sync_32_rows(case, rng):
     ((2, 1, 17, [133, 0], "bf16", "paged", 16, "null", "identity", 1, True), "high", 4),
     ((2, 1, 17, [133, 0], "fp16", "paged", 16, "causal", "alibi", 1, False), "low", 4),
     ((2, 1, 17, [133, 0], "fp16", "paged", 16, "causal", "alibi", 1, False), "low", 3),
+    # ... and three stages with 16-byte copies into swizzled rows (an A100's default)
+    ((2, 1, 17, [133, 0], "bf16", "paged", 16, "causal", "identity", 1, True), "low", 3),
     # 16-byte copies from a contiguous and a ragged cache (each row's address from the
     # cache's own lookup: b x capacity + slot, the run's offset + key)
     ((3, 1, 20, [70, 0, 133], "bf16", "contiguous", 0, "null", "identity", 1, True), "high", 4),
@@ -1161,9 +1164,7 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
         ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead,
                                 v_warps=4, max_early=True, p_ftz=True, sums_late=True,
                                 lane_max=True, packed=True, copy_lanes=8,
-                                copy_cache=mma_sync_roles.COPY_CACHE if wide else "cg",
-                                copy_const_full=False,
-                                k_swizzle=bool(mma_sync_roles.K_SWIZZLE and wide)))], (
+                                copy_cache="cg", copy_const_full=False, k_swizzle=wide))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

@@ -37,7 +37,8 @@ Notation
       Fs [RS][BLOCK_N][FW]      staged FP8 rows as they are (FW = 144 or 164 words), RS = 1
                                 or 2 raw stages (``staged``; two where they fit)
   A row of Qs and Ks is 1168 bytes, of Ps 144: odd multiples of 16 bytes, so the 8 rows an
-  ``ldmatrix`` reads fall in 8 different groups of 4 banks (no bank conflict).
+  ``ldmatrix`` reads fall in 8 different groups of 4 banks (no bank conflict); with
+  ``K_SWIZZLE`` (off) Ks's rows are 1,152 bytes apart, unit u of row r at u ^ (r & 7).
 - A tile of 64 keys, in phases with a barrier between them:
   1. copy: 16-bit rows by ``cp.async``, 8 lanes a row (a warp's instruction reads 128
      contiguous bytes of each of 4 rows), 16 MT rows a pass, 36 16-byte pieces a row's 8

@@ -44,7 +44,9 @@ j + 1 (only the two warps of a m16 tile touch its rows of Mx). Shared memory (by
 ``layout``):
 
     Qs  [32][ROWW]       the block's queries (read once into the score warps' registers)
-    Ks  [NS][32][ROWW]   the key rows of NS sub-tiles (the first 512 dims are V)
+    Ks  [NS][32][ROWW]   the key rows of NS sub-tiles (the first 512 dims are V); with
+                         K_SWIZZLE (the default) a stage's rows 1,152 bytes apart in it,
+                         16-byte unit u of row r at u ^ (r & 7)
     Ps  [2][32][PW]      P of two sub-tiles, 16-bit (32 keys: 16 words + 4 padding a row)
     Al  [2][32] f32      each row's alpha for those sub-tiles
     Mx  [2][32][4] f32   the row maxima of each key half (dh) of the sub-tile (LANE_MAX: each
@@ -107,13 +109,16 @@ SUMS_LATE = True
 LANE_MAX = True
 # lanes a row of the V warps' copy of a 16-byte aligned cache: 8, a warp-instruction
 # writing 128 bytes of each of 4 rows, 16 (256 bytes of each of 2 rows: 0.985-0.993x, within
-# noise) or 32 (512 bytes of one row: 1.03-1.05x)
+# noise) or 32 (512 bytes of one row: 1.03-1.05x); both timed into padded rows with "cg".
+# The swizzle needs a thread's rows to share their low three bits: 32 lanes with four V
+# warps (4 rows a pass) turn it off (factory.py)
 COPY_LANES = 8
 # ... and its cache operator: "cg" (L2 only) or "ca" (through L1). Into rows 1,168 bytes
 # apart (K_SWIZZLE off) a "cg" copy puts each 128 bytes of a row across two 128-byte lines of
 # shared memory, and Nsight Compute counts 2.6x the ideal shared wavefronts for such LDGSTS;
 # "ca" takes the ideal there (0.94-0.95x "cg"'s time). With the swizzle, "cg" is the fastest:
-# 0.89-0.90x "ca" unswizzled, "ca" swizzled 0.99x (docs/kernels/mma_sync.md, item 9)
+# 0.89-0.90x "ca" unswizzled's time; "ca" swizzled takes 0.99x "ca" unswizzled's, about 1.1x
+# "cg" swizzled's (docs/kernels/mma_sync.md, item 9)
 COPY_CACHE = "cg"
 # ... and a whole sub-tile's copy with a constant predicate, a partial one's at run time
 # (for scripts/probe_cp_async.py's "const" variants: the same wavefronts; 0.99-1.00x)
@@ -123,7 +128,7 @@ COPY_CONST_FULL = False
 # one 128-byte line, which Nsight Compute's ideal asks of a "cg" copy, and ldmatrix's eight
 # rows still on distinct banks), rather than 1,168 bytes apart; the readers' addresses then
 # take four registers a lane where one did (245 registers, was 240). For a packed cache
-# copied by 8 or 16 lanes a row (a thread's rows then share their low three bits)
+# copied with a thread's rows a multiple of 8 apart (they then share their low three bits)
 K_SWIZZLE = True
 K_ROW = 4 * WORDS  # bytes a swizzled stage row (1,152)
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
@@ -253,7 +258,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     copy_q = make_q_copy(BLOCK_M, NT, Q_OFF)
     WIDE = wide and packed
     SWZ = bool(k_swizzle and WIDE)
-    assert not SWZ or copy_lanes in (8, 16), "the swizzle's key is a thread's for 8 or 16 lanes"
+    assert not SWZ or (NT - SCORE_THREADS) // copy_lanes % 8 == 0, (
+        "the swizzle's key: a thread's rows a multiple of 8 apart")
     KR = K_ROW if SWZ else ROW_BYTES  # bytes from a stage row to the next
     scores = _make_scores(tag, HALF_STEPS, s_chains, SWZ)
     S_AHEAD = s_ahead  # (constants of the kernel)
@@ -464,7 +470,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                 va0 = va1 = va2 = va3 = v_addr  # (unused)
             # the walk two tiles ahead (t1, t2): sub-tile j + 2 is of t1, j + NS of t1 or t2
             t1 = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi) if t < t_end else t_end
-            # this thread's copy pieces: row vtid // CL of a stage, 16 bytes vtid % CL of it
+            # this thread's copy pieces: row vtid // CL of a stage, 16-byte unit vtid % CL of it
+            # (SWZ: XOR the row's low three bits, the same for each of the thread's rows)
             dst0 = base + 4 * K_OFF + vtid // CL * KR + 16 * (
                 ((vtid % CL) ^ (vtid // CL % 8)) if SWZ else vtid % CL)
             src0 = ptx.global_addr(storage, 0, 0, 0) + 16 * (vtid % CL) if t < t_end else 0
