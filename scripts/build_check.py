@@ -425,11 +425,16 @@ def main():
     # form no GPU runs today, is S in turn: it checks that form's instructions)
     from numba_mla.kernels import mma_sync_roles
 
-    # (and the form with eight V warps, off: 12 warps a block at 168 registers)
+    # (and the form with eight V warps, off: 12 warps a block at 168 registers; and the score
+    # work in quarters, off)
     default_ahead, default_v_warps = mma_sync_roles.S_AHEAD, mma_sync_roles.V_WARPS
-    for stages, cc, v_warps in ((3, (8, 0), 4), (4, (8, 0), 4), (4, (9, 0), 4), (4, (9, 0), 8)):
+    default_quarters = mma_sync_roles.SCORE_QUARTERS
+    for stages, cc, v_warps, quarters in ((3, (8, 0), 4, False), (4, (8, 0), 4, False),
+                                          (4, (9, 0), 4, False), (4, (9, 0), 8, False),
+                                          (4, (9, 0), 4, True)):
         mma_sync_roles.S_AHEAD = default_ahead and cc >= (9, 0)
         mma_sync_roles.V_WARPS = v_warps
+        mma_sync_roles.SCORE_QUARTERS = quarters
         for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES:
             for direct in (False, True) if block_m == 32 else ():
                 if not mine():
@@ -449,10 +454,12 @@ def main():
                 bad += not ok
                 print(f"mroles {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
                       f"direct={direct!s:5} sm_{cc[0]}{cc[1]} stages={stages} "
-                      f"ahead={kern.form['s_ahead']:d} v_warps={kern.form['v_warps']} regs={regs} "
+                      f"ahead={kern.form['s_ahead']:d} v_warps={kern.form['v_warps']} "
+                      f"quarters={kern.form['score_quarters']:d} regs={regs} "
                       f"local={local} "
                       f"calls={calls} mma.sync={mmas} HMMA={hmma}  {verdict(ok)}")
     mma_sync_roles.S_AHEAD, mma_sync_roles.V_WARPS = default_ahead, default_v_warps
+    mma_sync_roles.SCORE_QUARTERS = default_quarters
     # The clamp of device row offsets that runs before a ragged call's partition kernel
     from numba_mla.kernels import offsets
 

@@ -470,6 +470,32 @@ def test_mma_sync_roles_eight_chains(rng, monkeypatch):
 
 
 @KERNEL
+@pytest.mark.parametrize("ahead,order,swizzle", [(True, "low", True), (True, "high", True),
+                                                 (False, "low", True), (True, "high", False)])
+def test_mma_sync_roles_score_quarters(ahead, order, swizzle, rng, monkeypatch):
+    """The split-role form with each score warp scoring both m16 tiles over a quarter of the
+    dims (``mma_sync_roles.SCORE_QUARTERS``, off, untimed: Q's 72 registers a lane as two
+    tiles x 9 steps, a four-way exchange of partial scores through Xs under one barrier of
+    the four score warps) matches the reference: three tiles, the last partial, the second
+    m16 tile with one row (17), beside an empty sequence; S ahead of P and in turn, the score
+    warps run ahead of the V warps ("low") and behind ("high"), swizzled rows and padded."""
+    from numba_mla import _numba
+
+    monkeypatch.setattr(mma_sync_roles, "SCORE_QUARTERS", True)
+    monkeypatch.setattr(mma_sync_roles, "S_AHEAD", ahead)
+    monkeypatch.setattr(mma_sync_roles, "K_SWIZZLE", swizzle)
+    monkeypatch.setattr(launch, "_aligned16", lambda dev: True)
+    assert mma_sync_roles.stages_that_fit(heuristics.smem_per_block()) == 4
+    specs = launched_specs(monkeypatch)
+    p = make_problem(rng, 2, 1, 17, [133, 0], BF16, "paged", 16)
+    with _numba.sim_turn_order(order):
+        check_kernel(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
+    assert [(s.backend, s.dispatcher.form["score_quarters"], s.dispatcher.form["k_swizzle"])
+            for s in specs] == [("mma_sync_roles", True, swizzle)], (
+        "expected the split-role kernel with its score work in quarters")
+
+
+@KERNEL
 @pytest.mark.parametrize("order", ["low", "high"])
 @pytest.mark.parametrize("flags", [
     dict(MAX_EARLY=False, P_FTZ=False, SUMS_LATE=False),  # (the form before them)
@@ -1164,7 +1190,8 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
         ("mma_sync_roles", dict(stages=stages, wide=wide, s_chains=4, s_ahead=ahead,
                                 v_warps=4, max_early=True, p_ftz=True, sums_late=True,
                                 lane_max=True, packed=True, copy_lanes=8,
-                                copy_cache="cg", copy_const_full=False, k_swizzle=wide))], (
+                                copy_cache="cg", copy_const_full=False, k_swizzle=wide,
+                                score_quarters=False))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

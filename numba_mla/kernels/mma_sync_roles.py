@@ -13,7 +13,11 @@ wgmma seesaw kernel split tiles:
   mma_sync.py), apply the mask and score mod to their own 16, share their row maxima (behind
   the pair's barrier, read before S of the next sub-tile: ``MAX_EARLY``), and write P
   (16-bit) and the rows' rescale ``alpha`` for the V warps. Each keeps the row sums
-  of its own keys; the two halves add up at the end (alpha is the same in both).
+  of its own keys; the two halves add up at the end (alpha is the same in both). (With
+  ``SCORE_QUARTERS``, untimed: warp w scores both m16 tiles over dims [144 w, 144 w + 144),
+  Q's 72 registers as two tiles x 9 steps, so each sub-tile's K is read once; the four
+  warps' partials meet in Xs behind the SCORE barrier and each warp then holds the same 16
+  rows x 16 keys as above.)
 - **V warps** 4-7: warp 4 + od owns output dims [128 od, 128 od + 128) of all 32 rows (128
   fp32 accumulators a lane); per sub-tile, after its P, O = alpha O + P V. They also issue
   every tile copy (``cp.async``, 128 threads) and hand the tiles to the score warps. (With
@@ -34,6 +38,8 @@ side can arrive twice before the other has synced:
                (MAX_EARLY) their row maxima
     VDONE      the V warps (128, or 256): all are past P V of j before stage j % NS is
                refilled with sub-tile j + NS
+    SCORE      the four score warps (128; ``SCORE_QUARTERS`` only): their partial scores
+               (Xs is reused a sub-tile later, after every score warp's PFREE wait)
 
 So the score warps run up to two sub-tiles ahead of P V, and each copy is issued NS - 2
 sub-tiles before the score warps need it. With ``S_AHEAD`` (on, four stages) a score warp waits
@@ -131,10 +137,19 @@ COPY_CONST_FULL = False
 # copied with a thread's rows a multiple of 8 apart (they then share their low three bits)
 K_SWIZZLE = True
 K_ROW = 4 * WORDS  # bytes a swizzled stage row (1,152)
+# each score warp takes both m16 tiles over a quarter of the dims (Q in the same 72 registers
+# a lane), so that a sub-tile's K is read once, not once for each m16 tile (36.9 KB of the
+# about 115 KB a sub-tile's ldmatrix reads), for a four-way exchange of partial scores (each
+# warp's 32 rows x 32 keys to its slot of Xs, 16 KB, where the pairs' took 4 KB) and 16 more
+# accumulator registers a lane; after the exchange a warp owns the same 16 rows x 16 keys as
+# with halves. Four stages only (the three-stage block no longer fits an A100's 163 KB).
+# Untimed
+SCORE_QUARTERS = False
+QUARTER_STEPS = D_QK // 64  # k16 steps of a quarter of the dims (9)
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
 # named barriers (0 is the block's)
-BAR_PAIR, BAR_KREADY, BAR_PREADY, BAR_PFREE, BAR_VDONE = 1, 3, 5, 7, 9
+BAR_PAIR, BAR_KREADY, BAR_PREADY, BAR_PFREE, BAR_VDONE, BAR_SCORE = 1, 3, 5, 7, 9, 11
 
 
 def threads(v_warps=V_WARPS):
@@ -142,13 +157,15 @@ def threads(v_warps=V_WARPS):
     return SCORE_THREADS + 32 * v_warps
 
 
-def layout(stages=4):
+def layout(stages=4, quarters=None):
     """Word offsets of Qs, Ks, Ps, Al, Mx, Xs, Lf, Mf, Lr in dynamic shared memory with ``stages``
     stages of key rows, and its size in words (each offset a multiple of 4 words: 16-byte
-    aligned)."""
+    aligned); Xs four times as large with ``quarters`` (``SCORE_QUARTERS`` when None)."""
     assert stages in STAGES, stages
+    quarters = SCORE_QUARTERS if quarters is None else quarters
     sizes = (BLOCK_M * ROWW, stages * SUB * ROWW, 2 * BLOCK_M * PW, 2 * BLOCK_M,
-             2 * BLOCK_M * 4, 4 * 2 * 32 * 4, 2 * BLOCK_M, BLOCK_M, 2 * BLOCK_M)
+             2 * BLOCK_M * 4, (16 if quarters else 4) * 2 * 32 * 4, 2 * BLOCK_M, BLOCK_M,
+             2 * BLOCK_M)
     offs, at = [], 0
     for n in sizes:
         offs.append(at)
@@ -156,8 +173,8 @@ def layout(stages=4):
     return tuple(offs), at
 
 
-def smem_bytes(stages=4):
-    return 4 * layout(stages)[1]
+def smem_bytes(stages=4, quarters=None):
+    return 4 * layout(stages, quarters)[1]
 
 
 def stages_that_fit(limit):
@@ -166,43 +183,48 @@ def stages_that_fit(limit):
     return max((n for n in STAGES if smem_bytes(n) <= limit), default=0)
 
 
-def _make_q_load(steps):
+def _make_q_load(steps, tiles=1):
     """``load_q(qf, words, qaddr, tid)``: this lane's A fragments of Q for ``steps`` k16 steps
     (32 bytes apart from ``qaddr``) into ``qf[4 s .. 4 s + 3]``, written out so that every
-    index is a constant and ``qf`` stays in registers."""
+    index is a constant and ``qf`` stays in registers; with ``tiles`` 2 also the second m16
+    tile's (16 rows further) into ``qf[4 (steps + s) ..]``."""
     lines = ["def load_q(qf, words, qaddr, tid):"]
-    for s in range(steps):
-        lines.append(f"    qf[{4 * s}], qf[{4 * s + 1}], qf[{4 * s + 2}], qf[{4 * s + 3}] = "
-                     f"ldsm(words, qaddr + {32 * s}, tid)")
+    for t in range(tiles):
+        for s in range(steps):
+            f = 4 * (steps * t + s)
+            lines.append(f"    qf[{f}], qf[{f + 1}], qf[{f + 2}], qf[{f + 3}] = "
+                         f"ldsm(words, qaddr + {16 * ROW_BYTES * t + 32 * s}, tid)")
     scope = {"ldsm": ptx.ldmatrix_x4}
     exec("\n".join(lines), scope)  # (generated here, from the lines above: no outside input)
     return cuda.jit(device=True, **INLINE)(scope["load_q"])
 
 
-def _make_scores(tag, steps, chains=4, swizzle=False):
+def _make_scores(tag, steps, chains=4, swizzle=False, tiles=1):
     """``scores(s2, qf, words, ka0, ka1, ka2, ka3, tid)``: s2 += Q K^T over ``steps`` k16
     steps for 32 keys (n8 tiles 0-3 at s2[0], [4], [8], [12]); ``ka0`` this lane's ldmatrix
     address of the first 16 keys' step 0 (the next 16 keys are 16 rows further; ``ka1`` ..
     ``ka3`` unused), or with ``swizzle`` (``K_SWIZZLE``'s rows) ``ka{m}`` its address of step
     m, step 4 q + m then 128 q bytes further. Written out like ``_make_q_load``. ``chains``:
     4, each step's four products added into s2 (four chains of ``steps`` dependent HMMAs), or
-    8, the odd steps' into a second set added at the end (half as long)."""
-    assert chains in (4, 8), chains
+    8, the odd steps' into a second set added at the end (half as long). ``tiles`` 2: both
+    m16 tiles' (``_make_q_load``'s qf), the second's n8 tiles at s2[16], [20], [24], [28]."""
+    assert chains in (4, 8) and tiles in (1, 2) and not (chains == 8 and tiles == 2)
     lines = ["def scores(s2, qf, words, ka0, ka1, ka2, ka3, tid):"]
     if chains == 8:
         lines += ["    s2b = cuda.local.array(16, float32)",
                   "    for k in range(16):",
                   "        s2b[k] = float32(0.0)"]
     for s in range(steps):
-        a = ", ".join(f"qf[{4 * s + k}]" for k in range(4))
         acc = "s2b" if chains == 8 and s % 2 else "s2"
         at, row = ((f"ka{s % 4}", 128 * (s // 4)), K_ROW) if swizzle else (("ka0", 32 * s), ROW_BYTES)
         lines += [f"    b0, b1, b2, b3 = ldsm(words, {at[0]} + {at[1]}, tid)",
-                  f"    c0, c1, c2, c3 = ldsm(words, {at[0]} + {16 * row + at[1]}, tid)",
-                  f"    mma({acc}, 0, {a}, b0, b1, tid)",
-                  f"    mma({acc}, 4, {a}, b2, b3, tid)",
-                  f"    mma({acc}, 8, {a}, c0, c1, tid)",
-                  f"    mma({acc}, 12, {a}, c2, c3, tid)"]
+                  f"    c0, c1, c2, c3 = ldsm(words, {at[0]} + {16 * row + at[1]}, tid)"]
+        for t in range(tiles):
+            a = ", ".join(f"qf[{4 * (steps * t + s) + k}]" for k in range(4))
+            lines += [f"    mma({acc}, {16 * t}, {a}, b0, b1, tid)",
+                      f"    mma({acc}, {16 * t + 4}, {a}, b2, b3, tid)",
+                      f"    mma({acc}, {16 * t + 8}, {a}, c0, c1, tid)",
+                      f"    mma({acc}, {16 * t + 12}, {a}, c2, c3, tid)"]
     if chains == 8:
         lines += ["    for k in range(16):",
                   "        s2[k] += s2b[k]"]
@@ -212,13 +234,36 @@ def _make_scores(tag, steps, chains=4, swizzle=False):
     return cuda.jit(device=True, **INLINE)(scope["scores"])
 
 
+@cuda.jit(device=True, **INLINE)
+def pass_quarters(s, s2, floats, x_mine, x_read):
+    """S's exchange among the four score warps, each of which scored both m16 tiles' 32 keys
+    over its quarter of the dims (``s2``: m16 tile t's n8 tiles at s2[16 t], [+ 4], [+ 8],
+    [+ 12], so that block v = 2 t + key half, the 16 keys warp v owns, is s2[8 v .. 8 v + 7]):
+    all of ``s2`` to this warp's slot of Xs at byte ``x_mine`` (block v at 1,024 v, each n8
+    tile's 16 bytes a lane, 512 apart), the score warps' barrier, then into ``s[8]`` the sum of
+    the four warps' partials of this warp's block, read at ``x_read`` (its block of the
+    slot of warp 0; warp u's 4,096 u further), in the quarters' order, the same in every
+    warp."""
+    for v in range(4):
+        for j in range(2):
+            ptx.sts128(floats, x_mine + 1024 * v + 512 * j, s2[8 * v + 4 * j],
+                       s2[8 * v + 4 * j + 1], s2[8 * v + 4 * j + 2], s2[8 * v + 4 * j + 3])
+    ptx.bar_sync(BAR_SCORE, 128)  # every score warp's partials are in
+    for j in range(2):
+        x0, x1, x2, x3 = ptx.lds128(floats, x_read + 512 * j)
+        for u in range(1, 4):
+            y0, y1, y2, y3 = ptx.lds128(floats, x_read + 4096 * u + 512 * j)
+            x0, x1, x2, x3 = x0 + y0, x1 + y1, x2 + y2, x3 + y3
+        s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3] = x0, x1, x2, x3
+
+
 def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
                           score_mod, fold_scale, heads, wide=True, stages=4, key_count=None,
                           s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS,
                           max_early=MAX_EARLY, p_ftz=P_FTZ, sums_late=SUMS_LATE,
                           lane_max=LANE_MAX, packed=True, copy_lanes=COPY_LANES,
                           copy_cache=COPY_CACHE, copy_const_full=COPY_CONST_FULL,
-                          k_swizzle=K_SWIZZLE):
+                          k_swizzle=K_SWIZZLE, score_quarters=SCORE_QUARTERS):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
@@ -230,13 +275,18 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     ``packed``: the storage is C-contiguous, its rows back to back; ``copy_lanes``,
     ``copy_cache``, ``copy_const_full``: lanes a row of the copy of a 16-byte aligned, packed
     cache, its cache operator and its predicate, ``COPY_LANES``, ``COPY_CACHE``,
-    ``COPY_CONST_FULL``; ``k_swizzle``: such a cache's stage rows swizzled, ``K_SWIZZLE``)."""
+    ``COPY_CONST_FULL``; ``k_swizzle``: such a cache's stage rows swizzled, ``K_SWIZZLE``;
+    ``score_quarters``: each score warp both m16 tiles over a quarter of the dims,
+    ``SCORE_QUARTERS``, four stages and four S chains only)."""
     lane_max = lane_max and max_early
     assert v_warps in (4, 8), v_warps
     NT = threads(v_warps)
     OD = D_V // v_warps  # output dims a V warp owns (128 of four, 64 of eight)
     NACC = 2 * OD // 8 * 4  # its accumulators a lane
-    (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF, LR_OFF), _ = layout(stages)
+    QUARTERS = bool(score_quarters)
+    assert not QUARTERS or (stages == 4 and s_chains == 4), "quarters: four stages, 4 chains"
+    offsets, _ = layout(stages, QUARTERS)
+    (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF, LR_OFF) = offsets
     NS = stages
     # sub-tile j + NS (copied once P V of j is done) is half (h + NS) % 2 of the tile
     # (h + NS) // 2 = 1 or 2 ahead of sub-tile j's (t1 or t2 below)
@@ -254,14 +304,16 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                            ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32, exp2,
                            not sums_late)
     SUMS_LATE, LANE_MAX = sums_late, lane_max
-    load_q = _make_q_load(HALF_STEPS)
+    load_q = _make_q_load(QUARTER_STEPS, 2) if QUARTERS else _make_q_load(HALF_STEPS)
+    S2N = 32 if QUARTERS else 16  # a score warp's partial scores a lane
     copy_q = make_q_copy(BLOCK_M, NT, Q_OFF)
     WIDE = wide and packed
     SWZ = bool(k_swizzle and WIDE)
     assert not SWZ or (NT - SCORE_THREADS) // copy_lanes % 8 == 0, (
         "the swizzle's key: a thread's rows a multiple of 8 apart")
     KR = K_ROW if SWZ else ROW_BYTES  # bytes from a stage row to the next
-    scores = _make_scores(tag, HALF_STEPS, s_chains, SWZ)
+    scores = (_make_scores(tag, QUARTER_STEPS, 4, SWZ, 2) if QUARTERS
+              else _make_scores(tag, HALF_STEPS, s_chains, SWZ))
     S_AHEAD = s_ahead  # (constants of the kernel)
     MAX_EARLY = max_early
     pv = _make_pv(tag, 2, OD, SWZ)
@@ -289,7 +341,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         ``off``, as ``scores`` takes them) into s2, from zero, once the V warps say on barrier
         ``kready`` that the rows have landed."""
         ptx.bar_sync(kready, NT)
-        for k in range(16):
+        for k in range(S2N):
             s2[k] = float32(0.0)
         scores(s2, qf, words, ka0 + off, ka1 + off, ka2 + off, ka3 + off, tid)
 
@@ -349,23 +401,35 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         acc = cuda.local.array(NACC, float32)
         if warp < 4:
             # ---- a score warp: m16 tile sm, dims [288 dh, 288 dh + 288) ----
+            # (QUARTERS: S over dims [144 warp, + 144) of both m16 tiles, then, exchanged,
+            # the same 16 rows x 16 keys as with halves)
             sm, dh = warp // 2, warp % 2
             qf = cuda.local.array(QF, int32)
-            load_q(qf, words, base + 4 * Q_OFF + (16 * sm + a_row) * ROW_BYTES + 2 * a_col
-                   + 32 * HALF_STEPS * dh, tid)
+            if QUARTERS:
+                load_q(qf, words, base + 4 * Q_OFF + a_row * ROW_BYTES + 2 * a_col
+                       + 32 * QUARTER_STEPS * warp, tid)
+                k_unit = lane // 8 % 2 + 2 * QUARTER_STEPS * warp  # (16-byte units)
+            else:
+                load_q(qf, words, base + 4 * Q_OFF + (16 * sm + a_row) * ROW_BYTES + 2 * a_col
+                       + 32 * HALF_STEPS * dh, tid)
+                k_unit = lane // 8 % 2 + 2 * HALF_STEPS * dh
             if SWZ:  # (step m's unit u at u ^ the row's low bits: lane % 8)
                 k_row = base + 4 * K_OFF + (lane % 8 + 8 * (lane // 16)) * KR
-                ka0 = k_row + 16 * ((lane // 8 % 2 + 2 * HALF_STEPS * dh) ^ (lane % 8))
-                ka1 = k_row + 16 * ((lane // 8 % 2 + 2 + 2 * HALF_STEPS * dh) ^ (lane % 8))
-                ka2 = k_row + 16 * ((lane // 8 % 2 + 4 + 2 * HALF_STEPS * dh) ^ (lane % 8))
-                ka3 = k_row + 16 * ((lane // 8 % 2 + 6 + 2 * HALF_STEPS * dh) ^ (lane % 8))
+                ka0 = k_row + 16 * (k_unit ^ (lane % 8))
+                ka1 = k_row + 16 * ((k_unit + 2) ^ (lane % 8))
+                ka2 = k_row + 16 * ((k_unit + 4) ^ (lane % 8))
+                ka3 = k_row + 16 * ((k_unit + 6) ^ (lane % 8))
             else:
                 ka0 = (base + 4 * K_OFF + (lane % 8 + 8 * (lane // 16)) * ROW_BYTES
-                       + 2 * 8 * (lane // 8 % 2) + 32 * HALF_STEPS * dh)
+                       + 16 * k_unit)
                 ka1 = ka2 = ka3 = ka0  # (unused)
-            x_give = base + 4 * (X_OFF + 256 * warp) + 16 * lane
-            x_take = base + 4 * (X_OFF + 256 * (warp ^ 1)) + 16 * lane
-            s2 = cuda.local.array(16, float32)  # partial scores: 32 keys, half the dims
+            if QUARTERS:  # (this warp's slot of Xs; its block of warp 0's)
+                x_give = base + 4 * X_OFF + 4096 * warp + 16 * lane
+                x_take = base + 4 * X_OFF + 1024 * warp + 16 * lane
+            else:
+                x_give = base + 4 * (X_OFF + 256 * warp) + 16 * lane
+                x_take = base + 4 * (X_OFF + 256 * (warp ^ 1)) + 16 * lane
+            s2 = cuda.local.array(S2N, float32)  # partial scores: 32 keys, half the dims
             s = cuda.local.array(8, float32)  # this warp's 16 keys: rows gr, gr + 8 of sm
             m_run = cuda.local.array(2, float32)  # rows 16 sm + gr + 8 half
             l_own = cuda.local.array(2, float32)  # ... the sums of P over this warp's keys
@@ -387,7 +451,10 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                         score_sub(s2, qf, words, ka0, ka1, ka2, ka3, KS_BYTES * (j % NS),
                                   BAR_KREADY + h, tid)
                     # the partner's 16 keys to it, its partials of this warp's 16 from it
-                    pass_partials(s, s2, floats, x_give, x_take, dh, BAR_PAIR + sm)
+                    if QUARTERS:
+                        pass_quarters(s, s2, floats, x_give, x_take)
+                    else:
+                        pass_partials(s, s2, floats, x_give, x_take, dh, BAR_PAIR + sm)
                     # mask and score mod on this warp's keys, their row maxima to Mx[dh]
                     score_rows(s, floats, MX_OFF + BLOCK_M * dh * (4 if LANE_MAX else 1),
                                float32(1.0), fold, sm_scale,
@@ -561,5 +628,5 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                                  sums_late=sums_late, lane_max=lane_max,
                                  packed=bool(packed), copy_lanes=copy_lanes,
                                  copy_cache=copy_cache, copy_const_full=bool(copy_const_full),
-                                 k_swizzle=SWZ)
+                                 k_swizzle=SWZ, score_quarters=QUARTERS)
     return partition_kernel
