@@ -441,8 +441,9 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     if backend == "mma_sync":
         from .kernels import mma_sync, mma_sync_roles
 
-        slots *= heuristics.resident_blocks(mma_sync_roles.smem_bytes(roles) if roles else
-                                            mma_sync.smem_bytes(block_m, fp8, staged),
+        quarters = mma_sync_roles.SCORE_QUARTERS and roles == 4  # (the factory's rule)
+        slots *= heuristics.resident_blocks(mma_sync_roles.smem_bytes(roles, quarters) if roles
+                                            else mma_sync.smem_bytes(block_m, fp8, staged),
                                             mma_sync.min_blocks(block_m))
     elif backend == "mma" and block_t:
         slots *= heuristics.resident_blocks(transposed.smem_bytes(block_m), 2)
@@ -491,7 +492,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                                                            facts.cache_aligned16, roles,
                                                            facts.cache_packed)
             spec = KernelSpec("mma_sync_roles", disp, mma_sync_roles.threads(disp.form["v_warps"]),
-                              mma_sync_roles.smem_bytes(roles), q_pairs=True, tma=False,
+                              mma_sync_roles.smem_bytes(roles, disp.form["score_quarters"]),
+                              q_pairs=True, tma=False,
                               **common)
             # where the form spills (a score mod with much arithmetic), the lockstep 32-row
             # block, where it fits (the same rows a block and one block a multiprocessor)

@@ -431,7 +431,7 @@ def main():
     default_quarters = mma_sync_roles.SCORE_QUARTERS
     for stages, cc, v_warps, quarters in ((3, (8, 0), 4, False), (4, (8, 0), 4, False),
                                           (4, (9, 0), 4, False), (4, (9, 0), 8, False),
-                                          (4, (9, 0), 4, True)):
+                                          (4, (8, 0), 4, True), (4, (9, 0), 4, True)):
         mma_sync_roles.S_AHEAD = default_ahead and cc >= (9, 0)
         mma_sync_roles.V_WARPS = v_warps
         mma_sync_roles.SCORE_QUARTERS = quarters
@@ -450,7 +450,7 @@ def main():
                 # (S: 18 steps of 4; P V: two steps of a V warp's 512 / v_warps / 8 n8 tiles
                 # for each of the two m16 tiles)
                 ok = (not local and calls == 0 and mmas >= 18 * 4 + 2 * 2 * (512 // v_warps // 8)
-                      and hmma >= mmas)
+                      and hmma >= mmas and kern.form["score_quarters"] == quarters)
                 bad += not ok
                 print(f"mroles {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "
                       f"direct={direct!s:5} sm_{cc[0]}{cc[1]} stages={stages} "

@@ -470,15 +470,17 @@ def test_mma_sync_roles_eight_chains(rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("ahead,order,swizzle", [(True, "low", True), (True, "high", True),
-                                                 (False, "low", True), (True, "high", False)])
-def test_mma_sync_roles_score_quarters(ahead, order, swizzle, rng, monkeypatch):
+@pytest.mark.parametrize("ahead,order,swizzle,heads", [
+    (True, "low", True, 17), (True, "high", True, 17), (False, "low", True, 17),
+    (True, "high", False, 17), (True, "low", True, 32)])
+def test_mma_sync_roles_score_quarters(ahead, order, swizzle, heads, rng, monkeypatch):
     """The split-role form with each score warp scoring both m16 tiles over a quarter of the
     dims (``mma_sync_roles.SCORE_QUARTERS``, off, untimed: Q's 72 registers a lane as two
     tiles x 9 steps, a four-way exchange of partial scores through Xs under one barrier of
     the four score warps) matches the reference: three tiles, the last partial, the second
-    m16 tile with one row (17), beside an empty sequence; S ahead of P and in turn, the score
-    warps run ahead of the V warps ("low") and behind ("high"), swizzled rows and padded."""
+    m16 tile with one row (17) or all 16 (32: every lane's rows of both tiles), beside an
+    empty sequence; S ahead of P and in turn, the score warps run ahead of the V warps
+    ("low") and behind ("high"), swizzled rows and padded."""
     from numba_mla import _numba
 
     monkeypatch.setattr(mma_sync_roles, "SCORE_QUARTERS", True)
@@ -487,7 +489,7 @@ def test_mma_sync_roles_score_quarters(ahead, order, swizzle, rng, monkeypatch):
     monkeypatch.setattr(launch, "_aligned16", lambda dev: True)
     assert mma_sync_roles.stages_that_fit(heuristics.smem_per_block()) == 4
     specs = launched_specs(monkeypatch)
-    p = make_problem(rng, 2, 1, 17, [133, 0], BF16, "paged", 16)
+    p = make_problem(rng, 2, 1, heads, [133, 0], BF16, "paged", 16)
     with _numba.sim_turn_order(order):
         check_kernel(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
     assert [(s.backend, s.dispatcher.form["score_quarters"], s.dispatcher.form["k_swizzle"])

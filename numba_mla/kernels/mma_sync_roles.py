@@ -46,8 +46,9 @@ sub-tiles before the score warps need it. With ``S_AHEAD`` (on, four stages) a s
 for KREADY of j + 1 and computes S of j + 1 right after the maxima of j, before its PFREE
 wait and P of j, so a copy is issued NS - 3 sub-tiles before it is needed; the reuse of Mx,
 which the next KREADY wait ordered, is then ordered by the pair's barrier in the exchange of
-j + 1 (only the two warps of a m16 tile touch its rows of Mx). Shared memory (bytes;
-``layout``):
+j + 1 (only the two warps of a m16 tile touch its rows of Mx; with ``SCORE_QUARTERS``, by
+the SCORE barrier of that exchange, which all four score warps pass, and by PFREE). Shared
+memory (bytes; ``layout``):
 
     Qs  [32][ROWW]       the block's queries (read once into the score warps' registers)
     Ks  [NS][32][ROWW]   the key rows of NS sub-tiles (the first 512 dims are V); with
@@ -58,6 +59,8 @@ j + 1 (only the two warps of a m16 tile touch its rows of Mx). Shared memory (by
     Mx  [2][32][4] f32   the row maxima of each key half (dh) of the sub-tile (LANE_MAX: each
                          lane's, tq; else the quad's, in the first 64 words)
     Xs  [4][2][32][4] f32  the partial scores passed between the score warps of a pair
+                         (``SCORE_QUARTERS``: [4][4][2][32][4], each score warp's slot of
+                         all its partials)
     Lf  [2][32] f32, Mf [32] f32   the final row sums of each half, the final max
     Lr  [2][32] f32      the final row sums of each half of P as rounded to 16 bits
 
@@ -179,8 +182,10 @@ def smem_bytes(stages=4, quarters=None):
 
 def stages_that_fit(limit):
     """The most stages whose block fits ``limit`` bytes of shared memory a block (4 on an
-    H100 or H200: 198 KB; 3 on an A100: 161 KB of its 163), or 0 (an Ada GPU's 99 KB)."""
-    return max((n for n in STAGES if smem_bytes(n) <= limit), default=0)
+    H100 or H200: 198 KB; 3 on an A100: 161 KB of its 163), or 0 (an Ada GPU's 99 KB);
+    ``SCORE_QUARTERS`` enlarges only the four-stage block (the factory builds it there only)."""
+    return max((n for n in STAGES if smem_bytes(n, SCORE_QUARTERS and n == 4) <= limit),
+               default=0)
 
 
 def _make_q_load(steps, tiles=1):
@@ -429,7 +434,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             else:
                 x_give = base + 4 * (X_OFF + 256 * warp) + 16 * lane
                 x_take = base + 4 * (X_OFF + 256 * (warp ^ 1)) + 16 * lane
-            s2 = cuda.local.array(S2N, float32)  # partial scores: 32 keys, half the dims
+            # partial scores: 32 keys over half the dims (QUARTERS: 32 rows x 32 keys over a
+            # quarter of the dims)
+            s2 = cuda.local.array(S2N, float32)
             s = cuda.local.array(8, float32)  # this warp's 16 keys: rows gr, gr + 8 of sm
             m_run = cuda.local.array(2, float32)  # rows 16 sm + gr + 8 half
             l_own = cuda.local.array(2, float32)  # ... the sums of P over this warp's keys
