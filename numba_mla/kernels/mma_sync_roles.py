@@ -145,7 +145,8 @@ K_ROW = 4 * WORDS  # bytes a swizzled stage row (1,152)
 # about 115 KB a sub-tile's ldmatrix reads), for a four-way exchange of partial scores (each
 # warp's 32 rows x 32 keys to its slot of Xs, 16 KB, where the pairs' took 4 KB) and 16 more
 # accumulator registers a lane; after the exchange a warp owns the same 16 rows x 16 keys as
-# with halves. Four stages only (the three-stage block no longer fits an A100's 163 KB).
+# with halves. Four stages only (with it the three-stage block would not fit an A100's
+# 163 KB: the factory builds that one without).
 # Untimed
 SCORE_QUARTERS = False
 QUARTER_STEPS = D_QK // 64  # k16 steps of a quarter of the dims (9)
