@@ -14,7 +14,7 @@ has only the checked-out branch; labelled by the first line of its ``COMMIT`` fi
 one, else by its name).
 
 Usage: python scripts/ab.py REV [REV ...] [--rounds 2] [--out ab.json] [--pythonpath DIR]
-                            -- BENCH ARGS (e.g. --sweep default --providers numba_mla:mma)
+                            [--worktree-label LABEL] -- BENCH ARGS (e.g. --sweep default --providers numba_mla:mma)
 Prints one row per configuration: each version's median GPU microseconds, round by round,
 and its mean over the first version's. ``--pythonpath`` is added after the version's tree (a
 peer's module, e.g. FlashMLA's build); ``--out`` keeps every round's rows and the versions'
@@ -150,11 +150,17 @@ def main(argv=None):
     ap.add_argument("--pythonpath", action="append", default=[],
                     help="a directory to import from after the version's tree (repeatable)")
     ap.add_argument("--keep", default=None, help="build the trees here (default: a temp dir)")
+    ap.add_argument("--worktree-label", default=None,
+                    help=f"label {WORKTREE} with this (its commit in the JSON and the table) "
+                         "rather than the checkout's git: a copy of the checkout whose .git is "
+                         "older than its files, as a GPU machine's copy may be, would name a "
+                         "stale commit")
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if len(set(args.revs)) != len(args.revs):
         ap.error("each version once")
     root = args.keep or tempfile.mkdtemp(prefix="numba_mla_ab_")
-    commits = {v: commit_of(v) for v in args.revs}
+    commits = {v: args.worktree_label if v == WORKTREE and args.worktree_label else commit_of(v)
+               for v in args.revs}
     trees = {v: export_tree(v, os.path.join(root, f"v{i}")) for i, v in enumerate(args.revs)}
     pythonpath = [os.path.abspath(p) for p in args.pythonpath]
     runs = {v: [] for v in args.revs}

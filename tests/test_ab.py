@@ -110,6 +110,25 @@ def test_rounds_kept_as_they_finish(tmp_path, monkeypatch, capsys):
     assert "11.0" in capsys.readouterr().err
 
 
+def test_worktree_label(tmp_path, monkeypatch):
+    """``--worktree-label`` names WORKTREE in the bench's commit and the JSON (a GPU machine's
+    copy of the checkout may carry an older .git), and leaves the other versions' labels."""
+    labels = []
+
+    def fake_run(tree, label, bench_args, out, cache_dir, pythonpath=()):
+        labels.append(label)
+        return {"meta": {"commit": label}, "rows": [_row(10.0)]}
+
+    for name, fn in (("run_one", fake_run), ("export_tree", lambda rev, dest: dest),
+                     ("commit_of", lambda rev: "stale+")):
+        monkeypatch.setattr(ab, name, fn)
+    out = tmp_path / "ab.json"
+    ab.main([ab.WORKTREE, "B", "--rounds", "1", "--out", str(out), "--keep", str(tmp_path),
+             "--worktree-label", "abc1234+flag", "--", "--sweep", "tiny"])
+    assert labels == ["abc1234+flag", "stale+"]
+    assert json.loads(out.read_text())["versions"] == {ab.WORKTREE: "abc1234+flag", "B": "stale+"}
+
+
 @pytest.mark.slow
 @needs_git
 def test_ab_of_the_checkout_against_head(tmp_path):
