@@ -470,20 +470,24 @@ def test_mma_sync_roles_eight_chains(rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("ahead,order,swizzle,heads", [
-    (True, "low", True, 17), (True, "high", True, 17), (False, "low", True, 17),
-    (True, "high", False, 17), (True, "low", True, 32)])
-def test_mma_sync_roles_score_quarters(ahead, order, swizzle, heads, rng, monkeypatch):
+@pytest.mark.parametrize("ahead,order,swizzle,heads,skip_own", [
+    (True, "low", True, 17, False), (True, "high", True, 17, False),
+    (False, "low", True, 17, False), (True, "high", False, 17, False),
+    (True, "low", True, 32, False), (True, "high", True, 32, True), (False, "low", True, 17, True)])
+def test_mma_sync_roles_score_quarters(ahead, order, swizzle, heads, skip_own, rng,
+                                       monkeypatch):
     """The split-role form with each score warp scoring both m16 tiles over a quarter of the
     dims (``mma_sync_roles.SCORE_QUARTERS``, off, untimed: Q's 72 registers a lane as two
     tiles x 9 steps, a four-way exchange of partial scores through Xs under one barrier of
     the four score warps) matches the reference: three tiles, the last partial, the second
     m16 tile with one row (17) or all 16 (32: every lane's rows of both tiles), beside an
     empty sequence; S ahead of P and in turn, the score warps run ahead of the V warps
-    ("low") and behind ("high"), swizzled rows and padded."""
+    ("low") and behind ("high"), swizzled rows and padded; with each warp's own block of
+    partials kept in registers (``QUARTERS_SKIP_OWN``, untimed) too."""
     from numba_mla import _numba
 
     monkeypatch.setattr(mma_sync_roles, "SCORE_QUARTERS", True)
+    monkeypatch.setattr(mma_sync_roles, "QUARTERS_SKIP_OWN", skip_own)
     monkeypatch.setattr(mma_sync_roles, "S_AHEAD", ahead)
     monkeypatch.setattr(mma_sync_roles, "K_SWIZZLE", swizzle)
     monkeypatch.setattr(launch, "_aligned16", lambda dev: True)
@@ -492,8 +496,9 @@ def test_mma_sync_roles_score_quarters(ahead, order, swizzle, heads, rng, monkey
     p = make_problem(rng, 2, 1, heads, [133, 0], BF16, "paged", 16)
     with _numba.sim_turn_order(order):
         check_kernel(p, nm.CausalMask(), SCORE_MODS["softcap"].make(p), 1, "mma_sync")
-    assert [(s.backend, s.dispatcher.form["score_quarters"], s.dispatcher.form["k_swizzle"])
-            for s in specs] == [("mma_sync_roles", True, swizzle)], (
+    assert [(s.backend, s.dispatcher.form["score_quarters"], s.dispatcher.form["k_swizzle"],
+             s.dispatcher.form["quarters_skip_own"])
+            for s in specs] == [("mma_sync_roles", True, swizzle, skip_own)], (
         "expected the split-role kernel with its score work in quarters")
 
 
@@ -1193,7 +1198,7 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
                                 v_warps=4, max_early=True, p_ftz=True, sums_late=True,
                                 lane_max=True, packed=True, copy_lanes=8,
                                 copy_cache="cg", copy_const_full=False, k_swizzle=wide,
-                                score_quarters=False))], (
+                                score_quarters=False, quarters_skip_own=False))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

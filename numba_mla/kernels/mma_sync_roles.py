@@ -149,6 +149,9 @@ K_ROW = 4 * WORDS  # bytes a swizzled stage row (1,152)
 # 163 KB: the factory builds that one without).
 # Untimed
 SCORE_QUARTERS = False
+# ... and each warp's own block of partials kept in registers (picked by selects), the other
+# three blocks through Xs (24 KB of STS/LDS a sub-tile where all four took 32); untimed
+QUARTERS_SKIP_OWN = False
 QUARTER_STEPS = D_QK // 64  # k16 steps of a quarter of the dims (9)
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
 P_ROW_BYTES = 4 * PW
@@ -263,13 +266,47 @@ def pass_quarters(s, s2, floats, x_mine, x_read):
         s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3] = x0, x1, x2, x3
 
 
+@cuda.jit(device=True, **INLINE)
+def _block_of(s2, v, i):
+    """s2[8 v + i] for a run-time v in 0..3 (a warp's index), by selects: an index that
+    depends on v would put s2 in local memory."""
+    a = s2[i] if v == 0 else s2[8 + i]
+    b = s2[16 + i] if v == 2 else s2[24 + i]
+    return a if v < 2 else b
+
+
+@cuda.jit(device=True, **INLINE)
+def pass_quarters_own(s, s2, floats, x_mine, x_read, w):
+    """``pass_quarters`` with warp ``w``'s own block kept in registers: only the three
+    blocks the other warps own go to its slot of Xs, and its own partials join the sum in
+    their place in the quarters' order (u = w), so the sums are ``pass_quarters``' (added to
+    a zero first: only a sum of four -0.0 differs, as +0.0)."""
+    for v in range(4):
+        if v != w:  # (warp-uniform)
+            for j in range(2):
+                ptx.sts128(floats, x_mine + 1024 * v + 512 * j, s2[8 * v + 4 * j],
+                           s2[8 * v + 4 * j + 1], s2[8 * v + 4 * j + 2], s2[8 * v + 4 * j + 3])
+    ptx.bar_sync(BAR_SCORE, 128)  # every score warp's partials are in
+    for j in range(2):
+        x0 = x1 = x2 = x3 = float32(0.0)
+        for u in range(4):
+            if u == w:
+                y0, y1 = _block_of(s2, w, 4 * j), _block_of(s2, w, 4 * j + 1)
+                y2, y3 = _block_of(s2, w, 4 * j + 2), _block_of(s2, w, 4 * j + 3)
+            else:
+                y0, y1, y2, y3 = ptx.lds128(floats, x_read + 4096 * u + 512 * j)
+            x0, x1, x2, x3 = x0 + y0, x1 + y1, x2 + y2, x3 + y3
+        s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3] = x0, x1, x2, x3
+
+
 def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask_key_range,
                           score_mod, fold_scale, heads, wide=True, stages=4, key_count=None,
                           s_chains=S_CHAINS, s_ahead=S_AHEAD, v_warps=V_WARPS,
                           max_early=MAX_EARLY, p_ftz=P_FTZ, sums_late=SUMS_LATE,
                           lane_max=LANE_MAX, packed=True, copy_lanes=COPY_LANES,
                           copy_cache=COPY_CACHE, copy_const_full=COPY_CONST_FULL,
-                          k_swizzle=K_SWIZZLE, score_quarters=SCORE_QUARTERS):
+                          k_swizzle=K_SWIZZLE, score_quarters=SCORE_QUARTERS,
+                          quarters_skip_own=QUARTERS_SKIP_OWN):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
@@ -283,13 +320,15 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     cache, its cache operator and its predicate, ``COPY_LANES``, ``COPY_CACHE``,
     ``COPY_CONST_FULL``; ``k_swizzle``: such a cache's stage rows swizzled, ``K_SWIZZLE``;
     ``score_quarters``: each score warp both m16 tiles over a quarter of the dims,
-    ``SCORE_QUARTERS``, four stages and four S chains only)."""
+    ``SCORE_QUARTERS``, four stages and four S chains only; ``quarters_skip_own``: with it,
+    each warp's own block of partials kept in registers, ``QUARTERS_SKIP_OWN``)."""
     lane_max = lane_max and max_early
     assert v_warps in (4, 8), v_warps
     NT = threads(v_warps)
     OD = D_V // v_warps  # output dims a V warp owns (128 of four, 64 of eight)
     NACC = 2 * OD // 8 * 4  # its accumulators a lane
     QUARTERS = bool(score_quarters)
+    SKIP_OWN = bool(quarters_skip_own and QUARTERS)
     assert not QUARTERS or (stages == 4 and s_chains == 4), "quarters: four stages, 4 chains"
     offsets, _ = layout(stages, QUARTERS)
     (Q_OFF, K_OFF, P_OFF, AL_OFF, MX_OFF, X_OFF, LF_OFF, MF_OFF, LR_OFF) = offsets
@@ -459,7 +498,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                         score_sub(s2, qf, words, ka0, ka1, ka2, ka3, KS_BYTES * (j % NS),
                                   BAR_KREADY + h, tid)
                     # the partner's 16 keys to it, its partials of this warp's 16 from it
-                    if QUARTERS:
+                    if SKIP_OWN:
+                        pass_quarters_own(s, s2, floats, x_give, x_take, warp)
+                    elif QUARTERS:
                         pass_quarters(s, s2, floats, x_give, x_take)
                     else:
                         pass_partials(s, s2, floats, x_give, x_take, dh, BAR_PAIR + sm)
@@ -636,5 +677,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                                  sums_late=sums_late, lane_max=lane_max,
                                  packed=bool(packed), copy_lanes=copy_lanes,
                                  copy_cache=copy_cache, copy_const_full=bool(copy_const_full),
-                                 k_swizzle=SWZ, score_quarters=QUARTERS)
+                                 k_swizzle=SWZ, score_quarters=QUARTERS,
+                                 quarters_skip_own=SKIP_OWN)
     return partition_kernel
