@@ -11,7 +11,11 @@ A version is a git revision (anything ``git archive`` takes), ``WORKTREE`` (the 
 numba_mla as it is now, uncommitted edits included), or a directory holding a ``numba_mla``
 folder (a tree exported elsewhere, e.g. a branch's, for a machine whose copy of the repository
 has only the checked-out branch; labelled by the first line of its ``COMMIT`` file if it has
-one, else by its name).
+one, else by its name). Any of these may be followed by module constants to set in its tree,
+``REV+MODULE.NAME=VALUE[+...]`` with MODULE relative to numba_mla and VALUE a Python literal,
+e.g. ``WORKTREE+kernels.mma_sync_roles.SCORE_QUARTERS=True``: the line ``NAME = ...`` of that
+module (exactly one) is replaced, and the label gains ``+NAME=VALUE``; so an A/B of a flag
+needs no tree made by hand.
 
 Usage: python scripts/ab.py REV [REV ...] [--rounds 2] [--out ab.json] [--pythonpath DIR]
                             [--worktree-label LABEL] -- BENCH ARGS (e.g. --sweep default --providers numba_mla:mma)
@@ -23,7 +27,9 @@ table so far printed to stderr, so a run stopped by a time limit keeps the round
 finished.
 """
 import argparse
+import ast
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -42,6 +48,39 @@ if not os.path.realpath(numba_mla.__file__).startswith(tree + os.sep):
 from numba_mla.cli import main
 sys.exit(main())
 """
+
+
+def split_version(version):
+    """(rev, [(module, name, value), ...]) of ``REV+MODULE.NAME=VALUE+...`` (a directory that
+    holds numba_mla is a rev as it is, whatever its name)."""
+    if is_tree(version) or "+" not in version:
+        return version, []
+    rev, *sets = version.split("+")
+    out = []
+    for item in sets:
+        lhs, eq, value = item.partition("=")
+        module, dot, name = lhs.rpartition(".")
+        if not (eq and dot and module and name.isidentifier()):
+            raise ValueError(f"ab.py: {item!r} is not MODULE.NAME=VALUE")
+        try:
+            ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"ab.py: {value!r} ({item}) is not a Python literal") from None
+        out.append((module, name, value))
+    return rev, out
+
+
+def set_constants(tree, sets):
+    """Replace each set's ``NAME = ...`` line (exactly one) in ``tree``'s numba_mla module."""
+    for module, name, value in sets:
+        path = os.path.join(tree, "numba_mla", *module.split(".")) + ".py"
+        with open(path) as f:
+            text = f.read()
+        pattern = re.compile(rf"^{name} = .*$", re.M)
+        if len(pattern.findall(text)) != 1:
+            raise ValueError(f"ab.py: {path} has no single line '{name} = ...'")
+        with open(path, "w") as f:
+            f.write(pattern.sub(lambda m: f"{name} = {value}", text))
 
 
 def is_tree(rev):
@@ -159,9 +198,14 @@ def main(argv=None):
     if len(set(args.revs)) != len(args.revs):
         ap.error("each version once")
     root = args.keep or tempfile.mkdtemp(prefix="numba_mla_ab_")
-    commits = {v: args.worktree_label if v == WORKTREE and args.worktree_label else commit_of(v)
-               for v in args.revs}
-    trees = {v: export_tree(v, os.path.join(root, f"v{i}")) for i, v in enumerate(args.revs)}
+    split = {v: split_version(v) for v in args.revs}
+    commits = {v: (args.worktree_label if rev == WORKTREE and args.worktree_label
+                   else commit_of(rev)) + "".join(f"+{n}={x}" for _, n, x in sets)
+               for v, (rev, sets) in split.items()}
+    trees = {}
+    for i, (v, (rev, sets)) in enumerate(split.items()):
+        trees[v] = export_tree(rev, os.path.join(root, f"v{i}"))
+        set_constants(trees[v], sets)
     pythonpath = [os.path.abspath(p) for p in args.pythonpath]
     runs = {v: [] for v in args.revs}
     for r in range(args.rounds):

@@ -110,6 +110,47 @@ def test_rounds_kept_as_they_finish(tmp_path, monkeypatch, capsys):
     assert "11.0" in capsys.readouterr().err
 
 
+def test_a_version_with_constants_set(tmp_path):
+    """``REV+MODULE.NAME=VALUE``: the tree's line of that constant replaced (only it), the
+    label gains the setting; a name with no single line, or a value that is no literal, is
+    refused."""
+    src = tmp_path / "tree"
+    (src / "numba_mla" / "kernels").mkdir(parents=True)
+    text = "FLAG = False  # a comment\nFLAG_B = 3\nX = FLAG\n"
+    (src / "numba_mla" / "kernels" / "k.py").write_text(text)
+    version = f"{src}+kernels.k.FLAG=True+kernels.k.FLAG_B=(4, 5)"
+    rev, sets = ab.split_version(version)
+    assert rev == str(src) and sets == [("kernels.k", "FLAG", "True"),
+                                        ("kernels.k", "FLAG_B", "(4, 5)")]
+    tree = ab.export_tree(rev, str(tmp_path / "t"))
+    ab.set_constants(tree, sets)
+    assert (tmp_path / "t" / "numba_mla" / "kernels" / "k.py").read_text() == (
+        "FLAG = True\nFLAG_B = (4, 5)\nX = FLAG\n")
+    assert ab.split_version(str(src)) == (str(src), [])
+    with pytest.raises(ValueError, match="not a Python literal"):
+        ab.split_version("HEAD+kernels.k.FLAG=os.system")
+    with pytest.raises(ValueError, match="MODULE.NAME=VALUE"):
+        ab.split_version("HEAD+FLAG=1")
+    with pytest.raises(ValueError, match="no single line"):
+        ab.set_constants(tree, [("kernels.k", "MISSING", "1")])
+
+
+def test_constants_label_the_version(tmp_path, monkeypatch):
+    """A version's settings are in its label (the bench's commit, the JSON)."""
+    labels = []
+
+    def fake_run(tree, label, bench_args, out, cache_dir, pythonpath=()):
+        labels.append(label)
+        return {"meta": {"commit": label}, "rows": [_row(10.0)]}
+
+    for name, fn in (("run_one", fake_run), ("export_tree", lambda rev, dest: dest),
+                     ("commit_of", lambda rev: "abc1234"), ("set_constants", lambda t, s: None)):
+        monkeypatch.setattr(ab, name, fn)
+    ab.main([ab.WORKTREE, "WORKTREE+kernels.m.F=1", "--rounds", "1", "--keep", str(tmp_path),
+             "--worktree-label", "def5678", "--", "--sweep", "tiny"])
+    assert labels == ["def5678", "def5678+F=1"]
+
+
 def test_worktree_label(tmp_path, monkeypatch):
     """``--worktree-label`` names WORKTREE in the bench's commit and the JSON (a GPU machine's
     copy of the checkout may carry an older .git), and leaves the other versions' labels."""
