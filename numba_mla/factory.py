@@ -247,7 +247,7 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     const_full = bool(mma_sync_roles.COPY_CONST_FULL and lean)
     # (the swizzle's key is a copying thread's: its rows a multiple of 8 apart)
     swizzle = bool(mma_sync_roles.K_SWIZZLE and lean and 32 * v_warps // copy_lanes % 8 == 0)
-    quarters = bool(mma_sync_roles.SCORE_QUARTERS and stages == 4 and chains == 4)
+    quarters = mma_sync_roles.quarters_at(stages)
     skip_own = bool(mma_sync_roles.QUARTERS_SKIP_OWN and quarters)
 
     def build():

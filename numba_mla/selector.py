@@ -441,9 +441,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     if backend == "mma_sync":
         from .kernels import mma_sync, mma_sync_roles
 
-        quarters = mma_sync_roles.SCORE_QUARTERS and roles == 4  # (the factory's rule)
-        slots *= heuristics.resident_blocks(mma_sync_roles.smem_bytes(roles, quarters) if roles
-                                            else mma_sync.smem_bytes(block_m, fp8, staged),
+        slots *= heuristics.resident_blocks(mma_sync_roles.smem_bytes(roles) if roles else
+                                            mma_sync.smem_bytes(block_m, fp8, staged),
                                             mma_sync.min_blocks(block_m))
     elif backend == "mma" and block_t:
         slots *= heuristics.resident_blocks(transposed.smem_bytes(block_m), 2)

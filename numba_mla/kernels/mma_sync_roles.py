@@ -164,12 +164,19 @@ def threads(v_warps=V_WARPS):
     return SCORE_THREADS + 32 * v_warps
 
 
+def quarters_at(stages):
+    """Whether the form with ``stages`` stages takes ``SCORE_QUARTERS`` (four stages and four
+    S chains only): the factory's build, the selector's shared memory and ``stages_that_fit``
+    all ask this."""
+    return bool(SCORE_QUARTERS and stages == 4 and S_CHAINS == 4)
+
+
 def layout(stages=4, quarters=None):
     """Word offsets of Qs, Ks, Ps, Al, Mx, Xs, Lf, Mf, Lr in dynamic shared memory with ``stages``
     stages of key rows, and its size in words (each offset a multiple of 4 words: 16-byte
-    aligned); Xs four times as large with ``quarters`` (``SCORE_QUARTERS`` when None)."""
+    aligned); Xs four times as large with ``quarters`` (``quarters_at(stages)`` when None)."""
     assert stages in STAGES, stages
-    quarters = SCORE_QUARTERS if quarters is None else quarters
+    quarters = quarters_at(stages) if quarters is None else quarters
     sizes = (BLOCK_M * ROWW, stages * SUB * ROWW, 2 * BLOCK_M * PW, 2 * BLOCK_M,
              2 * BLOCK_M * 4, (16 if quarters else 4) * 2 * 32 * 4, 2 * BLOCK_M, BLOCK_M,
              2 * BLOCK_M)
@@ -186,10 +193,9 @@ def smem_bytes(stages=4, quarters=None):
 
 def stages_that_fit(limit):
     """The most stages whose block fits ``limit`` bytes of shared memory a block (4 on an
-    H100 or H200: 198 KB; 3 on an A100: 161 KB of its 163), or 0 (an Ada GPU's 99 KB);
-    ``SCORE_QUARTERS`` enlarges only the four-stage block (the factory builds it there only)."""
-    return max((n for n in STAGES if smem_bytes(n, SCORE_QUARTERS and n == 4) <= limit),
-               default=0)
+    H100 or H200: 198 KB; 3 on an A100: 161 KB of its 163), or 0 (an Ada GPU's 99 KB), each
+    as the factory builds it (``quarters_at``)."""
+    return max((n for n in STAGES if smem_bytes(n) <= limit), default=0)
 
 
 def _make_q_load(steps, tiles=1):
