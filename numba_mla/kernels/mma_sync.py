@@ -381,6 +381,16 @@ def make_write_p(pack, unpack=None, exp2=math.exp2, quad=True):
     return write_p
 
 
+@cuda.jit(device=True, **INLINE)
+def swizzled_units(row, unit, key):
+    """The addresses of 16-byte units ``unit``, + 2, + 4 and + 6 of a swizzled key stage row
+    at byte ``row`` (``K_SWIZZLE``: unit u stored at u ^ ``key``, the row's low three bits);
+    unit u + 8 q is 128 q bytes past unit u's, so these four serve every k16 step of S, or
+    every pair of n8 tiles of P V, with constant offsets."""
+    return (row + 16 * (unit ^ key), row + 16 * ((unit + 2) ^ key),
+            row + 16 * ((unit + 4) ^ key), row + 16 * ((unit + 6) ^ key))
+
+
 def _make_pv(tag, mt, od, swizzle=False):
     """``pv(acc, sm, vaddr, a, tid)`` with ``a`` the 4 MT words of P's A fragments (m16 tile
     u's at 4u): acc += P . V over one 16-key step for the warp's od / 8 n8 tiles of each m16
@@ -609,11 +619,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         # warp's half's first (ku); V's pair m of n8 tiles at va{m}, pair 4 q + m 128 q further
         k_row = base + 4 * K_OFF + (32 * kh + lane % 8 + 8 * (lane // 16)) * KR
         ku = lane // 8 % 2 + 2 * HALF_STEPS * dh
-        v_row = base + 4 * K_OFF + a_row * KR
-        va0 = v_row + 16 * ((OD // 8 * warp + lane // 16) ^ (lane % 8))
-        va1 = v_row + 16 * ((OD // 8 * warp + lane // 16 + 2) ^ (lane % 8))
-        va2 = v_row + 16 * ((OD // 8 * warp + lane // 16 + 4) ^ (lane % 8))
-        va3 = v_row + 16 * ((OD // 8 * warp + lane // 16 + 6) ^ (lane % 8))
+        va0, va1, va2, va3 = swizzled_units(base + 4 * K_OFF + a_row * KR,
+                                            OD // 8 * warp + lane // 16, lane % 8)
         # The partial scores a lane hands over (16 bytes a lane, a warp's 32 lanes side by
         # side: no bank conflict), and where it finds its partner warp's (warp ^ 1)
         x_give = base + 4 * (X_OFF + 32 * HALF_SCORES * warp) + 16 * lane

@@ -83,8 +83,9 @@ from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
                      make_tile_walk, mark_empty)
 from .mma import RESCALE_SLACK
-from .mma_sync import (BLOCK_N, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue, make_issue_rows,
-                       make_q_copy, make_score_rows, make_write_p, pass_partials)
+from .mma_sync import (BLOCK_N, K_ROW, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue,
+                       make_issue_rows, make_q_copy, make_score_rows, make_write_p,
+                       pass_partials, swizzled_units)
 
 BLOCK_M = 32  # query rows a block (two m16 tiles)
 SUB = 32  # keys a sub-tile
@@ -139,7 +140,6 @@ COPY_CONST_FULL = False
 # take four registers a lane where one did (245 registers, was 240). For a packed cache
 # copied with a thread's rows a multiple of 8 apart (they then share their low three bits)
 K_SWIZZLE = True
-K_ROW = 4 * WORDS  # bytes a swizzled stage row (1,152)
 # each score warp takes both m16 tiles over a quarter of the dims (Q in the same 72 registers
 # a lane), so that a sub-tile's K is read once, not once for each m16 tile (36.9 KB of the
 # about 115 KB a sub-tile's ldmatrix reads), for a four-way exchange of partial scores (each
@@ -465,11 +465,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                        + 32 * HALF_STEPS * dh, tid)
                 k_unit = lane // 8 % 2 + 2 * HALF_STEPS * dh
             if SWZ:  # (step m's unit u at u ^ the row's low bits: lane % 8)
-                k_row = base + 4 * K_OFF + (lane % 8 + 8 * (lane // 16)) * KR
-                ka0 = k_row + 16 * (k_unit ^ (lane % 8))
-                ka1 = k_row + 16 * ((k_unit + 2) ^ (lane % 8))
-                ka2 = k_row + 16 * ((k_unit + 4) ^ (lane % 8))
-                ka3 = k_row + 16 * ((k_unit + 6) ^ (lane % 8))
+                ka0, ka1, ka2, ka3 = swizzled_units(
+                    base + 4 * K_OFF + (lane % 8 + 8 * (lane // 16)) * KR, k_unit, lane % 8)
             else:
                 ka0 = (base + 4 * K_OFF + (lane % 8 + 8 * (lane // 16)) * ROW_BYTES
                        + 16 * k_unit)
@@ -583,11 +580,8 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             p_addr = base + 4 * P_OFF + a_row * P_ROW_BYTES + 2 * a_col
             v_addr = base + 4 * K_OFF + a_row * ROW_BYTES + 2 * (a_col + OD * od)
             if SWZ:  # (pair m's unit u at u ^ the row's low bits: lane % 8)
-                v_row = base + 4 * K_OFF + a_row * KR
-                va0 = v_row + 16 * ((OD // 8 * od + lane // 16) ^ (lane % 8))
-                va1 = v_row + 16 * ((OD // 8 * od + lane // 16 + 2) ^ (lane % 8))
-                va2 = v_row + 16 * ((OD // 8 * od + lane // 16 + 4) ^ (lane % 8))
-                va3 = v_row + 16 * ((OD // 8 * od + lane // 16 + 6) ^ (lane % 8))
+                va0, va1, va2, va3 = swizzled_units(base + 4 * K_OFF + a_row * KR,
+                                                    OD // 8 * od + lane // 16, lane % 8)
             else:
                 va0 = va1 = va2 = va3 = v_addr  # (unused)
             # the walk two tiles ahead (t1, t2): sub-tile j + 2 is of t1, j + NS of t1 or t2
