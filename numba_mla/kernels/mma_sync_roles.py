@@ -250,29 +250,6 @@ def _make_scores(tag, steps, chains=4, swizzle=False, tiles=1):
 
 
 @cuda.jit(device=True, **INLINE)
-def pass_quarters(s, s2, floats, x_mine, x_read):
-    """S's exchange among the four score warps, each of which scored both m16 tiles' 32 keys
-    over its quarter of the dims (``s2``: m16 tile t's n8 tiles at s2[16 t], [+ 4], [+ 8],
-    [+ 12], so that block v = 2 t + key half, the 16 keys warp v owns, is s2[8 v .. 8 v + 7]):
-    all of ``s2`` to this warp's slot of Xs at byte ``x_mine`` (block v at 1,024 v, each n8
-    tile's 16 bytes a lane, 512 apart), the score warps' barrier, then into ``s[8]`` the sum of
-    the four warps' partials of this warp's block, read at ``x_read`` (its block of the
-    slot of warp 0; warp u's 4,096 u further), in the quarters' order, the same in every
-    warp."""
-    for v in range(4):
-        for j in range(2):
-            ptx.sts128(floats, x_mine + 1024 * v + 512 * j, s2[8 * v + 4 * j],
-                       s2[8 * v + 4 * j + 1], s2[8 * v + 4 * j + 2], s2[8 * v + 4 * j + 3])
-    ptx.bar_sync(BAR_SCORE, 128)  # every score warp's partials are in
-    for j in range(2):
-        x0, x1, x2, x3 = ptx.lds128(floats, x_read + 512 * j)
-        for u in range(1, 4):
-            y0, y1, y2, y3 = ptx.lds128(floats, x_read + 4096 * u + 512 * j)
-            x0, x1, x2, x3 = x0 + y0, x1 + y1, x2 + y2, x3 + y3
-        s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3] = x0, x1, x2, x3
-
-
-@cuda.jit(device=True, **INLINE)
 def _block_of(s2, v, i):
     """s2[8 v + i] for a run-time v in 0..3 (a warp's index), by selects: an index that
     depends on v would put s2 in local memory."""
@@ -282,13 +259,18 @@ def _block_of(s2, v, i):
 
 
 @cuda.jit(device=True, **INLINE)
-def pass_quarters_own(s, s2, floats, x_mine, x_read, w):
-    """``pass_quarters`` with warp ``w``'s own block kept in registers: only the three
-    blocks the other warps own go to its slot of Xs, and its own partials join the sum in
-    their place in the quarters' order (u = w), so the sums are ``pass_quarters``' (added to
-    a zero first: only a sum of four -0.0 differs, as +0.0)."""
+def pass_quarters(s, s2, floats, x_mine, x_read, own):
+    """S's exchange among the four score warps, each of which scored both m16 tiles' 32 keys
+    over its quarter of the dims (``s2``: m16 tile t's n8 tiles at s2[16 t], [+ 4], [+ 8],
+    [+ 12], so that block v = 2 t + key half, the 16 keys warp v owns, is s2[8 v .. 8 v + 7]):
+    ``s2``'s blocks to this warp's slot of Xs at byte ``x_mine`` (block v at 1,024 v, each n8
+    tile's 16 bytes a lane, 512 apart), the score warps' barrier, then into ``s[8]`` the sum of
+    the four warps' partials of this warp's block, read at ``x_read`` (its block of the
+    slot of warp 0; warp u's 4,096 u further), in the quarters' order, the same in every
+    warp. ``own``: -1, every block through Xs, or this warp's index (``QUARTERS_SKIP_OWN``):
+    its own block stays in registers and joins the sum in its place (the same sums)."""
     for v in range(4):
-        if v != w:  # (warp-uniform)
+        if v != own:  # (warp-uniform)
             for j in range(2):
                 ptx.sts128(floats, x_mine + 1024 * v + 512 * j, s2[8 * v + 4 * j],
                            s2[8 * v + 4 * j + 1], s2[8 * v + 4 * j + 2], s2[8 * v + 4 * j + 3])
@@ -296,12 +278,15 @@ def pass_quarters_own(s, s2, floats, x_mine, x_read, w):
     for j in range(2):
         x0 = x1 = x2 = x3 = float32(0.0)
         for u in range(4):
-            if u == w:
-                y0, y1 = _block_of(s2, w, 4 * j), _block_of(s2, w, 4 * j + 1)
-                y2, y3 = _block_of(s2, w, 4 * j + 2), _block_of(s2, w, 4 * j + 3)
+            if u == own:
+                y0, y1 = _block_of(s2, own, 4 * j), _block_of(s2, own, 4 * j + 1)
+                y2, y3 = _block_of(s2, own, 4 * j + 2), _block_of(s2, own, 4 * j + 3)
             else:
                 y0, y1, y2, y3 = ptx.lds128(floats, x_read + 4096 * u + 512 * j)
-            x0, x1, x2, x3 = x0 + y0, x1 + y1, x2 + y2, x3 + y3
+            if u == 0:
+                x0, x1, x2, x3 = y0, y1, y2, y3
+            else:
+                x0, x1, x2, x3 = x0 + y0, x1 + y1, x2 + y2, x3 + y3
         s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3] = x0, x1, x2, x3
 
 
@@ -501,10 +486,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                         score_sub(s2, qf, words, ka0, ka1, ka2, ka3, KS_BYTES * (j % NS),
                                   BAR_KREADY + h, tid)
                     # the partner's 16 keys to it, its partials of this warp's 16 from it
-                    if SKIP_OWN:
-                        pass_quarters_own(s, s2, floats, x_give, x_take, warp)
-                    elif QUARTERS:
-                        pass_quarters(s, s2, floats, x_give, x_take)
+                    if QUARTERS:
+                        pass_quarters(s, s2, floats, x_give, x_take,
+                                      warp if SKIP_OWN else -1)
                     else:
                         pass_partials(s, s2, floats, x_give, x_take, dh, BAR_PAIR + sm)
                     # mask and score mod on this warp's keys, their row maxima to Mx[dh]
