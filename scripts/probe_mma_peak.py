@@ -1,0 +1,123 @@
+"""Probe: how fast can ``mma.sync.m16n8k16`` (bf16 in, fp32 accumulate) go on this GPU, from
+Numba, alone and fed by ``ldmatrix``? The ceiling the warp tensor-core kernel
+(``backend="mma_sync"``) works under (docs/kernels/mma_sync.md, "Next steps" item 10).
+
+Each warp of a persistent grid (``blocks`` a multiprocessor) runs ``iters`` steps; a step is
+``chains`` independent ``mma.sync`` (n8 tiles, each its own four accumulators), with
+
+- ``ldsm = 0``: A and B fragments fixed in registers (the tensor pipe's own rate);
+- ``ldsm = 1``: B of every two products from one ``ldmatrix.x4`` (as the score warps of the
+  split-role form read K: two ``ldmatrix.x4`` for four products), A in registers;
+- ``ldsm = 2``: A from one ``ldmatrix.x4`` a step as well (the lockstep blocks, which re-read
+  Q's fragments, and the V warps, which read P).
+
+The ``ldmatrix`` rows are laid out without bank conflicts (rows 16 bytes apart, a warp's own
+4 KB) and change with the step, so the loads are not hoisted. Timed with CUDA events after a
+warm-up launch; FLOPs = 2 x 16 x 8 x 16 a product.
+
+Usage: python scripts/probe_mma_peak.py [--iters N] [--reps R]
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from numba_mla import ptx  # noqa: E402  (before numba.cuda: numba_mla's environment shims)
+from numba import cuda, float32, int32  # noqa: E402
+
+from numba_mla._compat import INLINE  # noqa: E402
+
+FLOPS_A_PRODUCT = 2 * 16 * 8 * 16
+WARP_BYTES = 4096  # a warp's ldmatrix region: 256 rows of 16 bytes
+
+
+def make_step(chains, ldsm):
+    """``step(acc, words, at, a0, a1, a2, a3, b0, b1, tid)``: one step's ``chains`` products
+    (written out: ``mma`` takes its accumulator offset as a compile-time constant)."""
+    lines = ["def step(acc, words, at, a0, a1, a2, a3, b0, b1, tid):"]
+    if ldsm == 2:
+        lines.append("    a0, a1, a2, a3 = ldsm(words, at, tid)")
+    for c in range(chains // 2):
+        if ldsm >= 1:
+            lines.append(f"    b0, b1, c0, c1 = ldsm(words, at ^ {(16 * c) & 0x1F0}, tid)")
+        else:
+            lines.append("    c0, c1 = b1, b0")
+        lines += [f"    mma(acc, {8 * c}, a0, a1, a2, a3, b0, b1, tid)",
+                  f"    mma(acc, {8 * c + 4}, a0, a1, a2, a3, c0, c1, tid)"]
+    scope = {"ldsm": ptx.ldmatrix_x4, "mma": ptx.mma_m16n8k16("bf16")}
+    exec("\n".join(lines), scope)  # (generated here, from the lines above: no outside input)
+    return cuda.jit(device=True, **INLINE)(scope["step"])
+
+
+def make_kernel(chains, ldsm, warps):
+    step = make_step(chains, ldsm)
+    nacc = 4 * chains
+    smem_words = warps * WARP_BYTES // 4
+
+    @cuda.jit
+    def mma_probe(out, iters):
+        words = cuda.shared.array(smem_words, int32)
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        warp = tid // 32
+        for i in range(tid, smem_words, cuda.blockDim.x):
+            words[i] = (i * 0x9E3779B1) & 0x3F803F80  # bf16 pairs of 1.0 or 0
+        cuda.syncthreads()
+        base = ptx.smem_addr(words) + warp * WARP_BYTES + 16 * lane
+        acc = cuda.local.array(nacc, float32)
+        for i in range(nacc):
+            acc[i] = 0.0
+        a = int32(0x3F803F80 ^ lane)  # bf16 near 1.0
+        b = int32(0x3F803F80 ^ (lane << 3))
+        for it in range(iters):
+            at = base + ((it & 7) << 9)  # 512 bytes further a step, within the warp's 4 KB
+            step(acc, words, at, a, a ^ 1, a ^ 2, a ^ 3, b, b ^ 1, tid)
+        s = float32(0.0)
+        for i in range(nacc):
+            s += acc[i]
+        out[cuda.blockIdx.x * cuda.blockDim.x + tid] = s
+
+    return mma_probe
+
+
+def run(chains, ldsm, warps, blocks, iters, reps):
+    kernel = make_kernel(chains, ldsm, warps)
+    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    grid, nt = sms * blocks, 32 * warps
+    out = cuda.device_array(grid * nt, np.float32)
+    kernel[grid, nt](out, iters)  # compile and warm up
+    cuda.synchronize()
+    start, stop = cuda.event(), cuda.event()
+    best = None
+    for _ in range(reps):
+        start.record()
+        kernel[grid, nt](out, iters)
+        stop.record()
+        stop.synchronize()
+        ms = cuda.event_elapsed_time(start, stop)
+        best = ms if best is None else min(best, ms)
+    products = grid * warps * iters * chains
+    return products * FLOPS_A_PRODUCT / (best * 1e-3) / 1e12, best
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iters", type=int, default=20000)
+    p.add_argument("--reps", type=int, default=5)
+    args = p.parse_args()
+    dev = cuda.get_current_device()
+    print(f"# {dev.name.decode() if isinstance(dev.name, bytes) else dev.name}, "
+          f"{dev.MULTIPROCESSOR_COUNT} multiprocessors; mma.sync m16n8k16 bf16 -> f32")
+    print("ldsm  chains  warps/block  blocks/SM  TFLOP/s  ms")
+    for ldsm in (0, 1, 2):
+        for chains in (4, 8, 16):
+            for warps, blocks in ((4, 2), (8, 1), (8, 2), (16, 1)):
+                tflops, ms = run(chains, ldsm, warps, blocks, args.iters, args.reps)
+                print(f"{ldsm:4d}  {chains:6d}  {warps:11d}  {blocks:9d}  {tflops:7.1f}  {ms:.3f}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
