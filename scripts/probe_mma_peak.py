@@ -5,7 +5,8 @@ Numba, alone and fed by ``ldmatrix``? The ceiling the warp tensor-core kernel
 Each warp of a persistent grid (``blocks`` a multiprocessor) runs ``iters`` steps; a step is
 ``chains`` independent ``mma.sync`` (n8 tiles, each its own four accumulators), with
 
-- ``ldsm = 0``: A and B fragments fixed in registers (the tensor pipe's own rate);
+- ``ldsm = 0``: A and B fragments fixed in registers (the tensor pipe's own rate; with one
+  chain and one warp a scheduler, a product's latency);
 - ``ldsm = 1``: B of every two products from one ``ldmatrix.x4`` (as the score warps of the
   split-role form read K: two ``ldmatrix.x4`` for four products), A in registers;
 - ``ldsm = 2``: A from one ``ldmatrix.x4`` a step as well (the lockstep blocks, which re-read
@@ -39,13 +40,14 @@ def make_step(chains, ldsm):
     lines = ["def step(acc, words, at, a0, a1, a2, a3, b0, b1, tid):"]
     if ldsm == 2:
         lines.append("    a0, a1, a2, a3 = ldsm(words, at, tid)")
-    for c in range(chains // 2):
-        if ldsm >= 1:
-            lines.append(f"    b0, b1, c0, c1 = ldsm(words, at ^ {(16 * c) & 0x1F0}, tid)")
-        else:
-            lines.append("    c0, c1 = b1, b0")
-        lines += [f"    mma(acc, {8 * c}, a0, a1, a2, a3, b0, b1, tid)",
-                  f"    mma(acc, {8 * c + 4}, a0, a1, a2, a3, c0, c1, tid)"]
+    for c in range(chains):
+        if c % 2 == 0:  # a pair of products: B of both from one ldmatrix.x4
+            if ldsm >= 1:
+                lines.append(f"    b0, b1, c0, c1 = ldsm(words, at ^ {(8 * c) & 0x1F0}, tid)")
+            else:
+                lines.append("    c0, c1 = b1, b0")
+        frag = "b0, b1" if c % 2 == 0 else "c0, c1"
+        lines.append(f"    mma(acc, {4 * c}, a0, a1, a2, a3, {frag}, tid)")
     scope = {"ldsm": ptx.ldmatrix_x4, "mma": ptx.mma_m16n8k16("bf16")}
     exec("\n".join(lines), scope)  # (generated here, from the lines above: no outside input)
     return cuda.jit(device=True, **INLINE)(scope["step"])
@@ -110,13 +112,21 @@ def main():
     dev = cuda.get_current_device()
     print(f"# {dev.name.decode() if isinstance(dev.name, bytes) else dev.name}, "
           f"{dev.MULTIPROCESSOR_COUNT} multiprocessors; mma.sync m16n8k16 bf16 -> f32")
-    print("ldsm  chains  warps/block  blocks/SM  TFLOP/s  ms")
-    for ldsm in (0, 1, 2):
-        for chains in (4, 8, 16):
-            for warps, blocks in ((4, 2), (8, 1), (8, 2), (16, 1)):
-                tflops, ms = run(chains, ldsm, warps, blocks, args.iters, args.reps)
-                print(f"{ldsm:4d}  {chains:6d}  {warps:11d}  {blocks:9d}  {tflops:7.1f}  {ms:.3f}",
-                      flush=True)
+    clock_hz = dev.CLOCK_RATE * 1e3  # (kHz)
+    print(f"# cycles at the reported clock, {clock_hz / 1e9:.2f} GHz")
+    print("ldsm  chains  warps/block  blocks/SM  TFLOP/s       ms  cycles/product/scheduler")
+    configs = [(0, chains, warps, blocks) for chains in (1, 2, 4, 8, 16)
+               for warps, blocks in ((4, 1), (4, 2), (8, 1), (16, 1))]
+    configs += [(ldsm, chains, warps, blocks) for ldsm in (1, 2) for chains in (4, 8, 16)
+                for warps, blocks in ((4, 1), (4, 2), (8, 1), (16, 1))]
+    for ldsm, chains, warps, blocks in configs:
+        tflops, ms = run(chains, ldsm, warps, blocks, args.iters, args.reps)
+        # a scheduler's cycles a product, at the device's reported clock (a lower bound where
+        # the clock runs below it): its warps' chains' products in flight
+        per_scheduler = blocks * warps / 4 * args.iters * chains
+        cycles = ms * 1e-3 * clock_hz / per_scheduler
+        print(f"{ldsm:4d}  {chains:6d}  {warps:11d}  {blocks:9d}  {tflops:7.1f}  {ms:7.3f}  "
+              f"{cycles:6.2f}", flush=True)
 
 
 if __name__ == "__main__":
