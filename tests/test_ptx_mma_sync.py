@@ -330,3 +330,20 @@ def build_check():
 
 if __name__ == "__main__":
     sys.exit(build_check())
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("chains,ldsm", [(1, 0), (3, 0), (3, 1), (4, 2)])
+def test_probe_mma_peak_products_right(chains, ldsm):
+    """scripts/probe_mma_peak.py's kernel (two warps, three steps) against its NumPy model
+    written from PTX's fragment layouts: each lane's sum of its accumulators, so its
+    throughput figures are of products that multiplied the fragments it says (registers, B
+    from ldmatrix rows that move with the pair and the step, or A too)."""
+    from helpers import script_module
+
+    probe = script_module("probe_mma_peak")
+    out = np.zeros(64, np.float32)
+    probe.make_kernel(chains, ldsm, 2)[1, 64](out, 3)
+    want = np.concatenate([probe.expected(chains, ldsm, 3, warp) for warp in (0, 1)])
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    assert len(set(np.round(want, 3))) > 8  # (lanes and warps multiply different fragments)
