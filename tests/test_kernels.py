@@ -587,22 +587,28 @@ def test_mma_sync_roles_strided_cache(rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("order", ["low", "high"])
-def test_mma_sync_roles_eight_v_warps(order, rng, monkeypatch):
+@pytest.mark.parametrize("order,quarters", [("low", False), ("high", False), ("high", True)])
+def test_mma_sync_roles_eight_v_warps(order, quarters, rng, monkeypatch):
     """The split-role form with eight V warps of 64 dims (``mma_sync_roles.V_WARPS = 8``,
-    off: 12 warps a block, 1.03-1.05x the time of four on an H100) matches the reference
-    with the score warps run ahead of the V warps and behind them: one partition of three
-    tiles, the last partial, beside an empty sequence; 17 query rows (the second m16 tile
-    one row)."""
+    off: 12 warps a block, 1.03-1.05x the time of four on an H100 with the padded rows'
+    copy) matches the reference with the score warps run ahead of the V warps and behind
+    them: one partition of three tiles, the last partial, beside an empty sequence; 17 query
+    rows (the second m16 tile one row); and with the score work in quarters as well
+    (``SCORE_QUARTERS``: both untimed together; 168 registers and no local memory for sm_90
+    with a null mask at 128 heads)."""
     from numba_mla import _numba
 
     monkeypatch.setattr(mma_sync_roles, "V_WARPS", 8)
+    monkeypatch.setattr(mma_sync_roles, "SCORE_QUARTERS", quarters)
+    if quarters:  # (and the swizzled rows, the default, as a GPU's 16-byte aligned cache has)
+        monkeypatch.setattr(launch, "_aligned16", lambda dev: True)
     specs = launched_specs(monkeypatch)
     p = make_problem(rng, 2, 1, 17, [133, 0], DTYPES["fp16"], "paged", 16)
     with _numba.sim_turn_order(order):
         check_kernel(p, nm.CausalMask(), SCORE_MODS["alibi"].make(p), 1, "mma_sync")
-    assert [(s.backend, s.dispatcher.form["v_warps"], s.threads) for s in specs] == [
-        ("mma_sync_roles", 8, 384)], "expected the split-role kernel with eight V warps"
+    assert [(s.backend, s.dispatcher.form["v_warps"], s.dispatcher.form["score_quarters"],
+             s.threads) for s in specs] == [("mma_sync_roles", 8, quarters, 384)], (
+        "expected the split-role kernel with eight V warps")
 
 
 @KERNEL
