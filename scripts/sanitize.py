@@ -4,11 +4,13 @@ representative set of configurations, and print a summary table.
 Usage (on a GPU machine):  python scripts/sanitize.py [--tools memcheck,racecheck] [--out FILE]
                                                      [--backend mma] [--fp8] [--log FILE]
                                                      [--hazards] [--selector FLAG[=0|1]]
+                                                     [--set MODULE.FLAG[=0|1]]
 Each tool runs the whole case list in one child process (``--cases``), checked against the
 reference so that a sanitizer-clean wrong answer still fails. ``--log``: every tool's whole
 output into FILE (the summary prints only the end of a failing one); ``--hazards``: racecheck
 lists each hazard with its threads and shared address (``--racecheck-report hazard``);
-``--selector``: a numba_mla.selector flag set (to True, or 0 / 1) in the children first.
+``--selector``: a numba_mla.selector flag set (to True, or 0 / 1) in the children first;
+``--set``: the same for a flag of another module of numba_mla (``kernels.seesaw.EARLY_S``).
 The device needs numba_mla importable in the child (run from the checkout with
 ``PYTHONPATH=$PWD``).
 """
@@ -123,16 +125,24 @@ def main():
                     help="set numba_mla.selector.FLAG first, to True or to the value given "
                          "(e.g. MMA_SYNC_ROLES=0: the mma_sync kernel's lockstep 32-row "
                          "block; MMA_SYNC_ROLES_THREE_STAGES: a form that is off)")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.FLAG[=0|1]",
+                    help="the same for numba_mla.MODULE.FLAG (e.g. kernels.seesaw.EARLY_S)")
     args = ap.parse_args()
-    for item in args.selector:
-        from numba_mla import selector
+    import importlib
 
-        flag, _, value = item.partition("=")
-        if not hasattr(selector, flag):
-            ap.error(f"--selector: numba_mla.selector has no {flag}")
+    for option, item in ([("--selector", "selector." + i) for i in args.selector]
+                         + [("--set", i) for i in args.set]):
+        name, _, value = item.partition("=")
+        path, _, flag = name.rpartition(".")
+        try:
+            module = importlib.import_module("numba_mla." + path)
+        except ImportError:
+            module = None
+        if not path or module is None or not hasattr(module, flag):
+            ap.error(f"{option}: numba_mla.{name} does not exist")
         if value not in ("", "0", "1"):
-            ap.error(f"--selector: {item!r}: the value is 0 or 1")
-        setattr(selector, flag, value != "0")
+            ap.error(f"{option}: {item!r}: the value is 0 or 1")
+        setattr(module, flag, value != "0")
     if args.cases:
         sys.exit(1 if run_cases(args.backend, args.fp8) else 0)
     env = dict(os.environ, NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS="0", PYTHONUNBUFFERED="1")
@@ -145,7 +155,8 @@ def main():
                sys.executable, __file__, "--cases"] + (
                    ["--backend", args.backend] if args.backend else []) + (
                    ["--fp8"] if args.fp8 else []) + [
-                   a for flag in args.selector for a in ("--selector", flag)]
+                   a for flag in args.selector for a in ("--selector", flag)] + [
+                   a for flag in args.set for a in ("--set", flag)]
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         text = r.stdout + r.stderr
         if args.log:

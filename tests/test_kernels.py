@@ -397,6 +397,33 @@ def test_mma_copy_path(cache_kind, page_size, tma, heads, rng, monkeypatch):
 
 
 @KERNEL
+@pytest.mark.parametrize("order,heads,cache_kind,partitions", [
+    ("low", 2, "paged", 1), ("high", 2, "contiguous", 1), ("high", seesaw.LAG_HEADS, "paged", 2)])
+def test_seesaw_early_s(order, heads, cache_kind, partitions, rng, monkeypatch):
+    """The seesaw kernel with warpgroup 0's next S issued behind P1 V1 (``seesaw.EARLY_S``,
+    off, untimed: a wait for P1 V1 alone between S's boxes 0-3 and 4-8, K1 refilled there)
+    matches the reference: sequences of 6 tiles (three pairs: two refills of K1 inside S, the
+    last S without one), 5 (the last pair without t1) and 2, beside an empty one; warpgroup 0
+    run ahead and behind; the lagging max's form too."""
+    from numba_mla import _numba
+
+    monkeypatch.setattr(seesaw, "EARLY_S", True)
+    chosen = []
+    build_seesaw = factory.seesaw_partition_kernel
+
+    def recording_seesaw(*args, **kwargs):
+        chosen.append("seesaw")
+        return build_seesaw(*args, **kwargs)
+
+    monkeypatch.setattr(factory, "seesaw_partition_kernel", recording_seesaw)
+    p = make_problem(rng, 4, 1, heads, [370, 300, 0, 100], BF16, cache_kind, 64)
+    with _numba.sim_turn_order(order):
+        check_kernel(p, MASKS["causal"].make(p, rng), SCORE_MODS["softcap"].make(p), partitions,
+                     "mma")
+    assert chosen == ["seesaw"]
+
+
+@KERNEL
 @pytest.mark.parametrize("num_partitions", [1, 2])
 def test_mma_out_not_aligned_for_vector_stores(num_partitions, rng):
     """A caller's ``out`` that starts 2 bytes past an 8-byte boundary: where the tensor-core
