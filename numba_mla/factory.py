@@ -289,7 +289,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
 
     from .kernels import seesaw
 
-    early = seesaw.EARLY_S and not fp8  # (a module flag: part of the key where it is on)
+    early = seesaw.EARLY_S and not converter  # (a module flag: part of the key where on)
 
     def build():
         from .kernels.seesaw import make_partition_kernel

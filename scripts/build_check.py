@@ -307,6 +307,10 @@ def main():
             # allowed here: reported, not failed)
             variants.append(("seesaw8", factory.seesaw_partition_kernel(
                 mask, mod, tag, cache, heads, direct, fp8="e4m3")))
+            seesaw.EARLY_S = True  # (and with warpgroup 0's next S behind its last P V)
+            variants.append(("seesaw8E", factory.seesaw_partition_kernel(
+                mask, mod, tag, cache, heads, direct, fp8="e4m3")))
+            seesaw.EARLY_S = False
             # and with its converter warpgroup (selector.SEESAW_CONVERTER; a whole program)
             variants.append(("seesaw8c", factory.seesaw_partition_kernel(
                 mask, mod, tag, cache, heads, direct, fp8="e4m3", converter=True)))
@@ -315,7 +319,7 @@ def main():
                 continue
             sig = list(signature(direct, name == "listed"))
             if name in ("mma8", "tr8", "tr8x32", "tr8x32a", "tr8x64", "tr8x64a", "seesaw8",
-                        "seesaw8c"):  # cache: codes;
+                        "seesaw8c", "seesaw8E"):  # cache: codes;
                 # complex scale
                 sig[6] = types.complex64
             ptx, _ = cuda.compile_ptx(kern.py_func, tuple(sig), cc=(9, 0, "a"),
@@ -337,8 +341,8 @@ def main():
             # block 18 + 16 a warpgroup (m64n64k16); the seesaw on "e4m3" rows: 8 a S site (the
             # loop over the boxes and the last box after it)
             want = {"mma": 40, "mma8": 40, "tr8": 68, "tr8x32": 68, "tr8x32a": 68, "tr8x64": 34,
-                    "tr8x64a": 34, "seesaw8": 48, "seesawE": 36}.get(name, 32)
-            ok = ((not local or name in ("tr8x32a", "tr8x64a", "seesaw8", "seesaw8c"))
+                    "tr8x64a": 34, "seesaw8": 48, "seesawE": 36, "seesaw8E": 52}.get(name, 32)
+            ok = ((not local or name in ("tr8x32a", "tr8x64a", "seesaw8", "seesaw8c", "seesaw8E"))
                   and calls == 0 and not serial and hgmma == want)
             if name == "seesaw8c":  # both setmaxnreg kept (whole program)
                 ok = ok and len(re.findall(r"USETMAXREG", sass)) == 2 or HASHES["on"]

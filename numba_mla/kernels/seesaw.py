@@ -87,7 +87,8 @@ BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
 # Warpgroup 0 issues the next pair's S over K0's boxes 0-3 (landed since its refill after P0
 # V0) right behind P1 V1, waits for P1 V1 alone (``wgmma.wait_group 1``), refills K1, then
 # issues the rest of S: the tensor cores get S's first products without the gap of that wait,
-# the barrier and the refill's issue (16-bit rows; built, untimed: docs/kernels/mma.md)
+# the barrier and the refill's issue; with "e4m3" rows, the conversion of boxes 0-3 as well
+# (not with the converter warpgroup; built, untimed: docs/kernels/mma.md)
 EARLY_S = False
 
 # -- "e4m3" rows (``fp8="e4m3"``): a tile's codes land inside its own 16-bit buffer --
@@ -180,7 +181,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     mma_pv_rs = ptx.wgmma_rs(DIMS_PER_WG, tag, True)
     wait_s = ptx.wgmma_wait(NS)
     wait_o = ptx.wgmma_wait(NO)
-    early = EARLY_S and not FP8
+    early = EARLY_S and not CONV
     wait_o_behind_s = ptx.wgmma_wait_pending(NO, NS, 1)  # (P V done, S's first boxes not)
     desc_rows = ptx.wgmma_desc(16, 1024, True)  # Q, K, P: K-major; 8-row atoms 1 KB apart
     desc_v = ptx.wgmma_desc(BOX_BYTES, 1024, True)  # V: MN-major; 64 dims a box, 8 keys 1 KB
@@ -352,6 +353,42 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             prev = box
         ptx.bar_sync(BAR_WG + buf, 128)
         s_box(s_acc, smk, dq, dk, prev, NBOX - 1, wtid)
+        ptx.wgmma_commit()
+        wait_s(s_acc)
+
+    @cuda.jit(device=True)
+    def qk8_behind_pv(s_acc, o_acc, smk, sb, parity, wtid, refill, tmap, storage, row):
+        """(``early``, "e4m3" rows, warpgroup 0) ``qk8`` over buffer 0 behind P1 V1 (committed,
+        in flight: it reads buffer 1 only): boxes 0-3 converted and boxes 0-2's products
+        issued, then a wait for P1 V1 alone, then (``refill``, warp-uniform) the codes of the
+        tile at ``row`` into buffer 1, then the rest as in ``qk8``; waited. Buffer 0's last
+        products (P0 V0) were waited for before P1 V1 was issued."""
+        kv = sb + KV_OFF
+        dq = desc_rows(sb + Q_OFF)
+        dk = desc_rows(kv)
+        src = kv + 8 * wtid
+        dst = kv + 128 * (wtid // 8) + 16 * ((wtid % 8) ^ (wtid // 8 % 8))
+        codes = cuda.local.array(CODE_WORDS, int32)
+        read_codes(codes, 0, smk, sb, 0, 0, parity, src)
+        ptx.bar_sync(BAR_WG, 128)
+        write_box(codes, 0, smk, 0, dst)
+        ptx.fence_proxy_async()
+        ptx.wgmma_fence()
+        for n in range(1, NBOX):
+            if n == V_BOXES:
+                ptx.wgmma_commit()
+                wait_o_behind_s(o_acc, s_acc)
+                if refill:  # all four warps are past their wait: buffer 1's codes may land
+                    ptx.bar_sync(BAR_WG, 128)
+                    if wtid == 0:
+                        load_raw(smk, sb, 1, tmap, storage, row, 0, NBOX)
+            read_codes(codes, 0, smk, sb, 0, n, parity, src)
+            ptx.bar_sync(BAR_WG, 128)
+            s_box(s_acc, smk, dq, dk, n - 1, n - 1, wtid)
+            write_box(codes, 0, smk, n, dst)
+            ptx.fence_proxy_async()
+        ptx.bar_sync(BAR_WG, 128)
+        s_box(s_acc, smk, dq, dk, NBOX - 1, NBOX - 1, wtid)
         ptx.wgmma_commit()
         wait_s(s_acc)
 
@@ -772,9 +809,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         ptx.wgmma_fence()
                         pv_shared(o_acc, smk, sb, 1, 0, wtid)
                         ptx.wgmma_commit()
-                        qk_behind_pv(s_acc, o_acc, smk, sb, parity, wtid,
-                                     ptx.warp_uniform(int32(t3 < t_end), tid),
-                                     tmap_kv, storage, row3)
+                        if FP8:
+                            qk8_behind_pv(s_acc, o_acc, smk, sb, parity, wtid,
+                                          ptx.warp_uniform(int32(t3 < t_end), tid),
+                                          tmap_kv, storage, row3)
+                        else:
+                            qk_behind_pv(s_acc, o_acc, smk, sb, parity, wtid,
+                                         ptx.warp_uniform(int32(t3 < t_end), tid),
+                                         tmap_kv, storage, row3)
                     elif t1 < t_end:
                         ptx.wgmma_fence()
                         pv_shared(o_acc, smk, sb, 1, 0, wtid)
