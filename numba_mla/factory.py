@@ -287,10 +287,6 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     converts the tiles (the dispatcher's ``whole_program`` is then True: launch.py builds
     it from its PTX with the driver's JIT, which keeps ``setmaxnreg``)."""
 
-    from .kernels import seesaw
-
-    early = seesaw.EARLY_S and not converter  # (a module flag: part of the key where on)
-
     def build():
         from .kernels.seesaw import make_partition_kernel
 
@@ -299,12 +295,13 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                      **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         if converter:  # (setmaxnreg moves the registers it was launched with)
+            from .kernels import seesaw
+
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
 
     return _cached(("seesaw", tag, heads, direct, listed) + ((("fp8", fp8),) if fp8 else ())
                    + ((("converter", True),) if converter else ())
-                   + ((("early_s", True),) if early else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

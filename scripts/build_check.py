@@ -297,20 +297,10 @@ def main():
             if not direct:  # the listed schedule's variant (its blocks from a table)
                 variants.append(("listed", factory.seesaw_partition_kernel(
                     mask, mod, tag, cache, heads, False, listed=True)))
-            # and with warpgroup 0's next S behind its last P V (seesaw.EARLY_S, off): one
-            # more P V site, and nothing serialised
-            seesaw.EARLY_S = True
-            variants.append(("seesawE", factory.seesaw_partition_kernel(mask, mod, tag, cache,
-                                                                        heads, direct)))
-            seesaw.EARLY_S = False
             # and its form for "e4m3" rows, which the selector runs unless it spills (spills
             # allowed here: reported, not failed)
             variants.append(("seesaw8", factory.seesaw_partition_kernel(
                 mask, mod, tag, cache, heads, direct, fp8="e4m3")))
-            seesaw.EARLY_S = True  # (and with warpgroup 0's next S behind its last P V)
-            variants.append(("seesaw8E", factory.seesaw_partition_kernel(
-                mask, mod, tag, cache, heads, direct, fp8="e4m3")))
-            seesaw.EARLY_S = False
             # and with its converter warpgroup (selector.SEESAW_CONVERTER; a whole program)
             variants.append(("seesaw8c", factory.seesaw_partition_kernel(
                 mask, mod, tag, cache, heads, direct, fp8="e4m3", converter=True)))
@@ -319,7 +309,7 @@ def main():
                 continue
             sig = list(signature(direct, name == "listed"))
             if name in ("mma8", "tr8", "tr8x32", "tr8x32a", "tr8x64", "tr8x64a", "seesaw8",
-                        "seesaw8c", "seesaw8E"):  # cache: codes;
+                        "seesaw8c"):  # cache: codes;
                 # complex scale
                 sig[6] = types.complex64
             ptx, _ = cuda.compile_ptx(kern.py_func, tuple(sig), cc=(9, 0, "a"),
@@ -341,12 +331,12 @@ def main():
             # block 18 + 16 a warpgroup (m64n64k16); the seesaw on "e4m3" rows: 8 a S site (the
             # loop over the boxes and the last box after it)
             want = {"mma": 40, "mma8": 40, "tr8": 68, "tr8x32": 68, "tr8x32a": 68, "tr8x64": 34,
-                    "tr8x64a": 34, "seesaw8": 48, "seesawE": 36, "seesaw8E": 52}.get(name, 32)
-            ok = ((not local or name in ("tr8x32a", "tr8x64a", "seesaw8", "seesaw8c", "seesaw8E"))
+                    "tr8x64a": 34, "seesaw8": 48}.get(name, 32)
+            ok = ((not local or name in ("tr8x32a", "tr8x64a", "seesaw8", "seesaw8c"))
                   and calls == 0 and not serial and hgmma == want)
             if name == "seesaw8c":  # both setmaxnreg kept (whole program)
                 ok = ok and len(re.findall(r"USETMAXREG", sass)) == 2 or HASHES["on"]
-            if name in ("seesaw", "listed", "seesawE"):  # the evict-first copies from LAG_HEADS
+            if name in ("seesaw", "listed"):  # the evict-first copies exactly from LAG_HEADS
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)
             bad += not ok
             print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "

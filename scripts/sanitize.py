@@ -10,7 +10,7 @@ reference so that a sanitizer-clean wrong answer still fails. ``--log``: every t
 output into FILE (the summary prints only the end of a failing one); ``--hazards``: racecheck
 lists each hazard with its threads and shared address (``--racecheck-report hazard``);
 ``--selector``: a numba_mla.selector flag set (to True, or 0 / 1) in the children first;
-``--set``: the same for a flag of another module of numba_mla (``kernels.seesaw.EARLY_S``).
+``--set``: the same for a flag of another module of numba_mla (``kernels.mma_sync_roles.SCORE_QUARTERS``).
 The device needs numba_mla importable in the child (run from the checkout with
 ``PYTHONPATH=$PWD``).
 """
@@ -126,7 +126,7 @@ def main():
                          "(e.g. MMA_SYNC_ROLES=0: the mma_sync kernel's lockstep 32-row "
                          "block; MMA_SYNC_ROLES_THREE_STAGES: a form that is off)")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.FLAG[=0|1]",
-                    help="the same for numba_mla.MODULE.FLAG (e.g. kernels.seesaw.EARLY_S)")
+                    help="the same for numba_mla.MODULE.FLAG (e.g. kernels.mma_sync_roles.SCORE_QUARTERS)")
     args = ap.parse_args()
     import importlib
 

@@ -551,28 +551,6 @@ def test_fp8_seesaw_converter_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_
 
 
 @KERNEL
-@pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts,order", [
-    (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "low"),
-    (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "high"),
-    (np.float16, "contiguous", 2, 40, [450], "causal", "softcap", 2, "high")])
-def test_fp8_seesaw_early_s(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts, order, rng,
-                            monkeypatch):
-    """The seesaw kernel on "e4m3" rows with warpgroup 0's next S, its conversion of boxes
-    0-3 included, issued behind P1 V1 (``seesaw.EARLY_S``, off, untimed): seven tiles in one
-    partition beside an empty sequence (buffer 1 refilled inside S twice, the last pair
-    without a second tile, a short last tile), warpgroup 0 ahead and behind; two tokens of
-    40 heads causal with a soft cap in two partitions of four tiles each."""
-    from numba_mla import _numba
-    from numba_mla.kernels import seesaw
-
-    monkeypatch.setattr(seesaw, "EARLY_S", True)
-    seen = spy_seesaw(monkeypatch)
-    with _numba.sim_turn_order(order):
-        run_mma_case(rng, dtype, cache, Sq, H, lengths, mask_id, mod_id, parts)
-    assert set(seen) == {("bf16" if dtype == BF16 else "f16", H, parts == 1, "e4m3")}
-
-
-@KERNEL
 @pytest.mark.parametrize("case", ["rows", "huge", "tiny"])
 def test_fp8_seesaw_kernel_scales_q_into_fp16(case, rng, monkeypatch):
     """The seesaw kernel multiplies "e4m3" rows in fp16: bf16 q goes into fp16 times a power

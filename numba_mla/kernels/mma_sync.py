@@ -38,7 +38,8 @@ Notation
                                 or 2 raw stages (``staged``; two where they fit)
   A row of Qs and Ks is 1168 bytes, of Ps 144: odd multiples of 16 bytes, so the 8 rows an
   ``ldmatrix`` reads fall in 8 different groups of 4 banks (no bank conflict); with
-  ``K_SWIZZLE`` (off) Ks's rows are 1,152 bytes apart, unit u of row r at u ^ (r & 7).
+  ``K_SWIZZLE`` (on, for a 16-byte aligned 16-bit cache) Ks's rows are 1,152 bytes apart,
+  unit u of row r at u ^ (r & 7).
 - A tile of 64 keys, in phases with a barrier between them:
   1. copy: 16-bit rows by ``cp.async``, 8 lanes a row (a warp's instruction reads 128
      contiguous bytes of each of 4 rows), 16 MT rows a pass, 36 16-byte pieces a row's 8
@@ -100,8 +101,10 @@ HALF_STEPS = D_QK // 32  # k16 steps of S a warp takes: half the dims (18)
 HALF_SCORES = 8  # partial scores a lane hands its partner warp (two n8 tiles)
 # the key stages' 16-bit rows 1,152 bytes apart with each 16-byte unit u of row r at
 # u ^ (r & 7) (mma_sync_roles.K_SWIZZLE's layout, which took the split-role form to 0.89x
-# its time), rather than 1,168 bytes apart: for a 16-byte aligned 16-bit cache (untimed)
-K_SWIZZLE = False
+# its time), rather than 1,168 bytes apart: for a 16-byte aligned 16-bit cache. The 16-row
+# block at H = 16 took 0.960x / 0.962x the padded rows' time at 64 x 16 x 4096 / 128 x 16 x
+# 8192 (H100, two rounds: plots/ab_lockstep_swz_42a7ce7_h100.json)
+K_SWIZZLE = True
 K_ROW = 4 * WORDS  # bytes a swizzled stage row (1,152)
 MIN_BLOCKS = 2  # blocks of 16 rows a multiprocessor the registers are budgeted for
 

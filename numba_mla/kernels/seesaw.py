@@ -15,8 +15,7 @@ S1 = Q K1^T, each over all 64 keys (36 wgmma m64n64k16). Warpgroup w owns output
        O0 += P0 V0[:, :256]   (A from registers: P0's fragment is wgmma's A layout)
        refill K0's boxes 0-3 with the next pair's t0
        wait for m1, scale1, P1 (SCALE1); O0 *= scale1; O0 += P1 V1[:, :256]
-       refill K1's boxes 0-3 and 8; S0 of the next pair (``EARLY_S``: S0's boxes 0-3
-       issued behind P1 V1, then a wait for P1 V1 alone and the refill, then boxes 4-8)
+       refill K1's boxes 0-3 and 8; S0 of the next pair
   WG1: mask and score mod on S1; wait for m0, scale0, P0 (SCALE0)
        O1 *= scale0; O1 += P0 V0[:, 256:]   (in flight during the softmax below)
        softmax of S1 against m0 -> m1, P1, scale1; P1 -> shared memory;
@@ -84,12 +83,6 @@ LAG_HEADS = 64
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
-# Warpgroup 0 issues the next pair's S over K0's boxes 0-3 (landed since its refill after P0
-# V0) right behind P1 V1, waits for P1 V1 alone (``wgmma.wait_group 1``), refills K1, then
-# issues the rest of S: the tensor cores get S's first products without the gap of that wait,
-# the barrier and the refill's issue; with "e4m3" rows, the conversion of boxes 0-3 as well
-# (not with the converter warpgroup; built, untimed: docs/kernels/mma.md)
-EARLY_S = False
 
 # -- "e4m3" rows (``fp8="e4m3"``): a tile's codes land inside its own 16-bit buffer --
 RAW_BOX = BLOCK_N * BOX  # a box of codes: 64 keys x 64 codes, rows of 64 bytes (4096 bytes)
@@ -181,8 +174,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     mma_pv_rs = ptx.wgmma_rs(DIMS_PER_WG, tag, True)
     wait_s = ptx.wgmma_wait(NS)
     wait_o = ptx.wgmma_wait(NO)
-    early = EARLY_S and not CONV
-    wait_o_behind_s = ptx.wgmma_wait_pending(NO, NS, 1)  # (P V done, S's first boxes not)
     desc_rows = ptx.wgmma_desc(16, 1024, True)  # Q, K, P: K-major; 8-row atoms 1 KB apart
     desc_v = ptx.wgmma_desc(BOX_BYTES, 1024, True)  # V: MN-major; 64 dims a box, 8 keys 1 KB
     pack = ptx.pack_bf16x2 if tag == "bf16" else ptx.pack_f16x2
@@ -276,31 +267,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                   BOX // 16 * n + j, wtid)
 
     @cuda.jit(device=True)
-    def qk_behind_pv(s_acc, o_acc, smk, sb, parity, wtid, refill, tmap, storage, row):
-        """(``early``, warpgroup 0) S = Q K^T over buffer 0, issued behind P1 V1 (committed,
-        in flight): boxes 0-3, then a wait for P1 V1 alone, then (``refill``, warp-uniform
-        as ptxas sees it) K1's boxes 0-3 and the rope box from the tile at ``row``, then
-        boxes 4-8; waited. One loop over the boxes, as ``qk``'s (two loops were unrolled into
-        twice the wgmma sites). ptxas serialised every wgmma of the kernel while P1 V1 was
-        issued before the branch that chose this path, or ``refill`` was a plain compare."""
-        dq = desc_rows(sb + Q_OFF)
-        dk = desc_rows(sb + KV_OFF)
-        ptx.wgmma_fence()
-        for box in range(NBOX):
-            if box == V_BOXES:
-                ptx.wgmma_commit()
-                wait_o_behind_s(o_acc, s_acc)
-                if refill:  # all four warps are past their wait: K1's boxes 0-3 and P1 free
-                    ptx.bar_sync(BAR_WG, 128)
-                    if wtid == 0:
-                        load_boxes(smk, sb, 1, tmap, storage, row, ROPE, NBOX)
-                        load_boxes(smk, sb, 1, tmap, storage, row, 0, V_BOXES)
-            wait_box(smk, sb, 0, box, parity, wtid)
-            s_box(s_acc, smk, dq, dk, box, box, wtid)
-        ptx.wgmma_commit()
-        wait_s(s_acc)
-
-    @cuda.jit(device=True)
     def read_codes(codes, at0, smk, sb, buf, box, parity, src):
         """This thread's codes of box ``box`` (once landed) into ``codes`` from word ``at0``:
         at ``src`` + the box's place, keys wtid // 8 + 16 i, codes 8 (wtid % 8) .. + 7 of
@@ -353,42 +319,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             prev = box
         ptx.bar_sync(BAR_WG + buf, 128)
         s_box(s_acc, smk, dq, dk, prev, NBOX - 1, wtid)
-        ptx.wgmma_commit()
-        wait_s(s_acc)
-
-    @cuda.jit(device=True)
-    def qk8_behind_pv(s_acc, o_acc, smk, sb, parity, wtid, refill, tmap, storage, row):
-        """(``early``, "e4m3" rows, warpgroup 0) ``qk8`` over buffer 0 behind P1 V1 (committed,
-        in flight: it reads buffer 1 only): boxes 0-3 converted and boxes 0-2's products
-        issued, then a wait for P1 V1 alone, then (``refill``, warp-uniform) the codes of the
-        tile at ``row`` into buffer 1, then the rest as in ``qk8``; waited. Buffer 0's last
-        products (P0 V0) were waited for before P1 V1 was issued."""
-        kv = sb + KV_OFF
-        dq = desc_rows(sb + Q_OFF)
-        dk = desc_rows(kv)
-        src = kv + 8 * wtid
-        dst = kv + 128 * (wtid // 8) + 16 * ((wtid % 8) ^ (wtid // 8 % 8))
-        codes = cuda.local.array(CODE_WORDS, int32)
-        read_codes(codes, 0, smk, sb, 0, 0, parity, src)
-        ptx.bar_sync(BAR_WG, 128)
-        write_box(codes, 0, smk, 0, dst)
-        ptx.fence_proxy_async()
-        ptx.wgmma_fence()
-        for n in range(1, NBOX):
-            if n == V_BOXES:
-                ptx.wgmma_commit()
-                wait_o_behind_s(o_acc, s_acc)
-                if refill:  # all four warps are past their wait: buffer 1's codes may land
-                    ptx.bar_sync(BAR_WG, 128)
-                    if wtid == 0:
-                        load_raw(smk, sb, 1, tmap, storage, row, 0, NBOX)
-            read_codes(codes, 0, smk, sb, 0, n, parity, src)
-            ptx.bar_sync(BAR_WG, 128)
-            s_box(s_acc, smk, dq, dk, n - 1, n - 1, wtid)
-            write_box(codes, 0, smk, n, dst)
-            ptx.fence_proxy_async()
-        ptx.bar_sync(BAR_WG, 128)
-        s_box(s_acc, smk, dq, dk, NBOX - 1, NBOX - 1, wtid)
         ptx.wgmma_commit()
         wait_s(s_acc)
 
@@ -804,20 +734,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE1 * BLOCK_M
                                         + ptx.acc_row(2 * half, wtid)]
                     rescale(o_acc, l_run, l_p, scl)
-                    if early and t2 < t_end:  # the next S behind P1 V1 (EARLY_S; t1 < t_end)
-                        # (a branch in which no wgmma is in flight where it starts or ends)
-                        ptx.wgmma_fence()
-                        pv_shared(o_acc, smk, sb, 1, 0, wtid)
-                        ptx.wgmma_commit()
-                        if FP8:
-                            qk8_behind_pv(s_acc, o_acc, smk, sb, parity, wtid,
-                                          ptx.warp_uniform(int32(t3 < t_end), tid),
-                                          tmap_kv, storage, row3)
-                        else:
-                            qk_behind_pv(s_acc, o_acc, smk, sb, parity, wtid,
-                                         ptx.warp_uniform(int32(t3 < t_end), tid),
-                                         tmap_kv, storage, row3)
-                    elif t1 < t_end:
+                    if t1 < t_end:
                         ptx.wgmma_fence()
                         pv_shared(o_acc, smk, sb, 1, 0, wtid)
                         ptx.wgmma_commit()
@@ -832,8 +749,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                     load_boxes(smk, sb, 1, tmap_kv, storage, row3, 0, V_BOXES)
                     if t2 >= t_end:
                         break
-                    if not early:  # (with it, S of t2 ran above: t2 < t_end needs t1 < t_end)
-                        qk_tile(s_acc, smk, sb, 0, parity, wtid)
+                    qk_tile(s_acc, smk, sb, 0, parity, wtid)
                     parity ^= 1
                     t0 = t2
                     t1 = t3
