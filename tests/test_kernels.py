@@ -477,13 +477,13 @@ def test_mma_sync_roles_eight_chains(rng, monkeypatch):
 def test_mma_sync_roles_score_quarters(ahead, order, swizzle, heads, skip_own, rng,
                                        monkeypatch):
     """The split-role form with each score warp scoring both m16 tiles over a quarter of the
-    dims (``mma_sync_roles.SCORE_QUARTERS``, off, untimed: Q's 72 registers a lane as two
+    dims (``mma_sync_roles.SCORE_QUARTERS``, off, 1.02-1.03x the time on an H100: Q's 72 registers a lane as two
     tiles x 9 steps, a four-way exchange of partial scores through Xs under one barrier of
     the four score warps) matches the reference: three tiles, the last partial, the second
     m16 tile with one row (17) or all 16 (32: every lane's rows of both tiles), beside an
     empty sequence; S ahead of P and in turn, the score warps run ahead of the V warps
     ("low") and behind ("high"), swizzled rows and padded; with each warp's own block of
-    partials kept in registers (``QUARTERS_SKIP_OWN``, untimed) too."""
+    partials kept in registers (``QUARTERS_SKIP_OWN``, off) too."""
     from numba_mla import _numba
 
     monkeypatch.setattr(mma_sync_roles, "SCORE_QUARTERS", True)
@@ -590,11 +590,11 @@ def test_mma_sync_roles_strided_cache(rng, monkeypatch):
 @pytest.mark.parametrize("order,quarters", [("low", False), ("high", False), ("high", True)])
 def test_mma_sync_roles_eight_v_warps(order, quarters, rng, monkeypatch):
     """The split-role form with eight V warps of 64 dims (``mma_sync_roles.V_WARPS = 8``,
-    off: 12 warps a block, 1.03-1.05x the time of four on an H100 with the padded rows'
-    copy) matches the reference with the score warps run ahead of the V warps and behind
+    off: 12 warps a block, 1.15-1.17x the time of four on an H100 with the swizzled
+    stage) matches the reference with the score warps run ahead of the V warps and behind
     them: one partition of three tiles, the last partial, beside an empty sequence; 17 query
     rows (the second m16 tile one row); and with the score work in quarters as well
-    (``SCORE_QUARTERS``: both untimed together; 168 registers and no local memory for sm_90
+    (``SCORE_QUARTERS``: 1.29-1.46x together; 168 registers and no local memory for sm_90
     with a null mask at 128 heads)."""
     from numba_mla import _numba
 

@@ -14,14 +14,14 @@ wgmma seesaw kernel split tiles:
   the pair's barrier, read before S of the next sub-tile: ``MAX_EARLY``), and write P
   (16-bit) and the rows' rescale ``alpha`` for the V warps. Each keeps the row sums
   of its own keys; the two halves add up at the end (alpha is the same in both). (With
-  ``SCORE_QUARTERS``, untimed: warp w scores both m16 tiles over dims [144 w, 144 w + 144),
+  ``SCORE_QUARTERS``, off: 1.02-1.03x the time on an H100: warp w scores both m16 tiles over dims [144 w, 144 w + 144),
   Q's 72 registers as two tiles x 9 steps, so each sub-tile's K is read once; the four
   warps' partials meet in Xs behind the SCORE barrier and each warp then holds the same 16
   rows x 16 keys as above.)
 - **V warps** 4-7: warp 4 + od owns output dims [128 od, 128 od + 128) of all 32 rows (128
   fp32 accumulators a lane); per sub-tile, after its P, O = alpha O + P V. They also issue
   every tile copy (``cp.async``, 128 threads) and hand the tiles to the score warps. (With
-  ``V_WARPS = 8``, untimed: warps 4-11, 64 dims and 64 accumulators each, 384 threads.)
+  ``V_WARPS = 8``, off: 1.15-1.17x the time on an H100: warps 4-11, 64 dims and 64 accumulators each, 384 threads.)
 
 Sub-tiles of 32 keys (two a 64-key tile of the walk, so the schedule, the mask's tile
 classes and skipping are the other kernels'), j = 0, 1, ... in walk order, h = j % 2: the
@@ -92,7 +92,8 @@ SUB = 32  # keys a sub-tile
 STAGES = (4, 3)  # sub-tiles of key rows in shared memory: 4 where they fit, else 3 (an A100)
 SCORE_THREADS = 128  # the four score warps (then the V warps)
 # V warps (8: 64 dims and 64 accumulators each, 12 warps a block, so three a scheduler, at
-# 168 registers a thread; 1.03-1.05x the time of four on an H100, off)
+# 168 registers a thread; 1.15-1.17x the time of four on an H100 with the swizzled stage,
+# 1.03-1.05x with the padded rows', off)
 V_WARPS = 4
 HALF_STEPS = D_QK // 32  # k16 steps of S a score warp takes: its half of the dims (18)
 QF = 4 * HALF_STEPS  # its Q fragments' registers a lane (72)
@@ -146,11 +147,12 @@ K_SWIZZLE = True
 # warp's 32 rows x 32 keys to its slot of Xs, 16 KB, where the pairs' took 4 KB) and 16 more
 # accumulator registers a lane; after the exchange a warp owns the same 16 rows x 16 keys as
 # with halves. Four stages only (with it the three-stage block would not fit an A100's
-# 163 KB: the factory builds that one without).
-# Untimed
+# 163 KB: the factory builds that one without). 1.020-1.033x the halves' time at the four
+# H = 128 shapes on an H100 (plots/ab_quarters_42a7ce7_h100.json): off
 SCORE_QUARTERS = False
 # ... and each warp's own block of partials kept in registers (picked by selects), the other
-# three blocks through Xs (24 KB of STS/LDS a sub-tile where all four took 32); untimed
+# three blocks through Xs (24 KB of STS/LDS a sub-tile where all four took 32); with the
+# quarters, 0.994-1.010x the halves' time (the same A/B): off
 QUARTERS_SKIP_OWN = False
 QUARTER_STEPS = D_QK // 64  # k16 steps of a quarter of the dims (9)
 PW = SUB // 2 + 4  # words a row of Ps (80 bytes: an odd number of 16-byte units)
