@@ -233,8 +233,8 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     in the module's ``S_CHAINS`` accumulator chains, ahead of P or not (``S_AHEAD``, with four
     stages: the three-stage form's sm_80 build would spill), by ``V_WARPS`` V warps, with
     ``MAX_EARLY``, ``P_FTZ``, ``SUMS_LATE``, ``LANE_MAX``, ``COPY_LANES``, ``COPY_CACHE``,
-    ``COPY_CONST_FULL``, ``K_SWIZZLE``, ``SCORE_QUARTERS``, ``QUARTERS_SKIP_OWN`` and
-    ``COPY_LOOKUP_AHEAD`` (all read here, so part of the key)."""
+    ``COPY_CONST_FULL``, ``K_SWIZZLE``, ``SCORE_QUARTERS`` and ``QUARTERS_SKIP_OWN`` (all
+    read here, so part of the key)."""
     from .kernels import mma_sync_roles
 
     chains, ahead = mma_sync_roles.S_CHAINS, mma_sync_roles.S_AHEAD and stages == 4
@@ -249,7 +249,6 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
     swizzle = bool(mma_sync_roles.K_SWIZZLE and lean and 32 * v_warps // copy_lanes % 8 == 0)
     quarters = mma_sync_roles.quarters_at(stages)
     skip_own = bool(mma_sync_roles.QUARTERS_SKIP_OWN and quarters)
-    look_ahead = bool(mma_sync_roles.COPY_LOOKUP_AHEAD and lean)
 
     def build():
         return mma_sync_roles.make_partition_kernel(
@@ -258,7 +257,7 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
             max_early=early, p_ftz=ftz, sums_late=late, lane_max=lane_max,
             packed=bool(packed), copy_lanes=copy_lanes, copy_cache=copy_cache,
             copy_const_full=const_full, k_swizzle=swizzle, score_quarters=quarters,
-            quarters_skip_own=skip_own, copy_lookup_ahead=look_ahead,
+            quarters_skip_own=skip_own,
             **_device_functions(mask, score_mod, cache_cls))
 
     return _cached(("mma_sync_roles", tag, heads, direct, bool(wide), stages)
@@ -276,7 +275,6 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
                    + ((("k_swizzle", True),) if swizzle else ())
                    + ((("score_quarters", True),) if quarters else ())
                    + ((("quarters_skip_own", True),) if skip_own else ())
-                   + ((("copy_lookup_ahead", True),) if look_ahead else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

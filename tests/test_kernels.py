@@ -1208,8 +1208,7 @@ def test_mma_sync_roles(case, order, stages, ahead, rng, monkeypatch):
                                 v_warps=4, max_early=True, p_ftz=True, sums_late=True,
                                 lane_max=True, packed=True, copy_lanes=8,
                                 copy_cache="cg", copy_const_full=False, k_swizzle=wide,
-                                score_quarters=False, quarters_skip_own=False,
-                                copy_lookup_ahead=mma_sync_roles.COPY_LOOKUP_AHEAD and wide))], (
+                                score_quarters=False, quarters_skip_own=False))], (
         "expected the split-role kernel, its copies, stages and S")
 
 

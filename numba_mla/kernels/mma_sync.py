@@ -250,39 +250,6 @@ def make_issue_rows(locate, nthreads, rows, row_bytes, src_bytes, lanes=8, cache
             rows_of(words, dst, storage, block_table, b, k0, k1, src0, tid, False)
         ptx.cp_async_commit()
 
-    # The same copy in two steps, for a caller that looks its rows up early (the page
-    # table's loads then pass under other work, not in front of the copy): ``look_up``
-    # gives the storage rows (page * page_size + slot) of this thread's (at most two) keys,
-    # ``issue_rows`` copies them
-    n_rows = rows // rows_a_pass
-
-    @cuda.jit(device=True, **INLINE)
-    def look_up(storage, block_table, b, k0, k1, tid):
-        npages, page_size = storage.shape[0], storage.shape[1]
-        page, slot = locate(block_table, page_size, npages, b,
-                            ptx.min_i32(k0 + tid // lanes, k1 - 1))
-        r0 = page * page_size + slot
-        r1 = r0
-        if n_rows == 2:
-            page, slot = locate(block_table, page_size, npages, b,
-                                ptx.min_i32(k0 + (tid // lanes + rows_a_pass), k1 - 1))
-            r1 = page * page_size + slot
-        return r0, r1
-
-    @cuda.jit(device=True, **INLINE)
-    def issue_rows(words, dst, r0, r1, k0, k1, src0, tid):
-        for j in range(n_rows):
-            key = k0 + (tid // lanes + rows_a_pass * j)
-            src = ptx.row_addr(src0, r1 if j else r0, 1, 0, src_bytes)
-            ok = ptx.lt_i32(key, k1)
-            for u in range(passes):
-                if pieces % lanes == 0 or tid % lanes + lanes * u < pieces:
-                    copy(words, dst + row_bytes * rows_a_pass * j + 16 * lanes * u,
-                         src + 16 * lanes * u, ok)
-        ptx.cp_async_commit()
-
-    issue.look_up = look_up if n_rows <= 2 else None
-    issue.issue_rows = issue_rows
     return issue
 
 

@@ -134,11 +134,6 @@ COPY_CACHE = "cg"
 # ... and a whole sub-tile's copy with a constant predicate, a partial one's at run time
 # (for scripts/probe_cp_async.py's "const" variants: the same wavefronts; 0.99-1.00x)
 COPY_CONST_FULL = False
-# ... and the page-table lookups of the copy a V warp issues after P V of sub-tile j made
-# before its wait for P of j, so that their loads' latency passes under that wait and P V
-# rather than in front of the copy (Nsight Compute, H100, 515d56f: the copy's issue held 20%
-# of the block's samples, a third of them waiting on a global load)
-COPY_LOOKUP_AHEAD = False
 # ... and the stage's rows 1,152 bytes apart with each 16-byte unit u of row r at u ^ (r & 7)
 # (an XOR swizzle, the layout CUTLASS's tensor-core copies use: every 128 bytes of a row on
 # one 128-byte line, which Nsight Compute's ideal asks of a "cg" copy, and ldmatrix's eight
@@ -304,8 +299,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                           lane_max=LANE_MAX, packed=True, copy_lanes=COPY_LANES,
                           copy_cache=COPY_CACHE, copy_const_full=COPY_CONST_FULL,
                           k_swizzle=K_SWIZZLE, score_quarters=SCORE_QUARTERS,
-                          quarters_skip_own=QUARTERS_SKIP_OWN,
-                          copy_lookup_ahead=COPY_LOOKUP_AHEAD):
+                          quarters_skip_own=QUARTERS_SKIP_OWN):
     """The split-role kernel for one configuration (factory.py; arguments as for
     mma_sync.make_partition_kernel, 16-bit rows, 32 rows a block; ``stages`` of key rows,
     ``STAGES``; ``s_chains`` the score warps' accumulator chains in S, ``S_CHAINS``;
@@ -320,9 +314,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     ``COPY_CONST_FULL``; ``k_swizzle``: such a cache's stage rows swizzled, ``K_SWIZZLE``;
     ``score_quarters``: each score warp both m16 tiles over a quarter of the dims,
     ``SCORE_QUARTERS``, four stages and four S chains only; ``quarters_skip_own``: with it,
-    each warp's own block of partials kept in registers, ``QUARTERS_SKIP_OWN``;
-    ``copy_lookup_ahead``: the V warps' page-table lookups for a copy made before their wait
-    for P, ``COPY_LOOKUP_AHEAD``, a packed 16-byte aligned cache only)."""
+    each warp's own block of partials kept in registers, ``QUARTERS_SKIP_OWN``)."""
     lane_max = lane_max and max_early
     assert v_warps in (4, 8), v_warps
     NT = threads(v_warps)
@@ -374,9 +366,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     issue = (make_issue_rows(locate, NT - SCORE_THREADS, SUB, KR, 4 * WORDS, CL,
                              copy_cache, copy_const_full) if WIDE
              else make_issue(locate, wide, NT - SCORE_THREADS, SUB, K_OFF, ROW_BYTES, 4 * WORDS))
-    LOOK_AHEAD = bool(copy_lookup_ahead and WIDE and issue.look_up is not None)
-    look_up = issue.look_up if LOOK_AHEAD else None
-    issue_rows = issue.issue_rows if LOOK_AHEAD else None
 
     @cuda.jit(device=True, **INLINE)
     def lanes_max(floats, at):
@@ -607,15 +596,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
             j = 0
             while t < t_end:
                 for h in range(2):
-                    # the copy after P V below: sub-tile j + NS, half hc of tile tc
-                    tc = t2 if h + NS >= 4 else t1
-                    hc = (h + AHEAD_HALF) % 2
-                    ck0 = ck1 = cr0 = cr1 = 0
-                    if LOOK_AHEAD:  # its rows looked up now (the loads pass under the wait)
-                        ck0 = ptx.min_i32(kstart + tc * BLOCK_N + SUB * hc, kend)
-                        ck1 = ptx.min_i32(ck0 + SUB, kend)
-                        if tc < t_end:
-                            cr0, cr1 = look_up(storage, block_table, b, ck0, ck1, vtid)
                     ptx.bar_sync(BAR_PREADY + h, NT)  # P and alpha of sub-tile j
                     if t1 < t_end:  # sub-tile j + 2's rows (copied since sub-tile j + 2 - NS)
                         if NS == 4:  # (all but the newest copy, j + 3's)
@@ -647,16 +627,9 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                     if t1 < t_end:
                         ptx.bar_arrive(BAR_PFREE + h, NT)  # for sub-tile j + 2's P
                     ptx.bar_sync(BAR_VDONE, NT - SCORE_THREADS)  # every V warp is past j
-                    if LOOK_AHEAD:
-                        if tc < t_end:
-                            stage = (j + NS) & 3 if NS == 4 else (j + NS) % NS
-                            issue_rows(words, dst0 + KS_BYTES * stage, cr0, cr1, ck0, ck1,
-                                       src0, vtid)
-                        else:
-                            ptx.cp_async_commit()
-                    else:
-                        issue_sub(words, base, storage, block_table, b, kstart, kend, tc,
-                                  t_end, hc, j + NS, vtid, dst0, src0)
+                    issue_sub(words, base, storage, block_table, b, kstart, kend,
+                              t2 if h + NS >= 4 else t1, t_end, (h + AHEAD_HALF) % 2, j + NS,
+                              vtid, dst0, src0)
                     j += 1
                 t, t1 = t1, t2
                 t2 = next_tile(t2 + 1, t_end, kstart, kend, q_lo, q_hi) if t2 < t_end else t_end
@@ -691,5 +664,5 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
                                  packed=bool(packed), copy_lanes=copy_lanes,
                                  copy_cache=copy_cache, copy_const_full=bool(copy_const_full),
                                  k_swizzle=SWZ, score_quarters=QUARTERS,
-                                 quarters_skip_own=SKIP_OWN, copy_lookup_ahead=LOOK_AHEAD)
+                                 quarters_skip_own=SKIP_OWN)
     return partition_kernel
