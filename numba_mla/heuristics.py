@@ -319,6 +319,12 @@ LISTED_WAVES = 3
 #: device's bandwidth for each block) leaves out: about 5 us (Nsight Compute, the one-step
 #: merge at 64 x 16 x 4096), about two tiles' time. An estimate, not fitted.
 MERGE_TILES = 2.0
+#: The launch order of the listed schedule's blocks of equal cost: False, a sequence's row
+#: groups one after the other (each group's pieces in turn, so that the two groups' blocks of
+#: one piece are ``pieces`` apart); True, each piece's row groups side by side, so that the
+#: blocks that read the same tiles start together and meet in L2 (the balanced grid's
+#: order puts them P apart too; the runs schedule's blocks side by side: docs/performance.md)
+LISTED_GROUPS_SIDE_BY_SIDE = False
 
 
 def _greedy_makespan(sizes, sms):
@@ -460,13 +466,18 @@ def list_blocks(pieces, tiles, row_groups):
     (sequence, row group, piece, the sequence's pieces), one for every sequence, row group and
     piece ``p < P = max(pieces)`` (``p >= n``: an empty block, which marks its LSEs -inf for
     the combine), ordered by the modelled cost of the block, largest first; ties in (b, g, p)
-    order. ``tiles``: each sequence's key tiles as planned (the kernel walks the tiles its
-    lengths hold when it runs: partition_tiles with chunk 0 covers them whatever they are)."""
+    order, or (b, p, g) with ``LISTED_GROUPS_SIDE_BY_SIDE``. ``tiles``: each sequence's key
+    tiles as planned (the kernel walks the tiles its lengths hold when it runs:
+    partition_tiles with chunk 0 covers them whatever they are)."""
     pieces = np.asarray(pieces, np.int64)
     tiles = np.asarray(tiles, np.int64)
     B, P, G = pieces.size, int(pieces.max(initial=1)), max(1, row_groups)
-    b, g, p = (a.ravel() for a in np.meshgrid(np.arange(B), np.arange(G), np.arange(P),
-                                               indexing="ij"))
+    if LISTED_GROUPS_SIDE_BY_SIDE:
+        b, p, g = (a.ravel() for a in np.meshgrid(np.arange(B), np.arange(P), np.arange(G),
+                                                   indexing="ij"))
+    else:
+        b, g, p = (a.ravel() for a in np.meshgrid(np.arange(B), np.arange(G), np.arange(P),
+                                                   indexing="ij"))
     n = pieces[b]
     cost = np.where(p < n, -(-tiles[b] // np.maximum(n, 1)) + BLOCK_OVERHEAD_TILES,
                     EMPTY_BLOCK_TILES)
