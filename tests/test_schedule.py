@@ -318,6 +318,22 @@ def test_listed_schedule_properties(keys, groups, sms, rows):
         assert_exact_cover([n], k, 0)
 
 
+def test_listed_blocks_groups_side_by_side(monkeypatch):
+    """With ``LISTED_GROUPS_SIDE_BY_SIDE`` the blocks of equal cost come piece by piece, each
+    piece's row groups one after the other (the two blocks that read the same tiles start
+    together), still largest first; without it, each row group's pieces in turn."""
+    pieces, tiles = np.array([3, 2, 3]), np.array([30, 20, 31])  # costs 15, 15, 16 a block
+    monkeypatch.setattr(heuristics, "LISTED_GROUPS_SIDE_BY_SIDE", True)
+    work = heuristics.list_blocks(pieces, tiles, 2).tolist()
+    assert [tuple(r[:3]) for r in work] == (
+        [(2, g, p) for p in range(3) for g in range(2)]
+        + [(b, g, p) for b in (0, 1) for p in range(pieces[b]) for g in range(2)]
+        + [(1, g, 2) for g in range(2)])  # (sequence 1's empty third piece, last)
+    monkeypatch.setattr(heuristics, "LISTED_GROUPS_SIDE_BY_SIDE", False)
+    work = heuristics.list_blocks(pieces, tiles, 2).tolist()
+    assert [tuple(r[:3]) for r in work[:6]] == [(2, g, p) for g in range(2) for p in range(3)]
+
+
 def test_listed_schedule_examples():
     """The varlen bench's draws (bench.problems.draw_lengths, seed 0) that the H200 measured
     faster under the listed schedule take it on its 132 multiprocessors: 128 x 16 x 8192 at
