@@ -325,6 +325,12 @@ MERGE_TILES = 2.0
 #: blocks that read the same tiles start together and meet in L2 (the balanced grid's
 #: order puts them P apart too; the runs schedule's blocks side by side: docs/performance.md)
 LISTED_GROUPS_SIDE_BY_SIDE = False
+#: A charge in tile-times for each wave of blocks with work past the first, on the listed
+#: candidates and the balanced launch alike: 0 (the model as fitted), or about 2, if the
+#: two-wave cuts at 16 x 128 x 32768 that took 1.07-1.08x their modelled time on an H100
+#: (docs/performance.md, "Two questions queued for a GPU") lose to the one-wave cuts the model
+#: ties with them; off until measured
+LISTED_WAVE_TILES = 0.0
 
 
 def _greedy_makespan(sizes, sms):
@@ -407,7 +413,8 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     used = int((blocks > EMPTY_BLOCK_TILES).sum())
     # (one partition: the direct kernel, which writes out itself: no workspace, no merge,
     # whose launch and run the listed schedule then pays on top of its workspace)
-    balanced_cost = _in_order_makespan(blocks, sms) + (share * used / sms if parts > 1 else 0.0)
+    balanced_cost = (_in_order_makespan(blocks, sms) + (share * used / sms if parts > 1 else 0.0)
+                     + LISTED_WAVE_TILES * (-(-used // sms) - 1))
     merge = MERGE_TILES if parts == 1 else 0.0
     longest = int(tiles.max())
     waves = _wave_targets(tiles, groups, sms, -(-longest // max_pieces), longest)
@@ -433,6 +440,7 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
                                 np.full(int(groups * (tiles.size * P[i] - pieces[i].sum())),
                                         EMPTY_BLOCK_TILES)])
         cost = (_greedy_makespan(sizes, sms) + share * groups * int(pieces[i].sum()) / sms
+                + LISTED_WAVE_TILES * (-(-groups * int(pieces[i].sum()) // sms) - 1)
                 + merge)
         if cost < best_cost:
             best, best_cost = i, cost
