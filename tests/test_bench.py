@@ -73,6 +73,7 @@ def test_bench_cli_end_to_end(tmp_path, capsys):
         assert 0 <= r["rel_err"] < 2e-2
         assert r["us"] > 0 and r["gbps"] > 0 and r["tflops"] > 0
         assert r["host_us"] > 0 and r["ref_subset"] == "all"
+        assert r["blocks"] >= 1 and r["num_partitions"] >= 1  # (the partition kernel's grid)
         # the simulator measures no GPU time without the flush: no overhead, not a negative one
         assert r["us_warm"] is None and r["overhead_us"] is None
     first, second = rows

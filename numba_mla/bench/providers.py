@@ -116,6 +116,9 @@ def numba_mla(p, backend):
     if plan.launches:
         first = plan.launches[0]
         info["smem_bytes"] = int(first.smem)
+        # the partition kernel's blocks (against the multiprocessors: the waves a schedule
+        # takes, which the listed schedule's model prices: docs/performance.md)
+        info["blocks"] = int(np.prod(first.grid))
         kern = getattr(first, "kernel", None)
         whole = getattr(first, "_whole", None)  # (a whole-program build: the one launched)
         for key, attr, whole_attr in (("registers", "regs_per_thread", "regs"),
