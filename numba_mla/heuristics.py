@@ -329,7 +329,8 @@ LISTED_GROUPS_SIDE_BY_SIDE = False
 #: candidates and the balanced launch alike: 0 (the model as fitted), or about 2, if the
 #: two-wave cuts at 16 x 128 x 32768 that took 1.07-1.08x their modelled time on an H100
 #: (docs/performance.md, "Two questions queued for a GPU") lose to the one-wave cuts the model
-#: ties with them; off until measured
+#: ties with them; off until measured (at 3 or more, 64 x 128 x 4096 at spread 0.5 would go
+#: back to one partition, which measured 1.17x its listed cut's time)
 LISTED_WAVE_TILES = 0.0
 
 
