@@ -334,6 +334,11 @@ LISTED_GROUPS_SIDE_BY_SIDE = False
 LISTED_WAVE_TILES = 0.0
 
 
+def _wave_charge(used, sms):
+    """``LISTED_WAVE_TILES`` for each wave of ``used`` blocks with work past the first."""
+    return LISTED_WAVE_TILES * (-(-used // sms) - 1)
+
+
 def _greedy_makespan(sizes, sms):
     """About the time blocks of ``sizes`` take on ``sms`` multiprocessors when they are
     launched largest first and the hardware hands each to the multiprocessor that frees first
@@ -415,7 +420,7 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     # (one partition: the direct kernel, which writes out itself: no workspace, no merge,
     # whose launch and run the listed schedule then pays on top of its workspace)
     balanced_cost = (_in_order_makespan(blocks, sms) + (share * used / sms if parts > 1 else 0.0)
-                     + LISTED_WAVE_TILES * (-(-used // sms) - 1))
+                     + _wave_charge(used, sms))
     merge = MERGE_TILES if parts == 1 else 0.0
     longest = int(tiles.max())
     waves = _wave_targets(tiles, groups, sms, -(-longest // max_pieces), longest)
@@ -440,9 +445,8 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
         sizes = np.concatenate([np.repeat(piece[i], pieces[i] * groups),
                                 np.full(int(groups * (tiles.size * P[i] - pieces[i].sum())),
                                         EMPTY_BLOCK_TILES)])
-        cost = (_greedy_makespan(sizes, sms) + share * groups * int(pieces[i].sum()) / sms
-                + LISTED_WAVE_TILES * (-(-groups * int(pieces[i].sum()) // sms) - 1)
-                + merge)
+        used = groups * int(pieces[i].sum())  # (blocks with work)
+        cost = _greedy_makespan(sizes, sms) + share * used / sms + _wave_charge(used, sms) + merge
         if cost < best_cost:
             best, best_cost = i, cost
     return None if best is None else pieces[best].astype(np.int32)
@@ -481,12 +485,10 @@ def list_blocks(pieces, tiles, row_groups):
     pieces = np.asarray(pieces, np.int64)
     tiles = np.asarray(tiles, np.int64)
     B, P, G = pieces.size, int(pieces.max(initial=1)), max(1, row_groups)
-    if LISTED_GROUPS_SIDE_BY_SIDE:
-        b, p, g = (a.ravel() for a in np.meshgrid(np.arange(B), np.arange(P), np.arange(G),
-                                                   indexing="ij"))
-    else:
-        b, g, p = (a.ravel() for a in np.meshgrid(np.arange(B), np.arange(G), np.arange(P),
-                                                   indexing="ij"))
+    grid = np.meshgrid(np.arange(B), np.arange(G), np.arange(P), indexing="ij")
+    if LISTED_GROUPS_SIDE_BY_SIDE:  # (ties piece by piece: (b, p, g))
+        grid = [a.transpose(0, 2, 1) for a in grid]
+    b, g, p = (a.ravel() for a in grid)
     n = pieces[b]
     cost = np.where(p < n, -(-tiles[b] // np.maximum(n, 1)) + BLOCK_OVERHEAD_TILES,
                     EMPTY_BLOCK_TILES)

@@ -328,10 +328,6 @@ def build_check():
     return 1 if bad else 0
 
 
-if __name__ == "__main__":
-    sys.exit(build_check())
-
-
 @pytest.mark.kernel
 @pytest.mark.parametrize("chains,ldsm", [(1, 0), (3, 0), (3, 1), (4, 2)])
 def test_probe_mma_peak_products_right(chains, ldsm):
@@ -347,3 +343,7 @@ def test_probe_mma_peak_products_right(chains, ldsm):
     want = np.concatenate([probe.expected(chains, ldsm, 3, warp) for warp in (0, 1)])
     np.testing.assert_allclose(out, want, rtol=1e-6)
     assert len(set(np.round(want, 3))) > 8  # (lanes and warps multiply different fragments)
+
+
+if __name__ == "__main__":
+    sys.exit(build_check())
