@@ -324,7 +324,7 @@ MERGE_TILES = 2.0
 #: one piece are ``pieces`` apart); True, each piece's row groups side by side, so that the
 #: blocks that read the same tiles start together and meet in L2 (the balanced grid's
 #: order puts them P apart too; the runs schedule's blocks side by side: docs/performance.md)
-LISTED_GROUPS_SIDE_BY_SIDE = False
+LISTED_GROUPS_SIDE_BY_SIDE = True
 #: A charge in tile-times for each wave of blocks with work past the first, on the listed
 #: candidates and the balanced launch alike: 0 (the model as fitted), or about 2, if the
 #: two-wave cuts at 16 x 128 x 32768 that took 1.07-1.08x their modelled time on an H100
