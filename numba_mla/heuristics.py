@@ -323,20 +323,10 @@ MERGE_TILES = 2.0
 #: groups one after the other (each group's pieces in turn, so that the two groups' blocks of
 #: one piece are ``pieces`` apart); True, each piece's row groups side by side, so that the
 #: blocks that read the same tiles start together and meet in L2 (the balanced grid's
-#: order puts them P apart too; the runs schedule's blocks side by side: docs/performance.md)
+#: order puts them P apart too; the runs schedule's blocks side by side). True since an H100
+#: A/B (two rounds): 0.954x / 0.971x the time at 16 x 128 x 32768, spread 0.25 / 0.5,
+#: 0.987x at 64 x 128 x 4096, spread 0.5, the rest 0.999-1.001x (docs/performance.md)
 LISTED_GROUPS_SIDE_BY_SIDE = True
-#: A charge in tile-times for each wave of blocks with work past the first, on the listed
-#: candidates and the balanced launch alike: 0 (the model as fitted), or about 2, if the
-#: two-wave cuts at 16 x 128 x 32768 that took 1.07-1.08x their modelled time on an H100
-#: (docs/performance.md, "Two questions queued for a GPU") lose to the one-wave cuts the model
-#: ties with them; off until measured (at 3 or more, 64 x 128 x 4096 at spread 0.5 would go
-#: back to one partition, which measured 1.17x its listed cut's time)
-LISTED_WAVE_TILES = 0.0
-
-
-def _wave_charge(used, sms):
-    """``LISTED_WAVE_TILES`` for each wave of ``used`` blocks with work past the first."""
-    return LISTED_WAVE_TILES * (-(-used // sms) - 1)
 
 
 def _greedy_makespan(sizes, sms):
@@ -419,8 +409,7 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     used = int((blocks > EMPTY_BLOCK_TILES).sum())
     # (one partition: the direct kernel, which writes out itself: no workspace, no merge,
     # whose launch and run the listed schedule then pays on top of its workspace)
-    balanced_cost = (_in_order_makespan(blocks, sms) + (share * used / sms if parts > 1 else 0.0)
-                     + _wave_charge(used, sms))
+    balanced_cost = _in_order_makespan(blocks, sms) + (share * used / sms if parts > 1 else 0.0)
     merge = MERGE_TILES if parts == 1 else 0.0
     longest = int(tiles.max())
     waves = _wave_targets(tiles, groups, sms, -(-longest // max_pieces), longest)
@@ -446,7 +435,7 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
                                 np.full(int(groups * (tiles.size * P[i] - pieces[i].sum())),
                                         EMPTY_BLOCK_TILES)])
         used = groups * int(pieces[i].sum())  # (blocks with work)
-        cost = _greedy_makespan(sizes, sms) + share * used / sms + _wave_charge(used, sms) + merge
+        cost = _greedy_makespan(sizes, sms) + share * used / sms + merge
         if cost < best_cost:
             best, best_cost = i, cost
     return None if best is None else pieces[best].astype(np.int32)
