@@ -7,8 +7,10 @@ Usage: python scripts/ncu_regions.py OUT/ncu_B_H_L.csv
 The SASS is cut at every block barrier (``BAR.SYNC``) and around every innermost loop (the
 instructions between a backward branch's target and the branch); each region gets its share
 of the stall samples (time) and of the executed instructions, how fast it issues against the
-kernel's average (1.0 = average; below: it waits more), its commonest stall reasons (share of
-its samples) and opcodes (share of its instructions). The figures the README quotes for the
+kernel's average (1.0 = average; below: it waits more), how many times its instructions ran
+(warp executions, the median over those that ran at all: the block's count of warps for code
+that runs once a block, that times the tiles for code run every tile, more for a spin loop),
+its commonest stall reasons (share of its samples) and opcodes (share of its instructions). The figures the README quotes for the
 FMA kernel come from this table.
 """
 import argparse
@@ -69,8 +71,8 @@ def regions(instructions):
 
 
 def table(instructions, top=4):
-    """One line per region: offset, name, % samples, % executed, relative issue rate, top
-    stalls, top opcodes."""
+    """One line per region: offset, name, % samples, % executed, relative issue rate, runs
+    (the median warp executions of its instructions that ran), top stalls, top opcodes."""
     total_s = sum(x[2] for x in instructions) or 1
     total_e = sum(x[3] for x in instructions) or 1
     base = instructions[0][0] if instructions else 0
@@ -89,9 +91,10 @@ def table(instructions, top=4):
             stalls.update(st)
             ops[opcode(text)] += e
         rate = (executed / total_e) / (samples / total_s) if samples else float("inf")
+        ran = sorted(x[3] for x in part if x[3])
         lines.append(dict(
             offset=part[0][0] - base, name=name, samples=samples / total_s,
-            executed=executed / total_e, rate=rate,
+            executed=executed / total_e, rate=rate, runs=ran[len(ran) // 2] if ran else 0,
             stalls=[(s, v / samples) for s, v in stalls.most_common(top) if samples and v],
             ops=[(o, v / executed) for o, v in ops.most_common(top) if executed and v]))
     return lines
@@ -103,14 +106,15 @@ def main(argv=None):
     ap.add_argument("--min", type=float, default=0.005,
                     help="leave out regions with a smaller share of samples and instructions")
     args = ap.parse_args(argv)
-    print(f"{'offset':>7} {'region':<14} {'samples':>8} {'instr':>7} {'issue':>6}  stalls; opcodes")
+    print(f"{'offset':>7} {'region':<14} {'samples':>8} {'instr':>7} {'issue':>6} {'runs':>7}  "
+          "stalls; opcodes")
     for r in table(read(args.csv)):
         if max(r["samples"], r["executed"]) < args.min:
             continue
         stalls = ", ".join(f"{s} {v:.0%}" for s, v in r["stalls"])
         ops = ", ".join(f"{o} {v:.0%}" for o, v in r["ops"])
         print(f"{r['offset']:>7x} {r['name']:<14} {r['samples']:>8.1%} {r['executed']:>7.1%} "
-              f"{r['rate']:>6.2f}  {stalls}; {ops}")
+              f"{r['rate']:>6.2f} {r['runs']:>7}  {stalls}; {ops}")
 
 
 if __name__ == "__main__":

@@ -50,10 +50,13 @@ def test_regions_and_shares(page):
     assert rows[1]["stalls"] == [("barrier", 1.0)]
     assert rows[2]["stalls"] == [("short_sb", 1.0)]
     assert rows[4]["samples"] == 0 and rows[4]["ops"] == [("EXIT", 1.0)]
+    assert [r["runs"] for r in rows] == [10, 10, 10, 40, 10]  # (the loop's body ran 4 times)
 
 
 def test_main_prints_a_table(page, capsys):
     regions.main([page, "--min", "0"])
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:2] == ["offset", "region"]
-    assert any(line.split()[1] == "loop" and "FFMA 67%" in line for line in out[1:])
+    assert out[0].split()[:6] == ["offset", "region", "samples", "instr", "issue", "runs"]
+    assert any(line.split()[1] == "loop" and line.split()[5] == "40" and "FFMA 67%" in line
+               for line in out[1:])
