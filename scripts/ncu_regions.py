@@ -10,8 +10,8 @@ of the stall samples (time) and of the executed instructions, how fast it issues
 kernel's average (1.0 = average; below: it waits more), how many times its instructions ran
 (warp executions, the median over those that ran at all: the block's count of warps for code
 that runs once a block, that times the tiles for code run every tile, more for a spin loop),
-its commonest stall reasons (share of its samples) and opcodes (share of its instructions). The figures the README quotes for the
-FMA kernel come from this table.
+its commonest stall reasons (share of its samples) and opcodes (share of its instructions).
+The figures the README quotes for the FMA kernel come from this table.
 """
 import argparse
 import collections
