@@ -318,17 +318,23 @@ def test_listed_schedule_properties(keys, groups, sms, rows):
         assert_exact_cover([n], k, 0)
 
 
+def varlen_listed(B, H, L, spread):
+    """The listed schedule's pieces (or None) for the varlen bench's draw of that shape
+    (bench.problems.draw_lengths, seed 0) on the H200's 132 multiprocessors."""
+    from numba_mla.bench import Config, problems
+
+    lengths = problems.draw_lengths(Config(B, H, L, spread=spread, sweep="varlen"), 0)
+    return heuristics.listed_split(lengths, 64, -(-H // 64), H200_SMS, rows=H)
+
+
 def test_listed_cuts_of_varlen_draws():
     """The blocks the listed schedule launches for the varlen bench's draws (the cuts the
     H100 and H200 runs timed): 16 x 128 x 32768 at spread 0.25 and 0.5 in two waves of 262
     blocks (a one-wave cut of 132 ties in the model; charging the second wave 1-2 tile-times
     to take it measured 1.01-1.05x slower: docs/performance.md), 64 x 16 x 4096 at 0.5 in 255,
     128 x 16 x 8192 in 263 and 64 x 128 x 4096 at 0.5 in 254."""
-    from numba_mla.bench import Config, problems
-
     def blocks(B, H, L, spread):
-        lengths = problems.draw_lengths(Config(B, H, L, spread=spread, sweep="varlen"), 0)
-        pieces = heuristics.listed_split(lengths, 64, -(-H // 64), H200_SMS, rows=H)
+        pieces = varlen_listed(B, H, L, spread)
         return None if pieces is None else -(-H // 64) * int(pieces.sum())
 
     shapes = [(16, 128, 32768, 0.25), (16, 128, 32768, 0.5), (64, 16, 4096, 0.5),
@@ -361,17 +367,11 @@ def test_listed_schedule_examples():
     and at most 3 pieces, measured 0.857x its time); 64 x 128 x 4096 at 0.25 does not
     (forced cuts measured 0.98-1.06x), nor do equal lengths, B = 1, or a mask that keeps the
     same 256 keys of every sequence (the kept tiles are the work)."""
-    from numba_mla.bench import Config, problems
-
-    def listed(B, H, L, spread):
-        lengths = problems.draw_lengths(Config(B, H, L, spread=spread, sweep="varlen"), 0)
-        return heuristics.listed_split(lengths, 64, -(-H // 64), H200_SMS, rows=H)
-
     for B, H, L, spread in [(128, 16, 8192, 0.25), (128, 16, 8192, 0.5), (64, 16, 4096, 0.5),
                             (16, 128, 32768, 0.5), (64, 128, 4096, 0.5)]:
-        assert listed(B, H, L, spread) is not None, (B, H, L, spread)
+        assert varlen_listed(B, H, L, spread) is not None, (B, H, L, spread)
     for B, H, L, spread in [(64, 128, 4096, 0.25), (128, 16, 8192, 0.0), (64, 16, 4096, 0.0)]:
-        assert listed(B, H, L, spread) is None, (B, H, L, spread)
+        assert varlen_listed(B, H, L, spread) is None, (B, H, L, spread)
     assert heuristics.listed_split([65536], 64, 2, H200_SMS, rows=128) is None
     window = nm.SlidingWindowCausalMask(256)
     lengths = np.random.default_rng(0).integers(2048, 6145, 64)
