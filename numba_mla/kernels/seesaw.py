@@ -593,24 +593,21 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         smf = cuda.shared.array(0, float32)
         sb = ptx.smem_addr(smk)
 
+        page_size = storage.shape[1]
+        npages = storage.shape[0]
+        # The first pair's rows as the schedule has them where no mask moves the keys (a
+        # partition's first tile p * run, the next one after it), looked up before the
+        # lengths arrive: where the guess holds, the tiles' copies wait for one load from
+        # global memory, not for the lengths' and then the page table's.
+        k_guess = p * run * BLOCK_N
+        row_guess0 = tile_row(block_table, page_size, npages, b, k_guess)
+        row_guess1 = tile_row(block_table, page_size, npages, b, k_guess + BLOCK_N)
         row0 = q_offsets[b]
         nq = q_offsets[b + 1] - row0
         length = lengths[b]
-        page_size = storage.shape[1]
-        npages = storage.shape[0]
-        nrows = min(BLOCK_M, nq * H - r0)
-        if nrows <= 0:
-            return
-
-        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
-        t0, t_end = partition_tiles(ntiles, p, nparts, run)
-        t0 = next_tile(t0, t_end, kstart, kend, q_lo, q_hi)
-        if t0 >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
-            if tid < NTHREADS:
-                mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
-            return  # uniform in the block, before any barrier
-        t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
         qbar = sb + BAR_OFF
+        # The barriers are set up while those loads are in flight (before any early return:
+        # a block that leaves below has started no copy)
         if tid < BLOCK_M:
             smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
         if tid == 0:
@@ -621,6 +618,18 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     ptx.mbar_init(smk, sb + CONV_BAR_OFF + 8 * i, 1)
             ptx.mbar_fence_init()
         cuda.syncthreads()
+        nrows = min(BLOCK_M, nq * H - r0)
+        if nrows <= 0:
+            return
+
+        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
+        t0, t_end = partition_tiles(ntiles, p, nparts, run)
+        t0 = next_tile(t0, t_end, kstart, kend, q_lo, q_hi)
+        if t0 >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
+            if tid < NTHREADS:
+                mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+            return  # uniform in the block, past the one barrier (no copy started)
+        t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
         if tid == 0 and t0 < t_end:  # the queries, then the first pair's tiles
             if not FP8:
                 ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
@@ -629,13 +638,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         row0 * H + r0, qbar)
             if FP8:  # (announced by the thread that copies, after its copies: load_raw)
                 ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
-            row = tile_row(block_table, page_size, npages, b, kstart + t0 * BLOCK_N)
+            k = kstart + t0 * BLOCK_N
+            row = row_guess0 if k == k_guess else tile_row(block_table, page_size, npages, b, k)
             if FP8:
                 load_raw(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
             else:
                 load_boxes(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
             if t1 < t_end:
-                row = tile_row(block_table, page_size, npages, b, kstart + t1 * BLOCK_N)
+                k = kstart + t1 * BLOCK_N
+                row = (row_guess1 if k == k_guess + BLOCK_N
+                       else tile_row(block_table, page_size, npages, b, k))
                 if FP8:
                     load_raw(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
                 else:
