@@ -290,7 +290,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     def build():
         from .kernels.seesaw import make_partition_kernel
 
-        disp = make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
+        disp = make_partition_kernel(tag=tag, heads=heads, out_tag=tag if direct else "f32",
                                      listed=listed, fp8=fp8, converter=converter,
                                      **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter

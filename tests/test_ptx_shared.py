@@ -2,6 +2,7 @@
 at aligned addresses, in the simulator and on a GPU; and in the simulator a clear error for an
 address not aligned to the access's size (a GPU faults there, so CI catches a layout that
 would)."""
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -256,3 +257,62 @@ def test_probe_cp_async_copies_land_right(rng):
     for lanes, op, pred, layout in probe.VARIANTS:
         out, src, _ = probe.run(lanes, op, 3, 2, rng, pred=pred, layout=layout)
         assert np.array_equal(out, probe.expected(src, 2)), (lanes, op, pred, layout)
+
+
+def _stage_and_copy_out(tag):
+    """A kernel for one warpgroup: a 16-accumulator fragment (element i of thread t holds
+    its row % 8 * 32 + column, exact in 16 bits) staged in ``tag``'s type by
+    ``acc_store16`` ("f32": ``acc_store``) in rows 16 bytes past a multiple of 128 apart,
+    then row r copied out by thread r's ``bulk_store`` to ``out[r // 16, r % 16, 0, :]``."""
+    n = 16
+    width = 4 if tag == "f32" else 2
+    pitch = 32 * width + 16 * (2 if tag == "f32" else 1)
+    store = ptx.acc_store(n) if tag == "f32" else ptx.acc_store16(n, tag)
+
+    @cuda.jit
+    def kernel(out, flags):
+        sm = cuda.shared.array(64 * 40, float32)
+        t = cuda.threadIdx.x
+        acc = cuda.local.array(n, float32)
+        for i in range(n):
+            acc[i] = float32(ptx.acc_row(i, t) % 8 * 32 + ptx.acc_col(i, t))
+        base = ptx.smem_addr(sm)
+        store(acc, sm, base + ptx.acc_row(0, t) * pitch + width * ptx.acc_col(0, t), pitch)
+        ptx.fence_proxy_async()
+        cuda.syncthreads()
+        flags[t] = ptx.aligned16(out)
+        if t < 64:
+            ptx.bulk_store(sm, base + t * pitch, out, t // 16, t % 16, 0, 0, 32 * width)
+            ptx.bulk_commit()
+            ptx.bulk_wait_read()
+
+    return kernel
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("tag", ["bf16", "f16", "f32"])
+def test_staged_rows_copied_out_whole(tag):
+    """``acc_store16`` (rounded to the 16-bit type) or ``acc_store`` stage a fragment as rows,
+    and ``bulk_store`` copies each row to its place: every element lands where the
+    fragment's layout puts it; ``aligned16`` true for an array allocated whole."""
+    if not SIMULATOR and cuda.get_current_device().compute_capability < (9, 0):
+        pytest.skip("bulk copies out of shared memory need sm_90")
+    dtype = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}[tag]
+    out = cuda.to_device(np.full((4, 16, 1, 32), np.nan, dtype))
+    flags = cuda.to_device(np.zeros(128, np.int32))
+    _stage_and_copy_out(tag)[1, 128](out, flags)
+    rows = np.arange(64)[:, None] % 8 * 32 + np.arange(32)[None, :]
+    np.testing.assert_array_equal(out.copy_to_host().astype(np.float32).reshape(64, 32), rows)
+    np.testing.assert_array_equal(flags.copy_to_host(), 1)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a GPU faults on a misaligned copy: simulator only")
+def test_bulk_store_misaligned_raises_in_simulator():
+    """An array that starts 4 bytes past a 16-byte boundary: ``aligned16`` says so, and a
+    bulk copy to it raises (where the GPU would fault)."""
+    whole = cuda.to_device(np.zeros(4 * 16 * 32 + 2, np.float16))
+    out = whole[2:].reshape(4, 16, 1, 32)
+    flags = cuda.to_device(np.ones(128, np.int32))
+    with pytest.raises(Exception, match=r"bulk_store: global address \d+ is not a multiple"):
+        _stage_and_copy_out("f16")[1, 128](out, flags)
+    np.testing.assert_array_equal(flags.copy_to_host()[:1], 0)

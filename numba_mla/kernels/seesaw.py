@@ -51,7 +51,7 @@ multiplied by kv_scale 2^-k and the output by kv_scale (docs/kernels/mma.md).
 """
 import math
 
-from numba import cuda, float32, int32
+from numba import cuda, float32, int16, int32
 
 from .. import ptx
 from .._compat import JIT_OPTIONS, SIMULATOR
@@ -59,7 +59,7 @@ from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, 
                      partition_tiles)
 from .transposed import q_power
 from .mma import (BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, O_BYTES, O_PITCH,
-                  RESCALE_SLACK, ROWS_BYTES, make_write_rows)
+                  RESCALE_SLACK, ROWS_BYTES)
 
 NS = BLOCK_N // 2  # score accumulators per thread: m64n64 (32)
 DIMS_PER_WG = D_V // 2  # output dims of one warpgroup: wgmma N (256)
@@ -73,7 +73,10 @@ assert O_BYTES <= STAT_OFF - KV_OFF  # the output is staged over the two buffers
 # rows of ``stat`` (64 floats each); STAT_L and STAT_LP are two rows each (a warpgroup's)
 STAT_M, STAT_SCALE0, STAT_SCALE1, STAT_L, STAT_LP = 0, 1, 2, 3, 5
 BAR_OFF = STAT_OFF + 7 * BLOCK_M * 4
-SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 223128
+# The block's row0, r0, p and nrows (int32), written at its start and read by its output's
+# code: a few bytes here keep four registers free through the tiles' loop
+FACTS_OFF = BAR_OFF + 8 * (1 + 2 * NBOX)
+SMEM_BYTES = FACTS_OFF + 16  # 223144
 # From this many heads a block's 64 rows are one query token's heads (compute-bound decode):
 # there the reference max lags (RESCALE_SLACK) and the tiles are copied with L2's evict-first
 # policy. Measured on the H200 (docs/kernels/mma.md): 2-5% less time at H = 128; at H = 16,
@@ -91,7 +94,7 @@ RAW_LATE = ROWS_BYTES - (NBOX - V_BOXES) * RAW_BOX  # ... and of boxes 4-8 (5324
 CONVERT_UNITS = RAW_BOX // 8 // 128  # 8-code pieces of a box a thread converts (4)
 CODE_WORDS = 2 * CONVERT_UNITS  # ... as int32 words of four codes
 QEXP_OFF = SMEM_BYTES  # each query row's power of two (int32), "e4m3" rows only
-SMEM_BYTES_E4M3 = QEXP_OFF + 4 * BLOCK_M  # 223384
+SMEM_BYTES_E4M3 = QEXP_OFF + 4 * BLOCK_M  # 223400
 
 # -- "e4m3" rows with a converter warpgroup (``converter=True``): warpgroup 2 converts every
 # tile in place, as its codes land, and announces each box; the two others only multiply --
@@ -112,7 +115,7 @@ CONV_GROUP = 1
 assert NBOX % CONV_GROUP == 0
 CONV_CODE_WORDS = CONV_GROUP * CODE_WORDS  # a converter thread's codes of a group
 CONV_BAR_OFF = SMEM_BYTES_E4M3  # one mbarrier a box of each buffer: "converted"
-SMEM_BYTES_CONV = CONV_BAR_OFF + 8 * 2 * NBOX  # 223528
+SMEM_BYTES_CONV = CONV_BAR_OFF + 8 * 2 * NBOX  # 223544
 BAR_CONV = BAR_WG + 2  # the converter warpgroup's own (128)
 BAR_MATH = BAR_WG + 3  # the math warpgroups' block barrier once the converter has left (256)
 BAR_FREE1 = BAR_WG + 4  # warpgroup 1 arrives when done with buffer 1, the converter waits (256)
@@ -148,8 +151,45 @@ def convert_order(buf, n):
     return V_BOXES + n if n < V_BOXES else 2 * V_BOXES - 1 - n
 
 
+def make_copy_out(elem_bytes, pitch, heads):
+    """``(whole_rows, copy_rows)``, the seesaw kernel's copy of its staged output rows (row m
+    of the block at shared byte offset ``at + m * pitch``, in the output's type, of
+    ``elem_bytes``) to ``part_out[t, h, p, :]``.
+
+    ``whole_rows(part_out)``: whether every row of ``part_out`` is contiguous and starts
+    16-byte aligned, as the copy engine's bulk copies need: the workspace always, a caller's
+    ``out`` unless it is a view that starts or steps off 16 bytes (the same for every thread
+    of a launch). ``copy_rows(part_out, smf, smk, at, row0, r0, nrows, p, tid)``: the copy by
+    the threads where not, a warp a row, a 4-byte word a lane at a time."""
+    H = heads
+
+    @cuda.jit(device=True)
+    def whole_rows(part_out):
+        st = part_out.strides
+        return (ptx.aligned16(part_out) and st[3] == elem_bytes and st[0] % 16 == 0
+                and st[1] % 16 == 0 and st[2] % 16 == 0)
+
+    @cuda.jit(device=True)
+    def copy_rows(part_out, smf, smk, at, row0, r0, nrows, p, tid):
+        lane = tid % 32
+        for m in range(tid // 32, nrows, NTHREADS // 32):
+            r = r0 + m
+            t_row = row0 + r // H
+            h = r % H
+            for j in range(D_V * elem_bytes // 128):  # 32 words a pass
+                w = lane + 32 * j
+                if elem_bytes == 4:
+                    part_out[t_row, h, p, w] = ptx.lds32(smf, at + m * pitch + 4 * w)
+                else:  # two 16-bit values a word (their bits: int16, sign-extended)
+                    v = ptx.lds32(smk, at + m * pitch + 4 * w)
+                    part_out[t_row, h, p, 2 * w] = int16(((v & 0xFFFF) ^ 0x8000) - 0x8000)
+                    part_out[t_row, h, p, 2 * w + 1] = int16(v >> 16)
+
+    return whole_rows, copy_rows
+
+
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads, store, key_count=None, listed=False, fp8=None,
+                          fold_scale, heads, out_tag, key_count=None, listed=False, fp8=None,
                           converter=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
@@ -158,7 +198,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     writes the workspace. ``fp8="e4m3"``: the cache holds "e4m3" rows (``tag`` is q's type,
     ``scale`` the softmax scale + 1j * kv_scale), multiplied in fp16; ``converter``: with
     them, a third warpgroup converts each tile (384 threads; the kernel must then be built
-    as a whole program, for ``setmaxnreg``: the dispatcher's ``whole_program``)."""
+    as a whole program, for ``setmaxnreg``: the dispatcher's ``whole_program``). ``out_tag``:
+    the output's type ("f32": the workspace; else out's, "bf16" or "f16")."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
@@ -180,8 +221,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     unpack = ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32
     zero_o = ptx.acc_zero(NO)
     scale_o = ptx.acc_scale(NO)
-    store_o = ptx.acc_store(NO)
-    write_rows = make_write_rows(store, heads)
+    # The output's rows as staged (acc_store, acc_store16): in the output's type
+    # (``out_tag``), 16 or 32 bytes past a multiple of 128 apart (no bank conflicts)
+    OUT_BYTES = 4 if out_tag == "f32" else 2
+    OUT_PITCH = 4 * O_PITCH if out_tag == "f32" else 2 * D_V + 16
+    store_out = ptx.acc_store(NO) if out_tag == "f32" else ptx.acc_store16(NO, out_tag)
+    whole_rows, copy_rows = make_copy_out(OUT_BYTES, OUT_PITCH, heads)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           align=BLOCK_N, key_count=key_count)
@@ -630,6 +675,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
             return  # uniform in the block, past the one barrier (no copy started)
         t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
+        if tid == 0:
+            smk[FACTS_OFF // 4] = row0
+            smk[FACTS_OFF // 4 + 1] = r0
+            smk[FACTS_OFF // 4 + 2] = p
+            smk[FACTS_OFF // 4 + 3] = nrows
         if tid == 0 and t0 < t_end:  # the queries, then the first pair's tiles
             if not FP8:
                 ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
@@ -843,11 +893,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 l_run[half] += ptx.shfl_xor(l_run[half], o, tid)
                 if lag:
                     l_p[half] += ptx.shfl_xor(l_p[half], o, tid)
-        # Both warpgroups are done with the tiles: their buffers take the staged output (rows
-        # O_PITCH floats apart).
-        sync_math()
-        store_o(o_acc, smf, sb + KV_OFF + 4 * (ptx.acc_row(0, wtid) * O_PITCH + DIMS_PER_WG * wg
-                                               + ptx.acc_col(0, wtid)), 4 * O_PITCH)
         if lane % 4 == 0:
             for half in range(2):
                 m = ptx.acc_row(2 * half, wtid)
@@ -855,22 +900,45 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 if lag:
                     smf[STAT_OFF // 4 + (STAT_LP + wg) * BLOCK_M + m] = l_p[half]
         sync_math()
+        row0 = smk[FACTS_OFF // 4]
+        r0 = smk[FACTS_OFF // 4 + 1]
+        p = smk[FACTS_OFF // 4 + 2]
+        nrows = smk[FACTS_OFF // 4 + 3]
+        # Each row times its 1/sum in the registers, staged in the output's type over the
+        # buffers (both warpgroups are past the barrier above, so done with the tiles), then
+        # copied out by the copy engine, a row a thread (the block leaves once they are read),
+        # or where the rows are not whole and aligned for it, by the threads, a warp a row.
+        for half in range(2):
+            m = ptx.acc_row(2 * half, wtid)
+            lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + m]
+                    + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + m])
+            empty = lsum == 0.0
+            if lag:  # the output divides by the sum of P as P V multiplied it (``softmax``)
+                lsum = (smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + m]
+                        + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M + m])
+            scl[half] = (float32(0.0) if empty
+                         else kv_scale * ptx.rcp(lsum) if FP8 else ptx.rcp(lsum))
+        scale_o(o_acc, scl[0], scl[1])
+        store_out(o_acc, smf, sb + KV_OFF + ptx.acc_row(0, wtid) * OUT_PITCH
+                  + OUT_BYTES * (DIMS_PER_WG * wg + ptx.acc_col(0, wtid)), OUT_PITCH)
         if tid < nrows:
             r = r0 + tid
             lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid]
                     + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + tid])
-            empty = lsum == 0.0
             part_lse[row0 + r // H, r % H, p] = (
-                float32(NEG_INF) if empty
+                float32(NEG_INF) if lsum == 0.0
                 else (smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] + math.log2(lsum))
                 * float32(LN2))
-            if lag:  # the output divides by the sum of P as P V multiplied it (``softmax``)
-                lsum = (smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + tid]
-                        + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M + tid])
-            smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid] = (
-                float32(0.0) if empty else kv_scale * ptx.rcp(lsum) if FP8 else ptx.rcp(lsum))
+        ptx.fence_proxy_async()
         sync_math()
-        write_rows(part_out, smf, sb, KV_OFF, STAT_OFF // 4 + STAT_L * BLOCK_M, row0, r0, nrows,
-                   p, tid)
+        if whole_rows(part_out):
+            if tid < nrows:
+                r = r0 + tid
+                ptx.bulk_store(smf, sb + KV_OFF + tid * OUT_PITCH, part_out, row0 + r // H,
+                               r % H, p, 0, D_V * OUT_BYTES)
+                ptx.bulk_commit()
+                ptx.bulk_wait_read()
+        else:
+            copy_rows(part_out, smf, smk, sb + KV_OFF, row0, r0, nrows, p, tid)
 
     return partition_kernel

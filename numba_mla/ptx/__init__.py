@@ -19,7 +19,7 @@ Modules, by topic (each opens with the list of its primitives):
   grid launched behind another (``griddepcontrol.wait``).
 - ``accumulators``: the tensor-core accumulator fragment and whole-accumulator operations.
 - ``wgmma``: Hopper warpgroup products, their descriptors, fences and waits.
-- ``tma``: tensor maps and bulk tensor copies.
+- ``tma``: tensor maps, bulk tensor copies into shared memory and bulk copies out of it.
 - ``mma_sync``: warp products (``mma.sync`` m16n8k16) and ``ldmatrix`` (kernels/mma_sync.py).
 - ``arith``: 32-bit ``divmod``, ``rcp`` and ``exp2_ftz`` without subroutine calls; byte
   permutes (``prmt``); a row's address from a 32-bit index.
@@ -27,7 +27,7 @@ Modules, by topic (each opens with the list of its primitives):
 Every primitive is importable from ``numba_mla.ptx`` itself (``ptx.lds128(...)``).
 """
 from .accumulators import (acc_col, acc_row, acc_scale, acc_scale_cols, acc_scale_halves,
-                           acc_store, acc_zero)
+                           acc_store, acc_store16, acc_zero)
 from .arith import (byte_perm, divmod_u32, exp2_ftz, lt_i32, min_i32, opaque_i32, rcp,
                     row_addr)
 from .barriers import (bar_arrive, bar_sync, grid_dependency_wait, mbar_expect_tx,
@@ -40,7 +40,7 @@ from .shared import (aligned_x4, cp_async4_at, cp_async16_at, cp_async16_ca_at, 
                      cp_async_wait_all, cp_async_wait_one, cp_async_wait_two, global_addr,
                      ld_global_x4, lds32, lds64, lds128, prefetch_l2, smem_addr, st_global_x4,
                      sts32, sts64, sts128)
-from .tma import tensor_map, tma_load
+from .tma import aligned16, bulk_commit, bulk_store, bulk_wait_read, tensor_map, tma_load
 from .warp import shfl_xor, syncwarp, warp_uniform
 from .wgmma import (desc_advance, fence_proxy_async, wgmma, wgmma_commit, wgmma_desc,
                     wgmma_fence, wgmma_rs, wgmma_wait, wgmma_wait2, wgmma_wait_pending)
@@ -64,12 +64,12 @@ __all__ = [
     "grid_dependency_wait", "set_max_registers",
     # accumulators
     "acc_row", "acc_col", "acc_zero", "acc_scale", "acc_scale_halves", "acc_scale_cols",
-    "acc_store",
+    "acc_store", "acc_store16",
     # wgmma
     "wgmma_desc", "desc_advance", "wgmma", "wgmma_rs", "wgmma_fence", "wgmma_commit",
     "wgmma_wait", "wgmma_wait2", "wgmma_wait_pending", "fence_proxy_async",
     # tma
-    "tensor_map", "tma_load",
+    "tensor_map", "tma_load", "bulk_store", "bulk_commit", "bulk_wait_read", "aligned16",
     # mma.sync
     "mma_m16n8k16", "ldmatrix_x2", "ldmatrix_x2_trans", "ldmatrix_x4", "ldmatrix_x4_trans",
     # arithmetic

@@ -27,7 +27,15 @@ would then live in local memory), hence the written-out forms.
   elements i, i + 1 of even i go in one 8-byte store). A warp's store covers 8 rows of 32
   bytes: with ``row_bytes`` a multiple of 128 they fall in the same 8 banks (8 passes where 2
   do); a pitch of 128 k + 32 bytes spreads them over all 32.
+- ``acc_store16(n, tag)`` -> ``store(acc, arr, addr, row_bytes)``: the same fragment as 16-bit
+  values (``tag`` "bf16" or "f16", rounded to nearest even), into rows of 16-bit values
+  (``arr``: the shared array, of any 4-byte type):
+  elements i, i + 1 of even i, packed, to ``addr + 8*((i//2)%2)*row_bytes + 2*(8*(i//4))``
+  (4-byte aligned). A warp's store covers 8 rows of 16 bytes: a pitch of 128 k + 16 bytes
+  puts them in all 32 banks.
 """
+import ml_dtypes
+import numpy as np
 from llvmlite import ir
 from numba import cuda
 from numba.cuda import types
@@ -171,6 +179,44 @@ def acc_store(n):
             for i in range(0, n, 2):  # (i, i + 1): adjacent columns of one row
                 row = b.mul(rb, ir.Constant(i32, 8 * ((i // 2) % 2)))
                 off = b.add(row, ir.Constant(i32, 4 * (8 * (i // 4))))
+                b.call(asm, [b.add(base, off), b.load(ptrs[i]), b.load(ptrs[i + 1])])
+            return ctx.get_dummy_value()
+
+        return types.void(acc, arr, addr, row_bytes), cg
+
+    return store
+
+
+def _acc_store16_twin(n, tag):
+    dtype = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}[tag]
+
+    def store(acc, arr, addr, row_bytes):
+        for i in range(0, n, 2):  # a 4-byte store of the pair, as the GPU form
+            off = 8 * ((i // 2) % 2) * row_bytes + 2 * (8 * (i // 4))
+            k = _aligned(addr + off, 4, "acc_store16")
+            np.asarray(arr).view(np.int32)[k] = (
+                np.array([acc[i], acc[i + 1]], np.float32).astype(dtype).view(np.int32)[0])
+
+    return store
+
+
+@with_twin(_acc_store16_twin)
+def acc_store16(n, tag):
+    # cvt packs its first source in the high half: element i + 1 (the higher address)
+    cvt = {"bf16": "cvt.rn.bf16x2.f32", "f16": "cvt.rn.f16x2.f32"}[tag]
+
+    @intrinsic
+    def store(typingctx, acc, arr, addr, row_bytes):
+        def cg(ctx, b, sig, args):
+            base = addr32(ctx, b, args[2], sig.args[2])
+            rb = addr32(ctx, b, args[3], sig.args[3])
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, f32, f32]),
+                               f"{{ .reg .b32 w; {cvt} w, $2, $1; st.shared.b32 [$0], w; }}",
+                               "r,f,f,~{memory}", side_effect=True)
+            ptrs = acc_pointers(ctx, b, sig.args[0], args[0], n)
+            for i in range(0, n, 2):
+                row = b.mul(rb, ir.Constant(i32, 8 * ((i // 2) % 2)))
+                off = b.add(row, ir.Constant(i32, 2 * (8 * (i // 4))))
                 b.call(asm, [b.add(base, off), b.load(ptrs[i]), b.load(ptrs[i + 1])])
             return ctx.get_dummy_value()
 

@@ -18,7 +18,16 @@ arrives, each copy signals its bytes, and the barrier's phase flips when both ar
   at ``bar``; ``evict_first``: with L2's evict-first policy for its lines. The box shape is
   the map's; here it serves the twin, as ``src`` (the array) does.
 
-In the simulator a copy happens when issued and counts its bytes off the mbarrier.
+- ``bulk_store(smem, saddr, arr, i0, i1, i2, i3, nbytes)``: start copying ``nbytes`` bytes
+  from the shared address ``saddr`` to ``arr[i0, i1, i2, i3:]`` (a 4-D array whose last axis
+  is contiguous; both addresses 16-byte aligned, ``nbytes`` a multiple of 16), in the
+  thread's open bulk group; ``bulk_commit()`` closes the group, ``bulk_wait_read()`` waits
+  until every committed group has read its shared memory (which may then be reused, or the
+  block leave). The shared bytes must be visible to the copy engine first
+  (``fence_proxy_async`` by their writers, then a barrier).
+- ``aligned16(arr)``: whether the array's first element is 16-byte aligned.
+
+In the simulator a copy happens when issued (a load counts its bytes off the mbarrier).
 """
 import ctypes
 
@@ -29,8 +38,10 @@ from numba.cuda import types
 from numba.cuda.extending import intrinsic
 
 from .._numba import item_pointer
-from ._codegen import addr32, i32, i64
-from ._twin import with_twin
+from .._compat import SIMULATOR
+from .._numba import array_data
+from ._codegen import addr32, global_window, i32, i64, void_asm
+from ._twin import intrinsic_with_twin, no_op, with_twin
 from .barriers import complete_tx
 from .wgmma import swizzle128
 
@@ -103,3 +114,52 @@ def tma_load(box_rows, box_cols=8, swizzle=False, evict_first=False):
         return sig, cg
 
     return load
+
+
+def _bulk_store_twin(smem, saddr, arr, i0, i1, i2, i3, nbytes):
+    at = (int(i0), int(i1), int(i2), int(i3))
+    ary = getattr(arr, "_ary", arr)
+    start = ary.__array_interface__["data"][0] + sum(i * st for i, st in zip(at, ary.strides))
+    for what, v in (("shared address", saddr), ("global address", start), ("size", nbytes)):
+        if v % 16:
+            raise RuntimeError(f"bulk_store: {what} {v} is not a multiple of 16")
+    if ary.strides[3] != ary.dtype.itemsize:
+        raise RuntimeError(f"bulk_store: the destination's last axis has stride {ary.strides[3]}")
+    n = nbytes // ary.dtype.itemsize
+    if at[3] + n > ary.shape[3]:
+        raise RuntimeError(f"bulk_store: {n} elements from {at[3]} pass the row's end")
+    ary[at[0], at[1], at[2], at[3]:at[3] + n] = (
+        np.asarray(smem).view(np.uint8)[saddr:saddr + nbytes].view(ary.dtype))
+
+
+@intrinsic_with_twin(_bulk_store_twin)
+def bulk_store(typingctx, smem, saddr, arr, i0, i1, i2, i3, nbytes):
+    sig = types.void(smem, saddr, arr, i0, i1, i2, i3, nbytes)
+
+    def cg(ctx, b, s, args):
+        ptr = item_pointer(ctx, b, s.args[2], args[2], args[3:7], s.args[3:7])
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64, i32, i32]),
+                           "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
+                           "l,r,r,~{memory}", side_effect=True)
+        b.call(asm, [global_window(b, ptr), addr32(ctx, b, args[1], s.args[1]),
+                     addr32(ctx, b, args[7], s.args[7])])
+        return ctx.get_dummy_value()
+
+    return sig, cg
+
+
+bulk_commit = no_op if SIMULATOR else void_asm("cp.async.bulk.commit_group;")
+bulk_wait_read = no_op if SIMULATOR else void_asm("cp.async.bulk.wait_group.read 0;")
+
+
+def _aligned16_twin(arr):
+    return getattr(arr, "_ary", arr).__array_interface__["data"][0] % 16 == 0
+
+
+@intrinsic_with_twin(_aligned16_twin)
+def aligned16(typingctx, arr):
+    def cg(ctx, b, s, args):
+        addr = b.ptrtoint(array_data(ctx, b, s.args[0], args[0]), i64)
+        return b.icmp_unsigned("==", b.and_(addr, ir.Constant(i64, 15)), ir.Constant(i64, 0))
+
+    return types.boolean(arr), cg
