@@ -59,7 +59,7 @@ from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, 
                      partition_tiles)
 from .transposed import q_power
 from .mma import (BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, O_BYTES, O_PITCH,
-                  RESCALE_SLACK, ROWS_BYTES)
+                  RESCALE_SLACK, ROWS_BYTES, make_write_rows)
 
 NS = BLOCK_N // 2  # score accumulators per thread: m64n64 (32)
 DIMS_PER_WG = D_V // 2  # output dims of one warpgroup: wgmma N (256)
@@ -73,8 +73,15 @@ assert O_BYTES <= STAT_OFF - KV_OFF  # the output is staged over the two buffers
 # rows of ``stat`` (64 floats each); STAT_L and STAT_LP are two rows each (a warpgroup's)
 STAT_M, STAT_SCALE0, STAT_SCALE1, STAT_L, STAT_LP = 0, 1, 2, 3, 5
 BAR_OFF = STAT_OFF + 7 * BLOCK_M * 4
-# The block's row0, r0, p and nrows (int32), written at its start and read by its output's
-# code: a few bytes here keep four registers free through the tiles' loop
+# Two changes at a block's start and end, built and right in the simulator, not yet timed or
+# tested on a GPU (off until they are; docs/kernels/mma.md, "The block's start and end"):
+# EARLY_START: the first pair's page-table rows looked up beside the lengths (guessed from
+# the schedule) and the barriers set up while those loads are in flight; BULK_OUT: the output
+# scaled in the registers, staged in its own type and copied out by the copy engine.
+EARLY_START = False
+BULK_OUT = False
+# (BULK_OUT) The block's row0, r0, p and nrows (int32), written at its start and read by its
+# output's code: a few bytes here keep four registers free through the tiles' loop
 FACTS_OFF = BAR_OFF + 8 * (1 + 2 * NBOX)
 SMEM_BYTES = FACTS_OFF + 16  # 223144
 # From this many heads a block's 64 rows are one query token's heads (compute-bound decode):
@@ -189,8 +196,8 @@ def make_copy_out(elem_bytes, pitch, heads):
 
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads, out_tag, key_count=None, listed=False, fp8=None,
-                          converter=False):
+                          fold_scale, heads, store, out_tag, key_count=None, listed=False,
+                          fp8=None, converter=False, early_start=False, bulk_out=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -199,7 +206,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     ``scale`` the softmax scale + 1j * kv_scale), multiplied in fp16; ``converter``: with
     them, a third warpgroup converts each tile (384 threads; the kernel must then be built
     as a whole program, for ``setmaxnreg``: the dispatcher's ``whole_program``). ``out_tag``:
-    the output's type ("f32": the workspace; else out's, "bf16" or "f16")."""
+    the type ``store`` writes ("f32": the workspace; else out's, "bf16" or "f16");
+    ``early_start``, ``bulk_out``: the forms of the module's ``EARLY_START`` and
+    ``BULK_OUT``."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
@@ -221,6 +230,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     unpack = ptx.bf16x2_to_f32 if tag == "bf16" else ptx.f16x2_to_f32
     zero_o = ptx.acc_zero(NO)
     scale_o = ptx.acc_scale(NO)
+    store_o = ptx.acc_store(NO)
+    write_rows = make_write_rows(store, heads)
     # The output's rows as staged (acc_store, acc_store16): in the output's type
     # (``out_tag``), 16 or 32 bytes past a multiple of 128 apart (no bank conflicts)
     OUT_BYTES = 4 if out_tag == "f32" else 2
@@ -625,6 +636,72 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             return (cuda.blockIdx.z, cuda.blockIdx.y * BLOCK_M, cuda.blockIdx.x,
                     cuda.gridDim.x, chunk)
 
+    @cuda.jit(device=True)
+    def out_by_copies(o_acc, l_run, l_p, scl, smk, smf, sb, part_out, part_lse, kv_scale, wg,
+                      wtid, tid):
+        """(``bulk_out``) The output step: the warpgroups' row sums exchanged; each row times
+        its 1/sum in the registers, staged in the output's type over the buffers (both warpgroups
+        are past the barrier, so done with the tiles), then copied out by the copy engine, a
+        row a thread (the block leaves once they are read), or where the rows are not whole
+        and aligned for it, by the threads, a warp a row."""
+        if tid % 4 == 0:
+            for half in range(2):
+                m = ptx.acc_row(2 * half, wtid)
+                smf[STAT_OFF // 4 + (STAT_L + wg) * BLOCK_M + m] = l_run[half]
+                if lag:
+                    smf[STAT_OFF // 4 + (STAT_LP + wg) * BLOCK_M + m] = l_p[half]
+        sync_math()
+        row0 = smk[FACTS_OFF // 4]
+        r0 = smk[FACTS_OFF // 4 + 1]
+        p = smk[FACTS_OFF // 4 + 2]
+        nrows = smk[FACTS_OFF // 4 + 3]
+        for half in range(2):
+            m = ptx.acc_row(2 * half, wtid)
+            lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + m]
+                    + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + m])
+            empty = lsum == 0.0
+            if lag:  # the output divides by the sum of P as P V multiplied it (``softmax``)
+                lsum = (smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + m]
+                        + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M + m])
+            scl[half] = (float32(0.0) if empty
+                         else kv_scale * ptx.rcp(lsum) if FP8 else ptx.rcp(lsum))
+        scale_o(o_acc, scl[0], scl[1])
+        store_out(o_acc, smf, sb + KV_OFF + ptx.acc_row(0, wtid) * OUT_PITCH
+                  + OUT_BYTES * (DIMS_PER_WG * wg + ptx.acc_col(0, wtid)), OUT_PITCH)
+        if tid < nrows:
+            r = r0 + tid
+            lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid]
+                    + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + tid])
+            part_lse[row0 + r // H, r % H, p] = (
+                float32(NEG_INF) if lsum == 0.0
+                else (smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] + math.log2(lsum))
+                * float32(LN2))
+        ptx.fence_proxy_async()
+        sync_math()
+        if whole_rows(part_out):
+            if tid < nrows:
+                r = r0 + tid
+                ptx.bulk_store(smf, sb + KV_OFF + tid * OUT_PITCH, part_out, row0 + r // H,
+                               r % H, p, 0, D_V * OUT_BYTES)
+                ptx.bulk_commit()
+                ptx.bulk_wait_read()
+        else:
+            copy_rows(part_out, smf, smk, sb + KV_OFF, row0, r0, nrows, p, tid)
+
+    @cuda.jit(device=True)
+    def init_block(smk, smf, sb, tid):
+        """The running maxima at -inf and the block's mbarriers set up, then a block barrier."""
+        if tid < BLOCK_M:
+            smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
+        if tid == 0:
+            ptx.mbar_init(smk, sb + BAR_OFF, 1)
+            for i in range(2 * NBOX):
+                ptx.mbar_init(smk, sb + BAR_OFF + 8 * (1 + i), 1)
+                if CONV:
+                    ptx.mbar_init(smk, sb + CONV_BAR_OFF + 8 * i, 1)
+            ptx.mbar_fence_init()
+        cuda.syncthreads()
+
     @cuda.jit(**(dict(JIT_OPTIONS, launch_bounds=(CONV_THREADS, 1)) if CONV and not SIMULATOR
                  else JIT_OPTIONS))
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
@@ -640,29 +717,22 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
         page_size = storage.shape[1]
         npages = storage.shape[0]
-        # The first pair's rows as the schedule has them where no mask moves the keys (a
-        # partition's first tile p * run, the next one after it), looked up before the
-        # lengths arrive: where the guess holds, the tiles' copies wait for one load from
-        # global memory, not for the lengths' and then the page table's.
         k_guess = p * run * BLOCK_N
-        row_guess0 = tile_row(block_table, page_size, npages, b, k_guess)
-        row_guess1 = tile_row(block_table, page_size, npages, b, k_guess + BLOCK_N)
+        if early_start:
+            # The first pair's rows as the schedule has them where no mask moves the keys (a
+            # partition's first tile p * run, the next one after it), looked up before the
+            # lengths arrive: where the guess holds, the tiles' copies wait for one load from
+            # global memory, not for the lengths' and then the page table's.
+            row_guess0 = tile_row(block_table, page_size, npages, b, k_guess)
+            row_guess1 = tile_row(block_table, page_size, npages, b, k_guess + BLOCK_N)
+        else:
+            row_guess0 = row_guess1 = 0
         row0 = q_offsets[b]
         nq = q_offsets[b + 1] - row0
         length = lengths[b]
         qbar = sb + BAR_OFF
-        # The barriers are set up while those loads are in flight (before any early return:
-        # a block that leaves below has started no copy)
-        if tid < BLOCK_M:
-            smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
-        if tid == 0:
-            ptx.mbar_init(smk, qbar, 1)
-            for i in range(2 * NBOX):
-                ptx.mbar_init(smk, qbar + 8 * (1 + i), 1)
-                if CONV:
-                    ptx.mbar_init(smk, sb + CONV_BAR_OFF + 8 * i, 1)
-            ptx.mbar_fence_init()
-        cuda.syncthreads()
+        if early_start:  # the barriers set up while those loads are in flight
+            init_block(smk, smf, sb, tid)
         nrows = min(BLOCK_M, nq * H - r0)
         if nrows <= 0:
             return
@@ -673,9 +743,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         if t0 >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
             if tid < NTHREADS:
                 mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
-            return  # uniform in the block, past the one barrier (no copy started)
+            return  # uniform in the block (early_start: past the one barrier, no copy started)
         t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
-        if tid == 0:
+        if not early_start:
+            init_block(smk, smf, sb, tid)
+        if bulk_out and tid == 0:
             smk[FACTS_OFF // 4] = row0
             smk[FACTS_OFF // 4 + 1] = r0
             smk[FACTS_OFF // 4 + 2] = p
@@ -689,14 +761,15 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             if FP8:  # (announced by the thread that copies, after its copies: load_raw)
                 ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
             k = kstart + t0 * BLOCK_N
-            row = row_guess0 if k == k_guess else tile_row(block_table, page_size, npages, b, k)
+            row = (row_guess0 if early_start and k == k_guess
+                   else tile_row(block_table, page_size, npages, b, k))
             if FP8:
                 load_raw(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
             else:
                 load_boxes(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
             if t1 < t_end:
                 k = kstart + t1 * BLOCK_N
-                row = (row_guess1 if k == k_guess + BLOCK_N
+                row = (row_guess1 if early_start and k == k_guess + BLOCK_N
                        else tile_row(block_table, page_size, npages, b, k))
                 if FP8:
                     load_raw(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
@@ -893,6 +966,15 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 l_run[half] += ptx.shfl_xor(l_run[half], o, tid)
                 if lag:
                     l_p[half] += ptx.shfl_xor(l_p[half], o, tid)
+        if bulk_out:
+            out_by_copies(o_acc, l_run, l_p, scl, smk, smf, sb, part_out, part_lse, kv_scale,
+                          wg, wtid, tid)
+            return
+        # Both warpgroups are done with the tiles: their buffers take the staged output (rows
+        # O_PITCH floats apart).
+        sync_math()
+        store_o(o_acc, smf, sb + KV_OFF + 4 * (ptx.acc_row(0, wtid) * O_PITCH + DIMS_PER_WG * wg
+                                               + ptx.acc_col(0, wtid)), 4 * O_PITCH)
         if lane % 4 == 0:
             for half in range(2):
                 m = ptx.acc_row(2 * half, wtid)
@@ -900,45 +982,23 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 if lag:
                     smf[STAT_OFF // 4 + (STAT_LP + wg) * BLOCK_M + m] = l_p[half]
         sync_math()
-        row0 = smk[FACTS_OFF // 4]
-        r0 = smk[FACTS_OFF // 4 + 1]
-        p = smk[FACTS_OFF // 4 + 2]
-        nrows = smk[FACTS_OFF // 4 + 3]
-        # Each row times its 1/sum in the registers, staged in the output's type over the
-        # buffers (both warpgroups are past the barrier above, so done with the tiles), then
-        # copied out by the copy engine, a row a thread (the block leaves once they are read),
-        # or where the rows are not whole and aligned for it, by the threads, a warp a row.
-        for half in range(2):
-            m = ptx.acc_row(2 * half, wtid)
-            lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + m]
-                    + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + m])
-            empty = lsum == 0.0
-            if lag:  # the output divides by the sum of P as P V multiplied it (``softmax``)
-                lsum = (smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + m]
-                        + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M + m])
-            scl[half] = (float32(0.0) if empty
-                         else kv_scale * ptx.rcp(lsum) if FP8 else ptx.rcp(lsum))
-        scale_o(o_acc, scl[0], scl[1])
-        store_out(o_acc, smf, sb + KV_OFF + ptx.acc_row(0, wtid) * OUT_PITCH
-                  + OUT_BYTES * (DIMS_PER_WG * wg + ptx.acc_col(0, wtid)), OUT_PITCH)
         if tid < nrows:
             r = r0 + tid
             lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid]
                     + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + tid])
+            empty = lsum == 0.0
             part_lse[row0 + r // H, r % H, p] = (
-                float32(NEG_INF) if lsum == 0.0
+                float32(NEG_INF) if empty
                 else (smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] + math.log2(lsum))
                 * float32(LN2))
-        ptx.fence_proxy_async()
+            if lag:  # the output divides by the sum of P as P V multiplied it (``softmax``)
+                lsum = (smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + tid]
+                        + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M + tid])
+            smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid] = (
+                float32(0.0) if empty else kv_scale * ptx.rcp(lsum) if FP8 else ptx.rcp(lsum))
         sync_math()
-        if whole_rows(part_out):
-            if tid < nrows:
-                r = r0 + tid
-                ptx.bulk_store(smf, sb + KV_OFF + tid * OUT_PITCH, part_out, row0 + r // H,
-                               r % H, p, 0, D_V * OUT_BYTES)
-                ptx.bulk_commit()
-                ptx.bulk_wait_read()
-        else:
-            copy_rows(part_out, smf, smk, sb + KV_OFF, row0, r0, nrows, p, tid)
+        write_rows(part_out, smf, sb, KV_OFF, STAT_OFF // 4 + STAT_L * BLOCK_M, row0, r0, nrows,
+                   p, tid)
 
+    partition_kernel.form = dict(early_start=early_start, bulk_out=bulk_out)  # (for the tests)
     return partition_kernel
