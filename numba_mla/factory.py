@@ -285,25 +285,23 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     listed schedule's table (heuristics.list_blocks), writing the workspace; ``fp8``: "e4m3"
     rows (``tag`` is then q's type), or None; ``converter``: with them, a third warpgroup
     converts the tiles (the dispatcher's ``whole_program`` is then True: launch.py builds
-    it from its PTX with the driver's JIT, which keeps ``setmaxnreg``); in the forms the
-    module's ``EARLY_START`` and ``BULK_OUT`` choose (read here, so part of the key)."""
-    from .kernels import seesaw
-
-    forms = {"early_start": bool(seesaw.EARLY_START), "bulk_out": bool(seesaw.BULK_OUT)}
+    it from its PTX with the driver's JIT, which keeps ``setmaxnreg``)."""
 
     def build():
-        disp = seesaw.make_partition_kernel(
-            tag=tag, heads=heads, store=_output_store(tag, direct),
-            out_tag=tag if direct else "f32", listed=listed, fp8=fp8, converter=converter,
-            **forms, **_device_functions(mask, score_mod, cache_cls))
+        from .kernels.seesaw import make_partition_kernel
+
+        disp = make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
+                                     listed=listed, fp8=fp8, converter=converter,
+                                     **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         if converter:  # (setmaxnreg moves the registers it was launched with)
+            from .kernels import seesaw
+
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
 
     return _cached(("seesaw", tag, heads, direct, listed) + ((("fp8", fp8),) if fp8 else ())
                    + ((("converter", True),) if converter else ())
-                   + tuple(sorted((k, v) for k, v in forms.items() if v))
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

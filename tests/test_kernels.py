@@ -422,39 +422,6 @@ def test_mma_out_not_aligned_for_vector_stores(num_partitions, rng):
 
 
 @KERNEL
-@pytest.mark.parametrize("num_partitions,heads,out_offset", [(1, 2, 0), (2, 2, 0), (1, 3, 1),
-                                                             (None, 16, 0)])
-def test_seesaw_start_and_end_forms(num_partitions, heads, out_offset, rng, monkeypatch):
-    """The seesaw kernel with ``EARLY_START`` and ``BULK_OUT`` (both off until timed on a
-    GPU) matches the reference: the first rows looked up before the lengths (a guess that
-    holds for the first partition, and for the second with two), the output copied out a row
-    at a time by the copy engine into ``out`` (one partition) or the workspace (two), and by
-    the threads into an ``out`` that starts 2 bytes off (``out_offset``); 16 heads of two
-    query rows: the 64-row block's rows over both tokens."""
-    from numba import cuda
-
-    from numba_mla.kernels import seesaw
-
-    monkeypatch.setattr(seesaw, "EARLY_START", True)
-    monkeypatch.setattr(seesaw, "BULK_OUT", True)
-    specs = launched_specs(monkeypatch)
-    p = make_problem(rng, 2, 2, heads, [150, 0], BF16, "paged", 64)
-    mask, score_mod = MASKS["causal"].make(p, rng), SCORE_MODS["identity"].make(p)
-    golden, same = references(p, mask, score_mod)
-    buf = cuda.to_device(np.full(int(np.prod(p.out_shape)) + out_offset, np.nan, p.dtype))
-    out = buf[out_offset:].reshape(p.out_shape)
-    cache = nm.PagedKVCache(cuda.to_device(p.cache.pages), cuda.to_device(p.cache.block_table_host),
-                            cuda.to_device(p.lengths))
-    got, lse = nm.mla_decode(cuda.to_device(p.q), cache, p.scale, mask, score_mod,
-                             num_partitions=num_partitions, return_lse=True, out=out,
-                             backend="mma")
-    assert got is out
-    assert_matches_reference(out.copy_to_host(), lse.copy_to_host(), golden, same, "mma")
-    assert [s.backend for s in specs] == ["seesaw"]
-    assert specs[0].dispatcher.form == {"early_start": True, "bulk_out": True}
-
-
-@KERNEL
 def test_mma_tma_falls_back_when_the_seesaw_spills(rng, monkeypatch):
     """Where the seesaw kernel would spill registers (a mask with much arithmetic), TMA tiles
     go to the lockstep kernel's TMA variant, which matches the reference too."""

@@ -298,11 +298,14 @@ def test_staged_rows_copied_out_whole(tag):
     if not SIMULATOR and cuda.get_current_device().compute_capability < (9, 0):
         pytest.skip("bulk copies out of shared memory need sm_90")
     dtype = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}[tag]
-    out = cuda.to_device(np.full((4, 16, 1, 32), np.nan, dtype))
+    # (bfloat16 travels as int16 bits: a GPU's arrays have no bfloat16 type)
+    out = cuda.to_device(np.full((4, 16, 1, 32), np.nan, dtype).view(
+        np.int16 if tag == "bf16" else dtype))
     flags = cuda.to_device(np.zeros(128, np.int32))
     _stage_and_copy_out(tag)[1, 128](out, flags)
     rows = np.arange(64)[:, None] % 8 * 32 + np.arange(32)[None, :]
-    np.testing.assert_array_equal(out.copy_to_host().astype(np.float32).reshape(64, 32), rows)
+    got = out.copy_to_host().view(dtype)
+    np.testing.assert_array_equal(got.astype(np.float32).reshape(64, 32), rows)
     np.testing.assert_array_equal(flags.copy_to_host(), 1)
 
 

@@ -612,8 +612,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
 
 
 def make_write_rows(store, heads):
-    """``write_rows(part_out, smf, sb, o_at, inv_at, row0, r0, nrows, p, tid)``, the
-    lockstep kernel's last step (the seesaw kernel's rows go out by the copy engine): the block's staged output (fp32 rows O_PITCH floats apart
+    """``write_rows(part_out, smf, sb, o_at, inv_at, row0, r0, nrows, p, tid)``, both
+    tensor-core kernels' last step: the block's staged output (fp32 rows O_PITCH floats apart
     from shared byte offset ``o_at``), row m times its 1/sum ``smf[inv_at + m]``, ``store``d
     into ``part_out[t, h, p]`` for the block's rows ``r0 + m`` of sequence rows from ``row0``.
 

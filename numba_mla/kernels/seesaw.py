@@ -51,7 +51,7 @@ multiplied by kv_scale 2^-k and the output by kv_scale (docs/kernels/mma.md).
 """
 import math
 
-from numba import cuda, float32, int16, int32
+from numba import cuda, float32, int32
 
 from .. import ptx
 from .._compat import JIT_OPTIONS, SIMULATOR
@@ -73,17 +73,7 @@ assert O_BYTES <= STAT_OFF - KV_OFF  # the output is staged over the two buffers
 # rows of ``stat`` (64 floats each); STAT_L and STAT_LP are two rows each (a warpgroup's)
 STAT_M, STAT_SCALE0, STAT_SCALE1, STAT_L, STAT_LP = 0, 1, 2, 3, 5
 BAR_OFF = STAT_OFF + 7 * BLOCK_M * 4
-# Two changes at a block's start and end, built and right in the simulator, not yet timed or
-# tested on a GPU (off until they are; docs/kernels/mma.md, "The block's start and end"):
-# EARLY_START: the first pair's page-table rows looked up beside the lengths (guessed from
-# the schedule) and the barriers set up while those loads are in flight; BULK_OUT: the output
-# scaled in the registers, staged in its own type and copied out by the copy engine.
-EARLY_START = False
-BULK_OUT = False
-# (BULK_OUT) The block's row0, r0, p and nrows (int32), written at its start and read by its
-# output's code: a few bytes here keep four registers free through the tiles' loop
-FACTS_OFF = BAR_OFF + 8 * (1 + 2 * NBOX)
-SMEM_BYTES = FACTS_OFF + 16  # 223144
+SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 223128
 # From this many heads a block's 64 rows are one query token's heads (compute-bound decode):
 # there the reference max lags (RESCALE_SLACK) and the tiles are copied with L2's evict-first
 # policy. Measured on the H200 (docs/kernels/mma.md): 2-5% less time at H = 128; at H = 16,
@@ -101,7 +91,7 @@ RAW_LATE = ROWS_BYTES - (NBOX - V_BOXES) * RAW_BOX  # ... and of boxes 4-8 (5324
 CONVERT_UNITS = RAW_BOX // 8 // 128  # 8-code pieces of a box a thread converts (4)
 CODE_WORDS = 2 * CONVERT_UNITS  # ... as int32 words of four codes
 QEXP_OFF = SMEM_BYTES  # each query row's power of two (int32), "e4m3" rows only
-SMEM_BYTES_E4M3 = QEXP_OFF + 4 * BLOCK_M  # 223400
+SMEM_BYTES_E4M3 = QEXP_OFF + 4 * BLOCK_M  # 223384
 
 # -- "e4m3" rows with a converter warpgroup (``converter=True``): warpgroup 2 converts every
 # tile in place, as its codes land, and announces each box; the two others only multiply --
@@ -122,7 +112,7 @@ CONV_GROUP = 1
 assert NBOX % CONV_GROUP == 0
 CONV_CODE_WORDS = CONV_GROUP * CODE_WORDS  # a converter thread's codes of a group
 CONV_BAR_OFF = SMEM_BYTES_E4M3  # one mbarrier a box of each buffer: "converted"
-SMEM_BYTES_CONV = CONV_BAR_OFF + 8 * 2 * NBOX  # 223544
+SMEM_BYTES_CONV = CONV_BAR_OFF + 8 * 2 * NBOX  # 223528
 BAR_CONV = BAR_WG + 2  # the converter warpgroup's own (128)
 BAR_MATH = BAR_WG + 3  # the math warpgroups' block barrier once the converter has left (256)
 BAR_FREE1 = BAR_WG + 4  # warpgroup 1 arrives when done with buffer 1, the converter waits (256)
@@ -158,46 +148,9 @@ def convert_order(buf, n):
     return V_BOXES + n if n < V_BOXES else 2 * V_BOXES - 1 - n
 
 
-def make_copy_out(elem_bytes, pitch, heads):
-    """``(whole_rows, copy_rows)``, the seesaw kernel's copy of its staged output rows (row m
-    of the block at shared byte offset ``at + m * pitch``, in the output's type, of
-    ``elem_bytes``) to ``part_out[t, h, p, :]``.
-
-    ``whole_rows(part_out)``: whether every row of ``part_out`` is contiguous and starts
-    16-byte aligned, as the copy engine's bulk copies need: the workspace always, a caller's
-    ``out`` unless it is a view that starts or steps off 16 bytes (the same for every thread
-    of a launch). ``copy_rows(part_out, smf, smk, at, row0, r0, nrows, p, tid)``: the copy by
-    the threads where not, a warp a row, a 4-byte word a lane at a time."""
-    H = heads
-
-    @cuda.jit(device=True)
-    def whole_rows(part_out):
-        st = part_out.strides
-        return (ptx.aligned16(part_out) and st[3] == elem_bytes and st[0] % 16 == 0
-                and st[1] % 16 == 0 and st[2] % 16 == 0)
-
-    @cuda.jit(device=True)
-    def copy_rows(part_out, smf, smk, at, row0, r0, nrows, p, tid):
-        lane = tid % 32
-        for m in range(tid // 32, nrows, NTHREADS // 32):
-            r = r0 + m
-            t_row = row0 + r // H
-            h = r % H
-            for j in range(D_V * elem_bytes // 128):  # 32 words a pass
-                w = lane + 32 * j
-                if elem_bytes == 4:
-                    part_out[t_row, h, p, w] = ptx.lds32(smf, at + m * pitch + 4 * w)
-                else:  # two 16-bit values a word (their bits: int16, sign-extended)
-                    v = ptx.lds32(smk, at + m * pitch + 4 * w)
-                    part_out[t_row, h, p, 2 * w] = int16(((v & 0xFFFF) ^ 0x8000) - 0x8000)
-                    part_out[t_row, h, p, 2 * w + 1] = int16(v >> 16)
-
-    return whole_rows, copy_rows
-
-
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
-                          fold_scale, heads, store, out_tag, key_count=None, listed=False,
-                          fp8=None, converter=False, early_start=False, bulk_out=False):
+                          fold_scale, heads, store, key_count=None, listed=False, fp8=None,
+                          converter=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -205,10 +158,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     writes the workspace. ``fp8="e4m3"``: the cache holds "e4m3" rows (``tag`` is q's type,
     ``scale`` the softmax scale + 1j * kv_scale), multiplied in fp16; ``converter``: with
     them, a third warpgroup converts each tile (384 threads; the kernel must then be built
-    as a whole program, for ``setmaxnreg``: the dispatcher's ``whole_program``). ``out_tag``:
-    the type ``store`` writes ("f32": the workspace; else out's, "bf16" or "f16");
-    ``early_start``, ``bulk_out``: the forms of the module's ``EARLY_START`` and
-    ``BULK_OUT``."""
+    as a whole program, for ``setmaxnreg``: the dispatcher's ``whole_program``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
@@ -232,12 +182,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     scale_o = ptx.acc_scale(NO)
     store_o = ptx.acc_store(NO)
     write_rows = make_write_rows(store, heads)
-    # The output's rows as staged (acc_store, acc_store16): in the output's type
-    # (``out_tag``), 16 or 32 bytes past a multiple of 128 apart (no bank conflicts)
-    OUT_BYTES = 4 if out_tag == "f32" else 2
-    OUT_PITCH = 4 * O_PITCH if out_tag == "f32" else 2 * D_V + 16
-    store_out = ptx.acc_store(NO) if out_tag == "f32" else ptx.acc_store16(NO, out_tag)
-    whole_rows, copy_rows = make_copy_out(OUT_BYTES, OUT_PITCH, heads)
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           align=BLOCK_N, key_count=key_count)
@@ -636,72 +580,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             return (cuda.blockIdx.z, cuda.blockIdx.y * BLOCK_M, cuda.blockIdx.x,
                     cuda.gridDim.x, chunk)
 
-    @cuda.jit(device=True)
-    def out_by_copies(o_acc, l_run, l_p, scl, smk, smf, sb, part_out, part_lse, kv_scale, wg,
-                      wtid, tid):
-        """(``bulk_out``) The output step: the warpgroups' row sums exchanged; each row times
-        its 1/sum in the registers, staged in the output's type over the buffers (both warpgroups
-        are past the barrier, so done with the tiles), then copied out by the copy engine, a
-        row a thread (the block leaves once they are read), or where the rows are not whole
-        and aligned for it, by the threads, a warp a row."""
-        if tid % 4 == 0:
-            for half in range(2):
-                m = ptx.acc_row(2 * half, wtid)
-                smf[STAT_OFF // 4 + (STAT_L + wg) * BLOCK_M + m] = l_run[half]
-                if lag:
-                    smf[STAT_OFF // 4 + (STAT_LP + wg) * BLOCK_M + m] = l_p[half]
-        sync_math()
-        row0 = smk[FACTS_OFF // 4]
-        r0 = smk[FACTS_OFF // 4 + 1]
-        p = smk[FACTS_OFF // 4 + 2]
-        nrows = smk[FACTS_OFF // 4 + 3]
-        for half in range(2):
-            m = ptx.acc_row(2 * half, wtid)
-            lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + m]
-                    + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + m])
-            empty = lsum == 0.0
-            if lag:  # the output divides by the sum of P as P V multiplied it (``softmax``)
-                lsum = (smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + m]
-                        + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M + m])
-            scl[half] = (float32(0.0) if empty
-                         else kv_scale * ptx.rcp(lsum) if FP8 else ptx.rcp(lsum))
-        scale_o(o_acc, scl[0], scl[1])
-        store_out(o_acc, smf, sb + KV_OFF + ptx.acc_row(0, wtid) * OUT_PITCH
-                  + OUT_BYTES * (DIMS_PER_WG * wg + ptx.acc_col(0, wtid)), OUT_PITCH)
-        if tid < nrows:
-            r = r0 + tid
-            lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid]
-                    + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + tid])
-            part_lse[row0 + r // H, r % H, p] = (
-                float32(NEG_INF) if lsum == 0.0
-                else (smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] + math.log2(lsum))
-                * float32(LN2))
-        ptx.fence_proxy_async()
-        sync_math()
-        if whole_rows(part_out):
-            if tid < nrows:
-                r = r0 + tid
-                ptx.bulk_store(smf, sb + KV_OFF + tid * OUT_PITCH, part_out, row0 + r // H,
-                               r % H, p, 0, D_V * OUT_BYTES)
-                ptx.bulk_commit()
-                ptx.bulk_wait_read()
-        else:
-            copy_rows(part_out, smf, smk, sb + KV_OFF, row0, r0, nrows, p, tid)
-
-    @cuda.jit(device=True)
-    def init_block(smk, smf, sb, tid):
-        """The running maxima at -inf and the block's mbarriers set up, then a block barrier."""
-        if tid < BLOCK_M:
-            smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
-        if tid == 0:
-            ptx.mbar_init(smk, sb + BAR_OFF, 1)
-            for i in range(2 * NBOX):
-                ptx.mbar_init(smk, sb + BAR_OFF + 8 * (1 + i), 1)
-                if CONV:
-                    ptx.mbar_init(smk, sb + CONV_BAR_OFF + 8 * i, 1)
-            ptx.mbar_fence_init()
-        cuda.syncthreads()
-
     @cuda.jit(**(dict(JIT_OPTIONS, launch_bounds=(CONV_THREADS, 1)) if CONV and not SIMULATOR
                  else JIT_OPTIONS))
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
@@ -715,24 +593,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         smf = cuda.shared.array(0, float32)
         sb = ptx.smem_addr(smk)
 
-        page_size = storage.shape[1]
-        npages = storage.shape[0]
-        k_guess = p * run * BLOCK_N
-        if early_start:
-            # The first pair's rows as the schedule has them where no mask moves the keys (a
-            # partition's first tile p * run, the next one after it), looked up before the
-            # lengths arrive: where the guess holds, the tiles' copies wait for one load from
-            # global memory, not for the lengths' and then the page table's.
-            row_guess0 = tile_row(block_table, page_size, npages, b, k_guess)
-            row_guess1 = tile_row(block_table, page_size, npages, b, k_guess + BLOCK_N)
-        else:
-            row_guess0 = row_guess1 = 0
         row0 = q_offsets[b]
         nq = q_offsets[b + 1] - row0
         length = lengths[b]
-        qbar = sb + BAR_OFF
-        if early_start:  # the barriers set up while those loads are in flight
-            init_block(smk, smf, sb, tid)
+        page_size = storage.shape[1]
+        npages = storage.shape[0]
         nrows = min(BLOCK_M, nq * H - r0)
         if nrows <= 0:
             return
@@ -743,15 +608,19 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         if t0 >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
             if tid < NTHREADS:
                 mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
-            return  # uniform in the block (early_start: past the one barrier, no copy started)
+            return  # uniform in the block, before any barrier
         t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
-        if not early_start:
-            init_block(smk, smf, sb, tid)
-        if bulk_out and tid == 0:
-            smk[FACTS_OFF // 4] = row0
-            smk[FACTS_OFF // 4 + 1] = r0
-            smk[FACTS_OFF // 4 + 2] = p
-            smk[FACTS_OFF // 4 + 3] = nrows
+        qbar = sb + BAR_OFF
+        if tid < BLOCK_M:
+            smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
+        if tid == 0:
+            ptx.mbar_init(smk, qbar, 1)
+            for i in range(2 * NBOX):
+                ptx.mbar_init(smk, qbar + 8 * (1 + i), 1)
+                if CONV:
+                    ptx.mbar_init(smk, sb + CONV_BAR_OFF + 8 * i, 1)
+            ptx.mbar_fence_init()
+        cuda.syncthreads()
         if tid == 0 and t0 < t_end:  # the queries, then the first pair's tiles
             if not FP8:
                 ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
@@ -760,17 +629,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         row0 * H + r0, qbar)
             if FP8:  # (announced by the thread that copies, after its copies: load_raw)
                 ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
-            k = kstart + t0 * BLOCK_N
-            row = (row_guess0 if early_start and k == k_guess
-                   else tile_row(block_table, page_size, npages, b, k))
+            row = tile_row(block_table, page_size, npages, b, kstart + t0 * BLOCK_N)
             if FP8:
                 load_raw(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
             else:
                 load_boxes(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
             if t1 < t_end:
-                k = kstart + t1 * BLOCK_N
-                row = (row_guess1 if early_start and k == k_guess + BLOCK_N
-                       else tile_row(block_table, page_size, npages, b, k))
+                row = tile_row(block_table, page_size, npages, b, kstart + t1 * BLOCK_N)
                 if FP8:
                     load_raw(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
                 else:
@@ -966,10 +831,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 l_run[half] += ptx.shfl_xor(l_run[half], o, tid)
                 if lag:
                     l_p[half] += ptx.shfl_xor(l_p[half], o, tid)
-        if bulk_out:
-            out_by_copies(o_acc, l_run, l_p, scl, smk, smf, sb, part_out, part_lse, kv_scale,
-                          wg, wtid, tid)
-            return
         # Both warpgroups are done with the tiles: their buffers take the staged output (rows
         # O_PITCH floats apart).
         sync_math()
@@ -1000,5 +861,4 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         write_rows(part_out, smf, sb, KV_OFF, STAT_OFF // 4 + STAT_L * BLOCK_M, row0, r0, nrows,
                    p, tid)
 
-    partition_kernel.form = dict(early_start=early_start, bulk_out=bulk_out)  # (for the tests)
     return partition_kernel
