@@ -165,26 +165,33 @@ def _acc_store_twin(n):
     return store
 
 
-@with_twin(_acc_store_twin)
-def acc_store(n):
+def _pair_stores(n, text, elem_bytes):
+    """The GPU form of the fragment stores: an intrinsic ``store(acc, arr, addr, row_bytes)``
+    that runs the inline PTX ``text`` ($0 the shared address, $1 and $2 elements i and i + 1)
+    for each even i at ``addr + 8*((i//2)%2)*row_bytes + elem_bytes*(8*(i//4))``."""
+
     @intrinsic
     def store(typingctx, acc, arr, addr, row_bytes):
         def cg(ctx, b, sig, args):
             base = addr32(ctx, b, args[2], sig.args[2])
             rb = addr32(ctx, b, args[3], sig.args[3])
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, f32, f32]),
-                               "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f,~{memory}",
-                               side_effect=True)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, f32, f32]), text,
+                               "r,f,f,~{memory}", side_effect=True)
             ptrs = acc_pointers(ctx, b, sig.args[0], args[0], n)
             for i in range(0, n, 2):  # (i, i + 1): adjacent columns of one row
                 row = b.mul(rb, ir.Constant(i32, 8 * ((i // 2) % 2)))
-                off = b.add(row, ir.Constant(i32, 4 * (8 * (i // 4))))
+                off = b.add(row, ir.Constant(i32, elem_bytes * (8 * (i // 4))))
                 b.call(asm, [b.add(base, off), b.load(ptrs[i]), b.load(ptrs[i + 1])])
             return ctx.get_dummy_value()
 
         return types.void(acc, arr, addr, row_bytes), cg
 
     return store
+
+
+@with_twin(_acc_store_twin)
+def acc_store(n):
+    return _pair_stores(n, "st.shared.v2.f32 [$0], {$1, $2};", 4)
 
 
 def _acc_store16_twin(n, tag):
@@ -204,22 +211,4 @@ def _acc_store16_twin(n, tag):
 def acc_store16(n, tag):
     # cvt packs its first source in the high half: element i + 1 (the higher address)
     cvt = {"bf16": "cvt.rn.bf16x2.f32", "f16": "cvt.rn.f16x2.f32"}[tag]
-
-    @intrinsic
-    def store(typingctx, acc, arr, addr, row_bytes):
-        def cg(ctx, b, sig, args):
-            base = addr32(ctx, b, args[2], sig.args[2])
-            rb = addr32(ctx, b, args[3], sig.args[3])
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, f32, f32]),
-                               f"{{ .reg .b32 w; {cvt} w, $2, $1; st.shared.b32 [$0], w; }}",
-                               "r,f,f,~{memory}", side_effect=True)
-            ptrs = acc_pointers(ctx, b, sig.args[0], args[0], n)
-            for i in range(0, n, 2):
-                row = b.mul(rb, ir.Constant(i32, 8 * ((i // 2) % 2)))
-                off = b.add(row, ir.Constant(i32, 2 * (8 * (i // 4))))
-                b.call(asm, [b.add(base, off), b.load(ptrs[i]), b.load(ptrs[i + 1])])
-            return ctx.get_dummy_value()
-
-        return types.void(acc, arr, addr, row_bytes), cg
-
-    return store
+    return _pair_stores(n, f"{{ .reg .b32 w; {cvt} w, $2, $1; st.shared.b32 [$0], w; }}", 2)
