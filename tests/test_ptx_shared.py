@@ -1,7 +1,7 @@
 """The shared-memory primitives (``ptx.lds64``, ``lds128``, ``sts128``, ``lds32``): right values
 at aligned addresses, in the simulator and on a GPU; and in the simulator a clear error for an
 address not aligned to the access's size (a GPU faults there, so CI catches a layout that
-would)."""
+would); and the staged rows' way out (``acc_store16``, ``bulk_store``)."""
 import ml_dtypes
 import numpy as np
 import pytest

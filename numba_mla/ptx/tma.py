@@ -37,9 +37,8 @@ from numba import cuda
 from numba.cuda import types
 from numba.cuda.extending import intrinsic
 
-from .._numba import item_pointer
 from .._compat import SIMULATOR
-from .._numba import array_data
+from .._numba import array_data, item_pointer
 from ._codegen import addr32, global_window, i32, i64, void_asm
 from ._twin import intrinsic_with_twin, no_op, with_twin
 from .barriers import complete_tx
