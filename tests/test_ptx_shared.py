@@ -316,6 +316,6 @@ def test_bulk_store_misaligned_raises_in_simulator():
     whole = cuda.to_device(np.zeros(4 * 16 * 32 + 2, np.float16))
     out = whole[2:].reshape(4, 16, 1, 32)
     flags = cuda.to_device(np.ones(128, np.int32))
-    with pytest.raises(Exception, match=r"bulk_store: global address \d+ is not a multiple"):
+    with pytest.raises(Exception, match=r"bulk_store: global address \d+ is not 16-byte aligned"):
         _stage_and_copy_out("f16")[1, 128](out, flags)
     np.testing.assert_array_equal(flags.copy_to_host()[:1], 0)

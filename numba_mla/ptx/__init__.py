@@ -36,11 +36,11 @@ from .conversions import (bf16_to_f32, bf16x2_to_f32, f16_to_f32, f16x2_to_f32, 
                           f32_to_f16, pack_bf16x2, pack_e4m3x4, pack_f16x2, e4m3x4_to_bf16x4,
                           e4m3x4_to_f16x4, e4m3x4_to_f32, i32_as_f32)
 from .mma_sync import ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16
-from .shared import (aligned_x4, cp_async4_at, cp_async16_at, cp_async16_ca_at, cp_async_commit,
-                     cp_async_wait_all, cp_async_wait_one, cp_async_wait_two, global_addr,
-                     ld_global_x4, lds32, lds64, lds128, prefetch_l2, smem_addr, st_global_x4,
-                     sts32, sts64, sts128)
-from .tma import aligned16, bulk_commit, bulk_store, bulk_wait_read, tensor_map, tma_load
+from .shared import (aligned16, aligned_x4, cp_async4_at, cp_async16_at, cp_async16_ca_at,
+                     cp_async_commit, cp_async_wait_all, cp_async_wait_one, cp_async_wait_two,
+                     global_addr, ld_global_x4, lds32, lds64, lds128, prefetch_l2, smem_addr,
+                     st_global_x4, sts32, sts64, sts128)
+from .tma import bulk_commit, bulk_store, bulk_wait_read, tensor_map, tma_load
 from .warp import shfl_xor, syncwarp, warp_uniform
 from .wgmma import (desc_advance, fence_proxy_async, wgmma, wgmma_commit, wgmma_desc,
                     wgmma_fence, wgmma_rs, wgmma_wait, wgmma_wait2, wgmma_wait_pending)
@@ -53,7 +53,7 @@ __all__ = [
     "i32_as_f32",
     # shared memory and asynchronous copies
     "smem_addr", "lds32", "sts32", "lds64", "lds128", "sts64", "sts128",
-    "aligned_x4", "st_global_x4", "ld_global_x4",
+    "aligned_x4", "aligned16", "st_global_x4", "ld_global_x4",
     "global_addr", "prefetch_l2", "cp_async4_at", "cp_async16_at", "cp_async16_ca_at",
     "cp_async_commit",
     "cp_async_wait_all", "cp_async_wait_one", "cp_async_wait_two",
@@ -69,7 +69,7 @@ __all__ = [
     "wgmma_desc", "desc_advance", "wgmma", "wgmma_rs", "wgmma_fence", "wgmma_commit",
     "wgmma_wait", "wgmma_wait2", "wgmma_wait_pending", "fence_proxy_async",
     # tma
-    "tensor_map", "tma_load", "bulk_store", "bulk_commit", "bulk_wait_read", "aligned16",
+    "tensor_map", "tma_load", "bulk_store", "bulk_commit", "bulk_wait_read",
     # mma.sync
     "mma_m16n8k16", "ldmatrix_x2", "ldmatrix_x2_trans", "ldmatrix_x4", "ldmatrix_x4_trans",
     # arithmetic

@@ -19,7 +19,8 @@
   only); zeros when not ``valid`` (nothing is read). ``cp_async16_ca_at`` the same through
   L1 (``.ca``); ``cp_async4_at`` the same for 4 bytes (through L1).
 - ``aligned_x4(arr)``: whether ``arr`` starts aligned for ``st_global_x4`` (4 elements'
-  bytes). ``st_global_x4(arr, i0, i1, i2, i3, x0, x1, x2, x3)`` stores x0..x3 (converted to
+  bytes); ``aligned16(arr)``: whether it starts 16-byte aligned (a bulk copy's need:
+  ``tma.bulk_store``). ``st_global_x4(arr, i0, i1, i2, i3, x0, x1, x2, x3)`` stores x0..x3 (converted to
   ``arr``'s dtype) at ``arr[i0, i1, i2, i3 .. i3 + 3]`` (a 4-D array whose last axis is
   contiguous) in one 8- or 16-byte store, which must be aligned to its size (the twin checks
   the element's real address: a caller's array may start anywhere).
@@ -201,19 +202,29 @@ def _address(arr):
     return arr.__array_interface__["data"][0]
 
 
-def _aligned_x4_twin(arr):
-    return _address(arr) % (4 * arr.dtype.itemsize) == 0
+def _first_aligned(nbytes):
+    """``aligned(arr)``: whether the array's first element is aligned to ``nbytes(itemsize)``
+    bytes (a power of two), on the GPU and in the simulator."""
+
+    def twin(arr):
+        return _address(arr) % nbytes(arr.dtype.itemsize) == 0
+
+    @intrinsic_with_twin(twin)
+    def aligned(typingctx, arr):
+        n = nbytes(arr.dtype.bitwidth // 8)
+
+        def cg(ctx, b, s, args):
+            addr = b.ptrtoint(array_data(ctx, b, s.args[0], args[0]), i64)
+            return b.icmp_unsigned("==", b.and_(addr, ir.Constant(i64, n - 1)),
+                                   ir.Constant(i64, 0))
+
+        return types.boolean(arr), cg
+
+    return aligned
 
 
-@intrinsic_with_twin(_aligned_x4_twin)
-def aligned_x4(typingctx, arr):
-    n = 4 * arr.dtype.bitwidth // 8
-
-    def cg(ctx, b, s, args):
-        addr = b.ptrtoint(array_data(ctx, b, s.args[0], args[0]), i64)
-        return b.icmp_unsigned("==", b.and_(addr, ir.Constant(i64, n - 1)), ir.Constant(i64, 0))
-
-    return types.boolean(arr), cg
+aligned_x4 = _first_aligned(lambda itemsize: 4 * itemsize)  # four elements' bytes
+aligned16 = _first_aligned(lambda itemsize: 16)  # a bulk copy's (tma.bulk_store)
 
 
 def _x4_at(arr, i0, i1, i2, i3, name):

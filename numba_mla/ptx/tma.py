@@ -24,8 +24,8 @@ arrives, each copy signals its bytes, and the barrier's phase flips when both ar
   thread's open bulk group; ``bulk_commit()`` closes the group, ``bulk_wait_read()`` waits
   until every committed group has read its shared memory (which may then be reused, or the
   block leave). The shared bytes must be visible to the copy engine first
-  (``fence_proxy_async`` by their writers, then a barrier).
-- ``aligned16(arr)``: whether the array's first element is 16-byte aligned.
+  (``fence_proxy_async`` by their writers, then a barrier); ``shared.aligned16(arr)`` tells
+  whether an array starts 16-byte aligned.
 
 In the simulator a copy happens when issued (a load counts its bytes off the mbarrier).
 """
@@ -38,10 +38,11 @@ from numba.cuda import types
 from numba.cuda.extending import intrinsic
 
 from .._compat import SIMULATOR
-from .._numba import array_data, item_pointer
+from .._numba import item_pointer
 from ._codegen import addr32, global_window, i32, i64, void_asm
 from ._twin import intrinsic_with_twin, no_op, with_twin
 from .barriers import complete_tx
+from .shared import _address, _aligned
 from .wgmma import swizzle128
 
 
@@ -118,10 +119,11 @@ def tma_load(box_rows, box_cols=8, swizzle=False, evict_first=False):
 def _bulk_store_twin(smem, saddr, arr, i0, i1, i2, i3, nbytes):
     at = (int(i0), int(i1), int(i2), int(i3))
     ary = getattr(arr, "_ary", arr)
-    start = ary.__array_interface__["data"][0] + sum(i * st for i, st in zip(at, ary.strides))
-    for what, v in (("shared address", saddr), ("global address", start), ("size", nbytes)):
-        if v % 16:
-            raise RuntimeError(f"bulk_store: {what} {v} is not a multiple of 16")
+    _aligned(saddr, 16, "bulk_store")
+    _aligned(_address(ary) + sum(i * st for i, st in zip(at, ary.strides)), 16, "bulk_store",
+             "global address")
+    if nbytes % 16:
+        raise RuntimeError(f"bulk_store: size {nbytes} is not a multiple of 16")
     if ary.strides[3] != ary.dtype.itemsize:
         raise RuntimeError(f"bulk_store: the destination's last axis has stride {ary.strides[3]}")
     n = nbytes // ary.dtype.itemsize
@@ -149,16 +151,3 @@ def bulk_store(typingctx, smem, saddr, arr, i0, i1, i2, i3, nbytes):
 
 bulk_commit = no_op if SIMULATOR else void_asm("cp.async.bulk.commit_group;")
 bulk_wait_read = no_op if SIMULATOR else void_asm("cp.async.bulk.wait_group.read 0;")
-
-
-def _aligned16_twin(arr):
-    return getattr(arr, "_ary", arr).__array_interface__["data"][0] % 16 == 0
-
-
-@intrinsic_with_twin(_aligned16_twin)
-def aligned16(typingctx, arr):
-    def cg(ctx, b, s, args):
-        addr = b.ptrtoint(array_data(ctx, b, s.args[0], args[0]), i64)
-        return b.icmp_unsigned("==", b.and_(addr, ir.Constant(i64, 15)), ir.Constant(i64, 0))
-
-    return types.boolean(arr), cg
