@@ -174,7 +174,8 @@ TRANSPOSED_PAST_16 = 32
 TRANSPOSED_PAST_32 = 64
 # The 32-row block's V codes loaded this many steps ahead where its build does not spill
 # (3.5% less time at 64 x 128 x 4096 on the H200; 4 bytes spilled with a causal mask and soft
-# cap, where the block loads them at their step)
+# cap, where the block loads them at their step; in the GPU suite at d64a3d2 on an H100 the
+# check refused it for a causal mask alone at four tokens of 8 heads, contiguous, too)
 TRANSPOSED_V_AHEAD = 1
 # Where the 64-row block would run and a tile never straddles a page: the seesaw kernel on
 # "e4m3" rows instead (kernels/seesaw.py: each tile converted once, in place, by the

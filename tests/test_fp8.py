@@ -422,16 +422,25 @@ def run_transposed(rng, monkeypatch, dtype, cache, Sq, H, lengths, mask_id, mod_
     """One case of the transposed kernel's tests under "mma" against the reference; checks
     that the transposed kernel ran for q's type and H, writing ``out`` itself exactly where
     there is one partition, loading V's codes a step ahead in its blocks of 32 and 64 rows
-    (the simulator never spills: the other form has its test), and returns the row counts a
-    block it ran."""
-    from numba_mla import selector
+    and at their step only where that build spilled (on a GPU: the 32-row block under a
+    causal mask at four tokens of 8 heads did on the H100 at d64a3d2; the simulator never
+    spills: the other form has its test), and returns the row counts a block it ran."""
+    from numba_mla import launch, selector
 
     monkeypatch.setattr(selector, "SEESAW_E4M3", False)  # (its own tests: test_fp8_seesaw_*)
     seen = spy_transposed(monkeypatch)
+    spilled, real = [], launch._Launch.spills
+    monkeypatch.setattr(launch._Launch, "spills",
+                        lambda self: spilled.append(real(self)) or spilled[-1])
     run_mma_case(rng, dtype, cache, Sq, H, lengths, mask_id, mod_id, parts)
     assert seen and {s[:2] for s in seen} == {("bf16" if dtype == BF16 else "f16", H)}
     assert {s[2] for s in seen} == {parts == 1}
-    assert all(s[4] == (selector.TRANSPOSED_V_AHEAD if s[3] > 16 else None) for s in seen)
+    assert all(s[4] is None for s in seen if s[3] <= 16)
+    ahead = [s[4] for s in seen if s[3] > 16]  # each step-ahead build checked for spills,
+    # and the at-its-step form asked for once for each that spilled
+    assert set(ahead) <= {selector.TRANSPOSED_V_AHEAD, None}
+    assert ahead.count(selector.TRANSPOSED_V_AHEAD) == len(spilled)
+    assert ahead.count(None) == sum(spilled)
     return {s[3] for s in seen}
 
 
