@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from . import heuristics, plans, reference
+from . import heuristics, plans, reference, selector
 from .arrays import IO_DTYPES, dtype_of, is_array, is_device, shape_of, to_host
 from .caches import (D_QK, ContiguousKVCache, KVCache, RaggedKVCache, check_lengths,
                      host_offsets)
@@ -73,6 +73,8 @@ def _schedule(keys, block_n, groups, rows, slots, listable):
     """The split-K schedule the selector picks for these key counts: the balanced one's
     (chunk, P), or the listed one's pieces where the family may take it and the model
     prefers it."""
+    if listable and selector.SEESAW_RUNS:  # (the runs schedule: a function of the tiles)
+        return ("runs", (-(-np.asarray(keys, np.int64) // block_n)).tobytes())
     split = heuristics.balanced_split(keys, block_n, groups, sms=slots, rows=rows)
     if listable:
         pieces = heuristics.listed_split(keys, block_n, groups, sms=slots, rows=rows,

@@ -279,19 +279,20 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
 
 
 def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, listed=False,
-                            fp8=None, converter=False):
+                            fp8=None, converter=False, runs=False):
     """The stage-1 tensor-core kernel whose warpgroups take tiles in turn (kernels/seesaw.py),
     for tiles the copy engine brings; ``direct`` as above; ``listed``: its blocks from the
     listed schedule's table (heuristics.list_blocks), writing the workspace; ``fp8``: "e4m3"
     rows (``tag`` is then q's type), or None; ``converter``: with them, a third warpgroup
     converts the tiles (the dispatcher's ``whole_program`` is then True: launch.py builds
-    it from its PTX with the driver's JIT, which keeps ``setmaxnreg``)."""
+    it from its PTX with the driver's JIT, which keeps ``setmaxnreg``); ``runs``: its blocks
+    walk the runs schedule's items (heuristics.run_schedule), writing the workspace."""
 
     def build():
         from .kernels.seesaw import make_partition_kernel
 
         disp = make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
-                                     listed=listed, fp8=fp8, converter=converter,
+                                     listed=listed, fp8=fp8, converter=converter, runs=runs,
                                      **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         if converter:  # (setmaxnreg moves the registers it was launched with)
@@ -302,6 +303,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
 
     return _cached(("seesaw", tag, heads, direct, listed) + ((("fp8", fp8),) if fp8 else ())
                    + ((("converter", True),) if converter else ())
+                   + ((("runs", True),) if runs else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -483,3 +483,96 @@ def list_blocks(pieces, tiles, row_groups):
                     EMPTY_BLOCK_TILES)
     order = np.argsort(-cost, kind="stable")
     return np.stack([b, g, p, n], axis=1)[order].astype(np.int32)
+
+
+#: The runs schedule (``run_schedule``; the seesaw kernel's ``runs`` form, off unless
+#: selector.SEESAW_RUNS): an item's fixed cost in tile-times besides its tiles (its queries'
+#: copy, its first tiles' wait, its output), and the shortest piece it cuts off a sequence.
+RUN_ITEM_TILES = 2
+RUN_MIN_PIECE = 4
+
+
+def _cut_runs(tiles, cap):
+    """The greedy cut of the sequences' tiles, in order, into runs of at most ``cap``
+    tile-times (an item costs its tiles plus ``RUN_ITEM_TILES``) where it can: a list of
+    runs, each a list of items ``(b, t0, t1)``. Where a sequence's tiles do not fit in the
+    run, it is cut so that both pieces have at least ``RUN_MIN_PIECE`` tiles, as much as fits
+    in the run; where no such cut exists the run ends (a run of its own is cut anyway, at
+    least a tile). So a run that ends leaves less than ``RUN_ITEM_TILES + 2 *
+    RUN_MIN_PIECE`` of its cap unused. An empty sequence is an item ``(b, 0, 0)``."""
+    runs, run, load = [], [], 0
+    for b, n in enumerate(tiles.tolist()):
+        t = 0
+        while True:
+            left = n - t
+            room = cap - load - RUN_ITEM_TILES
+            take = left
+            if left > room:
+                take = min(room, left - RUN_MIN_PIECE)
+                if take < RUN_MIN_PIECE:
+                    if run:
+                        runs.append(run)
+                        run, load = [], 0
+                        continue
+                    take = max(1, take)
+            run.append((b, t, t + take))
+            load += take + RUN_ITEM_TILES
+            t += take
+            if t >= n:
+                break
+    if run:
+        runs.append(run)
+    return runs
+
+
+def run_schedule(tiles, row_groups, sms=None):
+    """The runs schedule over sequences of ``tiles`` key tiles (FlashMLA's kind: one wave of
+    persistent blocks, each walking a run of (sequence, tiles) items that may cross sequence
+    boundaries). The sequences' tiles are laid end to end and cut into at most ``sms //
+    row_groups`` runs of equal cost (``_cut_runs`` at the smallest cap that needs no more: a
+    bisection); each run becomes one block for each row group, side by side, so that the
+    groups' reads of the same tiles meet in L2. A sequence's pieces take workspace partitions
+    0, 1, ... in order.
+
+    Returns int32 ``[N + I, 5]``: rows 0 .. N-1 a block's ``(first item row, items, 0, 0,
+    0)``, then the item rows ``(b, g, slot, t0, t1)``: tiles [t0, t1) of sequence b's row
+    group g into partition ``slot``, ``t1 = -1`` for a sequence's last piece: to whatever
+    tiles it holds when the kernel runs, its partitions past ``slot`` marked empty (so lengths
+    changed on the device since planning are still covered exactly once). ``P``, the
+    partitions a sequence may have, is the most pieces of any: ``runs_partitions``."""
+    sms = sm_count() if sms is None else sms
+    tiles = np.asarray(tiles, np.int64)
+    G = max(1, row_groups)
+    nruns = max(1, sms // G)
+    lo = max(1, -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns))
+    hi = int(tiles.sum() + RUN_ITEM_TILES * tiles.size) + RUN_MIN_PIECE
+    while lo < hi:  # (the count of runs falls as the cap grows)
+        mid = (lo + hi) // 2
+        if len(_cut_runs(tiles, mid)) <= nruns:
+            hi = mid
+        else:
+            lo = mid + 1
+    runs = _cut_runs(tiles, lo)
+    last = {b: t1 for run in runs for b, _, t1 in run}  # (a sequence's last piece: the latest)
+    slot = np.zeros(tiles.size, np.int64)
+    items = []
+    for run in runs:
+        its = []
+        for b, t0, t1 in run:
+            its.append((b, int(slot[b]), t0, -1 if t1 == last[b] else t1))
+            slot[b] += 1
+        items.append(its)
+    head, rows = [], []
+    first = len(runs) * G
+    for its in items:
+        for g in range(G):
+            head.append((first + len(rows), len(its), 0, 0, 0))
+            rows.extend((b, g, s, t0, t1) for b, s, t0, t1 in its)
+    return np.asarray(head + rows, np.int32).reshape(-1, 5)
+
+
+def runs_partitions(table):
+    """The workspace partitions ``run_schedule``'s table writes: the most pieces a sequence
+    has."""
+    nblocks = int(table[0, 0]) if len(table) else 0
+    return int(table[nblocks:, 2].max(initial=0)) + 1

@@ -67,11 +67,13 @@ class KernelSpec:
     tma: bool  # two tensor maps (q, cache) follow the arguments
     listable: bool = False  # the family may take the listed schedule (heuristics.listed_split)
     work: Any = None  # the listed schedule's blocks (heuristics.list_blocks), or None
+    runs: int = 0  # the runs schedule's blocks, its table in ``work`` (heuristics.run_schedule)
 
     def grid(self, batch):
-        """The partition kernel's grid: ``(P, G, B)``, or one block a row of the list."""
+        """The partition kernel's grid: ``(P, G, B)``, or one block a row of the list, or
+        one a run."""
         if self.work is not None:
-            return (len(self.work), 1, 1)
+            return (self.runs or len(self.work), 1, 1)
         return (self.num_partitions, self.groups, batch)
 
 
@@ -184,6 +186,12 @@ SEESAW_E4M3 = True
 # ... with a third warpgroup that converts each tile (kernels/seesaw.py, ``converter``; built
 # by the driver's JIT as a whole program, for setmaxnreg), unless its build spills
 SEESAW_CONVERTER = False
+# The seesaw kernel's runs form on 16-bit rows wherever the split is the selector's own
+# (kernels/seesaw.py, ``runs``; heuristics.run_schedule: one wave of blocks, each walking a run
+# of items that may cross sequences, FlashMLA's kind of schedule), unless its build spills.
+# Off: built and tested in the simulator, not yet timed on a GPU (docs/performance.md, "The
+# runs schedule")
+SEESAW_RUNS = False
 # The warp tensor-core kernel's 32-row block on 16-bit rows as its split-role form
 # (kernels/mma_sync_roles.py: four warps score with Q in registers, four multiply by V),
 # where its shared memory fits and no config names the block's shape: 0.93-0.99x the
@@ -533,6 +541,16 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         return spec_of(None)
     # FP8 rows elsewhere: cp.async
     tma = _tiles_in_pages(call.cache) and facts.packed_rows and not fp8
+    if tma and SEESAW_RUNS and not fixed:
+        table = heuristics.run_schedule(-(-np.asarray(keys, np.int64) // block_n), groups,
+                                        sms=slots)
+        runs = dict(common, num_partitions=heuristics.runs_partitions(table), chunk=0,
+                    direct=False)
+        spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
+            mask, mod, tag, cache_cls, H, False, runs=True), mma.NTHREADS, seesaw.SMEM_BYTES,
+            q_pairs=True, tma=True, listable=True, work=table, runs=int(table[0, 0]), **runs)
+        if not spills(spec):
+            return spec
     if tma:
         # Spread lengths: the listed schedule where the cost model prefers it (one piece count
         # a sequence, blocks launched longest first; it writes the workspace)

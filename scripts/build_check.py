@@ -113,7 +113,8 @@ def simt_signature(tag, direct):
 
 def signature(direct, listed=False):
     """The tensor-core partition kernels' argument types; ``listed``: the schedule argument is
-    the listed schedule's int32 [N, 4] table instead of the chunk."""
+    a table instead of the chunk (int32, 2-D: the listed schedule's [N, 4] or the runs
+    schedule's [N + I, 5])."""
     w = types.int32
     return (types.Array(w, 3, "C"), types.Array(types.int32, 1, "C"), types.Array(w, 3, "C"),
             types.Array(types.int32, 2, "C"), types.Array(types.int32, 1, "C"),
@@ -297,6 +298,9 @@ def main():
             if not direct:  # the listed schedule's variant (its blocks from a table)
                 variants.append(("listed", factory.seesaw_partition_kernel(
                     mask, mod, tag, cache, heads, False, listed=True)))
+                # and the runs schedule's (its blocks walk items across sequences)
+                variants.append(("runs", factory.seesaw_partition_kernel(
+                    mask, mod, tag, cache, heads, False, runs=True)))
             # and its form for "e4m3" rows, which the selector runs unless it spills (spills
             # allowed here: reported, not failed)
             variants.append(("seesaw8", factory.seesaw_partition_kernel(
@@ -307,7 +311,7 @@ def main():
         for name, kern in variants:
             if not mine():
                 continue
-            sig = list(signature(direct, name == "listed"))
+            sig = list(signature(direct, name in ("listed", "runs")))
             if name in ("mma8", "tr8", "tr8x32", "tr8x32a", "tr8x64", "tr8x64a", "seesaw8",
                         "seesaw8c"):  # cache: codes;
                 # complex scale
@@ -336,7 +340,7 @@ def main():
                   and calls == 0 and not serial and hgmma == want)
             if name == "seesaw8c":  # both setmaxnreg kept (whole program)
                 ok = ok and len(re.findall(r"USETMAXREG", sass)) == 2 or HASHES["on"]
-            if name in ("seesaw", "listed"):  # the evict-first copies exactly from LAG_HEADS
+            if name in ("seesaw", "listed", "runs"):  # the evict-first copies exactly from LAG_HEADS
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)
             bad += not ok
             print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "

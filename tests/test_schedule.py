@@ -414,6 +414,91 @@ def test_listed_schedule_fills_waves():
     assert int(pieces.sum()) <= 2 * H200_SMS < int(np.maximum(1, -(-tiles // 82)).sum())
 
 
+# ---------------------------------------------------------------------------------------------
+# The runs schedule (heuristics.run_schedule; the kernel: test_split_paths.py)
+# ---------------------------------------------------------------------------------------------
+def runs_of(table):
+    """The blocks of a runs table: a list of their item rows ``(b, g, slot, t0, t1)``."""
+    n = int(table[0, 0])
+    return [table[int(first):int(first) + int(count)].tolist() for first, count, *_ in table[:n]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(tiles=st.lists(st.integers(0, 300), min_size=1, max_size=200),
+       groups=st.integers(1, 3), sms=st.sampled_from([4, 16, 132]))
+def test_runs_schedule_properties(tiles, groups, sms):
+    """Whatever the lengths: headers that cover the item rows once, in order; at most ``sms
+    // groups`` runs, each run's items the same for every row group, side by side; every
+    sequence's tiles covered exactly once by its pieces, in slot order 0, 1, ... with the last
+    piece's end -1 (to whatever the sequence holds when the kernel runs) and only there; an
+    empty sequence one item; pieces cut from a sequence at least RUN_MIN_PIECE tiles where
+    the run was not its own; the longest run within RUN_ITEM_TILES + 2 RUN_MIN_PIECE of the
+    even share of the work (the bisection's cap); the same table twice."""
+    tiles = np.asarray(tiles)
+    table = heuristics.run_schedule(tiles, groups, sms=sms)
+    np.testing.assert_array_equal(table, heuristics.run_schedule(tiles, groups, sms=sms))
+    assert table.dtype == np.int32 and table.shape[1] == 5
+    n = int(table[0, 0])
+    nruns = max(1, sms // groups)
+    assert n % groups == 0 and n // groups <= nruns
+    assert np.all(table[:n, 2:] == 0)
+    assert table[:n, 0].tolist() == (n + np.concatenate([[0], np.cumsum(table[:n, 1])[:-1]])
+                                     ).tolist() and int(table[:n, 1].sum()) == len(table) - n
+    blocks = runs_of(table)
+    pieces = {(b, g): [] for b in range(tiles.size) for g in range(groups)}
+    loads = []
+    for r in range(n // groups):
+        same = [[(b, s, t0, t1) for b, _, s, t0, t1 in blocks[r * groups + g]]
+                for g in range(groups)]
+        assert all(x == same[0] for x in same)
+        for g in range(groups):
+            assert all(item[1] == g for item in blocks[r * groups + g])
+        load = 0
+        for b, s, t0, t1 in same[0]:
+            end = tiles[b] if t1 < 0 else t1
+            load += end - t0 + heuristics.RUN_ITEM_TILES
+            if len(same[0]) > 1 and 0 < tiles[b]:  # (a cut made inside a shared run)
+                assert end - t0 >= min(heuristics.RUN_MIN_PIECE, tiles[b]) or (
+                    end - t0 == tiles[b])
+            for g in range(groups):
+                pieces[(b, g)].append((s, t0, t1))
+        loads.append(load)
+    for (b, g), its in pieces.items():
+        assert [s for s, _, _ in its] == list(range(len(its)))
+        assert [t1 for _, _, t1 in its].count(-1) == 1 and its[-1][2] == -1
+        ends = [t1 for _, _, t1 in its[:-1]] + [int(tiles[b])]
+        covered = [t for (_, t0, _), e in zip(its, ends) for t in range(t0, e)]
+        assert covered == list(range(int(tiles[b]))), (b, its)
+        if tiles[b] == 0:
+            assert its == [(0, 0, -1)]
+    total = int(tiles.sum()) + heuristics.RUN_ITEM_TILES * tiles.size
+    assert max(loads) <= -(-total // nruns) + heuristics.RUN_ITEM_TILES + 2 * heuristics.RUN_MIN_PIECE
+    assert heuristics.runs_partitions(table) == max(len(v) for v in pieces.values())
+
+
+def test_runs_schedule_cuts_across_sequences():
+    """Examples: one long sequence alone is cut into even pieces, one a run, each run a block
+    a row group (B = 1, L = 65536 on 132 multiprocessors: two row groups, 64 runs of 16
+    tiles: the cap is whole tile-times, and 66 runs would need pieces of 15 and 16); one
+    sequence longer than the rest together is cut across runs while the short ones share
+    theirs (each in one run, or cut once where a run fills); equal lengths that fit whole in
+    a run stay whole."""
+    table = heuristics.run_schedule([1024], 2, sms=132)
+    blocks = runs_of(table)
+    assert len(blocks) == 128 and all(len(items) == 1 for items in blocks)
+    sizes = [(t1 if t1 >= 0 else 1024) - t0 for items in blocks for _, _, _, t0, t1 in items]
+    assert set(sizes) == {16} and sum(sizes) == 2 * 1024
+    tiles = [400] + [10] * 20
+    blocks = runs_of(heuristics.run_schedule(tiles, 1, sms=8))
+    assert len(blocks) <= 8
+    assert sum(1 for items in blocks for it in items if it[0] == 0) >= 4  # (cut in 4 or more)
+    assert all(len([it for items in blocks for it in items if it[0] == b]) <= 2
+               for b in range(1, 21))
+    assert max(len(items) for items in blocks) >= 3  # (runs that cross sequences)
+    blocks = runs_of(heuristics.run_schedule([64] * 8, 1, sms=8))
+    assert [[it[0] for it in items] for items in blocks] == [[b] for b in range(8)]
+
+
 def test_greedy_makespan_follows_the_rule():
     """_greedy_makespan against the longest-processing-time rule taken block by block (a heap
     of loads): within 3% on random lists (its rounds approximate the rule), exact for whole

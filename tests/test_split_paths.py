@@ -246,3 +246,76 @@ def test_listed_schedule(layout, rng, monkeypatch):
         merge = plans[0].launches[-1]
         assert merge.dispatcher.py_func.__name__ == "combine_kernel"
         assert merge._config is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# The runs schedule (the seesaw kernel's ``runs`` form: kernels/seesaw.py)
+# ---------------------------------------------------------------------------------------------
+def runs_table(blocks, groups):
+    """A runs table (heuristics.run_schedule's form) from each run's items ``(b, slot, t0,
+    t1)``, a block a row group."""
+    head, rows = [], []
+    n = len(blocks) * groups
+    for items in blocks:
+        for g in range(groups):
+            head.append((n + len(rows), len(items), 0, 0, 0))
+            rows.extend((b, g, slot, t0, t1) for b, slot, t0, t1 in items)
+    return np.asarray(head + rows, np.int32)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("layout", ["padded", "ragged"])
+def test_runs_schedule(layout, rng, monkeypatch):
+    """The seesaw kernel's runs form (selector.SEESAW_RUNS) from a forced table over
+    sequences of 3, 1, 0 and 2 tiles (the last partial in the first and last): block 0 walks
+    the first sequence's tiles 0-1 (a pair) into partition 0, then the second's one tile,
+    planned as a piece of two (a pair without its second tile); block 1 the first sequence's
+    last tile into partition 1 (its last piece), the empty sequence (its partitions marked
+    empty) and the last sequence's first tile; block 2 that sequence's last tile, then the
+    second sequence's second piece, which finds no tile (the sequence shorter than planned:
+    its partition marked empty). So items cross sequences inside a block, each warpgroup's
+    barrier phases carry from item to item after odd tile counts, and every partition is
+    written or marked. Padded: one token of 2 heads; ragged: 2 + 1 + 0 + 2 tokens of 33 heads
+    (two row groups, six blocks). Checked three ways against the references, out pre-filled
+    with NaN; on a GPU a second run gives the same bits."""
+    from numba_mla import launch, selector
+
+    tile = mma.BLOCK_N
+    lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
+    blocks = [[(0, 0, 0, 2), (1, 0, 0, 1)],
+              [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
+              [(3, 1, 1, -1), (1, 1, 1, -1)]]
+    groups = 2 if layout == "ragged" else 1
+    table = runs_table(blocks, groups)
+    monkeypatch.setattr(selector, "SEESAW_RUNS", True)
+    monkeypatch.setattr(heuristics, "run_schedule", lambda *args, **kwargs: table)
+    if layout == "ragged":
+        p = make_problem(rng, 4, 2, 33, lengths, DTYPES["bf16"], "paged", tile, ragged=True,
+                         q_counts=[2, 1, 0, 2])
+        mask = nm.CausalMask()
+    else:
+        p = make_problem(rng, 4, 1, 2, lengths, DTYPES["bf16"], "paged", tile)
+        mask = nm.NullMask()
+    plans = []
+    plan_of = launch.Plan
+
+    def recording_plan(call, *args, **kwargs):
+        plans.append(plan_of(call, *args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(launch, "Plan", recording_plan)
+    golden, same = references(p, mask)
+    outs = []
+    for _ in range(1 if _compat.SIMULATOR else 2):
+        out = np.full(p.out_shape, np.nan, p.dtype)
+        got, lse = p.run(nm, mask=mask, return_lse=True, out=out, backend="mma")
+        outs.append((out, lse))
+    spec = plans[0].spec
+    assert spec.backend == "seesaw" and spec.work is table and spec.runs == 3 * groups
+    assert spec.grid(4) == (3 * groups, 1, 1) and spec.num_partitions == 2
+    assert_three_way(outs[0][0], same[0], golden[0], floor=fp32_floor(golden[0], "mma"),
+                     what="out")
+    assert_three_way(outs[0][1], same[1], golden[1], floor=fp32_floor(golden[1], "mma"),
+                     what="lse")
+    for a, b in zip(outs[0], outs[-1]):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))

@@ -150,7 +150,7 @@ def convert_order(buf, n):
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
-                          converter=False):
+                          converter=False, runs=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -158,8 +158,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     writes the workspace. ``fp8="e4m3"``: the cache holds "e4m3" rows (``tag`` is q's type,
     ``scale`` the softmax scale + 1j * kv_scale), multiplied in fp16; ``converter``: with
     them, a third warpgroup converts each tile (384 threads; the kernel must then be built
-    as a whole program, for ``setmaxnreg``: the dispatcher's ``whole_program``)."""
+    as a whole program, for ``setmaxnreg``: the dispatcher's ``whole_program``). ``runs``:
+    the grid is the runs schedule's blocks and ``chunk`` its table (heuristics.run_schedule:
+    each block walks a run of items, which may cross sequences), writing the workspace
+    (16-bit rows only)."""
     assert fp8 in (None, "e4m3"), fp8
+    assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
     FP8 = fp8 is not None
@@ -580,47 +584,19 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             return (cuda.blockIdx.z, cuda.blockIdx.y * BLOCK_M, cuda.blockIdx.x,
                     cuda.gridDim.x, chunk)
 
-    @cuda.jit(**(dict(JIT_OPTIONS, launch_bounds=(CONV_THREADS, 1)) if CONV and not SIMULATOR
-                 else JIT_OPTIONS))
-    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
-                         part_out, part_lse, tmap_q, tmap_kv):
-        b, r0, p, nparts, run = block_work(chunk)
-        tid = cuda.threadIdx.x
-        wg = ptx.warp_uniform(tid // 128, tid)
-        wtid = tid % 128
-        lane = tid % 32
-        smk = cuda.shared.array(0, int32)
-        smf = cuda.shared.array(0, float32)
-        sb = ptx.smem_addr(smk)
-
-        row0 = q_offsets[b]
-        nq = q_offsets[b + 1] - row0
-        length = lengths[b]
+    @cuda.jit(device=True)
+    def walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
+             sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
+             kend, t0, t1, t_end, qphase, parity):
+        """One item: the tiles [t0, t_end) of sequence ``b``'s rows [r0, r0 + nrows) (the first
+        two ``t0`` and ``t1``), its barriers set up and the running max at -inf in ``stat``:
+        the queries' and the first pair's copies, the seesaw loop over the pairs, then the
+        output into partition ``p`` of the workspace, or out itself. ``qphase``: the phase of
+        the queries' mbarrier; ``parity``: that of this warpgroup's buffer's box barriers,
+        returned as the walk leaves it (a block of the runs schedule walks several items)."""
         page_size = storage.shape[1]
         npages = storage.shape[0]
-        nrows = min(BLOCK_M, nq * H - r0)
-        if nrows <= 0:
-            return
-
-        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
-        t0, t_end = partition_tiles(ntiles, p, nparts, run)
-        t0 = next_tile(t0, t_end, kstart, kend, q_lo, q_hi)
-        if t0 >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
-            if tid < NTHREADS:
-                mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
-            return  # uniform in the block, before any barrier
-        t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
         qbar = sb + BAR_OFF
-        if tid < BLOCK_M:
-            smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
-        if tid == 0:
-            ptx.mbar_init(smk, qbar, 1)
-            for i in range(2 * NBOX):
-                ptx.mbar_init(smk, qbar + 8 * (1 + i), 1)
-                if CONV:
-                    ptx.mbar_init(smk, sb + CONV_BAR_OFF + 8 * i, 1)
-            ptx.mbar_fence_init()
-        cuda.syncthreads()
         if tid == 0 and t0 < t_end:  # the queries, then the first pair's tiles
             if not FP8:
                 ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
@@ -650,7 +626,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     convert_tile(smk, sb, n % 2, n // 2 % 2, n % 2 == 1 and n > 1, wtid)
                     t = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi)
                     n += 1
-                return
+                return parity
             set_math_regs()
 
         # This thread's two rows of every fragment: m = 16*warp + lane//4 (+ 8).
@@ -671,7 +647,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         fh = cuda.local.array(2, float32)  # "e4m3" rows: the scores' factors (scores)
 
         if t0 < t_end:
-            while not ptx.mbar_try_wait(smk, qbar, 0):
+            while not ptx.mbar_try_wait(smk, qbar, qphase):
                 pass
             if FP8:
                 if SCALE_Q:
@@ -682,7 +658,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     if SCALE_Q:
                         fh[half] *= ptx.i32_as_f32(
                             (127 - smk[QEXP_OFF // 4 + ptx.acc_row(2 * half, wtid)]) << 23)
-            parity = 0  # of this warpgroup's buffer's box barriers
             # No wgmma is in flight where the branches below rejoin: ptxas would wait there
             # for every product (see kernels/mma.py).
             if wg == 0:
@@ -860,5 +835,108 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         sync_math()
         write_rows(part_out, smf, sb, KV_OFF, STAT_OFF // 4 + STAT_L * BLOCK_M, row0, r0, nrows,
                    p, tid)
+        return parity
 
-    return partition_kernel
+    @cuda.jit(**(dict(JIT_OPTIONS, launch_bounds=(CONV_THREADS, 1)) if CONV and not SIMULATOR
+                 else JIT_OPTIONS))
+    def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
+                         part_out, part_lse, tmap_q, tmap_kv):
+        b, r0, p, nparts, run = block_work(chunk)
+        tid = cuda.threadIdx.x
+        wg = ptx.warp_uniform(tid // 128, tid)
+        wtid = tid % 128
+        lane = tid % 32
+        smk = cuda.shared.array(0, int32)
+        smf = cuda.shared.array(0, float32)
+        sb = ptx.smem_addr(smk)
+
+        row0 = q_offsets[b]
+        nq = q_offsets[b + 1] - row0
+        length = lengths[b]
+        nrows = min(BLOCK_M, nq * H - r0)
+        if nrows <= 0:
+            return
+
+        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
+        t0, t_end = partition_tiles(ntiles, p, nparts, run)
+        t0 = next_tile(t0, t_end, kstart, kend, q_lo, q_hi)
+        if t0 >= t_end and nparts > 1:  # (one partition writes out itself: zeros, below)
+            if tid < NTHREADS:
+                mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+            return  # uniform in the block, before any barrier
+        t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
+        qbar = sb + BAR_OFF
+        if tid < BLOCK_M:
+            smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
+        if tid == 0:
+            ptx.mbar_init(smk, qbar, 1)
+            for i in range(2 * NBOX):
+                ptx.mbar_init(smk, qbar + 8 * (1 + i), 1)
+                if CONV:
+                    ptx.mbar_init(smk, sb + CONV_BAR_OFF + 8 * i, 1)
+            ptx.mbar_fence_init()
+        cuda.syncthreads()
+        walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
+             sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
+             kend, t0, t1, t_end, 0, 0)
+
+    @cuda.jit(**JIT_OPTIONS)
+    def runs_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk, part_out,
+                    part_lse, tmap_q, tmap_kv):
+        """The runs schedule's kernel (``runs``): block w walks items ``chunk[chunk[w, 0] :
+        chunk[w, 0] + chunk[w, 1]]`` (heuristics.run_schedule), each ``(b, g, slot, t0,
+        t1)`` the tiles [t0, t1) of sequence b's row group g (``t1 = -1``: to its last tile,
+        and its partitions past ``slot`` marked empty), into partition ``slot`` of the
+        workspace; the barriers are set up once and their phases carried from item to
+        item."""
+        tid = cuda.threadIdx.x
+        wg = ptx.warp_uniform(tid // 128, tid)
+        wtid = tid % 128
+        lane = tid % 32
+        smk = cuda.shared.array(0, int32)
+        smf = cuda.shared.array(0, float32)
+        sb = ptx.smem_addr(smk)
+        nparts = part_lse.shape[2]
+        if tid == 0:
+            ptx.mbar_init(smk, sb + BAR_OFF, 1)
+            for i in range(2 * NBOX):
+                ptx.mbar_init(smk, sb + BAR_OFF + 8 * (1 + i), 1)
+            ptx.mbar_fence_init()
+        # (the first item's block barrier below makes them visible before any use)
+        w = cuda.blockIdx.x
+        first = chunk[w, 0]
+        qphase = 0
+        parity = 0
+        for i in range(first, first + chunk[w, 1]):
+            b = chunk[i, 0]
+            r0 = chunk[i, 1] * BLOCK_M
+            p = chunk[i, 2]
+            t_last = chunk[i, 4]
+            row0 = q_offsets[b]
+            nq = q_offsets[b + 1] - row0
+            length = lengths[b]
+            nrows = min(BLOCK_M, nq * H - r0)
+            if nrows <= 0:  # (ragged rows: this sequence has no such row group)
+                continue
+            q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
+            t_end = ntiles if t_last < 0 else min(t_last, ntiles)
+            t0 = next_tile(min(chunk[i, 3], t_end), t_end, kstart, kend, q_lo, q_hi)
+            if t_last < 0:  # the sequence's last piece: no partition past it has work
+                for s in range(p + 1, nparts):
+                    mark_empty(part_lse, row0, r0, nrows, s, H, tid, NTHREADS)
+            if t0 >= t_end:  # uniform in the block
+                mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+                continue
+            t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi)
+            if tid < BLOCK_M:
+                smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
+            # The item before is done with shared memory (its output read out by the generic
+            # proxy) before this one's copies land there (the async proxy).
+            ptx.fence_proxy_async()
+            cuda.syncthreads()
+            parity = walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q,
+                          tmap_kv, smk, smf, sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq,
+                          length, p, q_lo, q_hi, kstart, kend, t0, t1, t_end, qphase, parity)
+            qphase ^= 1
+
+    return runs_kernel if runs else partition_kernel
