@@ -286,24 +286,26 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     rows (``tag`` is then q's type), or None; ``converter``: with them, a third warpgroup
     converts the tiles (the dispatcher's ``whole_program`` is then True: launch.py builds
     it from its PTX with the driver's JIT, which keeps ``setmaxnreg``); ``runs``: its blocks
-    walk the runs schedule's items (heuristics.run_schedule), writing the workspace."""
+    walk the runs schedule's items (heuristics.run_schedule), writing the workspace, each
+    item's output from the registers where ``seesaw.RUNS_AHEAD``."""
+    from .kernels import seesaw
+
+    ahead = runs and seesaw.RUNS_AHEAD
 
     def build():
-        from .kernels.seesaw import make_partition_kernel
-
-        disp = make_partition_kernel(tag=tag, heads=heads, store=_output_store(tag, direct),
-                                     listed=listed, fp8=fp8, converter=converter, runs=runs,
-                                     **_device_functions(mask, score_mod, cache_cls))
+        disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
+                                            store=_output_store(tag, direct), listed=listed,
+                                            fp8=fp8, converter=converter, runs=runs,
+                                            ahead=ahead,
+                                            **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         if converter:  # (setmaxnreg moves the registers it was launched with)
-            from .kernels import seesaw
-
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
 
     return _cached(("seesaw", tag, heads, direct, listed) + ((("fp8", fp8),) if fp8 else ())
                    + ((("converter", True),) if converter else ())
-                   + ((("runs", True),) if runs else ())
+                   + ((("runs", ahead),) if runs else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -264,8 +264,9 @@ def runs_table(blocks, groups):
 
 
 @pytest.mark.kernel
+@pytest.mark.parametrize("ahead", [True, False])
 @pytest.mark.parametrize("layout", ["padded", "ragged"])
-def test_runs_schedule(layout, rng, monkeypatch):
+def test_runs_schedule(layout, ahead, rng, monkeypatch):
     """The seesaw kernel's runs form (selector.SEESAW_RUNS) from a forced table over
     sequences of 3, 1, 0 and 2 tiles (the last partial in the first and last): block 0 walks
     the first sequence's tiles 0-1 (a pair) into partition 0, then the second's one tile,
@@ -276,9 +277,14 @@ def test_runs_schedule(layout, rng, monkeypatch):
     its partition marked empty). So items cross sequences inside a block, each warpgroup's
     barrier phases carry from item to item after odd tile counts, and every partition is
     written or marked. Padded: one token of 2 heads; ragged: 2 + 1 + 0 + 2 tokens of 33 heads
-    (two row groups, six blocks). Checked three ways against the references, out pre-filled
-    with NaN; on a GPU a second run gives the same bits."""
+    (two row groups, six blocks). ``ahead`` (seesaw.RUNS_AHEAD): each item's output from the
+    registers and the next item's copies started under it, or staged as the grid kernel's.
+    Checked three ways against the references, out pre-filled with NaN; on a GPU a second
+    run gives the same bits."""
     from numba_mla import launch, selector
+    from numba_mla.kernels import seesaw
+
+    monkeypatch.setattr(seesaw, "RUNS_AHEAD", ahead)
 
     tile = mma.BLOCK_N
     lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]

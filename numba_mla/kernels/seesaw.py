@@ -51,7 +51,7 @@ multiplied by kv_scale 2^-k and the output by kv_scale (docs/kernels/mma.md).
 """
 import math
 
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint64
 
 from .. import ptx
 from .._compat import JIT_OPTIONS, SIMULATOR
@@ -80,6 +80,11 @@ SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 223128
 # where the block reads bytes more than it multiplies, 2% more for the lag, 1.5-5% for the
 # policy.
 LAG_HEADS = 64
+# The runs form (``runs``): each item's output from the registers to the workspace, and the
+# next item's copies started under it (``walk``); False: staged through shared memory as the
+# grid kernel's, the next item's copies after it. Not yet timed on a GPU (the runs form is
+# off: selector.SEESAW_RUNS)
+RUNS_AHEAD = True
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -150,7 +155,7 @@ def convert_order(buf, n):
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
-                          converter=False, runs=False):
+                          converter=False, runs=False, ahead=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -161,9 +166,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     as a whole program, for ``setmaxnreg``: the dispatcher's ``whole_program``). ``runs``:
     the grid is the runs schedule's blocks and ``chunk`` its table (heuristics.run_schedule:
     each block walks a run of items, which may cross sequences), writing the workspace
-    (16-bit rows only)."""
+    (16-bit rows only); ``ahead``: with it, each item's output goes from the registers to the
+    workspace and the next item's copies start under it (``walk``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
+    AHEAD = runs and ahead
     assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
     FP8 = fp8 is not None
@@ -561,6 +568,30 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                    wtid)
 
     @cuda.jit(device=True)
+    def write_regs(o_acc, part_out, smf, row0, r0, nrows, p, wg, wtid):
+        """(``ahead``) This thread's part of O (two rows, warpgroup ``wg``'s dims) times each
+        row's 1/sum (both warpgroups' sums in ``stat``; 0 for a row without a key), ``store``d
+        into ``part_out[t, h, p]`` straight from the registers."""
+        for half in range(2):
+            m = ptx.acc_row(2 * half, wtid)
+            if m < nrows:
+                lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + m]
+                        + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + m])
+                lp = lsum
+                if lag:  # (the sum of P as P V multiplied it: ``softmax``)
+                    lp = (smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + m]
+                          + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M + m])
+                inv = float32(0.0) if lsum == 0.0 else ptx.rcp(lp)
+                r = uint64(r0 + m)
+                t_row = uint64(row0) + r // uint64(H)
+                h = r % uint64(H)
+                for j in range(NO // 4):
+                    i = 4 * j + 2 * half
+                    d = uint64(DIMS_PER_WG * wg + ptx.acc_col(i, wtid))
+                    part_out[t_row, h, uint64(p), d] = store(o_acc[i] * inv)
+                    part_out[t_row, h, uint64(p), d + uint64(1)] = store(o_acc[i + 1] * inv)
+
+    @cuda.jit(device=True)
     def zero_rows(smk, sb, buf, n0, wtid):
         """Zero keys [n0, 64) of V in buffer ``buf`` (boxes 0-7, whole 128-byte rows: the
         swizzle stays within a row), by one warpgroup: cache slots past the partition's end
@@ -585,37 +616,80 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     cuda.gridDim.x, chunk)
 
     @cuda.jit(device=True)
-    def walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
-             sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
-             kend, t0, t1, t_end, qphase, parity):
-        """One item: the tiles [t0, t_end) of sequence ``b``'s rows [r0, r0 + nrows) (the first
-        two ``t0`` and ``t1``), its barriers set up and the running max at -inf in ``stat``:
-        the queries' and the first pair's copies, the seesaw loop over the pairs, then the
-        output into partition ``p`` of the workspace, or out itself. ``qphase``: the phase of
-        the queries' mbarrier; ``parity``: that of this warpgroup's buffer's box barriers,
-        returned as the walk leaves it (a block of the runs schedule walks several items)."""
+    def item_at(chunk, i, q_offsets, lengths, part_lse, nparts, tid, mark):
+        """Item row ``i`` of the runs table: ``(work, b, row0, r0, nrows, nq, length, p, q_lo,
+        q_hi, kstart, kend, t0, t1, t_end)``, ``work`` False where it has no row or no tile;
+        with ``mark``, the partitions it leaves without work (past a sequence's last piece,
+        and its own where it finds no tile) are marked empty (of ``nparts``)."""
+        b = chunk[i, 0]
+        r0 = chunk[i, 1] * BLOCK_M
+        p = chunk[i, 2]
+        t_last = chunk[i, 4]
+        row0 = q_offsets[b]
+        nq = q_offsets[b + 1] - row0
+        length = lengths[b]
+        nrows = min(BLOCK_M, nq * H - r0)
+        q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, max(nrows, 1))
+        t_end = ntiles if t_last < 0 else min(t_last, ntiles)
+        t0 = next_tile(min(chunk[i, 3], t_end), t_end, kstart, kend, q_lo, q_hi)
+        work = nrows > 0 and t0 < t_end  # (nrows <= 0: ragged rows, no such row group)
+        if mark and nrows > 0:
+            if t_last < 0:  # the sequence's last piece: no partition past it has work
+                for s in range(p + 1, nparts):
+                    mark_empty(part_lse, row0, r0, nrows, s, H, tid, NTHREADS)
+            if not work:
+                mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+        t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if work else t_end
+        return (work, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart, kend, t0, t1,
+                t_end)
+
+    @cuda.jit(device=True)
+    def load_first(smk, sb, q, tmap_q, qrow, tmap_kv, storage, block_table, b, ka, kb):
+        """(One thread) Start copying an item's queries (rows from ``qrow``) and its first
+        pair's tiles, keys from ``ka`` into buffer 0 and from ``kb`` into buffer 1 (none where
+        ``kb`` < 0)."""
         page_size = storage.shape[1]
         npages = storage.shape[0]
         qbar = sb + BAR_OFF
-        if tid == 0 and t0 < t_end:  # the queries, then the first pair's tiles
-            if not FP8:
-                ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
-            for box in range(NBOX):
-                tma_box(smk, sb + Q_OFF + BOX_BYTES * box, tmap_q, q, BOX * box,
-                        row0 * H + r0, qbar)
-            if FP8:  # (announced by the thread that copies, after its copies: load_raw)
-                ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
-            row = tile_row(block_table, page_size, npages, b, kstart + t0 * BLOCK_N)
+        if not FP8:
+            ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
+        for box in range(NBOX):
+            tma_box(smk, sb + Q_OFF + BOX_BYTES * box, tmap_q, q, BOX * box, qrow, qbar)
+        if FP8:  # (announced by the thread that copies, after its copies: load_raw)
+            ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
+        row = tile_row(block_table, page_size, npages, b, ka)
+        if FP8:
+            load_raw(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
+        else:
+            load_boxes(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
+        if kb >= 0:
+            row = tile_row(block_table, page_size, npages, b, kb)
             if FP8:
-                load_raw(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
+                load_raw(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
             else:
-                load_boxes(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
-            if t1 < t_end:
-                row = tile_row(block_table, page_size, npages, b, kstart + t1 * BLOCK_N)
-                if FP8:
-                    load_raw(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
-                else:
-                    load_boxes(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
+                load_boxes(smk, sb, 1, tmap_kv, storage, row, 0, NBOX)
+
+    @cuda.jit(device=True)
+    def walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
+             sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
+             kend, t0, t1, t_end, qphase, parity, loaded, nxt, chunk, q_offsets, lengths):
+        """One item: the tiles [t0, t_end) of sequence ``b``'s rows [r0, r0 + nrows) (the first
+        two ``t0`` and ``t1``), its barriers set up and the running max at -inf in ``stat``:
+        the queries' and the first pair's copies (unless ``loaded``: started already), the
+        seesaw loop over the pairs, then the output into partition ``p`` of the workspace, or
+        out itself. ``qphase``: the phase of the queries' mbarrier; ``parity``: that of this
+        warpgroup's buffer's box barriers, returned as the walk leaves it (a block of the runs
+        schedule walks several items). With ``ahead`` (the runs form), the output goes from
+        the registers to the workspace, and once both warpgroups are past their last product
+        thread 0 starts the copies of item row ``nxt`` of the runs table ``chunk`` (none where
+        ``nxt`` < 0) under it: only the row's index is carried through the walk."""
+        if tid == 0 and t0 < t_end and not loaded:  # the queries, then the first pair's tiles
+            kb = kstart + t1 * BLOCK_N if t1 < t_end else -1
+            load_first(smk, sb, q, tmap_q, row0 * H + r0, tmap_kv, storage, block_table, b,
+                       kstart + t0 * BLOCK_N, kb)
+        page_size = storage.shape[1]
+        npages = storage.shape[0]
+        qbar = sb + BAR_OFF
 
         if CONV:
             if wg == 2:  # the converter: every tile of the partition, in the pairs' order
@@ -806,6 +880,33 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 l_run[half] += ptx.shfl_xor(l_run[half], o, tid)
                 if lag:
                     l_p[half] += ptx.shfl_xor(l_p[half], o, tid)
+        if AHEAD:  # the output from the registers; the next item's copies under it
+            if lane % 4 == 0:
+                for half in range(2):
+                    m = ptx.acc_row(2 * half, wtid)
+                    smf[STAT_OFF // 4 + (STAT_L + wg) * BLOCK_M + m] = l_run[half]
+                    if lag:
+                        smf[STAT_OFF // 4 + (STAT_LP + wg) * BLOCK_M + m] = l_p[half]
+            # Both warpgroups are past their last product (Q and the buffers are free) and
+            # their row sums in place.
+            sync_math()
+            if tid == 0 and nxt >= 0:
+                item2 = item_at(chunk, nxt, q_offsets, lengths, part_lse, 0, tid, False)
+                b2, row02, r02, kstart2 = item2[1], item2[2], item2[3], item2[10]
+                t02, t12, t_end2 = item2[12], item2[13], item2[14]
+                kb = kstart2 + t12 * BLOCK_N if t12 < t_end2 else -1
+                load_first(smk, sb, q, tmap_q, row02 * H + r02, tmap_kv, storage, block_table,
+                           b2, kstart2 + t02 * BLOCK_N, kb)
+            write_regs(o_acc, part_out, smf, row0, r0, nrows, p, wg, wtid)
+            if tid < nrows:
+                r = r0 + tid
+                lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid]
+                        + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + tid])
+                part_lse[row0 + r // H, r % H, p] = (
+                    float32(NEG_INF) if lsum == 0.0
+                    else (smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] + math.log2(lsum))
+                    * float32(LN2))
+            return parity
         # Both warpgroups are done with the tiles: their buffers take the staged output (rows
         # O_PITCH floats apart).
         sync_math()
@@ -878,7 +979,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         cuda.syncthreads()
         walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
              sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
-             kend, t0, t1, t_end, 0, 0)
+             kend, t0, t1, t_end, 0, 0, False, -1, chunk, q_offsets, lengths)
 
     @cuda.jit(**JIT_OPTIONS)
     def runs_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk, part_out,
@@ -887,8 +988,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         chunk[w, 0] + chunk[w, 1]]`` (heuristics.run_schedule), each ``(b, g, slot, t0,
         t1)`` the tiles [t0, t1) of sequence b's row group g (``t1 = -1``: to its last tile,
         and its partitions past ``slot`` marked empty), into partition ``slot`` of the
-        workspace; the barriers are set up once and their phases carried from item to
-        item."""
+        workspace; the barriers are set up once and their phases carried from item to item.
+        The next item with work is found before this one runs (``ahead``: its copies start
+        under this one's output)."""
         tid = cuda.threadIdx.x
         wg = ptx.warp_uniform(tid // 128, tid)
         wtid = tid % 128
@@ -905,29 +1007,24 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         # (the first item's block barrier below makes them visible before any use)
         w = cuda.blockIdx.x
         first = chunk[w, 0]
+        end = first + chunk[w, 1]
+        cur = -1  # the item row with work now, and the next one
+        for i in range(first, end):
+            if item_at(chunk, i, q_offsets, lengths, part_lse, nparts, tid, True)[0]:
+                cur = i
+                break
         qphase = 0
         parity = 0
-        for i in range(first, first + chunk[w, 1]):
-            b = chunk[i, 0]
-            r0 = chunk[i, 1] * BLOCK_M
-            p = chunk[i, 2]
-            t_last = chunk[i, 4]
-            row0 = q_offsets[b]
-            nq = q_offsets[b + 1] - row0
-            length = lengths[b]
-            nrows = min(BLOCK_M, nq * H - r0)
-            if nrows <= 0:  # (ragged rows: this sequence has no such row group)
-                continue
-            q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, nrows)
-            t_end = ntiles if t_last < 0 else min(t_last, ntiles)
-            t0 = next_tile(min(chunk[i, 3], t_end), t_end, kstart, kend, q_lo, q_hi)
-            if t_last < 0:  # the sequence's last piece: no partition past it has work
-                for s in range(p + 1, nparts):
-                    mark_empty(part_lse, row0, r0, nrows, s, H, tid, NTHREADS)
-            if t0 >= t_end:  # uniform in the block
-                mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
-                continue
-            t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi)
+        loaded = False
+        while cur >= 0:
+            (work, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart, kend, t0, t1,
+             t_end) = item_at(chunk, cur, q_offsets, lengths, part_lse, nparts, tid, False)
+            nxt = -1  # (the items in between marked as they are passed)
+            for i in range(cur + 1, end):
+                if item_at(chunk, i, q_offsets, lengths, part_lse, nparts, tid, True)[0]:
+                    nxt = i
+                    break
+            ahead_at = nxt if AHEAD else -1
             if tid < BLOCK_M:
                 smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
             # The item before is done with shared memory (its output read out by the generic
@@ -936,7 +1033,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             cuda.syncthreads()
             parity = walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q,
                           tmap_kv, smk, smf, sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq,
-                          length, p, q_lo, q_hi, kstart, kend, t0, t1, t_end, qphase, parity)
+                          length, p, q_lo, q_hi, kstart, kend, t0, t1, t_end, qphase, parity,
+                          loaded, ahead_at, chunk, q_offsets, lengths)
             qphase ^= 1
+            loaded = AHEAD
+            cur = nxt
 
     return runs_kernel if runs else partition_kernel
