@@ -1031,6 +1031,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # proxy) before this one's copies land there (the async proxy).
             ptx.fence_proxy_async()
             cuda.syncthreads()
+            # (the thread's index made anew for each item: the compilers would otherwise keep
+            # the walk's addresses made from it live across the loop, in registers)
+            tid = ptx.opaque_i32(tid)
+            wg = ptx.warp_uniform(tid // 128, tid)
+            wtid = tid % 128
+            lane = tid % 32
             parity = walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q,
                           tmap_kv, smk, smf, sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq,
                           length, p, q_lo, q_hi, kstart, kend, t0, t1, t_end, qphase, parity,
