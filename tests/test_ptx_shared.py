@@ -83,6 +83,36 @@ def test_global_stores_of_four(dtype):
 
 
 @cuda.jit
+def store_pairs(out):
+    # thread t stores 2 values at out[t // 2, t % 2, 0, 2 * i .. 2 * i + 1] for i = 0 .. 3
+    t = cuda.threadIdx.x
+    for i in range(4):
+        v = float32(100 * t + 2 * i)
+        ptx.st_global_x2(out, t // 2, t % 2, 0, 2 * i, v, v + 1)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_global_stores_of_two(dtype):
+    """``st_global_x2``: two elements of the last axis in one store (float32: 8 bytes, a
+    16-bit dtype: 4), at the right places."""
+    out = cuda.to_device(np.full((2, 2, 1, 8), np.nan, dtype))
+    store_pairs[1, 4](out)
+    expect = (100 * np.arange(4)[:, None] + np.arange(8)[None, :]).reshape(2, 2, 1, 8)
+    np.testing.assert_array_equal(out.copy_to_host(), expect.astype(dtype))
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a GPU faults on a misaligned access: simulator only")
+def test_global_store_of_two_misaligned_raises_in_simulator():
+    """An array that starts 4 bytes past an 8-byte boundary: a store of two float32 there
+    raises (where the GPU would fault)."""
+    whole = cuda.to_device(np.zeros(2 * 2 * 8 + 1, np.float32))
+    out = whole[1:].reshape(2, 2, 1, 8)
+    with pytest.raises(Exception, match=r"st_global_x2: global address \d+ is not 8-byte"):
+        store_pairs[1, 4](out)
+
+
+@cuda.jit
 def load_fours(src, out):
     # thread t loads src[t // 2, t % 2, 1, 4 * i .. 4 * i + 3] for i = 0, 1 and writes them
     # to out[t, 4 * i ..] in reverse order within the four

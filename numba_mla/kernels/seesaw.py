@@ -571,7 +571,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     def write_regs(o_acc, part_out, smf, row0, r0, nrows, p, wg, wtid):
         """(``ahead``) This thread's part of O (two rows, warpgroup ``wg``'s dims) times each
         row's 1/sum (both warpgroups' sums in ``stat``; 0 for a row without a key), ``store``d
-        into ``part_out[t, h, p]`` straight from the registers."""
+        into ``part_out[t, h, p]`` (the workspace, fp32) straight from the registers, a pair
+        of adjacent dims a store (8 bytes: a quad of threads writes a row's 32 bytes)."""
         for half in range(2):
             m = ptx.acc_row(2 * half, wtid)
             if m < nrows:
@@ -588,8 +589,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 for j in range(NO // 4):
                     i = 4 * j + 2 * half
                     d = uint64(DIMS_PER_WG * wg + ptx.acc_col(i, wtid))
-                    part_out[t_row, h, uint64(p), d] = store(o_acc[i] * inv)
-                    part_out[t_row, h, uint64(p), d + uint64(1)] = store(o_acc[i + 1] * inv)
+                    ptx.st_global_x2(part_out, t_row, h, uint64(p), d, store(o_acc[i] * inv),
+                                     store(o_acc[i + 1] * inv))
 
     @cuda.jit(device=True)
     def zero_rows(smk, sb, buf, n0, wtid):

@@ -23,7 +23,8 @@
   ``tma.bulk_store``). ``st_global_x4(arr, i0, i1, i2, i3, x0, x1, x2, x3)`` stores x0..x3 (converted to
   ``arr``'s dtype) at ``arr[i0, i1, i2, i3 .. i3 + 3]`` (a 4-D array whose last axis is
   contiguous) in one 8- or 16-byte store, which must be aligned to its size (the twin checks
-  the element's real address: a caller's array may start anywhere).
+  the element's real address: a caller's array may start anywhere); ``st_global_x2(arr, i0,
+  i1, i2, i3, x0, x1)`` the same for two elements (a 4- or 8-byte store).
   ``ld_global_x4(arr, i0, i1, i2, i3)`` loads ``arr[i0, i1, i2, i3 .. i3 + 3]`` the same way
   (a tuple of four), aligned likewise.
 - ``prefetch_l2(arr, i0, i1)``: starts bringing the line of ``arr[i0, i1]`` (a 2-D array;
@@ -227,38 +228,50 @@ aligned_x4 = _first_aligned(lambda itemsize: 4 * itemsize)  # four elements' byt
 aligned16 = _first_aligned(lambda itemsize: 16)  # a bulk copy's (tma.bulk_store)
 
 
-def _x4_at(arr, i0, i1, i2, i3, name):
-    """(Simulator) The indices of an x4 access, checked as the GPU would: its element's real
-    address aligned to the four elements' bytes."""
+def _x4_at(arr, i0, i1, i2, i3, name, n=4):
+    """(Simulator) The indices of an x4 access (or of ``n`` elements), checked as the GPU
+    would: its element's real address aligned to the elements' bytes."""
     at = (int(i0), int(i1), int(i2), int(i3))
     _aligned(_address(arr) + sum(i * st for i, st in zip(at, arr.strides)),
-             4 * arr.dtype.itemsize, name, "global address")
+             n * arr.dtype.itemsize, name, "global address")
     return at
 
 
-def _st_global_x4_twin(arr, i0, i1, i2, i3, x0, x1, x2, x3):
-    at = _x4_at(arr, i0, i1, i2, i3, "st_global_x4")
-    for k, x in enumerate((x0, x1, x2, x3)):
-        arr[at[0], at[1], at[2], at[3] + k] = x
+def _st_global_twin(name, n):
+    def twin(arr, i0, i1, i2, i3, *xs):
+        at = _x4_at(arr, i0, i1, i2, i3, name, n)
+        for k, x in enumerate(xs):
+            arr[at[0], at[1], at[2], at[3] + k] = x
+
+    return twin
 
 
-@intrinsic_with_twin(_st_global_x4_twin)
-def st_global_x4(typingctx, arr, i0, i1, i2, i3, x0, x1, x2, x3):
-    sig = types.void(arr, i0, i1, i2, i3, x0, x1, x2, x3)
-
+def _st_global_cg(n):
+    """The GPU form of ``st_global_x4`` / ``st_global_x2``: one vector store of ``n``
+    elements."""
     def cg(ctx, b, s, args):
         ptr = item_pointer(ctx, b, s.args[0], args[0], args[1:5], s.args[1:5])
         elt = ctx.get_data_type(s.args[0].dtype)
-        vec = ir.VectorType(elt, 4)
+        vec = ir.VectorType(elt, n)
         v = ir.Constant(vec, ir.Undefined)
-        for k in range(4):
+        for k in range(n):
             x = ctx.cast(b, args[5 + k], s.args[5 + k], s.args[0].dtype)
             v = b.insert_element(v, x, ir.Constant(i32, k))
         st = b.store(v, b.bitcast(ptr, vec.as_pointer()))
-        st.align = 4 * s.args[0].dtype.bitwidth // 8
+        st.align = n * s.args[0].dtype.bitwidth // 8
         return ctx.get_dummy_value()
 
-    return sig, cg
+    return cg
+
+
+@intrinsic_with_twin(_st_global_twin("st_global_x4", 4))
+def st_global_x4(typingctx, arr, i0, i1, i2, i3, x0, x1, x2, x3):
+    return types.void(arr, i0, i1, i2, i3, x0, x1, x2, x3), _st_global_cg(4)
+
+
+@intrinsic_with_twin(_st_global_twin("st_global_x2", 2))
+def st_global_x2(typingctx, arr, i0, i1, i2, i3, x0, x1):
+    return types.void(arr, i0, i1, i2, i3, x0, x1), _st_global_cg(2)
 
 
 def _ld_global_x4_twin(arr, i0, i1, i2, i3):
