@@ -547,7 +547,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         runs = dict(common, num_partitions=heuristics.runs_partitions(table), chunk=0,
                     direct=False)
         spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
-            mask, mod, tag, cache_cls, H, False, runs=True), mma.NTHREADS, seesaw.SMEM_BYTES,
+            mask, mod, tag, cache_cls, H, False, runs=True), mma.NTHREADS,
+            seesaw.SMEM_BYTES_RUNS,
             q_pairs=True, tma=True, listable=True, work=table, runs=int(table[0, 0]), **runs)
         if not spills(spec):
             return spec

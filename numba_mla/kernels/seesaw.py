@@ -74,6 +74,10 @@ assert O_BYTES <= STAT_OFF - KV_OFF  # the output is staged over the two buffers
 STAT_M, STAT_SCALE0, STAT_SCALE1, STAT_L, STAT_LP = 0, 1, 2, 3, 5
 BAR_OFF = STAT_OFF + 7 * BLOCK_M * 4
 SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 223128
+# The runs form (``runs``): the row of the block's next item with work (int32), which thread 0
+# finds at the start of each item's walk and the block reads after it
+NEXT_OFF = SMEM_BYTES
+SMEM_BYTES_RUNS = NEXT_OFF + 8
 # From this many heads a block's 64 rows are one query token's heads (compute-bound decode):
 # there the reference max lags (RESCALE_SLACK) and the tiles are copied with L2's evict-first
 # policy. Measured on the H200 (docs/kernels/mma.md): 2-5% less time at H = 128; at H = 16,
@@ -617,11 +621,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     cuda.gridDim.x, chunk)
 
     @cuda.jit(device=True)
-    def item_at(chunk, i, q_offsets, lengths, part_lse, nparts, tid, mark):
+    def item_at(chunk, i, q_offsets, lengths, part_lse, nparts, tid, nthreads, mark):
         """Item row ``i`` of the runs table: ``(work, b, row0, r0, nrows, nq, length, p, q_lo,
         q_hi, kstart, kend, t0, t1, t_end)``, ``work`` False where it has no row or no tile;
         with ``mark``, the partitions it leaves without work (past a sequence's last piece,
-        and its own where it finds no tile) are marked empty (of ``nparts``)."""
+        and its own where it finds no tile) are marked empty (of ``nparts``; by the threads
+        ``tid`` of ``nthreads``)."""
         b = chunk[i, 0]
         r0 = chunk[i, 1] * BLOCK_M
         p = chunk[i, 2]
@@ -637,9 +642,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         if mark and nrows > 0:
             if t_last < 0:  # the sequence's last piece: no partition past it has work
                 for s in range(p + 1, nparts):
-                    mark_empty(part_lse, row0, r0, nrows, s, H, tid, NTHREADS)
+                    mark_empty(part_lse, row0, r0, nrows, s, H, tid, nthreads)
             if not work:
-                mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
+                mark_empty(part_lse, row0, r0, nrows, p, H, tid, nthreads)
         t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if work else t_end
         return (work, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart, kend, t0, t1,
                 t_end)
@@ -673,21 +678,32 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     @cuda.jit(device=True)
     def walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
              sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
-             kend, t0, t1, t_end, qphase, parity, loaded, nxt, chunk, q_offsets, lengths):
+             kend, t0, t1, t_end, qphase, parity, loaded, scan_from, scan_end, chunk,
+             q_offsets, lengths):
         """One item: the tiles [t0, t_end) of sequence ``b``'s rows [r0, r0 + nrows) (the first
         two ``t0`` and ``t1``), its barriers set up and the running max at -inf in ``stat``:
         the queries' and the first pair's copies (unless ``loaded``: started already), the
         seesaw loop over the pairs, then the output into partition ``p`` of the workspace, or
         out itself. ``qphase``: the phase of the queries' mbarrier; ``parity``: that of this
         warpgroup's buffer's box barriers, returned as the walk leaves it (a block of the runs
-        schedule walks several items). With ``ahead`` (the runs form), the output goes from
-        the registers to the workspace, and once both warpgroups are past their last product
-        thread 0 starts the copies of item row ``nxt`` of the runs table ``chunk`` (none where
-        ``nxt`` < 0) under it: only the row's index is carried through the walk."""
+        schedule walks several items). The runs form (``runs``): thread 0 first finds the
+        next item with work among rows [scan_from, scan_end) of the runs table ``chunk``
+        (marking the partitions of those it passes empty) and puts its row in shared memory
+        (NEXT_OFF; -1: none), which the block reads after the walk; with ``ahead``, the
+        output goes from the registers to the workspace, and once both warpgroups are past
+        their last product thread 0 starts that item's copies under it."""
         if tid == 0 and t0 < t_end and not loaded:  # the queries, then the first pair's tiles
             kb = kstart + t1 * BLOCK_N if t1 < t_end else -1
             load_first(smk, sb, q, tmap_q, row0 * H + r0, tmap_kv, storage, block_table, b,
                        kstart + t0 * BLOCK_N, kb)
+        if runs and tid == 0:  # (its loads' latency hides under this item's first tiles)
+            nxt = -1
+            for i in range(scan_from, scan_end):
+                if item_at(chunk, i, q_offsets, lengths, part_lse, part_lse.shape[2], 0, 1,
+                           True)[0]:
+                    nxt = i
+                    break
+            smk[NEXT_OFF // 4] = nxt
         page_size = storage.shape[1]
         npages = storage.shape[0]
         qbar = sb + BAR_OFF
@@ -891,8 +907,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # Both warpgroups are past their last product (Q and the buffers are free) and
             # their row sums in place.
             sync_math()
-            if tid == 0 and nxt >= 0:
-                item2 = item_at(chunk, nxt, q_offsets, lengths, part_lse, 0, tid, False)
+            nxt = smk[NEXT_OFF // 4] if tid == 0 else -1  # (thread 0's own write)
+            if nxt >= 0:
+                item2 = item_at(chunk, nxt, q_offsets, lengths, part_lse, 0, 0, 1, False)
                 b2, row02, r02, kstart2 = item2[1], item2[2], item2[3], item2[10]
                 t02, t12, t_end2 = item2[12], item2[13], item2[14]
                 kb = kstart2 + t12 * BLOCK_N if t12 < t_end2 else -1
@@ -980,7 +997,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         cuda.syncthreads()
         walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
              sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
-             kend, t0, t1, t_end, 0, 0, False, -1, chunk, q_offsets, lengths)
+             kend, t0, t1, t_end, 0, 0, False, 0, 0, chunk, q_offsets, lengths)
 
     @cuda.jit(**JIT_OPTIONS)
     def runs_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk, part_out,
@@ -990,8 +1007,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         t1)`` the tiles [t0, t1) of sequence b's row group g (``t1 = -1``: to its last tile,
         and its partitions past ``slot`` marked empty), into partition ``slot`` of the
         workspace; the barriers are set up once and their phases carried from item to item.
-        The next item with work is found before this one runs (``ahead``: its copies start
-        under this one's output)."""
+        Thread 0 finds the next item with work while this one runs (``walk``; ``ahead``: its
+        copies start under this one's output)."""
         tid = cuda.threadIdx.x
         wg = ptx.warp_uniform(tid // 128, tid)
         wtid = tid % 128
@@ -1009,9 +1026,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         w = cuda.blockIdx.x
         first = chunk[w, 0]
         end = first + chunk[w, 1]
-        cur = -1  # the item row with work now, and the next one
+        cur = -1  # the item row with work now
         for i in range(first, end):
-            if item_at(chunk, i, q_offsets, lengths, part_lse, nparts, tid, True)[0]:
+            if item_at(chunk, i, q_offsets, lengths, part_lse, nparts, tid, NTHREADS, True)[0]:
                 cur = i
                 break
         qphase = 0
@@ -1019,13 +1036,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         loaded = False
         while cur >= 0:
             (work, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart, kend, t0, t1,
-             t_end) = item_at(chunk, cur, q_offsets, lengths, part_lse, nparts, tid, False)
-            nxt = -1  # (the items in between marked as they are passed)
-            for i in range(cur + 1, end):
-                if item_at(chunk, i, q_offsets, lengths, part_lse, nparts, tid, True)[0]:
-                    nxt = i
-                    break
-            ahead_at = nxt if AHEAD else -1
+             t_end) = item_at(chunk, cur, q_offsets, lengths, part_lse, nparts, tid, NTHREADS,
+                              False)
             if tid < BLOCK_M:
                 smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
             # The item before is done with shared memory (its output read out by the generic
@@ -1041,9 +1053,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             parity = walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q,
                           tmap_kv, smk, smf, sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq,
                           length, p, q_lo, q_hi, kstart, kend, t0, t1, t_end, qphase, parity,
-                          loaded, ahead_at, chunk, q_offsets, lengths)
+                          loaded, cur + 1, end, chunk, q_offsets, lengths)
             qphase ^= 1
             loaded = AHEAD
-            cur = nxt
+            cur = smk[NEXT_OFF // 4]  # (written before the walk's barriers)
 
     return runs_kernel if runs else partition_kernel
