@@ -562,10 +562,16 @@ def run_schedule(tiles, row_groups, sms=None):
             its.append((b, int(slot[b]), t0, -1 if t1 == last[b] else t1))
             slot[b] += 1
         items.append(its)
+    return runs_table(items, G)
+
+
+def runs_table(runs, row_groups):
+    """The runs schedule's table (``run_schedule``) of ``runs``, each a list of items ``(b,
+    slot, t0, t1)``: a block for each run and row group, side by side."""
     head, rows = [], []
-    first = len(runs) * G
-    for its in items:
-        for g in range(G):
+    first = len(runs) * row_groups
+    for its in runs:
+        for g in range(row_groups):
             head.append((first + len(rows), len(its), 0, 0, 0))
             rows.extend((b, g, s, t0, t1) for b, s, t0, t1 in its)
     return np.asarray(head + rows, np.int32).reshape(-1, 5)

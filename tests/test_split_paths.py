@@ -206,17 +206,33 @@ def test_listed_schedule(layout, rng, monkeypatch):
     Checked three ways against the references, out pre-filled with NaN; on a GPU a second
     run gives the same bits, and the combine went as the partition kernel's programmatic
     dependent (the driver took the launch attribute: launch._Launch falls back without it)."""
-    from numba_mla import launch
-
     tile = mma.BLOCK_N
     lengths, pieces = [2 * tile + 9, tile, 0, 2 * tile - 5], np.array([3, 1, 1, 2], np.int32)
     monkeypatch.setattr(heuristics, "listed_split", lambda *args, **kwargs: pieces)
+    plans = run_forced_schedule(rng, monkeypatch, layout, lengths)
+    spec = plans[0].spec
+    assert spec.backend == "seesaw" and spec.work is not None and spec.num_partitions == 3
+    groups = 2 if layout == "ragged" else 1
+    assert len(spec.work) == 4 * groups * 3  # every (sequence, row group, piece) of P = 3
+    if not _compat.SIMULATOR:
+        merge = plans[0].launches[-1]
+        assert merge.dispatcher.py_func.__name__ == "combine_kernel"
+        assert merge._config is not None
+
+
+def run_forced_schedule(rng, monkeypatch, layout, lengths):
+    """A schedule test's problem under "mma" ("padded": one token of 2 heads, no mask;
+    "ragged": 2 + 1 + 0 + 2 tokens of 33 heads, causal), checked three ways against the
+    references with out pre-filled with NaN, and on a GPU run twice for the same bits;
+    returns the plans made."""
+    from numba_mla import launch
+
     if layout == "ragged":
-        p = make_problem(rng, 4, 2, 33, lengths, DTYPES["bf16"], "paged", tile, ragged=True,
-                         q_counts=[2, 1, 0, 2])
+        p = make_problem(rng, 4, 2, 33, lengths, DTYPES["bf16"], "paged", mma.BLOCK_N,
+                         ragged=True, q_counts=[2, 1, 0, 2])
         mask = nm.CausalMask()
     else:
-        p = make_problem(rng, 4, 1, 2, lengths, DTYPES["bf16"], "paged", tile)
+        p = make_problem(rng, 4, 1, 2, lengths, DTYPES["bf16"], "paged", mma.BLOCK_N)
         mask = nm.NullMask()
     plans = []
     plan_of = launch.Plan
@@ -232,37 +248,18 @@ def test_listed_schedule(layout, rng, monkeypatch):
         out = np.full(p.out_shape, np.nan, p.dtype)
         got, lse = p.run(nm, mask=mask, return_lse=True, out=out, backend="mma")
         outs.append((out, lse))
-    spec = plans[0].spec
-    assert spec.backend == "seesaw" and spec.work is not None and spec.num_partitions == 3
-    groups = 2 if layout == "ragged" else 1
-    assert len(spec.work) == 4 * groups * 3  # every (sequence, row group, piece) of P = 3
     assert_three_way(outs[0][0], same[0], golden[0], floor=fp32_floor(golden[0], "mma"),
                      what="out")
     assert_three_way(outs[0][1], same[1], golden[1], floor=fp32_floor(golden[1], "mma"),
                      what="lse")
     for a, b in zip(outs[0], outs[-1]):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
-    if not _compat.SIMULATOR:
-        merge = plans[0].launches[-1]
-        assert merge.dispatcher.py_func.__name__ == "combine_kernel"
-        assert merge._config is not None
+    return plans
 
 
 # ---------------------------------------------------------------------------------------------
 # The runs schedule (the seesaw kernel's ``runs`` form: kernels/seesaw.py)
 # ---------------------------------------------------------------------------------------------
-def runs_table(blocks, groups):
-    """A runs table (heuristics.run_schedule's form) from each run's items ``(b, slot, t0,
-    t1)``, a block a row group."""
-    head, rows = [], []
-    n = len(blocks) * groups
-    for items in blocks:
-        for g in range(groups):
-            head.append((n + len(rows), len(items), 0, 0, 0))
-            rows.extend((b, g, slot, t0, t1) for b, slot, t0, t1 in items)
-    return np.asarray(head + rows, np.int32)
-
-
 @pytest.mark.kernel
 @pytest.mark.parametrize("ahead", [True, False])
 @pytest.mark.parametrize("layout", ["padded", "ragged"])
@@ -281,7 +278,7 @@ def test_runs_schedule(layout, ahead, rng, monkeypatch):
     registers and the next item's copies started under it, or staged as the grid kernel's.
     Checked three ways against the references, out pre-filled with NaN; on a GPU a second
     run gives the same bits."""
-    from numba_mla import launch, selector
+    from numba_mla import selector
     from numba_mla.kernels import seesaw
 
     monkeypatch.setattr(seesaw, "RUNS_AHEAD", ahead)
@@ -292,36 +289,10 @@ def test_runs_schedule(layout, ahead, rng, monkeypatch):
               [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
               [(3, 1, 1, -1), (1, 1, 1, -1)]]
     groups = 2 if layout == "ragged" else 1
-    table = runs_table(blocks, groups)
+    table = heuristics.runs_table(blocks, groups)
     monkeypatch.setattr(selector, "SEESAW_RUNS", True)
     monkeypatch.setattr(heuristics, "run_schedule", lambda *args, **kwargs: table)
-    if layout == "ragged":
-        p = make_problem(rng, 4, 2, 33, lengths, DTYPES["bf16"], "paged", tile, ragged=True,
-                         q_counts=[2, 1, 0, 2])
-        mask = nm.CausalMask()
-    else:
-        p = make_problem(rng, 4, 1, 2, lengths, DTYPES["bf16"], "paged", tile)
-        mask = nm.NullMask()
-    plans = []
-    plan_of = launch.Plan
-
-    def recording_plan(call, *args, **kwargs):
-        plans.append(plan_of(call, *args, **kwargs))
-        return plans[-1]
-
-    monkeypatch.setattr(launch, "Plan", recording_plan)
-    golden, same = references(p, mask)
-    outs = []
-    for _ in range(1 if _compat.SIMULATOR else 2):
-        out = np.full(p.out_shape, np.nan, p.dtype)
-        got, lse = p.run(nm, mask=mask, return_lse=True, out=out, backend="mma")
-        outs.append((out, lse))
+    plans = run_forced_schedule(rng, monkeypatch, layout, lengths)
     spec = plans[0].spec
     assert spec.backend == "seesaw" and spec.work is table and spec.runs == 3 * groups
     assert spec.grid(4) == (3 * groups, 1, 1) and spec.num_partitions == 2
-    assert_three_way(outs[0][0], same[0], golden[0], floor=fp32_floor(golden[0], "mma"),
-                     what="out")
-    assert_three_way(outs[0][1], same[1], golden[1], floor=fp32_floor(golden[1], "mma"),
-                     what="lse")
-    for a, b in zip(outs[0], outs[-1]):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))

@@ -572,6 +572,45 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                    wtid)
 
     @cuda.jit(device=True)
+    def roles(tid):
+        """(warpgroup, thread in it, lane) of thread ``tid``."""
+        return ptx.warp_uniform(tid // 128, tid), tid % 128, tid % 32
+
+    @cuda.jit(device=True)
+    def set_up_barriers(smk, sb):
+        """(Thread 0) The queries' mbarrier and one a box of each buffer (and, with the
+        converter, its "converted" ones), one arrival each."""
+        ptx.mbar_init(smk, sb + BAR_OFF, 1)
+        for i in range(2 * NBOX):
+            ptx.mbar_init(smk, sb + BAR_OFF + 8 * (1 + i), 1)
+            if CONV:
+                ptx.mbar_init(smk, sb + CONV_BAR_OFF + 8 * i, 1)
+        ptx.mbar_fence_init()
+
+    @cuda.jit(device=True)
+    def store_sums(smf, l_run, l_p, wg, wtid):
+        """This warpgroup's row sums (``l_run``, and with ``lag`` ``l_p``; whole after the
+        quad's shuffles) into its rows of ``stat``, by one lane of each quad."""
+        if wtid % 4 == 0:
+            for half in range(2):
+                m = ptx.acc_row(2 * half, wtid)
+                smf[STAT_OFF // 4 + (STAT_L + wg) * BLOCK_M + m] = l_run[half]
+                if lag:
+                    smf[STAT_OFF // 4 + (STAT_LP + wg) * BLOCK_M + m] = l_p[half]
+
+    @cuda.jit(device=True)
+    def store_lse(part_lse, smf, row0, r0, p, tid):
+        """Row ``tid``'s LSE (natural log) into ``part_lse`` from both warpgroups' row sums and
+        the running max in ``stat`` (-inf where the row kept no key); returns the sum."""
+        r = r0 + tid
+        lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid]
+                + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + tid])
+        part_lse[row0 + r // H, r % H, p] = (
+            float32(NEG_INF) if lsum == 0.0
+            else (smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] + math.log2(lsum)) * float32(LN2))
+        return lsum
+
+    @cuda.jit(device=True)
     def write_regs(o_acc, part_out, smf, row0, r0, nrows, p, wg, wtid):
         """(``ahead``) This thread's part of O (two rows, warpgroup ``wg``'s dims) times each
         row's 1/sum (both warpgroups' sums in ``stat``; 0 for a row without a key), ``store``d
@@ -898,12 +937,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 if lag:
                     l_p[half] += ptx.shfl_xor(l_p[half], o, tid)
         if AHEAD:  # the output from the registers; the next item's copies under it
-            if lane % 4 == 0:
-                for half in range(2):
-                    m = ptx.acc_row(2 * half, wtid)
-                    smf[STAT_OFF // 4 + (STAT_L + wg) * BLOCK_M + m] = l_run[half]
-                    if lag:
-                        smf[STAT_OFF // 4 + (STAT_LP + wg) * BLOCK_M + m] = l_p[half]
+            store_sums(smf, l_run, l_p, wg, wtid)
             # Both warpgroups are past their last product (Q and the buffers are free) and
             # their row sums in place.
             sync_math()
@@ -917,35 +951,18 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                            b2, kstart2 + t02 * BLOCK_N, kb)
             write_regs(o_acc, part_out, smf, row0, r0, nrows, p, wg, wtid)
             if tid < nrows:
-                r = r0 + tid
-                lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid]
-                        + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + tid])
-                part_lse[row0 + r // H, r % H, p] = (
-                    float32(NEG_INF) if lsum == 0.0
-                    else (smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] + math.log2(lsum))
-                    * float32(LN2))
+                store_lse(part_lse, smf, row0, r0, p, tid)
             return parity
         # Both warpgroups are done with the tiles: their buffers take the staged output (rows
         # O_PITCH floats apart).
         sync_math()
         store_o(o_acc, smf, sb + KV_OFF + 4 * (ptx.acc_row(0, wtid) * O_PITCH + DIMS_PER_WG * wg
                                                + ptx.acc_col(0, wtid)), 4 * O_PITCH)
-        if lane % 4 == 0:
-            for half in range(2):
-                m = ptx.acc_row(2 * half, wtid)
-                smf[STAT_OFF // 4 + (STAT_L + wg) * BLOCK_M + m] = l_run[half]
-                if lag:
-                    smf[STAT_OFF // 4 + (STAT_LP + wg) * BLOCK_M + m] = l_p[half]
+        store_sums(smf, l_run, l_p, wg, wtid)
         sync_math()
         if tid < nrows:
-            r = r0 + tid
-            lsum = (smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid]
-                    + smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M + tid])
+            lsum = store_lse(part_lse, smf, row0, r0, p, tid)
             empty = lsum == 0.0
-            part_lse[row0 + r // H, r % H, p] = (
-                float32(NEG_INF) if empty
-                else (smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] + math.log2(lsum))
-                * float32(LN2))
             if lag:  # the output divides by the sum of P as P V multiplied it (``softmax``)
                 lsum = (smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + tid]
                         + smf[STAT_OFF // 4 + (STAT_LP + 1) * BLOCK_M + tid])
@@ -962,9 +979,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                          part_out, part_lse, tmap_q, tmap_kv):
         b, r0, p, nparts, run = block_work(chunk)
         tid = cuda.threadIdx.x
-        wg = ptx.warp_uniform(tid // 128, tid)
-        wtid = tid % 128
-        lane = tid % 32
+        wg, wtid, lane = roles(tid)
         smk = cuda.shared.array(0, int32)
         smf = cuda.shared.array(0, float32)
         sb = ptx.smem_addr(smk)
@@ -984,16 +999,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 mark_empty(part_lse, row0, r0, nrows, p, H, tid, NTHREADS)
             return  # uniform in the block, before any barrier
         t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
-        qbar = sb + BAR_OFF
         if tid < BLOCK_M:
             smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
         if tid == 0:
-            ptx.mbar_init(smk, qbar, 1)
-            for i in range(2 * NBOX):
-                ptx.mbar_init(smk, qbar + 8 * (1 + i), 1)
-                if CONV:
-                    ptx.mbar_init(smk, sb + CONV_BAR_OFF + 8 * i, 1)
-            ptx.mbar_fence_init()
+            set_up_barriers(smk, sb)
         cuda.syncthreads()
         walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
              sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
@@ -1010,18 +1019,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         Thread 0 finds the next item with work while this one runs (``walk``; ``ahead``: its
         copies start under this one's output)."""
         tid = cuda.threadIdx.x
-        wg = ptx.warp_uniform(tid // 128, tid)
-        wtid = tid % 128
-        lane = tid % 32
         smk = cuda.shared.array(0, int32)
         smf = cuda.shared.array(0, float32)
         sb = ptx.smem_addr(smk)
         nparts = part_lse.shape[2]
         if tid == 0:
-            ptx.mbar_init(smk, sb + BAR_OFF, 1)
-            for i in range(2 * NBOX):
-                ptx.mbar_init(smk, sb + BAR_OFF + 8 * (1 + i), 1)
-            ptx.mbar_fence_init()
+            set_up_barriers(smk, sb)
         # (the first item's block barrier below makes them visible before any use)
         w = cuda.blockIdx.x
         first = chunk[w, 0]
@@ -1047,9 +1050,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # (the thread's index made anew for each item: the compilers would otherwise keep
             # the walk's addresses made from it live across the loop, in registers)
             tid = ptx.opaque_i32(tid)
-            wg = ptx.warp_uniform(tid // 128, tid)
-            wtid = tid % 128
-            lane = tid % 32
+            wg, wtid, lane = roles(tid)
             parity = walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q,
                           tmap_kv, smk, smf, sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq,
                           length, p, q_lo, q_hi, kstart, kend, t0, t1, t_end, qphase, parity,
