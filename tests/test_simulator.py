@@ -397,3 +397,27 @@ def test_an_error_in_warp_once_is_raised_and_the_warp_goes_on(scheduler):
     for th in threads:
         th.join(timeout=60)
     assert sorted(raised) == list(range(32)) and set(got.values()) == {sum(range(32))}
+
+
+def test_copy_lands_at_its_wait():
+    """The bulk tensor copy's twin (ptx.tma_load): from its issue its box reads as IN_FLIGHT
+    (NaN as any float type), and nothing is counted off its mbarrier; the first
+    test of that mbarrier lands the box and completes the phase. A test of another mbarrier
+    lands nothing of it."""
+    from numba_mla.ptx import barriers, shared, tma
+
+    load = tma._tma_load_twin(8, 8)  # 8 rows of 8 16-bit values: 8 x 4 words
+    smem = np.zeros(80, np.int32)
+    src = np.arange(1, 1 + 2 * 8 * 4, dtype=np.int32).reshape(1, 16, 4)
+    for bar in (0, 8):
+        barriers._mbar_init_twin(smem, bar, 1)
+        barriers._mbar_expect_tx_twin(smem, bar, 128)
+    load(smem, 16, None, src, 0, 0, 0)  # rows 0-7 to bytes 16.., on the mbarrier at 0
+    load(smem, 144, None, src, 0, 8, 8)  # rows 8-15 to bytes 144.., on the one at 8
+    assert (smem[4:68] == shared.IN_FLIGHT).all() and smem[0] == smem[2] == 0
+    assert barriers._mbar_try_wait_twin(smem, 8, 0)  # (the second copy lands)
+    np.testing.assert_array_equal(smem[36:68], src[0, 8:].ravel())
+    assert (smem[4:36] == shared.IN_FLIGHT).all() and smem[0] == 0
+    assert barriers._mbar_try_wait_twin(smem, 0, 0)
+    np.testing.assert_array_equal(smem[4:36], src[0, :8].ravel())
+    assert smem[0] == 1 and smem[1] == 0

@@ -26,9 +26,11 @@ Grids (sm_90: programmatic dependent launch)
   kernels one after the other: a no-op there.
 
 In the simulator an mbarrier keeps [phases completed, bytes still expected] in its own 8 bytes
-and a copy counts its bytes off when issued (``complete_tx``): a waiter waits until the issuing
-lane has copied, as on the GPU (under the simulator's block scheduler it gives up its turn
-until the phase completes; from plain threads it sleeps on a condition).
+and a copy counts its bytes off when it lands (``complete_tx``): a waiter waits until the
+issuing lane has copied, as on the GPU (under the simulator's block scheduler it gives up its
+turn until the phase completes; from plain threads it sleeps on a condition). A copy by the
+copy engine (``tma_load``) lands only when a thread first tests its mbarrier
+(``land_later``); until then its destination reads as NaN.
 """
 import threading
 
@@ -125,6 +127,36 @@ def complete_tx(arr, bar, nbytes):
             _mbar_cond.notify_all()
 
 
+_landings = {}  # (block, shared array's address, mbarrier) -> copies that have not landed
+
+
+def _landing_key(arr, bar):
+    import numpy as np
+
+    return sim_block(), np.asarray(arr).__array_interface__["data"][0], int(bar)
+
+
+def land_later(arr, bar, land):
+    """(Simulator) A copy issued on the mbarrier at ``bar``: its destination reads as
+    ``shared.IN_FLIGHT`` (the caller wrote it) until a thread first tests that mbarrier (or
+    is waiting on it already), when ``land()``
+    writes the data and counts its bytes off (``complete_tx``). So a thread that reads the
+    destination between the copy's issue and its wait, as no kernel may, reads NaN, as the GPU
+    could give it anything there."""
+    key = _landing_key(arr, bar)
+    with _mbar_cond:
+        for gone in [k for k in _landings if k[0] is not key[0]]:
+            del _landings[gone]  # (a block that has finished, or failed)
+        _landings.setdefault(key, []).append(land)
+        _mbar_cond.notify_all()  # (a thread already waiting on it tests it again)
+
+
+def _land(arr, bar):
+    """(Simulator; ``_mbar_cond`` held) Land the copies issued on the mbarrier at ``bar``."""
+    for land in _landings.pop(_landing_key(arr, bar), []):
+        land()
+
+
 def _mbar_init_twin(arr, bar, count):
     assert count == 1, "the twin models one arrival per phase"
     arr[bar // 4] = 0
@@ -179,8 +211,12 @@ def _mbar_try_wait_twin(arr, bar, parity):
     # Like the instruction, waits a while for the phase and then says whether it completed:
     # under the block scheduler the lane gives up its turn until the phase completes (then
     # True), from plain threads it sleeps up to a second (so the copying lanes run).
+    def done():
+        _land(arr, bar)  # (the copies issued on it land now, if they have not)
+        return arr[bar // 4] % 2 != parity
+
     with _mbar_cond:
-        return _mbar_cond.wait_for(lambda: arr[bar // 4] % 2 != parity, timeout=1.0)
+        return _mbar_cond.wait_for(done, timeout=1.0)
 
 
 @intrinsic_with_twin(_mbar_try_wait_twin)

@@ -41,8 +41,8 @@ from .._compat import SIMULATOR
 from .._numba import item_pointer
 from ._codegen import addr32, global_window, i32, i64, void_asm
 from ._twin import intrinsic_with_twin, no_op, with_twin
-from .barriers import complete_tx
-from .shared import _address, _aligned
+from .barriers import complete_tx, land_later
+from .shared import IN_FLIGHT, _address, _aligned
 from .wgmma import swizzle128
 
 
@@ -82,8 +82,15 @@ def _tma_load_twin(box_rows, box_cols=8, swizzle=False, evict_first=False):
         n = max(0, min(box_rows, flat.shape[0] - row))
         box[:n] = flat[row:row + n, col // 2:col // 2 + words]
         byte = addr + offsets
-        np.asarray(arr)[(swizzle128(byte) if swizzle else byte) // 4] = box
-        complete_tx(arr, bar, 2 * box_cols * box_rows)
+        at = (swizzle128(byte) if swizzle else byte) // 4
+        dst = np.asarray(arr)
+        dst[at] = IN_FLIGHT  # (until a thread tests the mbarrier: land_later)
+
+        def land():
+            dst[at] = box
+            complete_tx(arr, bar, 2 * box_cols * box_rows)
+
+        land_later(arr, bar, land)
 
     return load
 
