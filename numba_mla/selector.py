@@ -541,7 +541,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         return spec_of(None)
     # FP8 rows elsewhere: cp.async
     tma = _tiles_in_pages(call.cache) and facts.packed_rows and not fp8
-    if tma and SEESAW_RUNS and not fixed:
+    if tma and SEESAW_RUNS and not fixed and len(keys):
         table = heuristics.run_schedule(-(-np.asarray(keys, np.int64) // block_n), groups,
                                         sms=slots)
         runs = dict(common, num_partitions=heuristics.runs_partitions(table), chunk=0,

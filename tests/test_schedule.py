@@ -497,6 +497,7 @@ def test_runs_schedule_cuts_across_sequences():
     assert max(len(items) for items in blocks) >= 3  # (runs that cross sequences)
     blocks = runs_of(heuristics.run_schedule([64] * 8, 1, sms=8))
     assert [[it[0] for it in items] for items in blocks] == [[b] for b in range(8)]
+    assert heuristics.run_schedule([], 2, sms=8).shape == (0, 5)  # (no sequence: no block)
 
 
 def test_greedy_makespan_follows_the_rule():
