@@ -75,9 +75,11 @@ STAT_M, STAT_SCALE0, STAT_SCALE1, STAT_L, STAT_LP = 0, 1, 2, 3, 5
 BAR_OFF = STAT_OFF + 7 * BLOCK_M * 4
 SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 223128
 # The runs form (``runs``): the row of the block's next item with work (int32), which thread 0
-# finds at the start of each item's walk and the block reads after it
+# finds at the start of each item's walk and the block reads after it, then that item's
+# ``load_first`` arguments (its queries' row, sequence and first pair's keys), which thread 0
+# reads back to start its copies
 NEXT_OFF = SMEM_BYTES
-SMEM_BYTES_RUNS = NEXT_OFF + 8
+SMEM_BYTES_RUNS = NEXT_OFF + 24
 # From this many heads a block's 64 rows are one query token's heads (compute-bound decode):
 # there the reference max lags (RESCALE_SLACK) and the tiles are copied with L2's evict-first
 # policy. Measured on the H200 (docs/kernels/mma.md): 2-5% less time at H = 128; at H = 16,
@@ -728,9 +730,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         schedule walks several items). The runs form (``runs``): thread 0 first finds the
         next item with work among rows [scan_from, scan_end) of the runs table ``chunk``
         (marking the partitions of those it passes empty) and puts its row in shared memory
-        (NEXT_OFF; -1: none), which the block reads after the walk; with ``ahead``, the
-        output goes from the registers to the workspace, and once both warpgroups are past
-        their last product thread 0 starts that item's copies under it."""
+        (NEXT_OFF; -1: none), which the block reads after the walk, with its copies'
+        arguments; with ``ahead``, the output goes from the registers to the workspace, and
+        once both warpgroups are past their last product thread 0 starts that item's copies
+        under it."""
         if tid == 0 and t0 < t_end and not loaded:  # the queries, then the first pair's tiles
             kb = kstart + t1 * BLOCK_N if t1 < t_end else -1
             load_first(smk, sb, q, tmap_q, row0 * H + r0, tmap_kv, storage, block_table, b,
@@ -738,9 +741,15 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         if runs and tid == 0:  # (its loads' latency hides under this item's first tiles)
             nxt = -1
             for i in range(scan_from, scan_end):
-                if item_at(chunk, i, q_offsets, lengths, part_lse, part_lse.shape[2], 0, 1,
-                           True)[0]:
+                item = item_at(chunk, i, q_offsets, lengths, part_lse, part_lse.shape[2], 0, 1,
+                               True)
+                if item[0]:  # (work, b, row0, r0, .., kstart [10], .., t0, t1, t_end [12:15])
                     nxt = i
+                    smk[NEXT_OFF // 4 + 1] = item[2] * H + item[3]
+                    smk[NEXT_OFF // 4 + 2] = item[1]
+                    smk[NEXT_OFF // 4 + 3] = item[10] + item[12] * BLOCK_N
+                    smk[NEXT_OFF // 4 + 4] = (item[10] + item[13] * BLOCK_N
+                                              if item[13] < item[14] else -1)
                     break
             smk[NEXT_OFF // 4] = nxt
         page_size = storage.shape[1]
@@ -941,14 +950,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # Both warpgroups are past their last product (Q and the buffers are free) and
             # their row sums in place.
             sync_math()
-            nxt = smk[NEXT_OFF // 4] if tid == 0 else -1  # (thread 0's own write)
-            if nxt >= 0:
-                item2 = item_at(chunk, nxt, q_offsets, lengths, part_lse, 0, 0, 1, False)
-                b2, row02, r02, kstart2 = item2[1], item2[2], item2[3], item2[10]
-                t02, t12, t_end2 = item2[12], item2[13], item2[14]
-                kb = kstart2 + t12 * BLOCK_N if t12 < t_end2 else -1
-                load_first(smk, sb, q, tmap_q, row02 * H + r02, tmap_kv, storage, block_table,
-                           b2, kstart2 + t02 * BLOCK_N, kb)
+            if tid == 0 and smk[NEXT_OFF // 4] >= 0:  # (thread 0's own writes)
+                load_first(smk, sb, q, tmap_q, smk[NEXT_OFF // 4 + 1], tmap_kv, storage,
+                           block_table, smk[NEXT_OFF // 4 + 2], smk[NEXT_OFF // 4 + 3],
+                           smk[NEXT_OFF // 4 + 4])
             write_regs(o_acc, part_out, smf, row0, r0, nrows, p, wg, wtid)
             if tid < nrows:
                 store_lse(part_lse, smf, row0, r0, p, tid)

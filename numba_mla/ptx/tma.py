@@ -27,7 +27,9 @@ arrives, each copy signals its bytes, and the barrier's phase flips when both ar
   (``fence_proxy_async`` by their writers, then a barrier); ``shared.aligned16(arr)`` tells
   whether an array starts 16-byte aligned.
 
-In the simulator a copy happens when issued (a load counts its bytes off the mbarrier).
+In the simulator a load writes ``shared.IN_FLIGHT`` words when issued and lands, counted off
+its mbarrier, when a thread first tests that mbarrier (``barriers.land_later``); a bulk store
+happens when issued.
 """
 import ctypes
 
@@ -42,7 +44,7 @@ from .._numba import item_pointer
 from ._codegen import addr32, global_window, i32, i64, void_asm
 from ._twin import intrinsic_with_twin, no_op, with_twin
 from .barriers import complete_tx, land_later
-from .shared import IN_FLIGHT, _address, _aligned
+from .shared import IN_FLIGHT, _aligned, _x4_at
 from .wgmma import swizzle128
 
 
@@ -124,11 +126,9 @@ def tma_load(box_rows, box_cols=8, swizzle=False, evict_first=False):
 
 
 def _bulk_store_twin(smem, saddr, arr, i0, i1, i2, i3, nbytes):
-    at = (int(i0), int(i1), int(i2), int(i3))
     ary = getattr(arr, "_ary", arr)
     _aligned(saddr, 16, "bulk_store")
-    _aligned(_address(ary) + sum(i * st for i, st in zip(at, ary.strides)), 16, "bulk_store",
-             "global address")
+    at = _x4_at(ary, i0, i1, i2, i3, "bulk_store", 16 // ary.dtype.itemsize)
     if nbytes % 16:
         raise RuntimeError(f"bulk_store: size {nbytes} is not a multiple of 16")
     if ary.strides[3] != ary.dtype.itemsize:
