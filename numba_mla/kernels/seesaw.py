@@ -1053,8 +1053,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             ptx.fence_proxy_async()
             cuda.syncthreads()
             # (the thread's index made anew for each item: the compilers would otherwise keep
-            # the walk's addresses made from it live across the loop, in registers)
-            tid = ptx.opaque_i32(tid)
+            # the walk's addresses made from it live across the loop, in registers; the mask
+            # gives back what the opaque move hides, that it is in [0, NTHREADS), without which
+            # the thread's roles and every address made from them are signed 64-bit floor
+            # divisions and remainders)
+            tid = ptx.opaque_i32(tid) & (NTHREADS - 1)
             wg, wtid, lane = roles(tid)
             parity = walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q,
                           tmap_kv, smk, smf, sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq,
