@@ -181,17 +181,6 @@ def partition_tiles(ntiles, p, nparts, chunk):
     return t0, min(t0 + per_part, ntiles)
 
 
-def thread_mask(nthreads):
-    """The mask of a thread's index in a block of ``nthreads`` threads: all ones below the
-    power of two at or above ``nthreads``, so ``cuda.threadIdx.x & thread_mask(n)`` is the
-    index itself. What it adds is a fact: Numba reads the index without its range, so without
-    the mask the compilers take it for a signed number that may be negative, and the thread's
-    roles (``tid // 32``, ``tid % 128``) and every address made from them become signed 64-bit
-    floor divisions and remainders (the seesaw kernel at 128 heads: 226 -> 215 registers and
-    5320 -> 4888 SASS instructions with it, sm_90a)."""
-    return (1 << (nthreads - 1).bit_length()) - 1
-
-
 @cuda.jit(device=True)
 def mark_empty(part_lse, row0, r0, nrows, p, heads, tid, nthreads):
     """Partition ``p`` keeps no key of the block's rows ``[r0, r0 + nrows)`` (of the sequence

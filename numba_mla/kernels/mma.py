@@ -47,7 +47,7 @@ from numba import cuda, float32, int32, uint64
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_run, make_tile_walk, mark_empty, thread_mask)
+                     make_tile_run, make_tile_walk, mark_empty)
 
 BLOCK_M = 64  # query rows per block: wgmma's M
 BLOCK_N = 64  # keys per tile
@@ -77,7 +77,6 @@ SMEM_BYTES = BAR_OFF + 2 * 8  # 230416 of the H200's 232448
 # shared-memory writes are free of bank conflicts and each warp reads 64 contiguous bytes of
 # 8 rows.
 CHUNK_STEP = NTHREADS // 8  # 32
-TID_MASK = thread_mask(NTHREADS)
 RESCALE_SLACK = 8.0  # log2 units the running max may lag the true one (see the softmax)
 # FP8 rows ("e4m3": 576 codes; cp.async tiles only): one KV buffer, and two stages of the next
 # tiles' rows as they are, 592 bytes apart (576 + 16: the 8-byte reads of 8 rows at one
@@ -283,7 +282,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         p = cuda.blockIdx.x
         nparts = cuda.gridDim.x
         b = cuda.blockIdx.z
-        tid = cuda.threadIdx.x & TID_MASK  # (common.thread_mask: the same index, not negative)
+        tid = cuda.threadIdx.x
         wg = ptx.warp_uniform(tid // 128, tid)  # warpgroup (uniform: see the descriptors)
         wtid = tid % 128  # thread in the warpgroup
         lane = tid % 32

@@ -84,7 +84,7 @@ from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from ..fp8 import ROW_BYTES as FP8_ROW_BYTES
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_walk, mark_empty, thread_mask)
+                     make_tile_walk, mark_empty)
 
 BLOCK_M = 16  # query rows a block where 32 do not fit (docs/kernels/mma_sync.md)
 BLOCK_MS = (16, 32)  # the block shapes: 16 rows (4 warps, one tile), 32 (8 warps, two tiles)
@@ -431,7 +431,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     aligned 16-bit cache's key stages swizzled, ``K_SWIZZLE``."""
     assert not staged or fp8
     MT, NW, NT, STAGES = geometry(block_m)
-    TID_MASK = thread_mask(NT)
     BM = block_m
     OD = D_V // NW  # output dims a warp owns
     LANE_ROWS = 2 * MT  # rows a lane holds: gr + 8 j
@@ -567,7 +566,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         # rows: of four codes); q_offsets [B+1], chunk: tiles a partition, part_out [T, H, P,
         # 512], part_lse [T, H, P]; FP8 caches: scale + 1j * kv_scale (simt.py's convention).
         p, nparts, b = cuda.blockIdx.x, cuda.gridDim.x, cuda.blockIdx.z
-        tid = cuda.threadIdx.x & TID_MASK  # (common.thread_mask: the same index, not negative)
+        tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
         words = cuda.shared.array(0, int32)
         floats = cuda.shared.array(0, float32)  # the same memory, seen as fp32

@@ -81,7 +81,7 @@ from numba import cuda, float32, int32
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_walk, mark_empty, thread_mask)
+                     make_tile_walk, mark_empty)
 from .mma import RESCALE_SLACK
 from .mma_sync import (BLOCK_N, K_ROW, ROW_BYTES, ROWW, WORDS, _make_pv, make_issue,
                        make_issue_rows, make_q_copy, make_score_rows, make_write_p,
@@ -318,7 +318,6 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
     lane_max = lane_max and max_early
     assert v_warps in (4, 8), v_warps
     NT = threads(v_warps)
-    TID_MASK = thread_mask(NT)
     OD = D_V // v_warps  # output dims a V warp owns (128 of four, 64 of eight)
     NACC = 2 * OD // 8 * 4  # its accumulators a lane
     QUARTERS = bool(score_quarters)
@@ -408,7 +407,7 @@ def make_partition_kernel(*, tag, store, locate, mask_apply, mask_classify, mask
         # q [T, H, 288] and storage [pages, page_size, 288]: int32 words of 16-bit pairs;
         # q_offsets [B+1], chunk: tiles a partition, part_out [T, H, P, 512], part_lse [T, H, P]
         p, nparts, b = cuda.blockIdx.x, cuda.gridDim.x, cuda.blockIdx.z
-        tid = cuda.threadIdx.x & TID_MASK  # (common.thread_mask: the same index, not negative)
+        tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
         words = cuda.shared.array(0, int32)
         floats = cuda.shared.array(0, float32)  # the same memory, seen as fp32

@@ -56,7 +56,7 @@ from numba import cuda, float32, int32, uint64
 from .. import ptx
 from .._compat import JIT_OPTIONS, SIMULATOR
 from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
-                     partition_tiles, thread_mask)
+                     partition_tiles)
 from .transposed import q_power
 from .mma import (BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, O_BYTES, O_PITCH,
                   RESCALE_SLACK, ROWS_BYTES, make_write_rows)
@@ -181,7 +181,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
     FP8 = fp8 is not None
     CONV = converter
-    TID_MASK = thread_mask(threads(converter))
     SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
     H = heads
     lag = heads >= LAG_HEADS
@@ -984,7 +983,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse, tmap_q, tmap_kv):
         b, r0, p, nparts, run = block_work(chunk)
-        tid = cuda.threadIdx.x & TID_MASK  # (common.thread_mask: the same index, not negative)
+        tid = cuda.threadIdx.x
         wg, wtid, lane = roles(tid)
         smk = cuda.shared.array(0, int32)
         smf = cuda.shared.array(0, float32)
@@ -1024,7 +1023,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         workspace; the barriers are set up once and their phases carried from item to item.
         Thread 0 finds the next item with work while this one runs (``walk``; ``ahead``: its
         copies start under this one's output)."""
-        tid = cuda.threadIdx.x & TID_MASK
+        tid = cuda.threadIdx.x
         smk = cuda.shared.array(0, int32)
         smf = cuda.shared.array(0, float32)
         sb = ptx.smem_addr(smk)
@@ -1058,7 +1057,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # gives back what the opaque move hides, that it is in [0, NTHREADS), without which
             # the thread's roles and every address made from them are signed 64-bit floor
             # divisions and remainders)
-            tid = ptx.opaque_i32(tid) & TID_MASK
+            tid = ptx.opaque_i32(tid) & (NTHREADS - 1)
             wg, wtid, lane = roles(tid)
             parity = walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q,
                           tmap_kv, smk, smf, sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq,

@@ -103,7 +103,7 @@ from numba import cuda, float32, int16, int32, uint64
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_run, make_tile_walk, mark_empty, thread_mask)
+                     make_tile_run, make_tile_walk, mark_empty)
 
 BLOCK_M = 16  # query rows a block: wgmma's N (16, or 32 or 64: ``BLOCKS``)
 BLOCKS = (16, 32, 64)  # the row counts a block may take (``layout``)
@@ -336,7 +336,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     lay = LAYOUTS[block_m]
     BLOCK_M, NCOL, NACC, NO, STEP_BYTES = block_m, lay.ncol, lay.nacc, lay.no, lay.step_bytes
     THREADS, PIECES, OCOL = lay.threads, lay.pieces, block_m // 4
-    TID_MASK = thread_mask(THREADS)
     ROWS_PASS = THREADS // 8  # q rows a pass of load_q
     # The 64-row block: two warpgroups (``Layout``); S^T's partial sums meet in ``xch``
     TWO = lay.wgs == 2
@@ -467,7 +466,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         p = cuda.blockIdx.x
         nparts = cuda.gridDim.x
         b = cuda.blockIdx.z
-        tid = cuda.threadIdx.x & TID_MASK  # (common.thread_mask: the same index, not negative)
+        tid = cuda.threadIdx.x
         # (two warpgroups: wg, and the warp within it; one: wg 0)
         # (warp_uniform: the descriptors that depend on it are then uniform, not spilled)
         wg = ptx.warp_uniform(tid // NTHREADS, tid) if TWO else 0
