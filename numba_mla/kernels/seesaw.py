@@ -179,6 +179,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     AHEAD = runs and ahead
     assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
+    assert not runs or NTHREADS & (NTHREADS - 1) == 0, "the runs form masks the thread index"
     FP8 = fp8 is not None
     CONV = converter
     SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
