@@ -189,8 +189,10 @@ SEESAW_CONVERTER = False
 # The seesaw kernel's runs form on 16-bit rows wherever the split is the selector's own
 # (kernels/seesaw.py, ``runs``; heuristics.run_schedule: one wave of blocks, each walking a run
 # of items that may cross sequences, FlashMLA's kind of schedule), unless its build spills.
-# Off: built and tested in the simulator, not yet timed on a GPU (docs/performance.md, "The
-# runs schedule")
+# Off: timed on an H100 at 188293c (the varlen sweep), it gained only with spread lengths at
+# 16 x 128 x 32768 (0.96-0.97x) and 64 x 16 x 4096 (0.98x at spread 0.5), and lost up to 10%
+# elsewhere, 1.24-1.38x at 128 x 128 x 1024; its kernel has masked the thread index since
+# (1318245), not yet timed (docs/performance.md, "The runs schedule")
 SEESAW_RUNS = False
 # The warp tensor-core kernel's 32-row block on 16-bit rows as its split-role form
 # (kernels/mma_sync_roles.py: four warps score with Q in registers, four multiply by V),
