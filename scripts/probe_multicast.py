@@ -6,8 +6,8 @@ tiles to them faster?
 Each block streams tiles of 64 rows x 576 16-bit values (nine boxes of 64 x 64, 128-byte
 swizzle, one mbarrier a box, two stages: the seesaw kernel's copy) through its shared memory.
 128 consumer threads wait for a box, read a word of it each (a checksum) and spin ``--delay``
-clock cycles (standing in for the products on that box), meet at a named barrier, and thread 0
-marks the box consumed (an mbarrier); a producer warp's lane 0 refills each consumed box with
+clock cycles (standing in for the products on that box), and each warp's lane 0 marks the box
+consumed by its warp (an mbarrier of four arrivals); a producer warp's lane 0 refills each consumed box with
 the tile two ahead. Blocks ``2c`` and ``2c + 1`` read the same tiles.
 - ``plain``: each block's producer copies all nine boxes itself (what the kernel does now).
 - ``multicast``: the two blocks are a cluster; block ``r``'s producer copies the boxes
@@ -143,7 +143,7 @@ def make_kernel(multicast):
             for k in range(2 * BOXES):
                 mbar_init(base + FULL + 8 * k, 1)
                 mbar_init(base + EMPTY + 8 * k, 2)
-                mbar_init(base + CONSUMED + 8 * k, 1)
+                mbar_init(base + CONSUMED + 8 * k, NT // 32)
             ptx.mbar_fence_init()
         if multicast:
             cluster_sync()
@@ -195,8 +195,8 @@ def make_kernel(multicast):
                     c0 = clock64()
                     while clock64() - c0 < delay:
                         pass
-                    ptx.bar_sync(1, NT)  # every consumer is done with the box
-                    if tid == 0:
+                    cuda.syncwarp()  # the warp is done with the box: its lane 0 says so
+                    if tid % 32 == 0:
                         arrive_local(base + CONSUMED + 8 * k)
         t1 = clock64()
         if multicast:
