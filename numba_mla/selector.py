@@ -191,8 +191,9 @@ SEESAW_CONVERTER = False
 # of items that may cross sequences, FlashMLA's kind of schedule), unless its build spills.
 # Off: timed on an H100 at 188293c (the varlen sweep), it gained only with spread lengths at
 # 16 x 128 x 32768 (0.96-0.97x) and 64 x 16 x 4096 (0.98x at spread 0.5), and lost up to 10%
-# elsewhere, 1.24-1.38x at 128 x 128 x 1024; its kernel has masked the thread index since
-# (1318245), not yet timed (docs/performance.md, "The runs schedule")
+# elsewhere, 1.24-1.38x at 128 x 128 x 1024; with its thread index masked (1318245), timed
+# again at a71ab40: 2-3% less time than before at one sequence, the same elsewhere
+# (docs/performance.md, "The runs schedule")
 SEESAW_RUNS = False
 # The warp tensor-core kernel's 32-row block on 16-bit rows as its split-role form
 # (kernels/mma_sync_roles.py: four warps score with Q in registers, four multiply by V),

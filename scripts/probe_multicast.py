@@ -252,8 +252,8 @@ def main():
     name = cuda.get_current_device().name
     name = name.decode() if isinstance(name, bytes) else name
     lines = [f"# probe_multicast: {name}, {a.pairs} pairs x "
-             f"{a.tiles} tiles of 64 x 576 bf16 ({rows * 1152 / 1e6:.0f} MB read by each "
-             f"block of a pair), {a.reps} launches a row",
+             f"{a.tiles} tiles of 64 x 576 bf16 ({rows * 1152 / 1e6:.0f} MB in all, each tile "
+             f"read by both blocks of its pair), {a.reps} launches a row",
              f"{'mode':10s} {'delay/box':>9s} {'median us':>10s} {'cycles/tile':>12s} "
              f"{'L2->SM TB/s':>12s}"]
     sums = {}
