@@ -193,6 +193,43 @@ def test_prefetch_l2_out_of_bounds_raises_in_simulator():
 
 
 @cuda.jit
+def prefetch_tiles_then_load(cache, out):
+    # thread t prefetches the rows of page t // 4 from slot 4 (t % 4) on (four rows of 16
+    # words), then every thread reads another's word
+    t = cuda.threadIdx.x
+    ptx.prefetch_bulk_l2(cache, t // 4, 4 * (t % 4), 4 * 16 * 4)
+    cuda.syncthreads()
+    out[t] = cache[(31 - t) // 16, (31 - t) % 16, 3]
+
+
+@pytest.mark.kernel
+def test_prefetch_bulk_l2_changes_nothing(rng):
+    """``ptx.prefetch_bulk_l2`` (``cp.async.bulk.prefetch.L2``) compiles and runs, and the
+    loads after it read what the array holds."""
+    cache = rng.integers(-1000, 1000, (8, 16, 16)).astype(np.int32)
+    out = cuda.to_device(np.zeros(32, np.int32))
+    prefetch_tiles_then_load[1, 32](cuda.to_device(cache), out)
+    t = np.arange(32)
+    assert np.array_equal(out.copy_to_host(), cache[(31 - t) // 16, (31 - t) % 16, 3])
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's bounds checks: simulator only")
+@pytest.mark.parametrize("i0, i1, nbytes, match", [
+    (7, 15, 128, "pass the end"),  # the last row's 64 bytes, then 64 past the end
+    (8, 0, 64, "out of bounds"),
+    (0, -1, 64, "out of bounds"),
+    (0, 0, 40, "multiple of 16"),
+])
+def test_prefetch_bulk_l2_outside_raises_in_simulator(i0, i1, nbytes, match):
+    @cuda.jit
+    def prefetch(cache):
+        ptx.prefetch_bulk_l2(cache, i0, i1, nbytes)
+
+    with pytest.raises(Exception, match=match):
+        prefetch[1, 1](cuda.to_device(np.zeros((8, 16, 16), np.int32)))
+
+
+@cuda.jit
 def copy_in_groups(src, out):
     # one thread: two groups of 16-byte copies into shared memory (words 0-3, then 4-7), over
     # words that hold -1; what it reads before each wait, after waiting for all but the newest

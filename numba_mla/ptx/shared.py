@@ -31,6 +31,11 @@
   the indices must be in bounds) into the L2 cache (``prefetch.global.L2``): nothing waits
   for it and nothing changes but where a later load finds the line. The simulator does
   nothing, after checking the indices.
+- ``prefetch_bulk_l2(arr, i0, i1, nbytes)``: the same for ``nbytes`` bytes (a multiple of
+  16) from ``arr[i0, i1, 0, ...]`` on (a C-contiguous array of two or more axes, 16-byte
+  aligned there), in one instruction (``cp.async.bulk.prefetch.L2``): e.g. a tile of a
+  cache's rows, ahead of its copy into shared memory. The simulator checks the indices, the
+  alignment and that the bytes lie inside the array.
 - ``cp_async_commit()`` closes a group of copies, ``cp_async_wait_all()`` waits for this
   thread's groups (``cp_async_wait_one()``: all but its most recent one;
   ``cp_async_wait_two()``: all but its two most recent ones); a barrier then
@@ -346,6 +351,41 @@ def prefetch_l2(typingctx, arr, i0, i1):
         addr = global_window(b, item_pointer(ctx, b, s.args[0], args[0], args[1:3], s.args[1:3]))
         fnty = ir.FunctionType(ir.VoidType(), [i64])
         b.call(ir.InlineAsm(fnty, "prefetch.global.L2 [$0];", "l", side_effect=True), [addr])
+        return ctx.get_dummy_value()
+
+    return sig, cg
+
+
+def _prefetch_bulk_l2_twin(arr, i0, i1, nbytes):
+    # (what the GPU would fault on, or silently read past, fails here)
+    data = np.asarray(getattr(arr, "_ary", arr))
+    if not (0 <= int(i0) < data.shape[0] and 0 <= int(i1) < data.shape[1]):
+        raise IndexError(f"prefetch_bulk_l2: index ({int(i0)}, {int(i1)}) out of bounds for an "
+                         f"array of shape {tuple(data.shape)}")
+    if not data.flags.c_contiguous:
+        raise RuntimeError("prefetch_bulk_l2: the array is not C-contiguous")
+    start = int(np.ravel_multi_index((int(i0), int(i1)) + (0,) * (data.ndim - 2), data.shape))
+    start *= data.itemsize
+    _aligned(start, 16, "prefetch_bulk_l2", "byte offset")
+    if nbytes % 16 or nbytes <= 0:
+        raise RuntimeError(f"prefetch_bulk_l2: size {nbytes} is not a positive multiple of 16")
+    if start + nbytes > data.nbytes:
+        raise IndexError(f"prefetch_bulk_l2: {nbytes} bytes from byte {start} pass the end of "
+                         f"an array of {data.nbytes} bytes")
+
+
+@intrinsic_with_twin(_prefetch_bulk_l2_twin)
+def prefetch_bulk_l2(typingctx, arr, i0, i1, nbytes):
+    sig = types.void(arr, i0, i1, nbytes)
+
+    def cg(ctx, b, s, args):
+        zero = ctx.get_constant(types.intp, 0)
+        idx = [args[1], args[2]] + [zero] * (s.args[0].ndim - 2)
+        tys = [s.args[1], s.args[2]] + [types.intp] * (s.args[0].ndim - 2)
+        addr = global_window(b, item_pointer(ctx, b, s.args[0], args[0], idx, tys))
+        fnty = ir.FunctionType(ir.VoidType(), [i64, i32])
+        b.call(ir.InlineAsm(fnty, "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r",
+                            side_effect=True), [addr, addr32(ctx, b, args[3], s.args[3])])
         return ctx.get_dummy_value()
 
     return sig, cg
