@@ -6,6 +6,8 @@ The inputs are the benchmark's (``numba_mla.bench.make_problem``: bf16 by defaul
 
 Usage: python scripts/profile_one.py B H L [dtype: bf16|fp16|fp32] [backend: auto|simt|mma|...]
                                      [kv: same|e4m3|v32 (the cache quantized into FP8)]
+backend ``flash_mla`` runs FlashMLA's call instead, as the benchmark's provider makes it
+(``flash_mla`` importable; bf16 or fp16, page size 64).
 """
 import os
 import sys
@@ -28,8 +30,15 @@ def main(argv):
     dev = bench.Device()
     cfg = bench.Config(B, H, L, dtype=dtype, kv=kv, sweep="profile")
     p = bench.make_problem(cfg, dev, np.random.default_rng(0), bench.Settings.gpu())
+    if backend == "flash_mla":
+        from numba_mla.bench import providers
+
+        run = providers.flash_mla(p).run
+    else:
+        def run():
+            nm.mla_decode(p.q, p.cache, p.scale, backend=backend)
     for _ in range(3):
-        nm.mla_decode(p.q, p.cache, p.scale, backend=backend)
+        run()
     dev.sync()
 
 
