@@ -229,6 +229,19 @@ def test_prefetch_bulk_l2_outside_raises_in_simulator(i0, i1, nbytes, match):
         prefetch[1, 1](cuda.to_device(np.zeros((8, 16, 16), np.int32)))
 
 
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's alignment check: simulator only")
+def test_prefetch_bulk_l2_misaligned_raises_in_simulator():
+    """An array that starts 4 bytes past a 16-byte boundary: a bulk prefetch from its first
+    row raises (the GPU needs the global address 16-byte aligned)."""
+    @cuda.jit
+    def prefetch(cache):
+        ptx.prefetch_bulk_l2(cache, 0, 0, 64)
+
+    whole = cuda.to_device(np.zeros(8 * 16 * 16 + 1, np.int32))
+    with pytest.raises(Exception, match=r"prefetch_bulk_l2: global address \d+ is not 16-byte"):
+        prefetch[1, 1](whole[1:].reshape(8, 16, 16))
+
+
 @cuda.jit
 def copy_in_groups(src, out):
     # one thread: two groups of 16-byte copies into shared memory (words 0-3, then 4-7), over

@@ -55,8 +55,8 @@ __all__ = [
     # shared memory and asynchronous copies
     "smem_addr", "lds32", "sts32", "lds64", "lds128", "sts64", "sts128",
     "aligned_x4", "aligned16", "st_global_x2", "st_global_x4", "ld_global_x4",
-    "global_addr", "prefetch_l2", "prefetch_bulk_l2", "cp_async4_at", "cp_async16_at", "cp_async16_ca_at",
-    "cp_async_commit",
+    "global_addr", "prefetch_l2", "prefetch_bulk_l2", "cp_async4_at", "cp_async16_at",
+    "cp_async16_ca_at", "cp_async_commit",
     "cp_async_wait_all", "cp_async_wait_one", "cp_async_wait_two",
     # warp
     "shfl_xor", "warp_uniform", "syncwarp",

@@ -34,8 +34,9 @@
 - ``prefetch_bulk_l2(arr, i0, i1, nbytes)``: the same for ``nbytes`` bytes (a multiple of
   16) from ``arr[i0, i1, 0, ...]`` on (a C-contiguous array of two or more axes, 16-byte
   aligned there), in one instruction (``cp.async.bulk.prefetch.L2``): e.g. a tile of a
-  cache's rows, ahead of its copy into shared memory. The simulator checks the indices, the
-  alignment and that the bytes lie inside the array.
+  cache's rows, ahead of its copy into shared memory (tried so in the seesaw kernel, and
+  slower: docs/kernels/mma.md). The simulator checks the indices, the alignment and that the
+  bytes lie inside the array.
 - ``cp_async_commit()`` closes a group of copies, ``cp_async_wait_all()`` waits for this
   thread's groups (``cp_async_wait_one()``: all but its most recent one;
   ``cp_async_wait_two()``: all but its two most recent ones); a barrier then
@@ -366,7 +367,7 @@ def _prefetch_bulk_l2_twin(arr, i0, i1, nbytes):
         raise RuntimeError("prefetch_bulk_l2: the array is not C-contiguous")
     start = int(np.ravel_multi_index((int(i0), int(i1)) + (0,) * (data.ndim - 2), data.shape))
     start *= data.itemsize
-    _aligned(start, 16, "prefetch_bulk_l2", "byte offset")
+    _aligned(_address(data) + start, 16, "prefetch_bulk_l2", "global address")
     if nbytes % 16 or nbytes <= 0:
         raise RuntimeError(f"prefetch_bulk_l2: size {nbytes} is not a positive multiple of 16")
     if start + nbytes > data.nbytes:
