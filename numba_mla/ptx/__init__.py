@@ -39,7 +39,7 @@ from .mma_sync import ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_t
 from .shared import (aligned16, aligned_x4, cp_async4_at, cp_async16_at, cp_async16_ca_at,
                      cp_async_commit, cp_async_wait_all, cp_async_wait_one, cp_async_wait_two,
                      global_addr, ld_global_x4, lds32, lds64, lds128, prefetch_bulk_l2,
-                     prefetch_l2, smem_addr,
+                     prefetch_l2, prefetch_l2_3d, smem_addr,
                      st_global_x2, st_global_x4, sts32, sts64, sts128)
 from .tma import bulk_commit, bulk_store, bulk_wait_read, tensor_map, tma_load
 from .warp import shfl_xor, syncwarp, warp_uniform
@@ -55,7 +55,7 @@ __all__ = [
     # shared memory and asynchronous copies
     "smem_addr", "lds32", "sts32", "lds64", "lds128", "sts64", "sts128",
     "aligned_x4", "aligned16", "st_global_x2", "st_global_x4", "ld_global_x4",
-    "global_addr", "prefetch_l2", "prefetch_bulk_l2", "cp_async4_at", "cp_async16_at",
+    "global_addr", "prefetch_l2", "prefetch_bulk_l2", "prefetch_l2_3d", "cp_async4_at", "cp_async16_at",
     "cp_async16_ca_at", "cp_async_commit",
     "cp_async_wait_all", "cp_async_wait_one", "cp_async_wait_two",
     # warp

@@ -357,6 +357,27 @@ def prefetch_l2(typingctx, arr, i0, i1):
     return sig, cg
 
 
+def _prefetch_l2_3d_twin(arr, i0, i1, i2):
+    data = np.asarray(getattr(arr, "_ary", arr))
+    at = (int(i0), int(i1), int(i2))
+    if not all(0 <= i < n for i, n in zip(at, data.shape)):
+        raise IndexError(f"prefetch_l2_3d: index {at} out of bounds for an array of shape "
+                         f"{tuple(data.shape)}")
+
+
+@intrinsic_with_twin(_prefetch_l2_3d_twin)
+def prefetch_l2_3d(typingctx, arr, i0, i1, i2):
+    sig = types.void(arr, i0, i1, i2)
+
+    def cg(ctx, b, s, args):
+        addr = global_window(b, item_pointer(ctx, b, s.args[0], args[0], args[1:4], s.args[1:4]))
+        fnty = ir.FunctionType(ir.VoidType(), [i64])
+        b.call(ir.InlineAsm(fnty, "prefetch.global.L2 [$0];", "l", side_effect=True), [addr])
+        return ctx.get_dummy_value()
+
+    return sig, cg
+
+
 def _prefetch_bulk_l2_twin(arr, i0, i1, nbytes):
     # (what the GPU would fault on, or silently read past, fails here)
     data = np.asarray(getattr(arr, "_ary", arr))
