@@ -229,6 +229,38 @@ def test_prefetch_bulk_l2_outside_raises_in_simulator(i0, i1, nbytes, match):
         prefetch[1, 1](cuda.to_device(np.zeros((8, 16, 16), np.int32)))
 
 
+@cuda.jit
+def prefetch_lines_then_load(cache, out):
+    # thread t prefetches the line of word 32 (t % 2) of row t // 2 of page 1, then every
+    # thread reads another's word
+    t = cuda.threadIdx.x
+    ptx.prefetch_l2_3d(cache, 1, t // 2, 32 * (t % 2))
+    cuda.syncthreads()
+    out[t] = cache[1, (31 - t) // 2, 32 * ((31 - t) % 2) + 5]
+
+
+@pytest.mark.kernel
+def test_prefetch_l2_3d_changes_nothing(rng):
+    """``ptx.prefetch_l2_3d`` (``prefetch.global.L2`` of a 3-D array's element) compiles and
+    runs, and the loads after it read what the array holds."""
+    cache = rng.integers(-1000, 1000, (2, 16, 64)).astype(np.int32)
+    out = cuda.to_device(np.zeros(32, np.int32))
+    prefetch_lines_then_load[1, 32](cuda.to_device(cache), out)
+    t = np.arange(32)
+    assert np.array_equal(out.copy_to_host(), cache[1, (31 - t) // 2, 32 * ((31 - t) % 2) + 5])
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's bounds check: simulator only")
+@pytest.mark.parametrize("at", [(2, 0, 0), (0, 16, 0), (0, 0, 64), (0, -1, 0)])
+def test_prefetch_l2_3d_out_of_bounds_raises_in_simulator(at):
+    @cuda.jit
+    def prefetch(cache):
+        ptx.prefetch_l2_3d(cache, at[0], at[1], at[2])
+
+    with pytest.raises(Exception, match="out of bounds"):
+        prefetch[1, 1](cuda.to_device(np.zeros((2, 16, 64), np.int32)))
+
+
 @pytest.mark.skipif(not SIMULATOR, reason="the simulator's alignment check: simulator only")
 def test_prefetch_bulk_l2_misaligned_raises_in_simulator():
     """An array that starts 4 bytes past a 16-byte boundary: a bulk prefetch from its first

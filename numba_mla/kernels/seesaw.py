@@ -91,11 +91,12 @@ LAG_HEADS = 64
 # grid kernel's, the next item's copies after it. On an H100 at 188293c the two took the
 # same time within 2.5% on the varlen sweep (the runs form is off: selector.SEESAW_RUNS)
 RUNS_AHEAD = True
-# 16-bit rows: warpgroup 0's thread 0 brings the tiles this many pairs ahead into L2
-# (``ptx.prefetch_bulk_l2``, after its softmax), so that their copies into shared memory,
-# issued only when a buffer frees, find them there rather than in DRAM; 0: none (the
-# factory passes it as ``prefetch``). Not yet timed (docs/kernels/mma.md, "Where its time
-# goes").
+# 16-bit rows: after its softmax, warpgroup 0 brings the tiles this many pairs ahead into L2,
+# a 128-byte line a thread at a time (``prefetch_tile``), so that their copies into shared
+# memory, issued only when a buffer frees, find them there rather than in DRAM; 0: none (the
+# factory passes it as ``prefetch``). Off and not yet timed in this form; as one bulk
+# prefetch a tile by thread 0 (in the copy engine's queue, ahead of the tiles' copies) it was
+# 1.005-1.34x slower on an H100 (docs/kernels/mma.md, "Where its time goes").
 PREFETCH_PAIRS = 0
 ROW_BYTES = 2 * D_QK  # a cache row of 16-bit values
 LINE_WORDS = 32  # an L2 line (128 bytes) of int32 words

@@ -31,6 +31,8 @@
   the indices must be in bounds) into the L2 cache (``prefetch.global.L2``): nothing waits
   for it and nothing changes but where a later load finds the line. The simulator does
   nothing, after checking the indices.
+- ``prefetch_l2_3d(arr, i0, i1, i2)``: the same for the line of ``arr[i0, i1, i2]`` (a 3-D
+  array, e.g. a cache's storage: a warpgroup's threads each bring a line of a tile).
 - ``prefetch_bulk_l2(arr, i0, i1, nbytes)``: the same for ``nbytes`` bytes (a multiple of
   16) from ``arr[i0, i1, 0, ...]`` on (a C-contiguous array of two or more axes, 16-byte
   aligned there), in one instruction (``cp.async.bulk.prefetch.L2``): e.g. a tile of a
