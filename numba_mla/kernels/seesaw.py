@@ -185,8 +185,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     each block walks a run of items, which may cross sequences), writing the workspace
     (16-bit rows only); ``ahead``: with it, each item's output goes from the registers to the
     workspace and the next item's copies start under it (``walk``). ``prefetch``: on 16-bit
-    rows, warpgroup 0's thread 0 brings the tiles that many pairs ahead into L2 (0: none;
-    ``PREFETCH_PAIRS``)."""
+    rows, warpgroup 0's threads bring the tiles that many pairs ahead into L2, a line each at
+    a time (0: none; ``PREFETCH_PAIRS``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
