@@ -220,20 +220,10 @@ def test_listed_schedule(layout, rng, monkeypatch):
         assert merge._config is not None
 
 
-def run_forced_schedule(rng, monkeypatch, layout, lengths):
-    """A schedule test's problem under "mma" ("padded": one token of 2 heads, no mask;
-    "ragged": 2 + 1 + 0 + 2 tokens of 33 heads, causal), checked three ways against the
-    references with out pre-filled with NaN, and on a GPU run twice for the same bits;
-    returns the plans made."""
+def record_plans(monkeypatch):
+    """A list that gets every plan ``launch.Plan`` makes from now on (the test's)."""
     from numba_mla import launch
 
-    if layout == "ragged":
-        p = make_problem(rng, 4, 2, 33, lengths, DTYPES["bf16"], "paged", mma.BLOCK_N,
-                         ragged=True, q_counts=[2, 1, 0, 2])
-        mask = nm.CausalMask()
-    else:
-        p = make_problem(rng, 4, 1, 2, lengths, DTYPES["bf16"], "paged", mma.BLOCK_N)
-        mask = nm.NullMask()
     plans = []
     plan_of = launch.Plan
 
@@ -242,6 +232,22 @@ def run_forced_schedule(rng, monkeypatch, layout, lengths):
         return plans[-1]
 
     monkeypatch.setattr(launch, "Plan", recording_plan)
+    return plans
+
+
+def run_forced_schedule(rng, monkeypatch, layout, lengths):
+    """A schedule test's problem under "mma" ("padded": one token of 2 heads, no mask;
+    "ragged": 2 + 1 + 0 + 2 tokens of 33 heads, causal), checked three ways against the
+    references with out pre-filled with NaN, and on a GPU run twice for the same bits;
+    returns the plans made."""
+    if layout == "ragged":
+        p = make_problem(rng, 4, 2, 33, lengths, DTYPES["bf16"], "paged", mma.BLOCK_N,
+                         ragged=True, q_counts=[2, 1, 0, 2])
+        mask = nm.CausalMask()
+    else:
+        p = make_problem(rng, 4, 1, 2, lengths, DTYPES["bf16"], "paged", mma.BLOCK_N)
+        mask = nm.NullMask()
+    plans = record_plans(monkeypatch)
     golden, same = references(p, mask)
     outs = []
     for _ in range(1 if _compat.SIMULATOR else 2):
@@ -318,21 +324,13 @@ def test_seesaw_prefetch(prefetch, kind, rng, monkeypatch):
     capacity (past the array's end: the simulator's bounds check fails without that). Paged:
     pages of one tile. The results as without it, checked three ways, out pre-filled with
     NaN; on a GPU a second run gives the same bits."""
-    from numba_mla import launch
     from numba_mla.kernels import seesaw
 
     monkeypatch.setattr(seesaw, "PREFETCH_PAIRS", prefetch)
     tile = mma.BLOCK_N
     p = make_problem(rng, 2, 1, 2, [5 * tile - 20, 7 * tile - 44], DTYPES["bf16"], kind, tile)
     assert kind == "paged" or p.cache.storage.shape[1] < 7 * tile  # capacity inside the tile
-    plans = []
-    plan_of = launch.Plan
-
-    def recording_plan(call, *args, **kwargs):
-        plans.append(plan_of(call, *args, **kwargs))
-        return plans[-1]
-
-    monkeypatch.setattr(launch, "Plan", recording_plan)
+    plans = record_plans(monkeypatch)
     mask = nm.NullMask()
     golden, same = references(p, mask)
     outs = []

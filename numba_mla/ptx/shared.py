@@ -338,46 +338,35 @@ def global_addr(typingctx, src, i0, i1, i2):
     return sig, cg
 
 
-def _prefetch_l2_twin(arr, i0, i1):
+def _check_line(name, arr, at):
     # (an index out of bounds fails here, as a GPU might fault; NumPy would take a negative
     # one from the end)
-    if not (0 <= int(i0) < arr.shape[0] and 0 <= int(i1) < arr.shape[1]):
-        raise IndexError(f"prefetch_l2: index ({int(i0)}, {int(i1)}) out of bounds for an "
-                         f"array of shape {tuple(arr.shape)}")
+    at = tuple(int(i) for i in at)
+    if not all(0 <= i < n for i, n in zip(at, arr.shape)):
+        raise IndexError(f"{name}: index {at} out of bounds for an array of shape "
+                         f"{tuple(arr.shape)}")
 
 
-@intrinsic_with_twin(_prefetch_l2_twin)
+def _prefetch_line_cg(nidx):
+    """The code of a ``prefetch.global.L2`` of the line of ``arr[i0, .., i{nidx - 1}]``."""
+    def cg(ctx, b, s, args):
+        idx, tys = args[1:1 + nidx], s.args[1:1 + nidx]
+        addr = global_window(b, item_pointer(ctx, b, s.args[0], args[0], idx, tys))
+        fnty = ir.FunctionType(ir.VoidType(), [i64])
+        b.call(ir.InlineAsm(fnty, "prefetch.global.L2 [$0];", "l", side_effect=True), [addr])
+        return ctx.get_dummy_value()
+
+    return cg
+
+
+@intrinsic_with_twin(lambda arr, i0, i1: _check_line("prefetch_l2", arr, (i0, i1)))
 def prefetch_l2(typingctx, arr, i0, i1):
-    sig = types.void(arr, i0, i1)
-
-    def cg(ctx, b, s, args):
-        addr = global_window(b, item_pointer(ctx, b, s.args[0], args[0], args[1:3], s.args[1:3]))
-        fnty = ir.FunctionType(ir.VoidType(), [i64])
-        b.call(ir.InlineAsm(fnty, "prefetch.global.L2 [$0];", "l", side_effect=True), [addr])
-        return ctx.get_dummy_value()
-
-    return sig, cg
+    return types.void(arr, i0, i1), _prefetch_line_cg(2)
 
 
-def _prefetch_l2_3d_twin(arr, i0, i1, i2):
-    data = np.asarray(getattr(arr, "_ary", arr))
-    at = (int(i0), int(i1), int(i2))
-    if not all(0 <= i < n for i, n in zip(at, data.shape)):
-        raise IndexError(f"prefetch_l2_3d: index {at} out of bounds for an array of shape "
-                         f"{tuple(data.shape)}")
-
-
-@intrinsic_with_twin(_prefetch_l2_3d_twin)
+@intrinsic_with_twin(lambda arr, i0, i1, i2: _check_line("prefetch_l2_3d", arr, (i0, i1, i2)))
 def prefetch_l2_3d(typingctx, arr, i0, i1, i2):
-    sig = types.void(arr, i0, i1, i2)
-
-    def cg(ctx, b, s, args):
-        addr = global_window(b, item_pointer(ctx, b, s.args[0], args[0], args[1:4], s.args[1:4]))
-        fnty = ir.FunctionType(ir.VoidType(), [i64])
-        b.call(ir.InlineAsm(fnty, "prefetch.global.L2 [$0];", "l", side_effect=True), [addr])
-        return ctx.get_dummy_value()
-
-    return sig, cg
+    return types.void(arr, i0, i1, i2), _prefetch_line_cg(3)
 
 
 def _prefetch_bulk_l2_twin(arr, i0, i1, nbytes):
