@@ -72,17 +72,6 @@ cluster_sync = void_asm("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait
 
 
 @intrinsic
-def mbar_init(typingctx, bar, count):
-    def cg(ctx, b, sig, args):
-        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32]),
-                           "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}",
-                           side_effect=True)
-        b.call(asm, [addr32(ctx, b, args[0], sig.args[0]), addr32(ctx, b, args[1], sig.args[1])])
-        return ctx.get_dummy_value()
-    return types.void(bar, count), cg
-
-
-@intrinsic
 def arrive_at(typingctx, bar, rank):
     """Arrive on the mbarrier at ``bar`` in block ``rank``'s shared memory (this block's own
     where ``rank`` is its own)."""
@@ -141,9 +130,9 @@ def make_kernel(multicast):
         row0 = (blk // 2) * tiles * 64
         if tid == 0:
             for k in range(2 * BOXES):
-                mbar_init(base + FULL + 8 * k, 1)
-                mbar_init(base + EMPTY + 8 * k, 2)
-                mbar_init(base + CONSUMED + 8 * k, NT // 32)
+                ptx.mbar_init(sm, base + FULL + 8 * k, 1)
+                ptx.mbar_init(sm, base + EMPTY + 8 * k, 2)
+                ptx.mbar_init(sm, base + CONSUMED + 8 * k, NT // 32)
             ptx.mbar_fence_init()
         if multicast:
             cluster_sync()

@@ -372,9 +372,7 @@ def prefetch_l2_3d(typingctx, arr, i0, i1, i2):
 def _prefetch_bulk_l2_twin(arr, i0, i1, nbytes):
     # (what the GPU would fault on, or silently read past, fails here)
     data = np.asarray(getattr(arr, "_ary", arr))
-    if not (0 <= int(i0) < data.shape[0] and 0 <= int(i1) < data.shape[1]):
-        raise IndexError(f"prefetch_bulk_l2: index ({int(i0)}, {int(i1)}) out of bounds for an "
-                         f"array of shape {tuple(data.shape)}")
+    _check_line("prefetch_bulk_l2", data, (i0, i1))
     if not data.flags.c_contiguous:
         raise RuntimeError("prefetch_bulk_l2: the array is not C-contiguous")
     start = int(np.ravel_multi_index((int(i0), int(i1)) + (0,) * (data.ndim - 2), data.shape))
