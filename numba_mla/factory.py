@@ -287,18 +287,16 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     converts the tiles (the dispatcher's ``whole_program`` is then True: launch.py builds
     it from its PTX with the driver's JIT, which keeps ``setmaxnreg``); ``runs``: its blocks
     walk the runs schedule's items (heuristics.run_schedule), writing the workspace, each
-    item's output from the registers where ``seesaw.RUNS_AHEAD``; on 16-bit rows, the tiles
-    ``seesaw.PREFETCH_PAIRS`` pairs ahead brought into L2."""
+    item's output from the registers where ``seesaw.RUNS_AHEAD``."""
     from .kernels import seesaw
 
     ahead = runs and seesaw.RUNS_AHEAD
-    prefetch = 0 if fp8 else seesaw.PREFETCH_PAIRS
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
                                             store=_output_store(tag, direct), listed=listed,
                                             fp8=fp8, converter=converter, runs=runs,
-                                            ahead=ahead, prefetch=prefetch,
+                                            ahead=ahead,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         if converter:  # (setmaxnreg moves the registers it was launched with)
@@ -308,7 +306,6 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     return _cached(("seesaw", tag, heads, direct, listed) + ((("fp8", fp8),) if fp8 else ())
                    + ((("converter", True),) if converter else ())
                    + ((("runs", ahead),) if runs else ())
-                   + ((("prefetch", prefetch),) if prefetch else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -308,38 +308,3 @@ def test_runs_schedule(layout, ahead, order, rng, monkeypatch):
     spec = plans[0].spec
     assert spec.backend == "seesaw" and spec.work is table and spec.runs == 3 * groups
     assert spec.grid(4) == (3 * groups, 1, 1) and spec.num_partitions == 2
-
-
-# ---------------------------------------------------------------------------------------------
-# The seesaw kernel's L2 prefetch of the tiles ahead (kernels/seesaw.py, ``PREFETCH_PAIRS``)
-# ---------------------------------------------------------------------------------------------
-@pytest.mark.kernel
-@pytest.mark.parametrize("prefetch,kind", [(2, "contiguous"), (1, "paged")])
-def test_seesaw_prefetch(prefetch, kind, rng, monkeypatch):
-    """``seesaw.PREFETCH_PAIRS``: warpgroup 0's thread 0 brings the tiles one or two pairs
-    ahead into L2 (``ptx.prefetch_bulk_l2``). Two sequences of 5 and 7 tiles (the last ones
-    partial) in one partition each, one query row of 2 heads: the prefetches reach every
-    tile but the first pair's, and the last sequence's last tile in a contiguous cache whose
-    capacity ends inside that tile, where the prefetch must leave out the rows past the
-    capacity (past the array's end: the simulator's bounds check fails without that). Paged:
-    pages of one tile. The results as without it, checked three ways, out pre-filled with
-    NaN; on a GPU a second run gives the same bits."""
-    from numba_mla.kernels import seesaw
-
-    monkeypatch.setattr(seesaw, "PREFETCH_PAIRS", prefetch)
-    tile = mma.BLOCK_N
-    p = make_problem(rng, 2, 1, 2, [5 * tile - 20, 7 * tile - 44], DTYPES["bf16"], kind, tile)
-    assert kind == "paged" or p.cache.storage.shape[1] < 7 * tile  # capacity inside the tile
-    plans = record_plans(monkeypatch)
-    mask = nm.NullMask()
-    golden, same = references(p, mask)
-    outs = []
-    for _ in range(1 if _compat.SIMULATOR else 2):
-        out = np.full(p.out_shape, np.nan, p.dtype)
-        _, lse = p.run(nm, mask=mask, num_partitions=1, return_lse=True, out=out, backend="mma")
-        outs.append((out, lse))
-    assert plans[0].spec.backend == "seesaw", plans[0].spec
-    for got, ref, gold, what in zip(outs[0], same, golden, ("out", "lse")):
-        assert_three_way(got, ref, gold, floor=fp32_floor(gold, "mma"), what=what)
-    for a, b in zip(outs[0], outs[-1]):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))

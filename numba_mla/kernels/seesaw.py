@@ -55,7 +55,7 @@ from numba import cuda, float32, int32, uint64
 
 from .. import ptx
 from .._compat import JIT_OPTIONS, SIMULATOR
-from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
+from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles)
 from .transposed import q_power
 from .mma import (BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, O_BYTES, O_PITCH,
@@ -91,17 +91,6 @@ LAG_HEADS = 64
 # grid kernel's, the next item's copies after it. On an H100 at 188293c the two took the
 # same time within 2.5% on the varlen sweep (the runs form is off: selector.SEESAW_RUNS)
 RUNS_AHEAD = True
-# 16-bit rows: after its softmax, warpgroup 0 brings the tiles this many pairs ahead into L2,
-# a 128-byte line a thread at a time (``prefetch_tile``), so that their copies into shared
-# memory, issued only when a buffer frees, find them there rather than in DRAM; 0: none (the
-# factory passes it as ``prefetch``). Off and not yet timed in this form; as one bulk
-# prefetch a tile by thread 0 (in the copy engine's queue, ahead of the tiles' copies) it was
-# 1.005-1.34x slower on an H100 (docs/kernels/mma.md, "Where its time goes").
-PREFETCH_PAIRS = 0
-ROW_BYTES = 2 * D_QK  # a cache row of 16-bit values
-LINE_WORDS = 32  # an L2 line (128 bytes) of int32 words
-LINES_PER_ROW = ROW_BYTES // 128  # 9
-LINE_ROUNDS = (LINES_PER_ROW + 1) // 2  # a thread's lines of a row (its half of them: 5)
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -172,7 +161,7 @@ def convert_order(buf, n):
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
-                          converter=False, runs=False, ahead=False, prefetch=0):
+                          converter=False, runs=False, ahead=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -184,9 +173,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     the grid is the runs schedule's blocks and ``chunk`` its table (heuristics.run_schedule:
     each block walks a run of items, which may cross sequences), writing the workspace
     (16-bit rows only); ``ahead``: with it, each item's output goes from the registers to the
-    workspace and the next item's copies start under it (``walk``). ``prefetch``: on 16-bit
-    rows, warpgroup 0's threads bring the tiles that many pairs ahead into L2, a line each at
-    a time (0: none; ``PREFETCH_PAIRS``)."""
+    workspace and the next item's copies start under it (``walk``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
@@ -194,7 +181,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
     assert not runs or NTHREADS & (NTHREADS - 1) == 0, "the runs form masks the thread index"
     FP8 = fp8 is not None
-    PREFETCH = 0 if FP8 else prefetch
     CONV = converter
     SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
     H = heads
@@ -244,21 +230,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         tile aligned to 64 keys lies in one page, so its rows follow."""
         pg, sl = locate(block_table, page_size, npages, b, k0)
         return pg * page_size + sl
-
-    @cuda.jit(device=True)
-    def prefetch_tile(storage, block_table, page_size, npages, b, kstart, t, t_end, wtid):
-        """(A warpgroup) Start bringing tile ``t``'s rows into L2, if it is one of the walk's
-        (``t < t_end``), a 128-byte line at a time (``prefetch.global.L2``: not the copy
-        engine's queue, which the tiles' copies wait in); rows past the page's end (a
-        contiguous cache's last tile) are left out."""
-        if t < t_end:
-            pg, sl = locate(block_table, page_size, npages, b, kstart + t * BLOCK_N)
-            r = wtid >> 1  # two threads a row: the even lines, the odd ones
-            if r < min(BLOCK_N, page_size - sl):
-                for k in range(LINE_ROUNDS):
-                    c = (wtid & 1) + 2 * k
-                    if c < LINES_PER_ROW:
-                        ptx.prefetch_l2_3d(storage, pg, sl + r, c * LINE_WORDS)
 
     @cuda.jit(device=True)
     def load_boxes(smk, sb, buf, tmap, storage, row, lo, hi):
@@ -853,12 +824,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         l_run[half] += sums[half]
                         if lag:
                             l_p[half] += sums_p[half]
-                    if PREFETCH:
-                        ahead = 2 * (PREFETCH - 1)  # tiles past the next pair's
-                        prefetch_tile(storage, block_table, page_size, npages, b, kstart,
-                                      t2 + ahead, t_end, wtid)
-                        prefetch_tile(storage, block_table, page_size, npages, b, kstart,
-                                      t3 + ahead, t_end, wtid)
                     if k1 - k0 < BLOCK_N:
                         zero_rows(smk, sb, 0, k1 - k0, wtid)
                     ptx.fence_proxy_async()

@@ -32,7 +32,8 @@
   for it and nothing changes but where a later load finds the line. The simulator does
   nothing, after checking the indices.
 - ``prefetch_l2_3d(arr, i0, i1, i2)``: the same for the line of ``arr[i0, i1, i2]`` (a 3-D
-  array, e.g. a cache's storage: a warpgroup's threads each bring a line of a tile).
+  array, e.g. a cache's storage: a warpgroup's threads each bring a line of a tile; tried so
+  in the seesaw kernel, and slower: docs/kernels/mma.md).
 - ``prefetch_bulk_l2(arr, i0, i1, nbytes)``: the same for ``nbytes`` bytes (a multiple of
   16) from ``arr[i0, i1, 0, ...]`` on (a C-contiguous array of two or more axes, 16-byte
   aligned there), in one instruction (``cp.async.bulk.prefetch.L2``): e.g. a tile of a
