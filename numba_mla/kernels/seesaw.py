@@ -91,6 +91,12 @@ LAG_HEADS = 64
 # grid kernel's, the next item's copies after it. On an H100 at 188293c the two took the
 # same time within 2.5% on the varlen sweep (the runs form is off: selector.SEESAW_RUNS)
 RUNS_AHEAD = True
+# Experiment (0: off): this many dependent FMAs compiled into the grid kernel's start,
+# in a branch no call takes (a length of -1), to move its loops further into the code
+# without changing what runs; where the loops lie in the code and how large it is around
+# them are what tell the runs kernel from the grid kernel in the instruction fetch
+# (docs/performance.md, "The runs schedule").
+CODE_PAD = 0
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -979,6 +985,17 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                    p, tid)
         return parity
 
+    if CODE_PAD:
+        src = ["def pad(x):"] + [f"    x = x * x + float32({k}.5)"
+                                 for k in range(CODE_PAD)] + ["    return x"]
+        env = {"float32": float32}
+        exec("\n".join(src), env)
+        pad = cuda.jit(device=True, forceinline=True)(env["pad"])
+    else:
+        @cuda.jit(device=True)
+        def pad(x):
+            return x
+
     @cuda.jit(**(dict(JIT_OPTIONS, launch_bounds=(CONV_THREADS, 1)) if CONV and not SIMULATOR
                  else JIT_OPTIONS))
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
@@ -1007,6 +1024,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
         if tid < BLOCK_M:
             smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
+        if CODE_PAD and not FP8 and length == -1:
+            part_lse[0, 0, 0] = pad(scale)
         if tid == 0:
             set_up_barriers(smk, sb)
         cuda.syncthreads()
