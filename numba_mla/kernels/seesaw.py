@@ -91,12 +91,11 @@ LAG_HEADS = 64
 # grid kernel's, the next item's copies after it. On an H100 at 188293c the two took the
 # same time within 2.5% on the varlen sweep (the runs form is off: selector.SEESAW_RUNS)
 RUNS_AHEAD = True
-# Experiment (0: off): this many dependent FMAs compiled into the grid kernel's start,
-# in a branch no call takes (a length of -1), to move its loops further into the code
-# without changing what runs; where the loops lie in the code and how large it is around
-# them are what tell the runs kernel from the grid kernel in the instruction fetch
-# (docs/performance.md, "The runs schedule").
-CODE_PAD = 0
+# At a block's entry thread 0 starts bringing in what its first copies wait for: the two tensor
+# maps (``prefetch.tensormap``) and, in the grid kernel, the page-table entry of its first
+# tile (guessed as partition p's first tile at p * chunk tiles from key 0, as the transposed
+# kernel does: right for masks that keep the first keys, a line lost otherwise) into L2.
+ENTRY_PREFETCH = True
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -985,23 +984,19 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                    p, tid)
         return parity
 
-    if CODE_PAD:
-        src = ["def pad(x):"] + [f"    x = x * x + float32({k}.5)"
-                                 for k in range(CODE_PAD)] + ["    return x"]
-        env = {"float32": float32}
-        exec("\n".join(src), env)
-        pad = cuda.jit(device=True, forceinline=True)(env["pad"])
-    else:
-        @cuda.jit(device=True)
-        def pad(x):
-            return x
-
     @cuda.jit(**(dict(JIT_OPTIONS, launch_bounds=(CONV_THREADS, 1)) if CONV and not SIMULATOR
                  else JIT_OPTIONS))
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse, tmap_q, tmap_kv):
         b, r0, p, nparts, run = block_work(chunk)
         tid = cuda.threadIdx.x
+        if ENTRY_PREFETCH and tid == 0:
+            ptx.prefetch_tensormap(tmap_q)
+            ptx.prefetch_tensormap(tmap_kv)
+            if run > 0 and block_table.shape[0] > 0 and block_table.shape[1] > 0:
+                entry = ptx.divmod_u32(p * run * BLOCK_N, storage.shape[1])[0]
+                ptx.prefetch_l2(block_table, min(b, block_table.shape[0] - 1),
+                                min(entry, block_table.shape[1] - 1))
         wg, wtid, lane = roles(tid)
         smk = cuda.shared.array(0, int32)
         smf = cuda.shared.array(0, float32)
@@ -1024,8 +1019,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if t0 < t_end else t_end
         if tid < BLOCK_M:
             smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
-        if CODE_PAD and not FP8 and length == -1:
-            part_lse[0, 0, 0] = pad(scale)
         if tid == 0:
             set_up_barriers(smk, sb)
         cuda.syncthreads()
@@ -1049,6 +1042,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         sb = ptx.smem_addr(smk)
         nparts = part_lse.shape[2]
         if tid == 0:
+            if ENTRY_PREFETCH:
+                ptx.prefetch_tensormap(tmap_q)
+                ptx.prefetch_tensormap(tmap_kv)
             set_up_barriers(smk, sb)
         # (the first item's block barrier below makes them visible before any use)
         w = cuda.blockIdx.x

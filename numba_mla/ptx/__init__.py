@@ -41,7 +41,8 @@ from .shared import (aligned16, aligned_x4, cp_async4_at, cp_async16_at, cp_asyn
                      global_addr, ld_global_x4, lds32, lds64, lds128, prefetch_bulk_l2,
                      prefetch_l2, prefetch_l2_3d, smem_addr,
                      st_global_x2, st_global_x4, sts32, sts64, sts128)
-from .tma import bulk_commit, bulk_store, bulk_wait_read, tensor_map, tma_load
+from .tma import (bulk_commit, bulk_store, bulk_wait_read, prefetch_tensormap, tensor_map,
+                  tma_load)
 from .warp import shfl_xor, syncwarp, warp_uniform
 from .wgmma import (desc_advance, fence_proxy_async, wgmma, wgmma_commit, wgmma_desc,
                     wgmma_fence, wgmma_rs, wgmma_wait, wgmma_wait2, wgmma_wait_pending)
@@ -70,7 +71,8 @@ __all__ = [
     "wgmma_desc", "desc_advance", "wgmma", "wgmma_rs", "wgmma_fence", "wgmma_commit",
     "wgmma_wait", "wgmma_wait2", "wgmma_wait_pending", "fence_proxy_async",
     # tma
-    "tensor_map", "tma_load", "bulk_store", "bulk_commit", "bulk_wait_read",
+    "tensor_map", "tma_load", "prefetch_tensormap", "bulk_store", "bulk_commit",
+    "bulk_wait_read",
     # mma.sync
     "mma_m16n8k16", "ldmatrix_x2", "ldmatrix_x2_trans", "ldmatrix_x4", "ldmatrix_x4_trans",
     # arithmetic

@@ -17,6 +17,10 @@ arrives, each copy signals its bytes, and the barrier's phase flips when both ar
   the shared ``addr`` (rows past the tensor's end read as zeros), completing on the mbarrier
   at ``bar``; ``evict_first``: with L2's evict-first policy for its lines. The box shape is
   the map's; here it serves the twin, as ``src`` (the array) does.
+- ``prefetch_tensormap(tmap)``: start bringing the tensor map ``tmap`` (a uint8 device array
+  of 128 bytes: ``tensor_map``'s) into the cache the copy engine reads maps from
+  (``prefetch.tensormap``), so that a block's first copy does not wait a trip to memory for
+  it; nothing else changes. The simulator checks the array.
 
 - ``bulk_store(smem, saddr, arr, i0, i1, i2, i3, nbytes)``: start copying ``nbytes`` bytes
   from the shared address ``saddr`` to ``arr[i0, i1, i2, i3:]`` (a 4-D array whose last axis
@@ -123,6 +127,24 @@ def tma_load(box_rows, box_cols=8, swizzle=False, evict_first=False):
         return sig, cg
 
     return load
+
+
+def _prefetch_tensormap_twin(tmap):
+    ary = np.asarray(getattr(tmap, "_ary", tmap))
+    if ary.dtype != np.uint8 or ary.ndim != 1 or ary.size < 128:
+        raise RuntimeError(f"prefetch_tensormap: not a tensor map ({ary.dtype}, {ary.shape})")
+
+
+@intrinsic_with_twin(_prefetch_tensormap_twin)
+def prefetch_tensormap(typingctx, tmap):
+    def cg(ctx, b, s, args):
+        mp = item_pointer(ctx, b, s.args[0], args[0], [ir.Constant(i64, 0)], [types.int64])
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64]), "prefetch.tensormap [$0];",
+                           "l", side_effect=True)
+        b.call(asm, [b.ptrtoint(mp, i64)])
+        return ctx.get_dummy_value()
+
+    return types.void(tmap), cg
 
 
 def _bulk_store_twin(smem, saddr, arr, i0, i1, i2, i3, nbytes):
