@@ -1,23 +1,33 @@
-"""Where a transposed-kernel block's time goes, block by block: a diagnostic build of
-kernels/transposed.py that reads the GPU's global timer (``%globaltimer_lo``, nanoseconds) at
-five points of every block and writes the readings over dims 0-4 of the block's first output
-row (the partition's results are then wrong: this is a measurement, never a result).
+"""Where a block's time goes, block by block: a diagnostic build of a kernel that reads the
+GPU's global timer (``%globaltimer_lo``, nanoseconds) at points of every block and writes the
+readings into the block's own results (which are then wrong: this is a measurement, never a
+result).
 
-The points: entry; Q's image in place (the prologue's barrier); the first tile's rows in place
-(the loop's first barrier); the loop's end; the epilogue's end (thread 0's stores issued).
+``--kernel transposed`` (kernels/transposed.py, "e4m3" rows at H = 16): five points (entry;
+Q's image in place, the prologue's barrier; the first tile's rows in place, the loop's first
+barrier; the loop's end; the epilogue's end, thread 0's stores issued), written over dims 0-4
+of the block's first output row of the workspace (split shapes only).
+
+``--kernel seesaw`` (kernels/seesaw.py's grid kernel, 16-bit rows): seven points read by
+thread 0 (warpgroup 0): entry; the walk's start (after the block's set-up barrier); Q in
+place; the first tile's S in its registers (its first scores); the pair loop's end; the
+output's start (the row sums and LSE in place, the last barrier); the output's stores
+issued. They are written over the LSE of the block's first seven rows (``lse``, or the
+workspace's where the shape splits), so every shape can be stamped, one partition or many.
+
 For each shape the partition kernel alone is launched once after the bench's L2 flush, three
 times, and the percentiles over blocks (0, 10, 50, 90, 100) of each point, in microseconds
 after the earliest entry, are printed and written to ``--out`` (JSON) with every block's
 readings.
 
 Usage (on a GPU machine, in the repository root):
-    python scripts/block_stamps.py --out stamps.json
+    python scripts/block_stamps.py --out stamps.json [--kernel seesaw]
 
 The build is a patched copy of the package in a temporary folder: the patch names the lines
-it inserts after, and stops with the line it did not find when kernels/transposed.py has
-changed under it. (The committed stamps, plots/block_stamps_transposed_*, were taken by this
-script's first form, with the same five points and shapes; this form has not yet run on a
-GPU.)
+it inserts after, and stops with the line it did not find when the kernel's module has
+changed under it (tests/test_block_stamps.py checks that both patches apply). The committed
+transposed stamps, plots/block_stamps_transposed_*, were taken by this script's first form,
+with the same five points and shapes.
 """
 import argparse
 import json
@@ -55,7 +65,7 @@ STORE = '''
             part_out[t_row0, h0, p, 4] = ptx.i32_as_f32(st4)
 '''
 #: (a line of the kernel, what goes after it), in order
-PATCH = [
+PATCH_TRANSPOSED = [
     ("from .. import ptx\n", TIMER),
     ("        smk = cuda.shared.array(0, int32)\n", "        st0 = _gtimer()\n"),
     ("        # The image and the exponents are in place.\n        cuda.syncthreads()\n",
@@ -66,27 +76,80 @@ PATCH = [
     ("        # -- the column sums: lanes g, then the four warps", None),
     ("                        part_out[t_row, h, p, d + 3] = store(y3)\n", STORE),
 ]
-POINTS = ("entry", "q ready", "tile0 in", "loop end", "end")
-SHAPES = ((64, 16, 4096, None), (128, 16, 8192, None), (64, 16, 1024, 4), (64, 16, 256, 4))
+SEESAW_STORE = '''
+        if tid == 0:
+            t_row0 = row0 + r0 // H
+            h0 = r0 % H
+            for i, st in enumerate((int32(scan_from), stw, stq, sts, ste, sto, _gtimer())):
+                part_lse[t_row0, h0 + i, p] = ptx.i32_as_f32(st)
+'''
+#: the seesaw grid kernel's: its entry's reading reaches the walk as ``scan_from`` (which only
+#: the runs kernel uses), the others are the walk's
+PATCH_SEESAW = [
+    ("from .. import ptx\n", TIMER),
+    ("                         part_out, part_lse, tmap_q, tmap_kv):\n"
+     "        b, r0, p, nparts, run = block_work(chunk)\n", "        st0 = _gtimer()\n"),
+    ("        if tid == 0 and t0 < t_end and not loaded:  # the queries, then the first pair's",
+     "<before>        stw = _gtimer()\n        stq = stw\n        sts = stw\n"),
+    ("            while not ptx.mbar_try_wait(smk, qbar, qphase):\n                pass\n",
+     "            stq = _gtimer()\n"),
+    ("                    scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,",
+     "<before>                    if sts == stw:\n                        sts = _gtimer()\n"),
+    ("        # -- the row sums of both warpgroups", "<before>        ste = _gtimer()\n"),
+    ("        write_rows(part_out, smf, sb, KV_OFF,", "<before>        sto = _gtimer()\n"),
+    ("                   p, tid)\n        return parity\n",
+     "<replace>                   p, tid)\n" + SEESAW_STORE[1:] + "        return parity\n"),
+    ("kend, t0, t1, t_end, 0, 0, False, 0, 0, chunk, q_offsets, lengths)",
+     "<replace>kend, t0, t1, t_end, 0, 0, False, st0, 0, chunk, q_offsets, lengths)"),
+]
+KERNELS = {  # module, patch, points, shapes (B, H, L, P: None for the library's split)
+    "transposed": ("transposed.py", PATCH_TRANSPOSED,
+                   ("entry", "q ready", "tile0 in", "loop end", "end"),
+                   ((64, 16, 4096, None), (128, 16, 8192, None), (64, 16, 1024, 4),
+                    (64, 16, 256, 4))),
+    "seesaw": ("seesaw.py", PATCH_SEESAW,
+               ("entry", "walk", "q ready", "first S", "loop end", "out start", "end"),
+               ((128, 128, 1024, None), (64, 128, 4096, None), (16, 128, 32768, None),
+                (1, 128, 65536, None))),
+}
 
 
-def patched_copy(dst):
-    """The package, with the stamps in transposed.py, under ``dst``."""
+def patched_copy(dst, kernel="transposed"):
+    """The package, with the stamps in ``kernel``'s module, under ``dst``."""
     shutil.copytree(os.path.join(ROOT, "numba_mla"), os.path.join(dst, "numba_mla"),
                     ignore=shutil.ignore_patterns("__pycache__"))
-    path = os.path.join(dst, "numba_mla", "kernels", "transposed.py")
+    module, patch = KERNELS[kernel][:2]
+    path = os.path.join(dst, "numba_mla", "kernels", module)
     src = open(path, encoding="utf-8").read()
-    for anchor, after in PATCH:
+    for anchor, after in patch:
         if src.count(anchor) < 1:
-            sys.exit(f"block_stamps: kernels/transposed.py has changed: no line {anchor!r}")
+            sys.exit(f"block_stamps: kernels/{module} has changed: no line {anchor!r}")
         if after is None:  # before the anchor: the loop's end
             src = src.replace(anchor, "        st3 = _gtimer()\n" + anchor, 1)
+        elif after.startswith("<before>"):
+            src = src.replace(anchor, after[len("<before>"):] + anchor, 1)
+        elif after.startswith("<replace>"):
+            src = src.replace(anchor, after[len("<replace>"):], 1)
         else:
             src = src.replace(anchor, anchor + after, 1)
     open(path, "w", encoding="utf-8").write(src)
 
 
-def measure(out):
+def block_stamps(kernel, partition, H, P, npoints):
+    """Every block's readings, [blocks, points] int64 (nanoseconds, 32 bits)."""
+    import numpy as np
+
+    if kernel == "transposed":
+        a = partition.args[8].copy_to_host()  # the workspace's output: dims 0-4, first row
+        return np.ascontiguousarray(a[:, 0, :, :npoints]).view(np.uint32).astype(np.int64) \
+            .reshape(-1, npoints)
+    lse = partition.args[9].copy_to_host()  # [T, H, P]: a block's first rows' LSE
+    groups = [lse[:, h0:h0 + npoints, :] for h0 in range(0, H, 64)]  # (Sq = 1: r0 = h0)
+    st = np.concatenate([g.transpose(0, 2, 1).reshape(-1, npoints) for g in groups])
+    return np.ascontiguousarray(st).view(np.uint32).astype(np.int64)
+
+
+def measure(out, kernel):
     import numpy as np
 
     from numba_mla.bench.configs import Config, Settings
@@ -99,49 +162,55 @@ def measure(out):
     dev = Device(use_torch=True)
     rng = np.random.default_rng(0)
     results = []
-    for B, H, L, P in SHAPES:
-        cfg = Config(B, H, L, kv="e4m3", num_partitions=P)
+    points, shapes = KERNELS[kernel][2:]
+    for B, H, L, P in shapes:
+        cfg = Config(B, H, L, kv="e4m3" if kernel == "transposed" else "same",
+                     num_partitions=P)
         problem = make_problem(cfg, dev, rng, settings, 0)
         prep = prov.prepare(problem)
-        launches = prep.run.__self__.launches  # (the plan's: ..., partition, combine)
-        if len(launches) < 2:
+        launches = prep.run.__self__.launches  # (the plan's: ..., partition[, combine])
+        if kernel == "transposed" and len(launches) < 2:
             sys.exit(f"block_stamps: {cfg.label} runs in one partition (no combine): the "
                      "stamps would overwrite the output itself; pick a split shape")
-        partition = launches[-2]
-        part_out = partition.args[8]
+        partition = launches[-2] if len(launches) >= 2 else launches[-1]
+        name = partition.dispatcher.py_func.__name__
+        if kernel == "seesaw" and "partition" not in name:
+            sys.exit(f"block_stamps: {cfg.label} did not run the seesaw grid kernel ({name})")
+        nparts = partition.args[9].shape[2] if kernel == "seesaw" else None
         for rep in range(3):
             event_us = time_gpu(dev, partition, 1, 1, settings.flush_bytes)[0]
-            a = part_out.copy_to_host()
-            st = np.ascontiguousarray(a[:, 0, :, :5]).view(np.uint32).astype(np.int64)
-            st = st.reshape(-1, 5)
+            st = block_stamps(kernel, partition, H, nparts, len(points))
             rel = ((st - st[:, 0].min()) % (1 << 32)) / 1000.0
             print(f"{cfg.label} rep {rep}: the kernel {event_us:.1f} us between events, "
                   f"{len(st)} blocks; percentiles 0/10/50/90/100 over blocks, us")
-            for i, name in enumerate(POINTS):
+            for i, name in enumerate(points):
                 q = np.percentile(rel[:, i], [0, 10, 50, 90, 100])
                 print(f"   {name:<9}" + " ".join(f"{v:6.1f}" for v in q))
-            results.append(dict(shape=cfg.label, rep=rep, event_us=event_us, points=POINTS,
+            results.append(dict(shape=cfg.label, rep=rep, event_us=event_us, points=points,
                                 stamps_us=rel.tolist()))
-        del prep, launches, partition, part_out, problem
+        del prep, launches, partition, problem
         dev.release()
     with open(out, "w") as f:
-        json.dump(dict(device=dev.name, results=results), f)
+        json.dump(dict(device=dev.name, kernel=kernel, results=results), f)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the JSON this writes")
+    ap.add_argument("--kernel", choices=sorted(KERNELS), default="transposed",
+                    help="the kernel to stamp (default: transposed)")
     ap.add_argument("--measure", action="store_true", help="(child) run in the patched copy")
     args = ap.parse_args()
     if args.measure:
-        return measure(args.out)
+        return measure(args.out, args.kernel)
     with tempfile.TemporaryDirectory() as tmp:
-        patched_copy(tmp)
+        patched_copy(tmp, args.kernel)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [tmp] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
             NUMBA_MLA_CACHE_DIR=os.path.join(tmp, "kernels"))
         return subprocess.run([sys.executable, os.path.abspath(__file__), "--measure",
-                               "--out", os.path.abspath(args.out)], env=env, cwd=tmp).returncode
+                               "--kernel", args.kernel, "--out", os.path.abspath(args.out)],
+                              env=env, cwd=tmp).returncode
 
 
 if __name__ == "__main__":
