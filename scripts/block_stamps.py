@@ -15,13 +15,20 @@ output's start (the row sums and LSE in place, the last barrier); the output's s
 issued. They are written over the LSE of the block's first seven rows (``lse``, or the
 workspace's where the shape splits), so every shape can be stamped, one partition or many.
 
+``--kernel seesaw-runs``: the runs kernel (``selector.SEESAW_RUNS`` on, ``seesaw.RUNS_AHEAD``
+off, so that an item's output is staged as the grid kernel's) with the same readings from
+each item's walk (six: the walk's start in place of the block's entry), written over the
+LSE of the item's first rows in its slot of the workspace and read back item by item from
+the runs table, with each item's block and tiles; it prints a tile's median time in the
+loop beside the points.
+
 For each shape the partition kernel alone is launched once after the bench's L2 flush, three
 times, and the percentiles over blocks (0, 10, 50, 90, 100) of each point, in microseconds
 after the earliest entry, are printed and written to ``--out`` (JSON) with every block's
 readings.
 
 Usage (on a GPU machine, in the repository root):
-    python scripts/block_stamps.py --out stamps.json [--kernel seesaw]
+    python scripts/block_stamps.py --out stamps.json [--kernel seesaw|seesaw-runs]
 
 The build is a patched copy of the package in a temporary folder: the patch names the lines
 it inserts after, and stops with the line it did not find when the kernel's module has
@@ -102,15 +109,24 @@ PATCH_SEESAW = [
     ("kend, t0, t1, t_end, 0, 0, False, 0, 0, chunk, q_offsets, lengths)",
      "<replace>kend, t0, t1, t_end, 0, 0, False, st0, 0, chunk, q_offsets, lengths)"),
 ]
-KERNELS = {  # module, patch, points, shapes (B, H, L, P: None for the library's split)
+#: the runs kernel's: the same readings of each item's walk (its entry has none of its own)
+PATCH_RUNS = [(a, b.replace("(int32(scan_from), stw,", "(stw,")) for a, b in PATCH_SEESAW
+              if "st0" not in a + b]
+KERNELS = {  # module, patch, points, shapes (B, H, L, P: None for the library's split, spread)
     "transposed": ("transposed.py", PATCH_TRANSPOSED,
                    ("entry", "q ready", "tile0 in", "loop end", "end"),
-                   ((64, 16, 4096, None), (128, 16, 8192, None), (64, 16, 1024, 4),
-                    (64, 16, 256, 4))),
+                   ((64, 16, 4096, None, 0.0), (128, 16, 8192, None, 0.0), (64, 16, 1024, 4, 0.0),
+                    (64, 16, 256, 4, 0.0))),
     "seesaw": ("seesaw.py", PATCH_SEESAW,
                ("entry", "walk", "q ready", "first S", "loop end", "out start", "end"),
-               ((128, 128, 1024, None), (64, 128, 4096, None), (16, 128, 32768, None),
-                (1, 128, 65536, None))),
+               ((128, 128, 1024, None, 0.0), (64, 128, 4096, None, 0.0),
+                (16, 128, 32768, None, 0.0), (1, 128, 65536, None, 0.0))),
+    # the runs kernel (selector.SEESAW_RUNS) with its output staged as the grid kernel's
+    # (seesaw.RUNS_AHEAD off: the same code after the loop), a row of readings an item
+    "seesaw-runs": ("seesaw.py", PATCH_RUNS,
+                    ("walk", "q ready", "first S", "loop end", "out start", "end"),
+                    ((16, 128, 32768, None, 0.0), (16, 128, 32768, None, 0.5),
+                     (64, 128, 4096, None, 0.0), (1, 128, 65536, None, 0.0))),
 }
 
 
@@ -135,18 +151,35 @@ def patched_copy(dst, kernel="transposed"):
     open(path, "w", encoding="utf-8").write(src)
 
 
-def block_stamps(kernel, partition, H, P, npoints):
-    """Every block's readings, [blocks, points] int64 (nanoseconds, 32 bits)."""
+def block_stamps(kernel, partition, H, npoints):
+    """Every block's readings (every item's, for the runs kernel), [n, points] int64
+    (nanoseconds, 32 bits), and for the runs kernel each item's (block, tiles), else None."""
     import numpy as np
 
     if kernel == "transposed":
         a = partition.args[8].copy_to_host()  # the workspace's output: dims 0-4, first row
         return np.ascontiguousarray(a[:, 0, :, :npoints]).view(np.uint32).astype(np.int64) \
-            .reshape(-1, npoints)
-    lse = partition.args[9].copy_to_host()  # [T, H, P]: a block's first rows' LSE
-    groups = [lse[:, h0:h0 + npoints, :] for h0 in range(0, H, 64)]  # (Sq = 1: r0 = h0)
-    st = np.concatenate([g.transpose(0, 2, 1).reshape(-1, npoints) for g in groups])
-    return np.ascontiguousarray(st).view(np.uint32).astype(np.int64)
+            .reshape(-1, npoints), None
+    lse = partition.args[9].copy_to_host()  # [T, H, P]: a block's (item's) first rows' LSE
+    if kernel == "seesaw":
+        groups = [lse[:, h0:h0 + npoints, :] for h0 in range(0, H, 64)]  # (Sq = 1: r0 = h0)
+        st = np.concatenate([g.transpose(0, 2, 1).reshape(-1, npoints) for g in groups])
+        return np.ascontiguousarray(st).view(np.uint32).astype(np.int64), None
+    table = partition.args[7].copy_to_host()  # the runs table: block rows, then item rows
+    offsets = partition.args[1].copy_to_host()
+    lengths = partition.args[4].copy_to_host()
+    rows, info = [], []
+    for w in range(int(table[0, 0])):
+        for i in range(int(table[w, 0]), int(table[w, 0] + table[w, 1])):
+            b, g, slot, t0, t1 = (int(v) for v in table[i])
+            r0 = 64 * g
+            st = np.ascontiguousarray(lse[offsets[b] + r0 // H, r0 % H:r0 % H + npoints, slot])
+            st = st.view(np.uint32).astype(np.int64)
+            steps = np.diff(st) % (1 << 32)  # (an item that ran: in order, within 10 ms;
+            if np.all(steps < 10 ** 7) and steps.sum() > 0:  # one marked empty: -inf's bits)
+                rows.append(st)
+                info.append((w, (-(-int(lengths[b]) // 64) if t1 < 0 else t1) - t0))
+    return np.array(rows), np.array(info)
 
 
 def measure(out, kernel):
@@ -163,9 +196,14 @@ def measure(out, kernel):
     rng = np.random.default_rng(0)
     results = []
     points, shapes = KERNELS[kernel][2:]
-    for B, H, L, P in shapes:
+    if kernel == "seesaw-runs":
+        from numba_mla import selector
+        from numba_mla.kernels import seesaw
+
+        selector.SEESAW_RUNS, seesaw.RUNS_AHEAD = True, False
+    for B, H, L, P, spread in shapes:
         cfg = Config(B, H, L, kv="e4m3" if kernel == "transposed" else "same",
-                     num_partitions=P)
+                     num_partitions=P, spread=spread)
         problem = make_problem(cfg, dev, rng, settings, 0)
         prep = prov.prepare(problem)
         launches = prep.run.__self__.launches  # (the plan's: ..., partition[, combine])
@@ -174,20 +212,32 @@ def measure(out, kernel):
                      "stamps would overwrite the output itself; pick a split shape")
         partition = launches[-2] if len(launches) >= 2 else launches[-1]
         name = partition.dispatcher.py_func.__name__
-        if kernel == "seesaw" and "partition" not in name:
-            sys.exit(f"block_stamps: {cfg.label} did not run the seesaw grid kernel ({name})")
-        nparts = partition.args[9].shape[2] if kernel == "seesaw" else None
+        want = {"seesaw": "partition", "seesaw-runs": "runs"}.get(kernel)
+        if want and want not in name:
+            sys.exit(f"block_stamps: {cfg.label} did not run the {kernel} kernel ({name})")
+        unit = "items" if kernel == "seesaw-runs" else "blocks"
         for rep in range(3):
             event_us = time_gpu(dev, partition, 1, 1, settings.flush_bytes)[0]
-            st = block_stamps(kernel, partition, H, nparts, len(points))
+            st, info = block_stamps(kernel, partition, H, len(points))
             rel = ((st - st[:, 0].min()) % (1 << 32)) / 1000.0
             print(f"{cfg.label} rep {rep}: the kernel {event_us:.1f} us between events, "
-                  f"{len(st)} blocks; percentiles 0/10/50/90/100 over blocks, us")
+                  f"{len(st)} {unit}; percentiles 0/10/50/90/100 over {unit}, us")
             for i, name in enumerate(points):
                 q = np.percentile(rel[:, i], [0, 10, 50, 90, 100])
                 print(f"   {name:<9}" + " ".join(f"{v:6.1f}" for v in q))
-            results.append(dict(shape=cfg.label, rep=rep, event_us=event_us, points=points,
-                                stamps_us=rel.tolist()))
+            steps = np.median(np.diff(rel, axis=1), axis=0)
+            print("   median steps " + ", ".join(f"{a} -> {b} {v:.2f}" for a, b, v
+                                                 in zip(points, points[1:], steps)))
+            row = dict(shape=cfg.label, rep=rep, event_us=event_us, points=points,
+                       stamps_us=rel.tolist())
+            if info is not None:  # the runs kernel: items a block, a tile's time in the loop
+                loop = rel[:, points.index("loop end")] - rel[:, points.index("first S")]
+                per_tile = loop / np.maximum(info[:, 1] - 1, 1)
+                counts = np.bincount(info[:, 0])
+                print(f"   items a block {counts.min()}-{counts.max()}, loop a tile (median, "
+                      f"after the first) {np.median(per_tile):.2f} us")
+                row.update(block=info[:, 0].tolist(), tiles=info[:, 1].tolist())
+            results.append(row)
         del prep, launches, partition, problem
         dev.release()
     with open(out, "w") as f:
