@@ -19,7 +19,8 @@ Modules, by topic (each opens with the list of its primitives):
   grid launched behind another (``griddepcontrol.wait``).
 - ``accumulators``: the tensor-core accumulator fragment and whole-accumulator operations.
 - ``wgmma``: Hopper warpgroup products, their descriptors, fences and waits.
-- ``tma``: tensor maps, bulk tensor copies into shared memory and bulk copies out of it.
+- ``tma``: tensor maps and their prefetch, bulk tensor copies into shared memory and bulk
+  copies out of it.
 - ``mma_sync``: warp products (``mma.sync`` m16n8k16) and ``ldmatrix`` (kernels/mma_sync.py).
 - ``arith``: 32-bit ``divmod``, ``rcp`` and ``exp2_ftz`` without subroutine calls; byte
   permutes (``prmt``); a row's address from a 32-bit index.
