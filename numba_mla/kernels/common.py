@@ -182,6 +182,21 @@ def partition_tiles(ntiles, p, nparts, chunk):
 
 
 @cuda.jit(device=True)
+def prefetch_first_entry(block_table, b, p, chunk, block_n, page_size):
+    """(One thread, at a block's entry) Start bringing into L2 the page-table entry of split-K
+    partition ``p``'s first tile, guessed before the sequence's length is loaded: its tile
+    ``p * chunk`` of ``block_n`` keys from key 0 (``partition_tiles``), right for masks that
+    keep the first keys; a wrong guess costs a line. Nothing without a ``chunk``; the indices
+    are clamped to the table (a contiguous cache's is a placeholder). A block starts on a
+    chain of dependent loads (the sequence's offsets and length, this entry, the tile's
+    rows), each a trip to memory: this takes the entry's off it."""
+    if chunk > 0 and block_table.shape[0] > 0 and block_table.shape[1] > 0:
+        entry = ptx.divmod_u32(p * chunk * block_n, page_size)[0]
+        ptx.prefetch_l2(block_table, min(b, block_table.shape[0] - 1),
+                        min(entry, block_table.shape[1] - 1))
+
+
+@cuda.jit(device=True)
 def mark_empty(part_lse, row0, r0, nrows, p, heads, tid, nthreads):
     """Partition ``p`` keeps no key of the block's rows ``[r0, r0 + nrows)`` (of the sequence
     whose first q row is ``row0``): LSE -inf for each, and nothing else. The combine gives

@@ -56,7 +56,7 @@ from numba import cuda, float32, int32, uint64
 from .. import ptx
 from .._compat import JIT_OPTIONS, SIMULATOR
 from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
-                     partition_tiles)
+                     partition_tiles, prefetch_first_entry)
 from .transposed import q_power
 from .mma import (BLOCK_M, BLOCK_N, BOX, BOX_BYTES, NBOX, NTHREADS, O_BYTES, O_PITCH,
                   RESCALE_SLACK, ROWS_BYTES, make_write_rows)
@@ -698,6 +698,15 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 t_end)
 
     @cuda.jit(device=True)
+    def prefetch_entry(tmap_q, tmap_kv, block_table, b, p, run, page_size):
+        """(Thread 0 at a block's entry: ``ENTRY_PREFETCH``) Both tensor maps into the copy
+        engine's cache and, with a ``run`` (the grid kernel's chunk), partition ``p``'s first
+        page-table entry into L2 (``prefetch_first_entry``)."""
+        ptx.prefetch_tensormap(tmap_q)
+        ptx.prefetch_tensormap(tmap_kv)
+        prefetch_first_entry(block_table, b, p, run, BLOCK_N, page_size)
+
+    @cuda.jit(device=True)
     def load_first(smk, sb, q, tmap_q, qrow, tmap_kv, storage, block_table, b, ka, kb):
         """(One thread) Start copying an item's queries (rows from ``qrow``) and its first
         pair's tiles, keys from ``ka`` into buffer 0 and from ``kb`` into buffer 1 (none where
@@ -992,12 +1001,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         b, r0, p, nparts, run = block_work(chunk)
         tid = cuda.threadIdx.x
         if ENTRY_PREFETCH and tid == 0:
-            ptx.prefetch_tensormap(tmap_q)
-            ptx.prefetch_tensormap(tmap_kv)
-            if run > 0 and block_table.shape[0] > 0 and block_table.shape[1] > 0:
-                entry = ptx.divmod_u32(p * run * BLOCK_N, storage.shape[1])[0]
-                ptx.prefetch_l2(block_table, min(b, block_table.shape[0] - 1),
-                                min(entry, block_table.shape[1] - 1))
+            prefetch_entry(tmap_q, tmap_kv, block_table, b, p, run, storage.shape[1])
         wg, wtid, lane = roles(tid)
         smk = cuda.shared.array(0, int32)
         smf = cuda.shared.array(0, float32)
@@ -1043,9 +1047,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         sb = ptx.smem_addr(smk)
         nparts = part_lse.shape[2]
         if tid == 0:
-            if ENTRY_PREFETCH:
-                ptx.prefetch_tensormap(tmap_q)
-                ptx.prefetch_tensormap(tmap_kv)
+            if ENTRY_PREFETCH:  # (the maps only: the items' tiles are the table's)
+                prefetch_entry(tmap_q, tmap_kv, block_table, 0, 0, 0, storage.shape[1])
             set_up_barriers(smk, sb)
         # (the first item's block barrier below makes them visible before any use)
         w = cuda.blockIdx.x

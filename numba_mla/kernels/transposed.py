@@ -103,7 +103,7 @@ from numba import cuda, float32, int16, int32, uint64
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS
 from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_partition_walk,
-                     make_tile_run, make_tile_walk, mark_empty)
+                     make_tile_run, make_tile_walk, mark_empty, prefetch_first_entry)
 
 BLOCK_M = 16  # query rows a block: wgmma's N (16, or 32 or 64: ``BLOCKS``)
 BLOCKS = (16, 32, 64)  # the row counts a block may take (``layout``)
@@ -478,16 +478,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         sm16 = cuda.shared.array(0, int16)
         sb = ptx.smem_addr(smk)
 
-        # A block starts on a chain of dependent loads (the sequence's offsets and length, its
-        # first tile's page-table entry, the tile's rows), each a trip to memory. The entry is
-        # guessed here and fetched into L2 meanwhile: the guess, partition p's first tile at
-        # p * chunk tiles from key 0, is right for masks that keep every key (or from key 0),
-        # and a wrong one costs a line.
         page_size = storage.shape[1]
-        if tid == 0 and chunk > 0 and block_table.shape[0] > 0 and block_table.shape[1] > 0:
-            entry = ptx.divmod_u32(p * chunk * BLOCK_N, page_size)[0]
-            ptx.prefetch_l2(block_table, min(b, block_table.shape[0] - 1),
-                            min(entry, block_table.shape[1] - 1))
+        if tid == 0:  # (the first tile's page-table entry into L2, under the loads below)
+            prefetch_first_entry(block_table, b, p, chunk, BLOCK_N, page_size)
 
         row0 = q_offsets[b]
         nq = q_offsets[b + 1] - row0
