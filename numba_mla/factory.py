@@ -287,16 +287,18 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     converts the tiles (the dispatcher's ``whole_program`` is then True: launch.py builds
     it from its PTX with the driver's JIT, which keeps ``setmaxnreg``); ``runs``: its blocks
     walk the runs schedule's items (heuristics.run_schedule), writing the workspace, each
-    item's output from the registers where ``seesaw.RUNS_AHEAD``."""
+    item's output from the registers where ``seesaw.RUNS_AHEAD``, and with it the next item's
+    copies issued inside the last pair where ``seesaw.RUNS_IN_LOOP``."""
     from .kernels import seesaw
 
     ahead = runs and seesaw.RUNS_AHEAD
+    in_loop = ahead and seesaw.RUNS_IN_LOOP
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
                                             store=_output_store(tag, direct), listed=listed,
                                             fp8=fp8, converter=converter, runs=runs,
-                                            ahead=ahead,
+                                            ahead=ahead, in_loop=in_loop,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         if converter:  # (setmaxnreg moves the registers it was launched with)
@@ -305,7 +307,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
 
     return _cached(("seesaw", tag, heads, direct, listed) + ((("fp8", fp8),) if fp8 else ())
                    + ((("converter", True),) if converter else ())
-                   + ((("runs", ahead),) if runs else ())
+                   + ((("runs", ahead, in_loop),) if runs else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -267,9 +267,12 @@ def run_forced_schedule(rng, monkeypatch, layout, lengths):
 # The runs schedule (the seesaw kernel's ``runs`` form: kernels/seesaw.py)
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.kernel
-@pytest.mark.parametrize("ahead,order", [(True, "fifo"), (True, "low"), (False, "fifo")])
+@pytest.mark.parametrize("form,order,blocks", [
+    ("ahead", "fifo", "mixed"), ("ahead", "low", "mixed"), ("staged", "fifo", "mixed"),
+    ("in_loop", "fifo", "mixed"), ("in_loop", "low", "mixed"), ("in_loop", "fifo", "pairs"),
+    ("in_loop", "low", "pairs")])
 @pytest.mark.parametrize("layout", ["padded", "ragged"])
-def test_runs_schedule(layout, ahead, order, rng, monkeypatch):
+def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     """The seesaw kernel's runs form (selector.SEESAW_RUNS) from a forced table over
     sequences of 3, 1, 0 and 2 tiles (the last partial in the first and last): block 0 walks
     the first sequence's tiles 0-1 (a pair) into partition 0, then the second's one tile,
@@ -280,25 +283,36 @@ def test_runs_schedule(layout, ahead, order, rng, monkeypatch):
     its partition marked empty). So items cross sequences inside a block, each warpgroup's
     barrier phases carry from item to item after odd tile counts, and every partition is
     written or marked. Padded: one token of 2 heads; ragged: 2 + 1 + 0 + 2 tokens of 33 heads
-    (two row groups, six blocks). ``ahead`` (seesaw.RUNS_AHEAD): each item's output from the
-    registers and the next item's copies started under it, or staged as the grid kernel's;
-    in the simulator, ``order`` "low" runs the lower warps ahead (thread 0 reaches the next
-    item's copies while warpgroup 1 may still multiply: a copy issued before the barrier
-    that keeps it from doing so fails here). Checked three ways against the references, out
-    pre-filled with NaN; on a GPU a second run gives the same bits."""
+    (two row groups, six blocks). ``form``: "ahead" (seesaw.RUNS_AHEAD), each item's output
+    from the registers and the next item's copies started under it; "staged", the output
+    staged as the grid kernel's; "in_loop" (with RUNS_IN_LOOP), the next item's copies issued
+    inside the item's last pair. ``blocks`` "pairs": block 0 walks the first sequence's
+    tiles 0-1 and then the last sequence's two (a pair's end into a pair: every copy of the
+    next item issued in the loop, the last tile partial), block 1 the first sequence's last
+    tile (partial: a pair without its tile t1, so K0's V boxes and the next item's second
+    tile wait for the item's end), the empty sequence and the second sequence's tile, block
+    2 a piece that finds no tile. In the simulator, ``order`` "low" runs the lower warps
+    ahead (thread 0 reaches the next item's copies while warpgroup 1 may still multiply: a
+    copy issued before the barrier that keeps it from doing so fails here). Checked three
+    ways against the references, out pre-filled with NaN; on a GPU a second run gives the
+    same bits."""
     from numba_mla import _numba, selector
     from numba_mla.kernels import seesaw
 
     if order != "fifo" and not _compat.SIMULATOR:
         pytest.skip("a turn order of the simulator's")
 
-    monkeypatch.setattr(seesaw, "RUNS_AHEAD", ahead)
+    monkeypatch.setattr(seesaw, "RUNS_AHEAD", form != "staged")
+    monkeypatch.setattr(seesaw, "RUNS_IN_LOOP", form == "in_loop")
 
     tile = mma.BLOCK_N
     lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
-    blocks = [[(0, 0, 0, 2), (1, 0, 0, 1)],
-              [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
-              [(3, 1, 1, -1), (1, 1, 1, -1)]]
+    blocks = ([[(0, 0, 0, 2), (1, 0, 0, 1)],
+               [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
+               [(3, 1, 1, -1), (1, 1, 1, -1)]] if blocks == "mixed" else
+              [[(0, 0, 0, 2), (3, 0, 0, -1)],
+               [(0, 1, 2, -1), (2, 0, 0, -1), (1, 0, 0, 1)],
+               [(1, 1, 1, -1)]])
     groups = 2 if layout == "ragged" else 1
     table = heuristics.runs_table(blocks, groups)
     monkeypatch.setattr(selector, "SEESAW_RUNS", True)
