@@ -286,9 +286,10 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     rows (``tag`` is then q's type), or None; ``converter``: with them, a third warpgroup
     converts the tiles (the dispatcher's ``whole_program`` is then True: launch.py builds
     it from its PTX with the driver's JIT, which keeps ``setmaxnreg``); ``runs``: its blocks
-    walk the runs schedule's items (heuristics.run_schedule), writing the workspace, each
-    item's output from the registers where ``seesaw.RUNS_AHEAD``, and with it the next item's
-    copies issued inside the last pair where ``seesaw.RUNS_IN_LOOP``."""
+    walk the runs schedule's items (heuristics.run_schedule), writing the workspace (or with
+    ``direct``, a table of whole sequences, out itself), each item's output from the
+    registers where ``seesaw.RUNS_AHEAD``, and with it the next item's copies issued inside
+    the last pair where ``seesaw.RUNS_IN_LOOP``."""
     from .kernels import seesaw
 
     ahead = runs and seesaw.RUNS_AHEAD
@@ -298,7 +299,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
                                             store=_output_store(tag, direct), listed=listed,
                                             fp8=fp8, converter=converter, runs=runs,
-                                            ahead=ahead, in_loop=in_loop,
+                                            ahead=ahead, in_loop=in_loop, direct=direct,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         if converter:  # (setmaxnreg moves the registers it was launched with)

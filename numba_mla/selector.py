@@ -547,10 +547,12 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     if tma and SEESAW_RUNS and not fixed and len(keys):
         table = heuristics.run_schedule(-(-np.asarray(keys, np.int64) // block_n), groups,
                                         sms=slots)
+        # (no sequence cut: the items write out themselves, and no combine runs)
+        whole = heuristics.runs_partitions(table) == 1
         runs = dict(common, num_partitions=heuristics.runs_partitions(table), chunk=0,
-                    direct=False)
+                    direct=whole)
         spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
-            mask, mod, tag, cache_cls, H, False, runs=True), mma.NTHREADS,
+            mask, mod, tag, cache_cls, H, whole, runs=True), mma.NTHREADS,
             seesaw.SMEM_BYTES_RUNS,
             q_pairs=True, tma=True, listable=True, work=table, runs=int(table[0, 0]), **runs)
         if not spills(spec):

@@ -306,6 +306,9 @@ def main():
                 variants.append(("runsl", factory.seesaw_partition_kernel(
                     mask, mod, tag, cache, heads, False, runs=True)))
                 seesaw.RUNS_IN_LOOP = in_loop
+                # and its form for a table of whole sequences, which writes out itself
+                variants.append(("runsd", factory.seesaw_partition_kernel(
+                    mask, mod, tag, cache, heads, True, runs=True)))
             # and its form for "e4m3" rows, which the selector runs unless it spills (spills
             # allowed here: reported, not failed)
             variants.append(("seesaw8", factory.seesaw_partition_kernel(
@@ -316,7 +319,8 @@ def main():
         for name, kern in variants:
             if not mine():
                 continue
-            sig = list(signature(direct, name in ("listed", "runs", "runsl")))
+            sig = list(signature(direct or name == "runsd",
+                                 name in ("listed", "runs", "runsl", "runsd")))
             if name in ("mma8", "tr8", "tr8x32", "tr8x32a", "tr8x64", "tr8x64a", "seesaw8",
                         "seesaw8c"):  # cache: codes;
                 # complex scale
@@ -345,7 +349,7 @@ def main():
                   and calls == 0 and not serial and hgmma == want)
             if name == "seesaw8c":  # both setmaxnreg kept (whole program)
                 ok = ok and len(re.findall(r"USETMAXREG", sass)) == 2 or HASHES["on"]
-            if name in ("seesaw", "listed", "runs", "runsl"):  # evict-first copies from LAG_HEADS
+            if name in ("seesaw", "listed", "runs", "runsl", "runsd"):  # evict-first from LAG_HEADS
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)
             bad += not ok
             print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "

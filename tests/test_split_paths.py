@@ -270,7 +270,8 @@ def run_forced_schedule(rng, monkeypatch, layout, lengths):
 @pytest.mark.parametrize("form,order,blocks", [
     ("ahead", "fifo", "mixed"), ("ahead", "low", "mixed"), ("staged", "fifo", "mixed"),
     ("in_loop", "fifo", "mixed"), ("in_loop", "low", "mixed"), ("in_loop", "fifo", "pairs"),
-    ("in_loop", "low", "pairs")])
+    ("in_loop", "low", "pairs"), ("ahead", "fifo", "whole"), ("staged", "fifo", "whole"),
+    ("in_loop", "fifo", "whole"), ("in_loop", "low", "whole")])
 @pytest.mark.parametrize("layout", ["padded", "ragged"])
 def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     """The seesaw kernel's runs form (selector.SEESAW_RUNS) from a forced table over
@@ -291,7 +292,11 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     next item issued in the loop, the last tile partial), block 1 the first sequence's last
     tile (partial: a pair without its tile t1, so K0's V boxes and the next item's second
     tile wait for the item's end), the empty sequence and the second sequence's tile, block
-    2 a piece that finds no tile. In the simulator, ``order`` "low" runs the lower warps
+    2 a piece that finds no tile. "whole": every item a whole sequence, so the kernel writes
+    out itself (one partition, no combine): block 0 the empty sequence (walked for its zeros
+    and -inf where it has rows; its walk issues the next item's copies) then the first
+    sequence, block 1 the second then the last. In the simulator, ``order`` "low" runs the
+    lower warps
     ahead (thread 0 reaches the next item's copies while warpgroup 1 may still multiply: a
     copy issued before the barrier that keeps it from doing so fails here). Checked three
     ways against the references, out pre-filled with NaN; on a GPU a second run gives the
@@ -307,12 +312,15 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
 
     tile = mma.BLOCK_N
     lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
-    blocks = ([[(0, 0, 0, 2), (1, 0, 0, 1)],
-               [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
-               [(3, 1, 1, -1), (1, 1, 1, -1)]] if blocks == "mixed" else
-              [[(0, 0, 0, 2), (3, 0, 0, -1)],
-               [(0, 1, 2, -1), (2, 0, 0, -1), (1, 0, 0, 1)],
-               [(1, 1, 1, -1)]])
+    whole = blocks == "whole"
+    blocks = {"mixed": [[(0, 0, 0, 2), (1, 0, 0, 1)],
+                        [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
+                        [(3, 1, 1, -1), (1, 1, 1, -1)]],
+              "pairs": [[(0, 0, 0, 2), (3, 0, 0, -1)],
+                        [(0, 1, 2, -1), (2, 0, 0, -1), (1, 0, 0, 1)],
+                        [(1, 1, 1, -1)]],
+              "whole": [[(2, 0, 0, -1), (0, 0, 0, -1)],
+                        [(1, 0, 0, -1), (3, 0, 0, -1)]]}[blocks]
     groups = 2 if layout == "ragged" else 1
     table = heuristics.runs_table(blocks, groups)
     monkeypatch.setattr(selector, "SEESAW_RUNS", True)
@@ -320,5 +328,6 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     with _numba.sim_turn_order(order):
         plans = run_forced_schedule(rng, monkeypatch, layout, lengths)
     spec = plans[0].spec
-    assert spec.backend == "seesaw" and spec.work is table and spec.runs == 3 * groups
-    assert spec.grid(4) == (3 * groups, 1, 1) and spec.num_partitions == 2
+    assert spec.backend == "seesaw" and spec.work is table and spec.runs == len(blocks) * groups
+    assert spec.grid(4) == (len(blocks) * groups, 1, 1)
+    assert (spec.num_partitions, spec.direct) == ((1, True) if whole else (2, False))

@@ -173,7 +173,8 @@ def convert_order(buf, n):
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
-                          converter=False, runs=False, ahead=False, in_loop=False):
+                          converter=False, runs=False, ahead=False, in_loop=False,
+                          direct=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -186,11 +187,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     each block walks a run of items, which may cross sequences), writing the workspace
     (16-bit rows only); ``ahead``: with it, each item's output goes from the registers to the
     workspace and the next item's copies start under it (``walk``); ``in_loop``: with
-    ``ahead``, those copies are issued inside the item's last pair (``RUNS_IN_LOOP``)."""
+    ``ahead``, those copies are issued inside the item's last pair (``RUNS_IN_LOOP``);
+    ``direct``: with ``runs``, a table whose every item is a whole sequence (one partition:
+    heuristics.runs_partitions), the items write out and lse themselves (``store`` then
+    converts to the output's type), and an item of a sequence without a tile is walked (its
+    zeros and -inf written) rather than passed over."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
     IN_LOOP = AHEAD and in_loop
+    DIRECT = runs and direct
     assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
     assert not runs or NTHREADS & (NTHREADS - 1) == 0, "the runs form masks the thread index"
@@ -694,7 +700,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         q_lo, q_hi, kstart, kend, ntiles = key_tiles(length, nq, r0, max(nrows, 1))
         t_end = ntiles if t_last < 0 else min(t_last, ntiles)
         t0 = next_tile(min(chunk[i, 3], t_end), t_end, kstart, kend, q_lo, q_hi)
-        work = nrows > 0 and t0 < t_end  # (nrows <= 0: ragged rows, no such row group)
+        # (nrows <= 0: ragged rows, no such row group; DIRECT: a sequence without a tile is
+        # walked too, for its zeros)
+        work = nrows > 0 and (DIRECT or t0 < t_end)
         if mark and nrows > 0:
             if t_last < 0:  # the sequence's last piece: no partition past it has work
                 for s in range(p + 1, nparts):
@@ -769,18 +777,21 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                        kstart + t0 * BLOCK_N, kb)
         if runs and tid == 0:  # (its loads' latency hides under this item's first tiles)
             nxt = -1
+            smk[NEXT_OFF // 4 + 3] = -1  # (its first pair's keys: none where no item has tiles)
+            smk[NEXT_OFF // 4 + 4] = -1
             for i in range(scan_from, scan_end):
                 item = item_at(chunk, i, q_offsets, lengths, part_lse, part_lse.shape[2], 0, 1,
                                True)
                 if item[0]:  # (work, b, row0, r0, .., kstart [10], .., t0, t1, t_end [12:15])
                     nxt = i
-                    ka = item[10] + item[12] * BLOCK_N
+                    # (ka < 0: DIRECT's item without a tile, which has no copies)
+                    ka = item[10] + item[12] * BLOCK_N if item[12] < item[14] else -1
                     kb = item[10] + item[13] * BLOCK_N if item[13] < item[14] else -1
                     smk[NEXT_OFF // 4 + 1] = item[2] * H + item[3]
                     smk[NEXT_OFF // 4 + 2] = item[1]
                     smk[NEXT_OFF // 4 + 3] = ka
                     smk[NEXT_OFF // 4 + 4] = kb
-                    if IN_LOOP:  # the rows of its first pair's tiles, for the copies in the loop
+                    if IN_LOOP and ka >= 0:  # its first pair's rows, for the copies in the loop
                         smk[NEXT_OFF // 4 + 5] = tile_row(block_table, storage.shape[1],
                                                           storage.shape[0], item[1], ka)
                         if kb >= 0:
@@ -881,7 +892,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                 load_boxes(smk, sb, 0, tmap_kv, storage, row2, 0, V_BOXES)
                     elif IN_LOOP:  # ... or the next item's first tile (thread 0 found it)
                         ptx.bar_sync(BAR_WG + wg, 128)
-                        if wtid == 0 and smk[NEXT_OFF // 4] >= 0:
+                        if wtid == 0 and smk[NEXT_OFF // 4 + 3] >= 0:
                             load_boxes(smk, sb, 0, tmap_kv, storage, smk[NEXT_OFF // 4 + 5], 0,
                                        V_BOXES)
                     ptx.bar_sync(BAR_SCALE1, NTHREADS)  # m1, scale1, P1 from WG1
@@ -904,7 +915,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                 elif not IN_LOOP or t3 < t_end:
                                     load_boxes(smk, sb, 1, tmap_kv, storage, row3, ROPE, NBOX)
                                     load_boxes(smk, sb, 1, tmap_kv, storage, row3, 0, V_BOXES)
-                                elif smk[NEXT_OFF // 4] >= 0 and smk[NEXT_OFF // 4 + 4] >= 0:
+                                elif smk[NEXT_OFF // 4 + 4] >= 0:
                                     row = smk[NEXT_OFF // 4 + 6]
                                     load_boxes(smk, sb, 1, tmap_kv, storage, row, ROPE, NBOX)
                                     load_boxes(smk, sb, 1, tmap_kv, storage, row, 0, V_BOXES)
@@ -935,7 +946,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                            sm_scale, bias, wtid, tid, fh)
                     ptx.bar_sync(BAR_SCALE0, NTHREADS)  # m0, scale0, P0 from WG0
                     # Both warpgroups' last S of the item is done: Q is free for the next's.
-                    if IN_LOOP and t2 >= t_end and wtid == 0 and smk[NEXT_OFF // 4] >= 0:
+                    if IN_LOOP and t2 >= t_end and wtid == 0 and smk[NEXT_OFF // 4 + 3] >= 0:
                         load_q(smk, sb, q, tmap_q, smk[NEXT_OFF // 4 + 1])
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE0 * BLOCK_M
@@ -968,7 +979,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     # ... or the next item's first tile, unless this pair has no tile t1 (the
                     # P V below then reads K0's boxes 4-7: their copy waits for the item's end)
                     if IN_LOOP and wtid == 0 and t2 >= t_end and t1 < t_end \
-                            and smk[NEXT_OFF // 4] >= 0:
+                            and smk[NEXT_OFF // 4 + 3] >= 0:
                         load_boxes(smk, sb, 0, tmap_kv, storage, smk[NEXT_OFF // 4 + 5], V_BOXES,
                                    NBOX)
                     rescale(o_acc, l_run, l_p, scl)
@@ -984,7 +995,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     wait_o(o_acc)
                     if IN_LOOP and t2 >= t_end and t1 < t_end:  # K1's boxes 4-7 are free
                         ptx.bar_sync(BAR_WG + wg, 128)
-                        if wtid == 0 and smk[NEXT_OFF // 4] >= 0 and smk[NEXT_OFF // 4 + 4] >= 0:
+                        if wtid == 0 and smk[NEXT_OFF // 4 + 4] >= 0:
                             load_boxes(smk, sb, 1, tmap_kv, storage, smk[NEXT_OFF // 4 + 6],
                                        V_BOXES, ROPE)
                     if t2 >= t_end:
@@ -1011,8 +1022,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # Both warpgroups are past their last product (Q and the buffers are free) and
             # their row sums in place.
             sync_math()
-            if tid == 0 and smk[NEXT_OFF // 4] >= 0:  # (thread 0's own writes)
-                if not IN_LOOP:
+            if tid == 0 and smk[NEXT_OFF // 4 + 3] >= 0:  # (thread 0's own writes)
+                if not IN_LOOP or t0 >= t_end:  # (t0 >= t_end: DIRECT's item without a tile)
                     load_first(smk, sb, q, tmap_q, smk[NEXT_OFF // 4 + 1], tmap_kv, storage,
                                block_table, smk[NEXT_OFF // 4 + 2], smk[NEXT_OFF // 4 + 3],
                                smk[NEXT_OFF // 4 + 4])
@@ -1135,7 +1146,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           tmap_kv, smk, smf, sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq,
                           length, p, q_lo, q_hi, kstart, kend, t0, t1, t_end, qphase, parity,
                           loaded, cur + 1, end, chunk, q_offsets, lengths)
-            qphase ^= 1
+            if t0 < t_end:  # (DIRECT's item without a tile copies no queries)
+                qphase ^= 1
             loaded = AHEAD
             cur = smk[NEXT_OFF // 4]  # (written before the walk's barriers)
 
