@@ -288,18 +288,16 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     it from its PTX with the driver's JIT, which keeps ``setmaxnreg``); ``runs``: its blocks
     walk the runs schedule's items (heuristics.run_schedule), writing the workspace (or with
     ``direct``, a table of whole sequences, out itself), each item's output from the
-    registers where ``seesaw.RUNS_AHEAD``, and with it the next item's copies issued inside
-    the last pair where ``seesaw.RUNS_IN_LOOP``."""
+    registers where ``seesaw.RUNS_AHEAD``."""
     from .kernels import seesaw
 
     ahead = runs and seesaw.RUNS_AHEAD
-    in_loop = ahead and seesaw.RUNS_IN_LOOP
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
                                             store=_output_store(tag, direct), listed=listed,
                                             fp8=fp8, converter=converter, runs=runs,
-                                            ahead=ahead, in_loop=in_loop, direct=direct,
+                                            ahead=ahead, direct=direct,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         if converter:  # (setmaxnreg moves the registers it was launched with)
@@ -308,7 +306,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
 
     return _cached(("seesaw", tag, heads, direct, listed) + ((("fp8", fp8),) if fp8 else ())
                    + ((("converter", True),) if converter else ())
-                   + ((("runs", ahead, in_loop),) if runs else ())
+                   + ((("runs", ahead),) if runs else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -301,11 +301,6 @@ def main():
                 # and the runs schedule's (its blocks walk items across sequences)
                 variants.append(("runs", factory.seesaw_partition_kernel(
                     mask, mod, tag, cache, heads, False, runs=True)))
-                # and its form with the next item's copies in the last pair (off: a flag)
-                in_loop, seesaw.RUNS_IN_LOOP = seesaw.RUNS_IN_LOOP, True
-                variants.append(("runsl", factory.seesaw_partition_kernel(
-                    mask, mod, tag, cache, heads, False, runs=True)))
-                seesaw.RUNS_IN_LOOP = in_loop
                 # and its form for a table of whole sequences, which writes out itself
                 variants.append(("runsd", factory.seesaw_partition_kernel(
                     mask, mod, tag, cache, heads, True, runs=True)))
@@ -320,7 +315,7 @@ def main():
             if not mine():
                 continue
             sig = list(signature(direct or name == "runsd",
-                                 name in ("listed", "runs", "runsl", "runsd")))
+                                 name in ("listed", "runs", "runsd")))
             if name in ("mma8", "tr8", "tr8x32", "tr8x32a", "tr8x64", "tr8x64a", "seesaw8",
                         "seesaw8c"):  # cache: codes;
                 # complex scale
@@ -349,7 +344,7 @@ def main():
                   and calls == 0 and not serial and hgmma == want)
             if name == "seesaw8c":  # both setmaxnreg kept (whole program)
                 ok = ok and len(re.findall(r"USETMAXREG", sass)) == 2 or HASHES["on"]
-            if name in ("seesaw", "listed", "runs", "runsl", "runsd"):  # evict-first from LAG_HEADS
+            if name in ("seesaw", "listed", "runs", "runsd"):  # evict-first from LAG_HEADS
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)
             bad += not ok
             print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "

@@ -269,9 +269,7 @@ def run_forced_schedule(rng, monkeypatch, layout, lengths):
 @pytest.mark.kernel
 @pytest.mark.parametrize("form,order,blocks", [
     ("ahead", "fifo", "mixed"), ("ahead", "low", "mixed"), ("staged", "fifo", "mixed"),
-    ("in_loop", "fifo", "mixed"), ("in_loop", "low", "mixed"), ("in_loop", "fifo", "pairs"),
-    ("in_loop", "low", "pairs"), ("ahead", "fifo", "whole"), ("staged", "fifo", "whole"),
-    ("in_loop", "fifo", "whole"), ("in_loop", "low", "whole")])
+    ("ahead", "fifo", "whole"), ("ahead", "low", "whole"), ("staged", "fifo", "whole")])
 @pytest.mark.parametrize("layout", ["padded", "ragged"])
 def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     """The seesaw kernel's runs form (selector.SEESAW_RUNS) from a forced table over
@@ -286,29 +284,21 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     written or marked. Padded: one token of 2 heads; ragged: 2 + 1 + 0 + 2 tokens of 33 heads
     (two row groups, six blocks). ``form``: "ahead" (seesaw.RUNS_AHEAD), each item's output
     from the registers and the next item's copies started under it; "staged", the output
-    staged as the grid kernel's; "in_loop" (with RUNS_IN_LOOP), the next item's copies issued
-    inside the item's last pair. ``blocks`` "pairs": block 0 walks the first sequence's
-    tiles 0-1 and then the last sequence's two (a pair's end into a pair: every copy of the
-    next item issued in the loop, the last tile partial), block 1 the first sequence's last
-    tile (partial: a pair without its tile t1, so K0's V boxes and the next item's second
-    tile wait for the item's end), the empty sequence and the second sequence's tile, block
-    2 a piece that finds no tile. "whole": every item a whole sequence, so the kernel writes
-    out itself (one partition, no combine): block 0 the empty sequence (walked for its zeros
-    and -inf where it has rows; its walk issues the next item's copies) then the first
-    sequence, block 1 the second then the last. In the simulator, ``order`` "low" runs the
-    lower warps
-    ahead (thread 0 reaches the next item's copies while warpgroup 1 may still multiply: a
-    copy issued before the barrier that keeps it from doing so fails here). Checked three
-    ways against the references, out pre-filled with NaN; on a GPU a second run gives the
-    same bits."""
+    staged as the grid kernel's. ``blocks`` "whole": every item a whole sequence, so the
+    kernel writes out itself (one partition, no combine): block 0 the empty sequence (walked
+    for its zeros and -inf where it has rows; its walk issues the next item's copies) then
+    the first sequence, block 1 the second then the last. In the simulator, ``order`` "low"
+    runs the lower warps ahead (thread 0 reaches the next item's copies while warpgroup 1
+    may still multiply: a copy issued before the barrier that keeps it from doing so fails
+    here). Checked three ways against the references, out pre-filled with NaN; on a GPU a
+    second run gives the same bits."""
     from numba_mla import _numba, selector
     from numba_mla.kernels import seesaw
 
     if order != "fifo" and not _compat.SIMULATOR:
         pytest.skip("a turn order of the simulator's")
 
-    monkeypatch.setattr(seesaw, "RUNS_AHEAD", form != "staged")
-    monkeypatch.setattr(seesaw, "RUNS_IN_LOOP", form == "in_loop")
+    monkeypatch.setattr(seesaw, "RUNS_AHEAD", form == "ahead")
 
     tile = mma.BLOCK_N
     lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
@@ -316,9 +306,6 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     blocks = {"mixed": [[(0, 0, 0, 2), (1, 0, 0, 1)],
                         [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
                         [(3, 1, 1, -1), (1, 1, 1, -1)]],
-              "pairs": [[(0, 0, 0, 2), (3, 0, 0, -1)],
-                        [(0, 1, 2, -1), (2, 0, 0, -1), (1, 0, 0, 1)],
-                        [(1, 1, 1, -1)]],
               "whole": [[(2, 0, 0, -1), (0, 0, 0, -1)],
                         [(1, 0, 0, -1), (3, 0, 0, -1)]]}[blocks]
     groups = 2 if layout == "ragged" else 1

@@ -77,9 +77,9 @@ SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 223128
 # The runs form (``runs``): the row of the block's next item with work (int32), which thread 0
 # finds at the start of each item's walk and the block reads after it, then that item's
 # ``load_first`` arguments (its queries' row, sequence and first pair's keys), which thread 0
-# reads back to start its copies, and (``RUNS_IN_LOOP``) the rows of its first pair's tiles
+# reads back to start its copies
 NEXT_OFF = SMEM_BYTES
-SMEM_BYTES_RUNS = NEXT_OFF + 32
+SMEM_BYTES_RUNS = NEXT_OFF + 24
 # From this many heads a block's 64 rows are one query token's heads (compute-bound decode):
 # there the reference max lags (RESCALE_SLACK) and the tiles are copied with L2's evict-first
 # policy. Measured on the H200 (docs/kernels/mma.md): 2-5% less time at H = 128; at H = 16,
@@ -91,12 +91,6 @@ LAG_HEADS = 64
 # grid kernel's, the next item's copies after it. On an H100 at 188293c the two took the
 # same time within 2.5% on the varlen sweep (the runs form is off: selector.SEESAW_RUNS)
 RUNS_AHEAD = True
-# The runs form with ``RUNS_AHEAD``: the next item's copies issued inside this item's last
-# pair, each where the pairs' refills would go (its queries once both warpgroups' last S is
-# done, its first tile's boxes where buffer 0's are freed, its second's where buffer 1's
-# are), so that the block's stream of copies does not stop at an item's end; False: all of
-# them after the last products (not yet timed: docs/performance.md)
-RUNS_IN_LOOP = False
 # At a block's entry thread 0 starts bringing in what its first copies wait for: the two tensor
 # maps (``prefetch.tensormap``) and, in the grid kernel, the page-table entry of its first
 # tile (guessed as partition p's first tile at p * chunk tiles from key 0, as the transposed
@@ -173,8 +167,7 @@ def convert_order(buf, n):
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
-                          converter=False, runs=False, ahead=False, in_loop=False,
-                          direct=False):
+                          converter=False, runs=False, ahead=False, direct=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -186,16 +179,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     the grid is the runs schedule's blocks and ``chunk`` its table (heuristics.run_schedule:
     each block walks a run of items, which may cross sequences), writing the workspace
     (16-bit rows only); ``ahead``: with it, each item's output goes from the registers to the
-    workspace and the next item's copies start under it (``walk``); ``in_loop``: with
-    ``ahead``, those copies are issued inside the item's last pair (``RUNS_IN_LOOP``);
-    ``direct``: with ``runs``, a table whose every item is a whole sequence (one partition:
+    workspace and the next item's copies start under it (``walk``); ``direct``: with ``runs``, a table whose every item is a whole sequence (one partition:
     heuristics.runs_partitions), the items write out and lse themselves (``store`` then
     converts to the output's type), and an item of a sequence without a tile is walked (its
     zeros and -inf written) rather than passed over."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
-    IN_LOOP = AHEAD and in_loop
     DIRECT = runs and direct
     assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
@@ -791,12 +781,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     smk[NEXT_OFF // 4 + 2] = item[1]
                     smk[NEXT_OFF // 4 + 3] = ka
                     smk[NEXT_OFF // 4 + 4] = kb
-                    if IN_LOOP and ka >= 0:  # its first pair's rows, for the copies in the loop
-                        smk[NEXT_OFF // 4 + 5] = tile_row(block_table, storage.shape[1],
-                                                          storage.shape[0], item[1], ka)
-                        if kb >= 0:
-                            smk[NEXT_OFF // 4 + 6] = tile_row(block_table, storage.shape[1],
-                                                              storage.shape[0], item[1], kb)
                     break
             smk[NEXT_OFF // 4] = nxt
         page_size = storage.shape[1]
@@ -890,11 +874,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                 load_raw(smk, sb, 0, tmap_kv, storage, row2, 0, V_BOXES)
                             else:
                                 load_boxes(smk, sb, 0, tmap_kv, storage, row2, 0, V_BOXES)
-                    elif IN_LOOP:  # ... or the next item's first tile (thread 0 found it)
-                        ptx.bar_sync(BAR_WG + wg, 128)
-                        if wtid == 0 and smk[NEXT_OFF // 4 + 3] >= 0:
-                            load_boxes(smk, sb, 0, tmap_kv, storage, smk[NEXT_OFF // 4 + 5], 0,
-                                       V_BOXES)
                     ptx.bar_sync(BAR_SCALE1, NTHREADS)  # m1, scale1, P1 from WG1
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE1 * BLOCK_M
@@ -905,20 +884,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         pv_shared(o_acc, smk, sb, 1, 0, wtid)
                         ptx.wgmma_commit()
                         wait_o(o_acc)
-                        # K1's boxes 0-3 and the rope box (P1) are free: the next pair's
-                        # second tile, or (IN_LOOP, the last pair) the next item's
-                        if t3 < t_end or (IN_LOOP and t2 >= t_end):
+                        if t3 < t_end:  # K1's boxes 0-3 and the rope box (P1) are free
                             ptx.bar_sync(BAR_WG + wg, 128)
                             if wtid == 0:
                                 if FP8:  # (the codes' place: raw_at)
                                     load_raw(smk, sb, 1, tmap_kv, storage, row3, 0, NBOX)
-                                elif not IN_LOOP or t3 < t_end:
+                                else:
                                     load_boxes(smk, sb, 1, tmap_kv, storage, row3, ROPE, NBOX)
                                     load_boxes(smk, sb, 1, tmap_kv, storage, row3, 0, V_BOXES)
-                                elif smk[NEXT_OFF // 4 + 4] >= 0:
-                                    row = smk[NEXT_OFF // 4 + 6]
-                                    load_boxes(smk, sb, 1, tmap_kv, storage, row, ROPE, NBOX)
-                                    load_boxes(smk, sb, 1, tmap_kv, storage, row, 0, V_BOXES)
                     if t2 >= t_end:
                         break
                     qk_tile(s_acc, smk, sb, 0, parity, wtid)
@@ -945,9 +918,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
                            sm_scale, bias, wtid, tid, fh)
                     ptx.bar_sync(BAR_SCALE0, NTHREADS)  # m0, scale0, P0 from WG0
-                    # Both warpgroups' last S of the item is done: Q is free for the next's.
-                    if IN_LOOP and t2 >= t_end and wtid == 0 and smk[NEXT_OFF // 4 + 3] >= 0:
-                        load_q(smk, sb, q, tmap_q, smk[NEXT_OFF // 4 + 1])
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE0 * BLOCK_M
                                         + ptx.acc_row(2 * half, wtid)]
@@ -976,12 +946,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                             load_raw(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
                         else:
                             load_boxes(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
-                    # ... or the next item's first tile, unless this pair has no tile t1 (the
-                    # P V below then reads K0's boxes 4-7: their copy waits for the item's end)
-                    if IN_LOOP and wtid == 0 and t2 >= t_end and t1 < t_end \
-                            and smk[NEXT_OFF // 4 + 3] >= 0:
-                        load_boxes(smk, sb, 0, tmap_kv, storage, smk[NEXT_OFF // 4 + 5], V_BOXES,
-                                   NBOX)
                     rescale(o_acc, l_run, l_p, scl)
                     for half in range(2):
                         l_run[half] += sums[half]
@@ -993,11 +957,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     pv_local(o_acc, s_acc, smk, sb, 1 if t1 < t_end else 0, 1, tid)
                     ptx.wgmma_commit()
                     wait_o(o_acc)
-                    if IN_LOOP and t2 >= t_end and t1 < t_end:  # K1's boxes 4-7 are free
-                        ptx.bar_sync(BAR_WG + wg, 128)
-                        if wtid == 0 and smk[NEXT_OFF // 4 + 4] >= 0:
-                            load_boxes(smk, sb, 1, tmap_kv, storage, smk[NEXT_OFF // 4 + 6],
-                                       V_BOXES, ROPE)
                     if t2 >= t_end:
                         break
                     if CONV and t3 < t_end:  # K1's boxes 4-7 are free: the converter may write
@@ -1022,17 +981,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # Both warpgroups are past their last product (Q and the buffers are free) and
             # their row sums in place.
             sync_math()
-            if tid == 0 and smk[NEXT_OFF // 4 + 3] >= 0:  # (thread 0's own writes)
-                if not IN_LOOP or t0 >= t_end:  # (t0 >= t_end: DIRECT's item without a tile)
-                    load_first(smk, sb, q, tmap_q, smk[NEXT_OFF // 4 + 1], tmap_kv, storage,
-                               block_table, smk[NEXT_OFF // 4 + 2], smk[NEXT_OFF // 4 + 3],
-                               smk[NEXT_OFF // 4 + 4])
-                elif t1 >= t_end:  # the last pair had no tile t1: what the loop left
-                    load_boxes(smk, sb, 0, tmap_kv, storage, smk[NEXT_OFF // 4 + 5], V_BOXES,
-                               NBOX)
-                    if smk[NEXT_OFF // 4 + 4] >= 0:
-                        load_boxes(smk, sb, 1, tmap_kv, storage, smk[NEXT_OFF // 4 + 6], 0,
-                                   NBOX)
+            # (thread 0's own writes; none where the next item has no tile: DIRECT)
+            if tid == 0 and smk[NEXT_OFF // 4 + 3] >= 0:
+                load_first(smk, sb, q, tmap_q, smk[NEXT_OFF // 4 + 1], tmap_kv, storage,
+                           block_table, smk[NEXT_OFF // 4 + 2], smk[NEXT_OFF // 4 + 3],
+                           smk[NEXT_OFF // 4 + 4])
             write_regs(o_acc, part_out, smf, row0, r0, nrows, p, wg, wtid)
             if tid < nrows:
                 store_lse(part_lse, smf, row0, r0, p, tid)
