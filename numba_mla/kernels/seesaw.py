@@ -179,7 +179,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     the grid is the runs schedule's blocks and ``chunk`` its table (heuristics.run_schedule:
     each block walks a run of items, which may cross sequences), writing the workspace
     (16-bit rows only); ``ahead``: with it, each item's output goes from the registers to the
-    workspace and the next item's copies start under it (``walk``); ``direct``: with ``runs``, a table whose every item is a whole sequence (one partition:
+    workspace and the next item's copies start under it (``walk``); ``direct``: with
+    ``runs``, a table whose every item is a whole sequence (one partition:
     heuristics.runs_partitions), the items write out and lse themselves (``store`` then
     converts to the output's type), and an item of a sequence without a tile is walked (its
     zeros and -inf written) rather than passed over."""
