@@ -547,10 +547,9 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
     if tma and SEESAW_RUNS and not fixed and len(keys):
         table = heuristics.run_schedule(-(-np.asarray(keys, np.int64) // block_n), groups,
                                         sms=slots)
-        # (no sequence cut: the items write out themselves, and no combine runs)
-        whole = heuristics.runs_partitions(table) == 1
-        runs = dict(common, num_partitions=heuristics.runs_partitions(table), chunk=0,
-                    direct=whole)
+        parts = heuristics.runs_partitions(table)
+        whole = parts == 1  # (no sequence cut: the items write out themselves, no combine)
+        runs = dict(common, num_partitions=parts, chunk=0, direct=whole)
         spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
             mask, mod, tag, cache_cls, H, whole, runs=True), mma.NTHREADS,
             seesaw.SMEM_BYTES_RUNS,

@@ -714,8 +714,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         prefetch_first_entry(block_table, b, p, run, BLOCK_N, page_size)
 
     @cuda.jit(device=True)
-    def load_q(smk, sb, q, tmap_q, qrow):
-        """(One thread) Start copying an item's queries, rows from ``qrow``."""
+    def load_first(smk, sb, q, tmap_q, qrow, tmap_kv, storage, block_table, b, ka, kb):
+        """(One thread) Start copying an item's queries (rows from ``qrow``) and its first
+        pair's tiles, keys from ``ka`` into buffer 0 and from ``kb`` into buffer 1 (none where
+        ``kb`` < 0)."""
+        page_size = storage.shape[1]
+        npages = storage.shape[0]
         qbar = sb + BAR_OFF
         if not FP8:
             ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
@@ -723,15 +727,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             tma_box(smk, sb + Q_OFF + BOX_BYTES * box, tmap_q, q, BOX * box, qrow, qbar)
         if FP8:  # (announced by the thread that copies, after its copies: load_raw)
             ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
-
-    @cuda.jit(device=True)
-    def load_first(smk, sb, q, tmap_q, qrow, tmap_kv, storage, block_table, b, ka, kb):
-        """(One thread) Start copying an item's queries (rows from ``qrow``) and its first
-        pair's tiles, keys from ``ka`` into buffer 0 and from ``kb`` into buffer 1 (none where
-        ``kb`` < 0)."""
-        page_size = storage.shape[1]
-        npages = storage.shape[0]
-        load_q(smk, sb, q, tmap_q, qrow)
         row = tile_row(block_table, page_size, npages, b, ka)
         if FP8:
             load_raw(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
