@@ -763,8 +763,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                        kstart + t0 * BLOCK_N, kb)
         if runs and tid == 0:  # (its loads' latency hides under this item's first tiles)
             nxt = -1
-            smk[NEXT_OFF // 4 + 3] = -1  # (its first pair's keys: none where no item has tiles)
-            smk[NEXT_OFF // 4 + 4] = -1
+            smk[NEXT_OFF // 4 + 3] = -1  # (its first tile's key: none where no item has tiles)
             for i in range(scan_from, scan_end):
                 item = item_at(chunk, i, q_offsets, lengths, part_lse, part_lse.shape[2], 0, 1,
                                True)
