@@ -97,6 +97,11 @@ RUNS_AHEAD = True
 # kernel does: right for masks that keep the first keys, a line lost otherwise) into L2. On
 # an H100 at 286ac9d: 0-1.2% less time on the default sweep (docs/kernels/mma.md).
 ENTRY_PREFETCH = True
+# Experiment (0: off): this many dependent FMAs run by one thread in front of warpgroup 0's
+# pair loop (the runs kernels), which ptxas lays out after warpgroup 1's, to move it alone:
+# the distance between the two warpgroups' loops decides which of their lines share places
+# in the instruction caches (docs/performance.md, "The runs schedule").
+LOOP_PAD = 0
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -826,6 +831,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # No wgmma is in flight where the branches below rejoin: ptxas would wait there
             # for every product (see kernels/mma.py).
             if wg == 0:
+                if LOOP_PAD and runs and wtid == 0:  # (a slot of NEXT_OFF nothing reads)
+                    smk[NEXT_OFF // 4 + 5] = int32(pad(sm_scale + float32(t0)))
                 qk_tile(s_acc, smk, sb, 0, parity, wtid)
                 parity ^= 1
                 while True:
@@ -1004,6 +1011,17 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         write_rows(part_out, smf, sb, KV_OFF, STAT_OFF // 4 + STAT_L * BLOCK_M, row0, r0, nrows,
                    p, tid)
         return parity
+
+    if LOOP_PAD:
+        src = ["def pad(x):"] + [f"    x = x * float32(0.5) + float32({k}.5)"
+                                 for k in range(LOOP_PAD)] + ["    return x"]
+        env = {"float32": float32}
+        exec("\n".join(src), env)
+        pad = cuda.jit(device=True, forceinline=True)(env["pad"])
+    else:
+        @cuda.jit(device=True)
+        def pad(x):
+            return x
 
     @cuda.jit(**(dict(JIT_OPTIONS, launch_bounds=(CONV_THREADS, 1)) if CONV and not SIMULATOR
                  else JIT_OPTIONS))
