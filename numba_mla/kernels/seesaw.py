@@ -102,6 +102,12 @@ ENTRY_PREFETCH = True
 # the distance between the two warpgroups' loops decides which of their lines share places
 # in the instruction caches (docs/performance.md, "The runs schedule").
 LOOP_PAD = 0
+# The runs kernel makes the thread's index opaque for each item (below, in ``runs_kernel``).
+# Experiment (False): without it, the pair loops' tile indices, page-table addresses and loop
+# control are in uniform registers as the grid kernel's (ptxas keeps them in vector
+# registers with it: 117 / 123 uniform instructions in the two loops against 220 / 222),
+# at 250 registers against 223 (128 heads).
+RUNS_OPAQUE_TID = True
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -1106,7 +1112,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # gives back what the opaque move hides, that it is in [0, NTHREADS), without which
             # the thread's roles and every address made from them are signed 64-bit floor
             # divisions and remainders)
-            tid = ptx.opaque_i32(tid) & (NTHREADS - 1)
+            if RUNS_OPAQUE_TID:
+                tid = ptx.opaque_i32(tid) & (NTHREADS - 1)
             wg, wtid, lane = roles(tid)
             parity = walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q,
                           tmap_kv, smk, smf, sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq,
