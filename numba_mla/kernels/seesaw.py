@@ -97,17 +97,6 @@ RUNS_AHEAD = True
 # kernel does: right for masks that keep the first keys, a line lost otherwise) into L2. On
 # an H100 at 286ac9d: 0-1.2% less time on the default sweep (docs/kernels/mma.md).
 ENTRY_PREFETCH = True
-# Experiment (0: off): this many dependent FMAs run by one thread in front of warpgroup 0's
-# pair loop (the runs kernels), which ptxas lays out after warpgroup 1's, to move it alone:
-# the distance between the two warpgroups' loops decides which of their lines share places
-# in the instruction caches (docs/performance.md, "The runs schedule").
-LOOP_PAD = 0
-# The runs kernel makes the thread's index opaque for each item (below, in ``runs_kernel``).
-# Experiment (False): without it, the pair loops' tile indices, page-table addresses and loop
-# control are in uniform registers as the grid kernel's (ptxas keeps them in vector
-# registers with it: 117 / 123 uniform instructions in the two loops against 220 / 222),
-# at 250 registers against 223 (128 heads).
-RUNS_OPAQUE_TID = True
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -837,8 +826,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # No wgmma is in flight where the branches below rejoin: ptxas would wait there
             # for every product (see kernels/mma.py).
             if wg == 0:
-                if LOOP_PAD and runs and wtid == 0:  # (a slot of NEXT_OFF nothing reads)
-                    smk[NEXT_OFF // 4 + 5] = int32(pad(sm_scale + float32(t0)))
                 qk_tile(s_acc, smk, sb, 0, parity, wtid)
                 parity ^= 1
                 while True:
@@ -1018,17 +1005,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                    p, tid)
         return parity
 
-    if LOOP_PAD:
-        src = ["def pad(x):"] + [f"    x = x * float32(0.5) + float32({k}.5)"
-                                 for k in range(LOOP_PAD)] + ["    return x"]
-        env = {"float32": float32}
-        exec("\n".join(src), env)
-        pad = cuda.jit(device=True, forceinline=True)(env["pad"])
-    else:
-        @cuda.jit(device=True)
-        def pad(x):
-            return x
-
     @cuda.jit(**(dict(JIT_OPTIONS, launch_bounds=(CONV_THREADS, 1)) if CONV and not SIMULATOR
                  else JIT_OPTIONS))
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
@@ -1112,8 +1088,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # gives back what the opaque move hides, that it is in [0, NTHREADS), without which
             # the thread's roles and every address made from them are signed 64-bit floor
             # divisions and remainders)
-            if RUNS_OPAQUE_TID:
-                tid = ptx.opaque_i32(tid) & (NTHREADS - 1)
+            tid = ptx.opaque_i32(tid) & (NTHREADS - 1)
             wg, wtid, lane = roles(tid)
             parity = walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q,
                           tmap_kv, smk, smf, sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq,
