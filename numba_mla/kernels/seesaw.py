@@ -97,6 +97,10 @@ RUNS_AHEAD = True
 # kernel does: right for masks that keep the first keys, a line lost otherwise) into L2. On
 # an H100 at 286ac9d: 0-1.2% less time on the default sweep (docs/kernels/mma.md).
 ENTRY_PREFETCH = True
+# Experiment (False): the runs kernel walks its block's first item only, its item loop
+# folded away (right only where no block has two items: whole sequences at up to one row
+# group a multiprocessor), to time the loop's effect on the code.
+RUNS_ONE_ITEM = False
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -1098,5 +1102,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 qphase ^= 1
             loaded = AHEAD
             cur = smk[NEXT_OFF // 4]  # (written before the walk's barriers)
+            if RUNS_ONE_ITEM:
+                cur = -1
 
     return runs_kernel if runs else partition_kernel
