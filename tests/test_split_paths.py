@@ -303,18 +303,18 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     tile = mma.BLOCK_N
     lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
     whole = blocks == "whole"
-    blocks = {"mixed": [[(0, 0, 0, 2), (1, 0, 0, 1)],
-                        [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
-                        [(3, 1, 1, -1), (1, 1, 1, -1)]],
-              "whole": [[(2, 0, 0, -1), (0, 0, 0, -1)],
-                        [(1, 0, 0, -1), (3, 0, 0, -1)]]}[blocks]
+    runs = {"mixed": [[(0, 0, 0, 2), (1, 0, 0, 1)],
+                      [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
+                      [(3, 1, 1, -1), (1, 1, 1, -1)]],
+            "whole": [[(2, 0, 0, -1), (0, 0, 0, -1)],
+                      [(1, 0, 0, -1), (3, 0, 0, -1)]]}[blocks]
     groups = 2 if layout == "ragged" else 1
-    table = heuristics.runs_table(blocks, groups)
+    table = heuristics.runs_table(runs, groups)
     monkeypatch.setattr(selector, "SEESAW_RUNS", True)
     monkeypatch.setattr(heuristics, "run_schedule", lambda *args, **kwargs: table)
     with _numba.sim_turn_order(order):
         plans = run_forced_schedule(rng, monkeypatch, layout, lengths)
     spec = plans[0].spec
-    assert spec.backend == "seesaw" and spec.work is table and spec.runs == len(blocks) * groups
-    assert spec.grid(4) == (len(blocks) * groups, 1, 1)
+    assert spec.backend == "seesaw" and spec.work is table and spec.runs == len(runs) * groups
+    assert spec.grid(4) == (len(runs) * groups, 1, 1)
     assert (spec.num_partitions, spec.direct) == ((1, True) if whole else (2, False))
