@@ -101,6 +101,9 @@ ENTRY_PREFETCH = True
 # folded away (right only where no block has two items: whole sequences at up to one row
 # group a multiprocessor), to time the loop's effect on the code.
 RUNS_ONE_ITEM = False
+# Experiment (False): with RUNS_ONE_ITEM, thread 0 does not scan the table for the next item
+# at the start of the walk (there is none to walk), to time that scan.
+RUNS_NO_SCAN = False
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -765,7 +768,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             kb = kstart + t1 * BLOCK_N if t1 < t_end else -1
             load_first(smk, sb, q, tmap_q, row0 * H + r0, tmap_kv, storage, block_table, b,
                        kstart + t0 * BLOCK_N, kb)
-        if runs and tid == 0:  # (its loads' latency hides under this item's first tiles)
+        if runs and RUNS_NO_SCAN and tid == 0:
+            smk[NEXT_OFF // 4 + 3] = -1
+            smk[NEXT_OFF // 4] = -1
+        # (the scan's loads' latency hides under this item's first tiles)
+        if runs and not RUNS_NO_SCAN and tid == 0:
             nxt = -1
             smk[NEXT_OFF // 4 + 3] = -1  # (its first tile's key: none where no item has tiles)
             for i in range(scan_from, scan_end):
