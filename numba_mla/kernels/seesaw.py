@@ -485,9 +485,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         # Element i's key is k0 + acc_col(i) = k0 + 2*(wtid%4) + (a constant): it is kept when
         # the constant is below ``lim`` (one compare with an immediate; the key itself is formed
         # only where the score step needs it: 64-bit keys for all 32 elements at once were the
-        # kernel's peak register use). In int32 (the bound is at most 64; Numba's integers are
-        # 64-bit, two instructions a compare): 32 compares fewer a tile in each warpgroup.
-        lim = int32(k1 - k0 - 2 * (wtid % 4))
+        # kernel's peak register use).
+        lim = k1 - k0 - 2 * (wtid % 4)
         for half in range(2):
             m = ptx.acc_row(2 * half, wtid)
             r = r0 + m
@@ -499,7 +498,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 for e in range(2):
                     i = 4 * j + 2 * half + e
                     s = float32(NEG_INF)
-                    if m < nrows and int32(8 * j + e) < lim:
+                    if m < nrows and 8 * j + e < lim:
                         x = s_acc[i] * fh[half] if FP8 else s_acc[i]
                         s = log2_score(x, qscale, scale, cls, b, h, iq, q_pos,
                                        k0 + ptx.acc_col(i, wtid), bias)
