@@ -71,14 +71,18 @@ def _plan_key(family, cache, mask, counts, num_partitions, sq=None):
 
 def _schedule(keys, block_n, groups, rows, slots, listable):
     """The split-K schedule the selector picks for these key counts: the balanced one's
-    (chunk, P), or the listed one's pieces where the family may take it and the model
-    prefers it."""
+    (chunk, P), or the listed one's pieces or the runs schedule's tiles where the family may
+    take them and the model prefers them (as the selector decides)."""
     if listable and selector.SEESAW_RUNS:  # (the runs schedule: a function of the tiles)
         return ("runs", (-(-np.asarray(keys, np.int64) // block_n)).tobytes())
     split = heuristics.balanced_split(keys, block_n, groups, sms=slots, rows=rows)
     if listable:
         pieces = heuristics.listed_split(keys, block_n, groups, sms=slots, rows=rows,
                                          balanced=split)
+        if selector.SEESAW_RUNS is None and heuristics.runs_split(
+                keys, block_n, groups, sms=slots, rows=rows, balanced=split,
+                pieces=pieces) is not None:
+            return ("runs", (-(-np.asarray(keys, np.int64) // block_n)).tobytes())
         if pieces is not None:
             return ("listed", pieces.tobytes())
     return split

@@ -365,6 +365,30 @@ def _balanced_blocks(tiles, chunk, parts, groups):
     return np.repeat(cost[:, None, :], groups, axis=1).ravel().astype(np.float64)
 
 
+def _balanced_cost(tiles, chunk, parts, groups, sms, share):
+    """The balanced schedule's modelled time in tile-times: its blocks in grid order, and a
+    split launch's workspace (``share``: a 64-row block's WORKSPACE_TILES times its real rows'
+    share). One partition is the direct kernel, which writes out itself: no workspace, no
+    merge."""
+    blocks = _balanced_blocks(tiles, chunk, parts, groups)
+    used = int((blocks > EMPTY_BLOCK_TILES).sum())
+    return _in_order_makespan(blocks, sms) + (share * used / sms if parts > 1 else 0.0)
+
+
+def _listed_cost(pieces, tiles, groups, sms, share, merge):
+    """The listed schedule's modelled time for ``pieces`` (a sequence's piece count each):
+    its blocks largest first, every block with work writing the workspace, and ``merge``
+    (MERGE_TILES where the balanced launch would have had no merge, else 0)."""
+    pieces = np.asarray(pieces, np.int64)
+    P = int(pieces.max())
+    piece = -(-tiles // pieces) + BLOCK_OVERHEAD_TILES
+    sizes = np.concatenate([np.repeat(piece, pieces * groups),
+                            np.full(int(groups * (tiles.size * P - pieces.sum())),
+                                    EMPTY_BLOCK_TILES)])
+    used = groups * int(pieces.sum())  # (blocks with work)
+    return _greedy_makespan(sizes, sms) + share * used / sms + merge
+
+
 def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LISTED_MAX_PIECES,
                  balanced=None):
     """The listed schedule for sequences of ``keys`` keys, where it beats the balanced one
@@ -405,11 +429,7 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
     groups = max(1, row_groups)
     share = WORKSPACE_TILES * _row_share(rows, groups)
     chunk, parts = balanced or balanced_split(keys, block_n, groups, sms=sms, rows=rows)
-    blocks = _balanced_blocks(tiles, chunk, parts, groups)
-    used = int((blocks > EMPTY_BLOCK_TILES).sum())
-    # (one partition: the direct kernel, which writes out itself: no workspace, no merge,
-    # whose launch and run the listed schedule then pays on top of its workspace)
-    balanced_cost = _in_order_makespan(blocks, sms) + (share * used / sms if parts > 1 else 0.0)
+    balanced_cost = _balanced_cost(tiles, chunk, parts, groups, sms, share)
     merge = MERGE_TILES if parts == 1 else 0.0
     longest = int(tiles.max())
     waves = _wave_targets(tiles, groups, sms, -(-longest // max_pieces), longest)
@@ -431,11 +451,7 @@ def listed_split(keys, block_n, row_groups, sms=None, rows=None, max_pieces=LIST
             continue  # (cannot do better)
         if P[i] == 1:
             continue  # every sequence whole: the balanced schedule's one partition, direct
-        sizes = np.concatenate([np.repeat(piece[i], pieces[i] * groups),
-                                np.full(int(groups * (tiles.size * P[i] - pieces[i].sum())),
-                                        EMPTY_BLOCK_TILES)])
-        used = groups * int(pieces[i].sum())  # (blocks with work)
-        cost = _greedy_makespan(sizes, sms) + share * used / sms + merge
+        cost = _listed_cost(pieces[i], tiles, groups, sms, share, merge)
         if cost < best_cost:
             best, best_cost = i, cost
     return None if best is None else pieces[best].astype(np.int32)
@@ -582,3 +598,58 @@ def runs_partitions(table):
     has."""
     nblocks = int(table[0, 0]) if len(table) else 0
     return int(table[nblocks:, 2].max(initial=0)) + 1
+
+
+#: Where the selector takes the runs schedule by itself (``runs_split``): batches of at most
+#: this many (sequence, row group) pairs a multiprocessor (few long sequences, so that a run
+#: holds one or two items and a cut costs a sequence one or two more pieces; with many short
+#: sequences the runs kernel's items each pay a start and the workspace where the grid
+#: kernel's one partition writes out), and a modelled time below ``RUNS_GAIN`` of the
+#: schedule it replaces (the balanced one, or the listed one where that is taken). Fitted to
+#: the H100 A/Bs of the varlen sweep (docs/performance.md, "The runs schedule"): the model
+#: is 0-14% optimistic for the runs form there; with these two rules it takes 16 x 128 x
+#: 32768 at spread 0.25 and 0.5 (modelled 0.920 / 0.924, measured 0.949 / 0.962 at 188293c)
+#: and 64 x 16 x 4096 at 0.5 (0.885; 0.981), and none of the configurations that measured
+#: slower (64 x 16 x 4096 at 0.25: modelled 0.934, measured 1.028; 64 x 128 x 4096 at 0.5:
+#: 128 pairs, modelled 0.925, measured 1.052).
+RUNS_PAIRS_SHARE = 0.5
+RUNS_GAIN = 0.93
+
+
+def _runs_cost(table, tiles, sms, share):
+    """The runs schedule's modelled time in tile-times: its longest block (an item's tiles
+    plus ``RUN_ITEM_TILES``, the first item's fixed cost the block's own
+    ``BLOCK_OVERHEAD_TILES``), and where it cuts a sequence every item's workspace and the
+    merge."""
+    nblocks = int(table[0, 0])
+    items = table[nblocks:]
+    t1 = np.where(items[:, 4] < 0, tiles[items[:, 0]], items[:, 4])
+    cost = t1 - items[:, 3] + RUN_ITEM_TILES
+    first, count = table[:nblocks, 0] - nblocks, table[:nblocks, 1]
+    longest = max(float(cost[f:f + n].sum()) for f, n in zip(first.tolist(), count.tolist()))
+    cut = runs_partitions(table) > 1
+    return (longest + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES
+            + (share * len(items) / sms + MERGE_TILES if cut else 0.0))
+
+
+def runs_split(keys, block_n, row_groups, sms=None, rows=None, balanced=None, pieces=None):
+    """The runs schedule's table (``run_schedule``) where the model takes it over the
+    schedule the launch has otherwise (the balanced one, ``balanced`` = its (chunk, P), or
+    the listed one's ``pieces`` where ``listed_split`` gave them): a batch of at most
+    ``RUNS_PAIRS_SHARE`` (sequence, row group) pairs a multiprocessor, with a modelled time
+    below ``RUNS_GAIN`` of the other's; else None."""
+    sms = sm_count() if sms is None else sms
+    tiles = -(-np.asarray(keys, np.int64) // block_n)
+    groups = max(1, row_groups)
+    if (tiles.size * groups > RUNS_PAIRS_SHARE * sms or tiles.max(initial=0) <= 1
+            or tiles.min() == tiles.max()):
+        return None  # (equal lengths: the balanced schedule, 1.02x faster at 16 x 128 x 32768)
+    share = WORKSPACE_TILES * _row_share(rows, groups)
+    chunk, parts = balanced or balanced_split(keys, block_n, groups, sms=sms, rows=rows)
+    if pieces is not None:
+        other = _listed_cost(pieces, tiles, groups, sms, share,
+                             MERGE_TILES if parts == 1 else 0.0)
+    else:
+        other = _balanced_cost(tiles, chunk, parts, groups, sms, share)
+    table = run_schedule(tiles, groups, sms=sms)
+    return table if _runs_cost(table, tiles, sms, share) < RUNS_GAIN * other else None

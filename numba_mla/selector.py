@@ -186,15 +186,16 @@ SEESAW_E4M3 = True
 # ... with a third warpgroup that converts each tile (kernels/seesaw.py, ``converter``; built
 # by the driver's JIT as a whole program, for setmaxnreg), unless its build spills
 SEESAW_CONVERTER = False
-# The seesaw kernel's runs form on 16-bit rows wherever the split is the selector's own
-# (kernels/seesaw.py, ``runs``; heuristics.run_schedule: one wave of blocks, each walking a run
-# of items that may cross sequences, FlashMLA's kind of schedule), unless its build spills.
-# Off: timed on an H100 at 188293c (the varlen sweep), it gained only with spread lengths at
-# 16 x 128 x 32768 (0.96-0.97x) and 64 x 16 x 4096 (0.98x at spread 0.5), and lost up to 10%
-# elsewhere, 1.24-1.38x at 128 x 128 x 1024; with its thread index masked (1318245), timed
-# again at a71ab40: 2-3% less time than before at one sequence, the same elsewhere
-# (docs/performance.md, "The runs schedule")
-SEESAW_RUNS = False
+# The seesaw kernel's runs form on 16-bit rows (kernels/seesaw.py, ``runs``;
+# heuristics.run_schedule: one wave of blocks, each walking a run of items that may cross
+# sequences, FlashMLA's kind of schedule), unless its build spills: None, where the split is
+# the selector's own and the cost model takes it (heuristics.runs_split: few long sequences,
+# a modelled gain); True, wherever the split is the selector's own; False, nowhere. Timed on
+# an H100 (the varlen sweep, docs/performance.md, "The runs schedule"), it gained only with
+# spread lengths at 16 x 128 x 32768 (0.95-0.96x) and 64 x 16 x 4096 (0.98x at spread 0.5),
+# and lost up to 10% elsewhere, 1.2-1.4x at 128 x 128 x 1024: the configurations the model
+# takes are the first two.
+SEESAW_RUNS = None
 # The warp tensor-core kernel's 32-row block on 16-bit rows as its split-role form
 # (kernels/mma_sync_roles.py: four warps score with Q in registers, four multiply by V),
 # where its shared memory fits and no config names the block's shape: 0.93-0.99x the
@@ -544,23 +545,29 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         return spec_of(None)
     # FP8 rows elsewhere: cp.async
     tma = _tiles_in_pages(call.cache) and facts.packed_rows and not fp8
-    if tma and SEESAW_RUNS and not fixed and len(keys):
-        table = heuristics.run_schedule(-(-np.asarray(keys, np.int64) // block_n), groups,
-                                        sms=slots)
-        parts = heuristics.runs_partitions(table)
-        whole = parts == 1  # (no sequence cut: the items write out themselves, no combine)
-        runs = dict(common, num_partitions=parts, chunk=0, direct=whole)
-        spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
-            mask, mod, tag, cache_cls, H, whole, runs=True), mma.NTHREADS,
-            seesaw.SMEM_BYTES_RUNS,
-            q_pairs=True, tma=True, listable=True, work=table, runs=int(table[0, 0]), **runs)
-        if not spills(spec):
-            return spec
     if tma:
         # Spread lengths: the listed schedule where the cost model prefers it (one piece count
         # a sequence, blocks launched longest first; it writes the workspace)
         pieces = None if fixed else heuristics.listed_split(keys, block_n, groups, sms=slots,
                                                             rows=rows, balanced=(chunk, P))
+        # ... or the runs schedule, where the model prefers it to either (SEESAW_RUNS)
+        table = None
+        if SEESAW_RUNS and not fixed and len(keys):
+            table = heuristics.run_schedule(-(-np.asarray(keys, np.int64) // block_n), groups,
+                                            sms=slots)
+        elif SEESAW_RUNS is None and not fixed and len(keys):
+            table = heuristics.runs_split(keys, block_n, groups, sms=slots, rows=rows,
+                                          balanced=(chunk, P), pieces=pieces)
+        if table is not None:
+            parts = heuristics.runs_partitions(table)
+            whole = parts == 1  # (no sequence cut: the items write out themselves, no combine)
+            runs = dict(common, num_partitions=parts, chunk=0, direct=whole)
+            spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
+                mask, mod, tag, cache_cls, H, whole, runs=True), mma.NTHREADS,
+                seesaw.SMEM_BYTES_RUNS, q_pairs=True, tma=True, listable=True, work=table,
+                runs=int(table[0, 0]), **runs)
+            if not spills(spec):
+                return spec
         if pieces is not None:
             work = heuristics.list_blocks(pieces, -(-np.asarray(keys, np.int64) // block_n),
                                           groups)

@@ -342,6 +342,30 @@ def test_listed_cuts_of_varlen_draws():
     assert [blocks(*c) for c in shapes] == [262, 262, 255, 263, 263, 254]
 
 
+def test_runs_split_of_varlen_draws():
+    """Where the model takes the runs schedule by itself (``heuristics.runs_split``: at most
+    half a (sequence, row group) pair a multiprocessor and a modelled gain): of the varlen
+    bench's 18 draws on 132 multiprocessors, 64 x 16 x 4096 at spread 0.5 and 16 x 128 x
+    32768 at 0.25 and 0.5, the three that measured faster under it on an H100 (0.95-0.98x
+    the time of the schedule they replace); not 64 x 16 x 4096 at 0.25 nor 64 x 128 x 4096
+    at 0.5 (1.03x, 1.05x), nor equal lengths (1.02x at 16 x 128 x 32768)."""
+    from numba_mla.bench import configs, problems
+
+    taken = []
+    for cfg in configs.varlen_sweep():
+        lengths = problems.draw_lengths(cfg, 0)
+        groups = -(-cfg.heads // 64)
+        split = heuristics.balanced_split(lengths, 64, groups, sms=H200_SMS, rows=cfg.heads)
+        pieces = heuristics.listed_split(lengths, 64, groups, H200_SMS, rows=cfg.heads,
+                                         balanced=split)
+        table = heuristics.runs_split(lengths, 64, groups, sms=H200_SMS, rows=cfg.heads,
+                                      balanced=split, pieces=pieces)
+        if table is not None:
+            taken.append((cfg.batch, cfg.heads, cfg.seqlen, cfg.spread))
+            assert int(table[0, 0]) <= H200_SMS  # (one wave)
+    assert taken == [(64, 16, 4096, 0.5), (16, 128, 32768, 0.25), (16, 128, 32768, 0.5)]
+
+
 def test_listed_blocks_groups_side_by_side(monkeypatch):
     """With ``LISTED_GROUPS_SIDE_BY_SIDE`` the blocks of equal cost come piece by piece, each
     piece's row groups one after the other (the two blocks that read the same tiles start

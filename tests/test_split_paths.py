@@ -318,3 +318,38 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     assert spec.backend == "seesaw" and spec.work is table and spec.runs == len(runs) * groups
     assert spec.grid(4) == (len(runs) * groups, 1, 1)
     assert (spec.num_partitions, spec.direct) == ((1, True) if whole else (2, False))
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("taken", [True, False])
+def test_runs_schedule_by_the_model(taken, rng, monkeypatch):
+    """With ``selector.SEESAW_RUNS`` at its default (None) the runs form runs where the cost
+    model takes it (``heuristics.runs_split`` returns its table; forced here, over the
+    sequences of ``test_runs_schedule``'s "mixed" blocks) and the grid kernel where it does
+    not; the plan's schedule key (api._schedule) says which, so a plan made for one is not
+    reused for the other. The model is given the other schedules' choice to weigh against."""
+    from numba_mla import api, selector
+
+    assert selector.SEESAW_RUNS is None
+    tile = mma.BLOCK_N
+    lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
+    table = heuristics.runs_table([[(0, 0, 0, 2), (1, 0, 0, 1)],
+                                   [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
+                                   [(3, 1, 1, -1), (1, 1, 1, -1)]], 1)
+    asked = []
+
+    def runs_split(keys, block_n, groups, sms=None, rows=None, balanced=None, pieces=None):
+        asked.append((list(keys), balanced))
+        return table if taken else None
+
+    monkeypatch.setattr(heuristics, "runs_split", runs_split)
+    plans = run_forced_schedule(rng, monkeypatch, "padded", lengths)
+    spec = plans[0].spec
+    assert asked and asked[0][0] == lengths and asked[0][1] is not None
+    if taken:
+        assert spec.backend == "seesaw" and spec.work is table and spec.runs == 3
+        assert (spec.num_partitions, spec.direct) == (2, False)
+    else:
+        assert spec.runs == 0 and spec.work is None
+    key = api._schedule(lengths, tile, 1, 2, spec.slots, True)
+    assert (key[0] == "runs") == taken

@@ -86,11 +86,13 @@ SMEM_BYTES_RUNS = NEXT_OFF + 24
 # where the block reads bytes more than it multiplies, 2% more for the lag, 1.5-5% for the
 # policy.
 LAG_HEADS = 64
-# The runs form (``runs``): each item's output from the registers to the workspace, and the
-# next item's copies started under it (``walk``); False: staged through shared memory as the
-# grid kernel's, the next item's copies after it. On an H100 at 188293c the two took the
-# same time within 2.5% on the varlen sweep (the runs form is off: selector.SEESAW_RUNS)
-RUNS_AHEAD = True
+# The runs form (``runs``): True, each item's output from the registers to the workspace, and
+# the next item's copies started under it (``walk``); False, staged through shared memory as
+# the grid kernel's, the next item's copies after it. On an H100 the staged output took
+# 0.98-0.99x the time at 16 x 128 x 32768 (188293c, one round), 0.99-1.01x for whole
+# sequences at 64 x 128 x 4096 and 0.97-0.98x at 128 x 128 x 1024 (36851e5, two rounds; the
+# registers' 8-byte stores wait on the memory pipe: docs/performance.md)
+RUNS_AHEAD = False
 # At a block's entry thread 0 starts bringing in what its first copies wait for: the two tensor
 # maps (``prefetch.tensormap``) and, in the grid kernel, the page-table entry of its first
 # tile (guessed as partition p's first tile at p * chunk tiles from key 0, as the transposed
