@@ -99,13 +99,6 @@ RUNS_AHEAD = False
 # kernel does: right for masks that keep the first keys, a line lost otherwise) into L2. On
 # an H100 at 286ac9d: 0-1.2% less time on the default sweep (docs/kernels/mma.md).
 ENTRY_PREFETCH = True
-# Experiment (False): the runs kernel walks its block's first item only, its item loop
-# folded away (right only where no block has two items: whole sequences at up to one row
-# group a multiprocessor), to time the loop's effect on the code.
-RUNS_ONE_ITEM = False
-# Experiment (False): with RUNS_ONE_ITEM, thread 0 does not scan the table for the next item
-# at the start of the walk (there is none to walk), to time that scan.
-RUNS_NO_SCAN = False
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -770,11 +763,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             kb = kstart + t1 * BLOCK_N if t1 < t_end else -1
             load_first(smk, sb, q, tmap_q, row0 * H + r0, tmap_kv, storage, block_table, b,
                        kstart + t0 * BLOCK_N, kb)
-        if runs and RUNS_NO_SCAN and tid == 0:
-            smk[NEXT_OFF // 4 + 3] = -1
-            smk[NEXT_OFF // 4] = -1
-        # (the scan's loads' latency hides under this item's first tiles)
-        if runs and not RUNS_NO_SCAN and tid == 0:
+        if runs and tid == 0:  # (its loads' latency hides under this item's first tiles)
             nxt = -1
             smk[NEXT_OFF // 4 + 3] = -1  # (its first tile's key: none where no item has tiles)
             for i in range(scan_from, scan_end):
@@ -1111,7 +1100,5 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 qphase ^= 1
             loaded = AHEAD
             cur = smk[NEXT_OFF // 4]  # (written before the walk's barriers)
-            if RUNS_ONE_ITEM:
-                cur = -1
 
     return runs_kernel if runs else partition_kernel
