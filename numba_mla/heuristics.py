@@ -1,4 +1,5 @@
 """Tile sizes and the split-K factor, chosen from the shape and the device."""
+import functools
 import heapq
 import math
 
@@ -562,7 +563,15 @@ def run_schedule(tiles, row_groups, sms=None):
     nruns = max(1, sms // G)
     lo = max(1, -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns))
     hi = int(tiles.sum() + RUN_ITEM_TILES * tiles.size) + RUN_MIN_PIECE
-    while lo < hi:  # (the count of runs falls as the cap grows)
+    # (the count of runs falls as the cap grows; a greedy cut leaves little of each run's
+    # cap unused, so the cap is near the bound ``lo``: steps that double from it find a
+    # bracket first, so that the bisection cuts a few times rather than ~log2(hi))
+    step = 8
+    while lo + step < hi and len(_cut_runs(tiles, lo + step)) > nruns:
+        lo += step + 1
+        step *= 2
+    hi = min(hi, lo + step)
+    while lo < hi:
         mid = (lo + hi) // 2
         if len(_cut_runs(tiles, mid)) <= nruns:
             hi = mid
@@ -637,19 +646,35 @@ def runs_split(keys, block_n, row_groups, sms=None, rows=None, balanced=None, pi
     schedule the launch has otherwise (the balanced one, ``balanced`` = its (chunk, P), or
     the listed one's ``pieces`` where ``listed_split`` gave them): a batch of at most
     ``RUNS_PAIRS_SHARE`` (sequence, row group) pairs a multiprocessor, with a modelled time
-    below ``RUNS_GAIN`` of the other's; else None."""
+    below ``RUNS_GAIN`` of the other's; else None. A plan asks twice (its key, then the
+    selector), so the last few answers are kept (the table is read, never written).
+    Host time: 1-4 ms for 16-64 sequences of spread lengths (this project's CPU), none past
+    the pairs' bound or at equal lengths."""
     sms = sm_count() if sms is None else sms
     tiles = -(-np.asarray(keys, np.int64) // block_n)
     groups = max(1, row_groups)
     if (tiles.size * groups > RUNS_PAIRS_SHARE * sms or tiles.max(initial=0) <= 1
             or tiles.min() == tiles.max()):
         return None  # (equal lengths: the balanced schedule, 1.02x faster at 16 x 128 x 32768)
+    balanced = tuple(balanced or balanced_split(keys, block_n, groups, sms=sms, rows=rows))
+    return _runs_split(tiles.tobytes(), groups, sms, rows, balanced,
+                       None if pieces is None else np.asarray(pieces, np.int64).tobytes())
+
+
+@functools.lru_cache(maxsize=16)
+def _runs_split(tiles, groups, sms, rows, balanced, pieces):
+    """``runs_split`` past its quick refusals, on hashable arguments (the arrays' bytes)."""
+    tiles = np.frombuffer(tiles, np.int64)
     share = WORKSPACE_TILES * _row_share(rows, groups)
-    chunk, parts = balanced or balanced_split(keys, block_n, groups, sms=sms, rows=rows)
+    chunk, parts = balanced
     if pieces is not None:
-        other = _listed_cost(pieces, tiles, groups, sms, share,
+        other = _listed_cost(np.frombuffer(pieces, np.int64), tiles, groups, sms, share,
                              MERGE_TILES if parts == 1 else 0.0)
     else:
         other = _balanced_cost(tiles, chunk, parts, groups, sms, share)
+    nruns = max(1, sms // groups)  # (no run is shorter than the work over the runs)
+    bound = -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns)
+    if bound + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES >= RUNS_GAIN * other:
+        return None
     table = run_schedule(tiles, groups, sms=sms)
     return table if _runs_cost(table, tiles, sms, share) < RUNS_GAIN * other else None
