@@ -617,8 +617,9 @@ def runs_partitions(table):
 #: schedule it replaces (the balanced one, or the listed one where that is taken). Fitted to
 #: the H100 A/Bs of the varlen sweep (docs/performance.md, "The runs schedule"): the model
 #: is 0-14% optimistic for the runs form there; with these two rules it takes 16 x 128 x
-#: 32768 at spread 0.25 and 0.5 (modelled 0.920 / 0.924, measured 0.949 / 0.962 at 188293c)
-#: and 64 x 16 x 4096 at 0.5 (0.885; 0.981), and none of the configurations that measured
+#: 32768 at spread 0.25 and 0.5 (modelled 0.920 / 0.924, measured 0.949 / 0.962 at 188293c,
+#: 0.965 / 0.972 with this rule at 9b77a38) and 64 x 16 x 4096 at 0.5 (0.885; 0.981, then
+#: 0.987), and none of the configurations that measured
 #: slower (64 x 16 x 4096 at 0.25: modelled 0.934, measured 1.028; 64 x 128 x 4096 at 0.5:
 #: 128 pairs, modelled 0.925, measured 1.052).
 RUNS_PAIRS_SHARE = 0.5
