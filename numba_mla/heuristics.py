@@ -649,7 +649,7 @@ def runs_split(keys, block_n, row_groups, sms=None, rows=None, balanced=None, pi
     ``RUNS_PAIRS_SHARE`` (sequence, row group) pairs a multiprocessor, with a modelled time
     below ``RUNS_GAIN`` of the other's; else None. A plan asks twice (its key, then the
     selector), so the last few answers are kept (the table is read, never written).
-    Host time: 1-4 ms for 16-64 sequences of spread lengths (this project's CPU), none past
+    Host time: 1-2 ms for 16-64 sequences of spread lengths (this project's CPU), none past
     the pairs' bound or at equal lengths."""
     sms = sm_count() if sms is None else sms
     tiles = -(-np.asarray(keys, np.int64) // block_n)
