@@ -502,9 +502,10 @@ def list_blocks(pieces, tiles, row_groups):
     return np.stack([b, g, p, n], axis=1)[order].astype(np.int32)
 
 
-#: The runs schedule (``run_schedule``; the seesaw kernel's ``runs`` form, off unless
-#: selector.SEESAW_RUNS): an item's fixed cost in tile-times besides its tiles (its queries'
-#: copy, its first tiles' wait, its output), and the shortest piece it cuts off a sequence.
+#: The runs schedule (``run_schedule``; the seesaw kernel's ``runs`` form, where
+#: ``runs_split`` takes it or selector.SEESAW_RUNS forces it): an item's fixed cost in
+#: tile-times besides its tiles (its queries' copy, its first tiles' wait, its output), and
+#: the shortest piece it cuts off a sequence.
 RUN_ITEM_TILES = 2
 RUN_MIN_PIECE = 4
 
@@ -678,4 +679,5 @@ def _runs_split(tiles, groups, sms, rows, balanced, pieces):
     if bound + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES >= RUNS_GAIN * other:
         return None
     table = run_schedule(tiles, groups, sms=sms)
+    table.flags.writeable = False  # (kept: shared by the plans that ask again)
     return table if _runs_cost(table, tiles, sms, share) < RUNS_GAIN * other else None

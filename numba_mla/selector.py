@@ -583,6 +583,9 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                           listable=not fixed, **common)
         if not spills(spec):
             return spec
+    # (``listable`` as the seesaw forms' where they were tried: this fallback's plans then
+    # key on the listed and runs schedules too, so that a plan of one of those, made for other
+    # lengths of the family where it did not spill, is never taken for one of these)
     disp = factory.mma_partition_kernel(mask, mod, tag, cache_cls, H, direct, tma, fp8)
     return KernelSpec("mma", disp, mma.NTHREADS, mma.smem_bytes(fp8), q_pairs=True, tma=tma,
-                      **common)
+                      listable=tma and not fixed, **common)

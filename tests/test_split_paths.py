@@ -339,17 +339,20 @@ def test_runs_schedule_by_the_model(taken, rng, monkeypatch):
     asked = []
 
     def runs_split(keys, block_n, groups, sms=None, rows=None, balanced=None, pieces=None):
-        asked.append((list(keys), balanced))
+        asked.append((list(keys), block_n, groups, sms, rows, tuple(balanced),
+                      None if pieces is None else list(pieces)))
         return table if taken else None
 
     monkeypatch.setattr(heuristics, "runs_split", runs_split)
     plans = run_forced_schedule(rng, monkeypatch, "padded", lengths)
     spec = plans[0].spec
-    assert asked and asked[0][0] == lengths and asked[0][1] is not None
+    assert len(asked) == 1 and asked[0][0] == lengths
     if taken:
         assert spec.backend == "seesaw" and spec.work is table and spec.runs == 3
         assert (spec.num_partitions, spec.direct) == (2, False)
     else:
         assert spec.runs == 0 and spec.work is None
-    key = api._schedule(lengths, tile, 1, 2, spec.slots, True)
+    # the plan's key, from the plan's geometry, asks the model the same question
+    key = api._schedule(lengths, spec.block_n, spec.groups, spec.rows, spec.slots, True)
+    assert len(asked) == 2 and asked[1] == asked[0]
     assert (key[0] == "runs") == taken
