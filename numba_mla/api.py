@@ -80,9 +80,7 @@ def _schedule(keys, block_n, groups, rows, slots, listable):
     if listable:
         pieces = heuristics.listed_split(keys, block_n, groups, sms=slots, rows=rows,
                                          balanced=split)
-        if selector.SEESAW_RUNS is None and heuristics.runs_split(
-                keys, block_n, groups, sms=slots, rows=rows, balanced=split,
-                pieces=pieces) is not None:
+        if selector.runs_table(keys, block_n, groups, slots, rows, split, pieces) is not None:
             return ("runs", (-(-np.asarray(keys, np.int64) // block_n)).tobytes())
         if pieces is not None:
             return ("listed", pieces.tobytes())

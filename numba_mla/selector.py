@@ -309,6 +309,20 @@ def _transposed(config, rows, fp8, packed):
     return TRANSPOSED_PAST_32
 
 
+def runs_table(keys, block_n, groups, slots, rows, balanced, pieces):
+    """The runs schedule's table for a launch whose split is the selector's own, or None: as
+    ``SEESAW_RUNS`` says (True: always; None: where heuristics.runs_split takes it over the
+    ``balanced`` (chunk, P) or the listed ``pieces``; False: never). The plan's schedule key
+    (api._schedule) asks the same, so that key and plan agree."""
+    if SEESAW_RUNS:
+        return heuristics.run_schedule(-(-np.asarray(keys, np.int64) // block_n), groups,
+                                       sms=slots)
+    if SEESAW_RUNS is None:
+        return heuristics.runs_split(keys, block_n, groups, sms=slots, rows=rows,
+                                     balanced=balanced, pieces=pieces)
+    return None
+
+
 def _tiles_in_pages(cache):
     """Whether every 64-key tile aligned to 64 keys lies in one page, so the copy engine can
     bring it as one box a 64 dims (a ragged cache is one page)."""
@@ -551,13 +565,8 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         pieces = None if fixed else heuristics.listed_split(keys, block_n, groups, sms=slots,
                                                             rows=rows, balanced=(chunk, P))
         # ... or the runs schedule, where the model prefers it to either (SEESAW_RUNS)
-        table = None
-        if SEESAW_RUNS and not fixed and len(keys):
-            table = heuristics.run_schedule(-(-np.asarray(keys, np.int64) // block_n), groups,
-                                            sms=slots)
-        elif SEESAW_RUNS is None and not fixed and len(keys):
-            table = heuristics.runs_split(keys, block_n, groups, sms=slots, rows=rows,
-                                          balanced=(chunk, P), pieces=pieces)
+        table = None if fixed or not len(keys) else runs_table(keys, block_n, groups, slots,
+                                                               rows, (chunk, P), pieces)
         if table is not None:
             parts = heuristics.runs_partitions(table)
             whole = parts == 1  # (no sequence cut: the items write out themselves, no combine)

@@ -266,6 +266,15 @@ def run_forced_schedule(rng, monkeypatch, layout, lengths):
 # ---------------------------------------------------------------------------------------------
 # The runs schedule (the seesaw kernel's ``runs`` form: kernels/seesaw.py)
 # ---------------------------------------------------------------------------------------------
+#: test_runs_schedule's forced runs, each a block's items (b, slot, t0, t1), over sequences of
+#: 3, 1, 0 and 2 tiles: "mixed" cuts and crosses sequences, "whole" cuts none
+RUNS_OF_TEST = {"mixed": [[(0, 0, 0, 2), (1, 0, 0, 1)],
+                          [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
+                          [(3, 1, 1, -1), (1, 1, 1, -1)]],
+                "whole": [[(2, 0, 0, -1), (0, 0, 0, -1)],
+                          [(1, 0, 0, -1), (3, 0, 0, -1)]]}
+
+
 @pytest.mark.kernel
 @pytest.mark.parametrize("form,order,blocks", [
     ("ahead", "fifo", "mixed"), ("ahead", "low", "mixed"), ("staged", "fifo", "mixed"),
@@ -303,11 +312,7 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     tile = mma.BLOCK_N
     lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
     whole = blocks == "whole"
-    runs = {"mixed": [[(0, 0, 0, 2), (1, 0, 0, 1)],
-                      [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
-                      [(3, 1, 1, -1), (1, 1, 1, -1)]],
-            "whole": [[(2, 0, 0, -1), (0, 0, 0, -1)],
-                      [(1, 0, 0, -1), (3, 0, 0, -1)]]}[blocks]
+    runs = RUNS_OF_TEST[blocks]
     groups = 2 if layout == "ragged" else 1
     table = heuristics.runs_table(runs, groups)
     monkeypatch.setattr(selector, "SEESAW_RUNS", True)
@@ -333,9 +338,7 @@ def test_runs_schedule_by_the_model(taken, rng, monkeypatch):
     assert selector.SEESAW_RUNS is None
     tile = mma.BLOCK_N
     lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
-    table = heuristics.runs_table([[(0, 0, 0, 2), (1, 0, 0, 1)],
-                                   [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
-                                   [(3, 1, 1, -1), (1, 1, 1, -1)]], 1)
+    table = heuristics.runs_table(RUNS_OF_TEST["mixed"], 1)
     asked = []
 
     def runs_split(keys, block_n, groups, sms=None, rows=None, balanced=None, pieces=None):
