@@ -288,16 +288,18 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     it from its PTX with the driver's JIT, which keeps ``setmaxnreg``); ``runs``: its blocks
     walk the runs schedule's items (heuristics.run_schedule), writing the workspace (or with
     ``direct``, a table of whole sequences, out itself), each item's output from the
-    registers where ``seesaw.RUNS_AHEAD``."""
+    registers where ``seesaw.RUNS_AHEAD``, else staged (with the next item's queries copied
+    under it where ``seesaw.RUNS_Q_EARLY``)."""
     from .kernels import seesaw
 
     ahead = runs and seesaw.RUNS_AHEAD
+    q_early = runs and not ahead and seesaw.RUNS_Q_EARLY
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
                                             store=_output_store(tag, direct), listed=listed,
                                             fp8=fp8, converter=converter, runs=runs,
-                                            ahead=ahead, direct=direct,
+                                            ahead=ahead, direct=direct, q_early=q_early,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         if converter:  # (setmaxnreg moves the registers it was launched with)
@@ -306,7 +308,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
 
     return _cached(("seesaw", tag, heads, direct, listed) + ((("fp8", fp8),) if fp8 else ())
                    + ((("converter", True),) if converter else ())
-                   + ((("runs", ahead),) if runs else ())
+                   + ((("runs", ahead, q_early),) if runs else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

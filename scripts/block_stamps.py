@@ -29,6 +29,7 @@ readings.
 
 Usage (on a GPU machine, in the repository root):
     python scripts/block_stamps.py --out stamps.json [--kernel seesaw|seesaw-runs]
+                                   [--shapes 64x128x4096@0.25,128x128x1024]
 
 The build is a patched copy of the package in a temporary folder: the patch names the lines
 it inserts after, and stops with the line it did not find when the kernel's module has
@@ -96,7 +97,7 @@ PATCH_SEESAW = [
     ("from .. import ptx\n", TIMER),
     ("                         part_out, part_lse, tmap_q, tmap_kv):\n"
      "        b, r0, p, nparts, run = block_work(chunk)\n", "        st0 = _gtimer()\n"),
-    ("        if tid == 0 and t0 < t_end and not loaded:  # the queries, then the first pair's",
+    ("        if tid == 0 and t0 < t_end and loaded < 2:  # the queries, then the first pair's",
      "<before>        stw = _gtimer()\n        stq = stw\n        sts = stw\n"),
     ("            while not ptx.mbar_try_wait(smk, qbar, qphase):\n                pass\n",
      "            stq = _gtimer()\n"),
@@ -106,8 +107,8 @@ PATCH_SEESAW = [
     ("        write_rows(part_out, smf, sb, KV_OFF,", "<before>        sto = _gtimer()\n"),
     ("                   p, tid)\n        return parity\n",
      "<replace>                   p, tid)\n" + SEESAW_STORE[1:] + "        return parity\n"),
-    ("kend, t0, t1, t_end, 0, 0, False, 0, 0, chunk, q_offsets, lengths)",
-     "<replace>kend, t0, t1, t_end, 0, 0, False, st0, 0, chunk, q_offsets, lengths)"),
+    ("kend, t0, t1, t_end, 0, 0, 0, 0, 0, chunk, q_offsets, lengths)",
+     "<replace>kend, t0, t1, t_end, 0, 0, 0, st0, 0, chunk, q_offsets, lengths)"),
 ]
 #: the runs kernel's: the same readings of each item's walk (its entry has none of its own)
 PATCH_RUNS = [(a, b.replace("(int32(scan_from), stw,", "(stw,")) for a, b in PATCH_SEESAW
@@ -182,7 +183,17 @@ def block_stamps(kernel, partition, H, npoints):
     return np.array(rows), np.array(info)
 
 
-def measure(out, kernel):
+def parse_shapes(text):
+    """``--shapes``: "BxHxL" or "BxHxL@spread", comma-separated, each at the library's split."""
+    shapes = []
+    for item in text.split(","):
+        dims, _, spread = item.partition("@")
+        B, H, L = (int(v) for v in dims.split("x"))
+        shapes.append((B, H, L, None, float(spread or 0.0)))
+    return tuple(shapes)
+
+
+def measure(out, kernel, shapes=None):
     import numpy as np
 
     from numba_mla.bench.configs import Config, Settings
@@ -195,7 +206,8 @@ def measure(out, kernel):
     dev = Device(use_torch=True)
     rng = np.random.default_rng(0)
     results = []
-    points, shapes = KERNELS[kernel][2:]
+    points, default = KERNELS[kernel][2:]
+    shapes = default if shapes is None else shapes
     if kernel == "seesaw-runs":
         from numba_mla import selector
         from numba_mla.kernels import seesaw
@@ -249,18 +261,23 @@ def main():
     ap.add_argument("--out", required=True, help="the JSON this writes")
     ap.add_argument("--kernel", choices=sorted(KERNELS), default="transposed",
                     help="the kernel to stamp (default: transposed)")
+    ap.add_argument("--shapes", default=None,
+                    help="BxHxL[@spread],... in place of the kernel's own shapes (the library's "
+                         "split, the bench's draw of lengths)")
     ap.add_argument("--measure", action="store_true", help="(child) run in the patched copy")
     args = ap.parse_args()
+    shapes = None if args.shapes is None else parse_shapes(args.shapes)
     if args.measure:
-        return measure(args.out, args.kernel)
+        return measure(args.out, args.kernel, shapes)
     with tempfile.TemporaryDirectory() as tmp:
         patched_copy(tmp, args.kernel)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [tmp] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
             NUMBA_MLA_CACHE_DIR=os.path.join(tmp, "kernels"))
+        extra = [] if args.shapes is None else ["--shapes", args.shapes]
         return subprocess.run([sys.executable, os.path.abspath(__file__), "--measure",
-                               "--kernel", args.kernel, "--out", os.path.abspath(args.out)],
-                              env=env, cwd=tmp).returncode
+                               "--kernel", args.kernel, "--out", os.path.abspath(args.out)]
+                              + extra, env=env, cwd=tmp).returncode
 
 
 if __name__ == "__main__":

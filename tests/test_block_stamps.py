@@ -29,7 +29,7 @@ def test_patch_applies_to_the_seesaw_kernel(tmp_path):
         assert src.count(f"{name} = _gtimer()") == 1, name
     assert src.count("sts = _gtimer()") == 1
     # the entry's reading reaches the walk; the readings are stored once, after the output
-    assert src.count("False, st0, 0, chunk") == 1
+    assert src.count("0, 0, 0, st0, 0, chunk") == 1
     assert src.count("part_lse[t_row0, h0 + i, p] = ptx.i32_as_f32(st)") == 1
     assert src.index("sto = _gtimer()") < src.index("part_lse[t_row0, h0 + i, p]")
     py_compile.compile(str(path), doraise=True)
@@ -38,7 +38,7 @@ def test_patch_applies_to_the_seesaw_kernel(tmp_path):
 def test_patch_applies_to_the_runs_kernel(tmp_path):
     stamps.patched_copy(str(tmp_path), "seesaw-runs")
     src = (tmp_path / "numba_mla" / "kernels" / "seesaw.py").read_text(encoding="utf-8")
-    assert "st0" not in src and "False, 0, 0, chunk" in src  # (the runs kernel scans there)
+    assert "st0" not in src and "0, 0, 0, 0, 0, chunk" in src  # (the runs kernel scans there)
     assert src.count("enumerate((stw, stq, sts, ste, sto, _gtimer()))") == 1
     py_compile.compile(str(tmp_path / "numba_mla" / "kernels" / "seesaw.py"), doraise=True)
 

@@ -278,7 +278,8 @@ RUNS_OF_TEST = {"mixed": [[(0, 0, 0, 2), (1, 0, 0, 1)],
 @pytest.mark.kernel
 @pytest.mark.parametrize("form,order,blocks", [
     ("ahead", "fifo", "mixed"), ("ahead", "low", "mixed"), ("staged", "fifo", "mixed"),
-    ("ahead", "fifo", "whole"), ("staged", "fifo", "whole")])
+    ("ahead", "fifo", "whole"), ("staged", "fifo", "whole"), ("q_early", "fifo", "mixed"),
+    ("q_early", "low", "mixed"), ("q_early", "fifo", "whole")])
 @pytest.mark.parametrize("layout", ["padded", "ragged"])
 def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     """The seesaw kernel's runs form (selector.SEESAW_RUNS) from a forced table over
@@ -293,7 +294,8 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     written or marked. Padded: one token of 2 heads; ragged: 2 + 1 + 0 + 2 tokens of 33 heads
     (two row groups, six blocks). ``form``: "ahead" (seesaw.RUNS_AHEAD), each item's output
     from the registers and the next item's copies started under it; "staged", the output
-    staged as the grid kernel's. ``blocks`` "whole": every item a whole sequence, so the
+    staged as the grid kernel's; "q_early", staged with the next item's queries copied under
+    it (seesaw.RUNS_Q_EARLY). ``blocks`` "whole": every item a whole sequence, so the
     kernel writes out itself (one partition, no combine): block 0 the empty sequence (walked
     for its zeros and -inf where it has rows; its walk issues the next item's copies) then
     the first sequence, block 1 the second then the last. In the simulator, ``order`` "low"
@@ -308,6 +310,7 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
         pytest.skip("a turn order of the simulator's")
 
     monkeypatch.setattr(seesaw, "RUNS_AHEAD", form == "ahead")
+    monkeypatch.setattr(seesaw, "RUNS_Q_EARLY", form == "q_early")
 
     tile = mma.BLOCK_N
     lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
@@ -349,7 +352,9 @@ def test_runs_schedule_by_the_model(taken, rng, monkeypatch):
     monkeypatch.setattr(heuristics, "runs_split", runs_split)
     plans = run_forced_schedule(rng, monkeypatch, "padded", lengths)
     spec = plans[0].spec
-    assert len(asked) == 1 and asked[0][0] == lengths
+    # (once a call: run_forced_schedule calls twice on a GPU)
+    n = len(asked)
+    assert n >= 1 and asked[0][0] == lengths and all(a == asked[0] for a in asked)
     if taken:
         assert spec.backend == "seesaw" and spec.work is table and spec.runs == 3
         assert (spec.num_partitions, spec.direct) == (2, False)
@@ -357,5 +362,5 @@ def test_runs_schedule_by_the_model(taken, rng, monkeypatch):
         assert spec.runs == 0 and spec.work is None
     # the plan's key, from the plan's geometry, asks the model the same question
     key = api._schedule(lengths, spec.block_n, spec.groups, spec.rows, spec.slots, True)
-    assert len(asked) == 2 and asked[1] == asked[0]
+    assert len(asked) == n + 1 and asked[-1] == asked[0]
     assert (key[0] == "runs") == taken

@@ -93,6 +93,11 @@ LAG_HEADS = 64
 # sequences at 64 x 128 x 4096 and 0.97-0.98x at 128 x 128 x 1024 (36851e5, two rounds; the
 # registers' 8-byte stores wait on the memory pipe: docs/performance.md)
 RUNS_AHEAD = False
+# The runs form, output staged (not ``RUNS_AHEAD``): True, thread 0 starts the next item's
+# queries into Q as soon as both warpgroups are past their last product (Q is no longer read:
+# the staged output lies over the two buffers), so they land under this item's output and only
+# the first pair's tiles are copied at the next item's start. Experimental, off.
+RUNS_Q_EARLY = False
 # At a block's entry thread 0 starts bringing in what its first copies wait for: the two tensor
 # maps (``prefetch.tensormap``) and, in the grid kernel, the page-table entry of its first
 # tile (guessed as partition p's first tile at p * chunk tiles from key 0, as the transposed
@@ -169,7 +174,8 @@ def convert_order(buf, n):
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
-                          converter=False, runs=False, ahead=False, direct=False):
+                          converter=False, runs=False, ahead=False, direct=False,
+                          q_early=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -185,11 +191,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     ``runs``, a table whose every item is a whole sequence (one partition:
     heuristics.runs_partitions), the items write out and lse themselves (``store`` then
     converts to the output's type), and an item of a sequence without a tile is walked (its
-    zeros and -inf written) rather than passed over."""
+    zeros and -inf written) rather than passed over; ``q_early``: with ``runs`` and not
+    ``ahead``, the next item's queries are copied under this one's staged output."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
     DIRECT = runs and direct
+    QEARLY = runs and q_early and not ahead
     assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
     assert not runs or NTHREADS & (NTHREADS - 1) == 0, "the runs form masks the thread index"
@@ -716,12 +724,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         prefetch_first_entry(block_table, b, p, run, BLOCK_N, page_size)
 
     @cuda.jit(device=True)
-    def load_first(smk, sb, q, tmap_q, qrow, tmap_kv, storage, block_table, b, ka, kb):
-        """(One thread) Start copying an item's queries (rows from ``qrow``) and its first
-        pair's tiles, keys from ``ka`` into buffer 0 and from ``kb`` into buffer 1 (none where
-        ``kb`` < 0)."""
-        page_size = storage.shape[1]
-        npages = storage.shape[0]
+    def load_q(smk, sb, q, tmap_q, qrow):
+        """(One thread) Start copying an item's queries (rows from ``qrow``) into Q."""
         qbar = sb + BAR_OFF
         if not FP8:
             ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
@@ -729,6 +733,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             tma_box(smk, sb + Q_OFF + BOX_BYTES * box, tmap_q, q, BOX * box, qrow, qbar)
         if FP8:  # (announced by the thread that copies, after its copies: load_raw)
             ptx.mbar_expect_tx(smk, qbar, ROWS_BYTES)
+
+    @cuda.jit(device=True)
+    def load_first(smk, sb, q, tmap_q, qrow, tmap_kv, storage, block_table, b, ka, kb, with_q):
+        """(One thread) Start copying an item's queries (rows from ``qrow``; unless not
+        ``with_q``: copied already) and its first pair's tiles, keys from ``ka`` into buffer 0
+        and from ``kb`` into buffer 1 (none where ``kb`` < 0)."""
+        page_size = storage.shape[1]
+        npages = storage.shape[0]
+        if with_q:
+            load_q(smk, sb, q, tmap_q, qrow)
         row = tile_row(block_table, page_size, npages, b, ka)
         if FP8:
             load_raw(smk, sb, 0, tmap_kv, storage, row, 0, NBOX)
@@ -758,11 +772,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         (NEXT_OFF; -1: none), which the block reads after the walk, with its copies'
         arguments; with ``ahead``, the output goes from the registers to the workspace, and
         once both warpgroups are past their last product thread 0 starts that item's copies
-        under it."""
-        if tid == 0 and t0 < t_end and not loaded:  # the queries, then the first pair's tiles
+        under it (``q_early``: its queries only, under the staged output). ``loaded``: 0,
+        nothing of this item copied yet; 1, its queries; 2, its queries and first pair."""
+        if tid == 0 and t0 < t_end and loaded < 2:  # the queries, then the first pair's tiles
             kb = kstart + t1 * BLOCK_N if t1 < t_end else -1
             load_first(smk, sb, q, tmap_q, row0 * H + r0, tmap_kv, storage, block_table, b,
-                       kstart + t0 * BLOCK_N, kb)
+                       kstart + t0 * BLOCK_N, kb, loaded == 0)
         if runs and tid == 0:  # (its loads' latency hides under this item's first tiles)
             nxt = -1
             smk[NEXT_OFF // 4 + 3] = -1  # (its first tile's key: none where no item has tiles)
@@ -982,7 +997,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             if tid == 0 and smk[NEXT_OFF // 4 + 3] >= 0:
                 load_first(smk, sb, q, tmap_q, smk[NEXT_OFF // 4 + 1], tmap_kv, storage,
                            block_table, smk[NEXT_OFF // 4 + 2], smk[NEXT_OFF // 4 + 3],
-                           smk[NEXT_OFF // 4 + 4])
+                           smk[NEXT_OFF // 4 + 4], True)
             write_regs(o_acc, part_out, smf, row0, r0, nrows, p, wg, wtid)
             if tid < nrows:
                 store_lse(part_lse, smf, row0, r0, p, tid)
@@ -990,6 +1005,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         # Both warpgroups are done with the tiles: their buffers take the staged output (rows
         # O_PITCH floats apart).
         sync_math()
+        # (QEARLY: Q is free too, and the output lies over the buffers: the next item's
+        # queries, where it has a tile)
+        if QEARLY and tid == 0 and smk[NEXT_OFF // 4 + 3] >= 0:
+            load_q(smk, sb, q, tmap_q, smk[NEXT_OFF // 4 + 1])
         store_o(o_acc, smf, sb + KV_OFF + 4 * (ptx.acc_row(0, wtid) * O_PITCH + DIMS_PER_WG * wg
                                                + ptx.acc_col(0, wtid)), 4 * O_PITCH)
         store_sums(smf, l_run, l_p, wg, wtid)
@@ -1042,7 +1061,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         cuda.syncthreads()
         walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
              sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
-             kend, t0, t1, t_end, 0, 0, False, 0, 0, chunk, q_offsets, lengths)
+             kend, t0, t1, t_end, 0, 0, 0, 0, 0, chunk, q_offsets, lengths)
 
     @cuda.jit(**JIT_OPTIONS)
     def runs_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk, part_out,
@@ -1074,7 +1093,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 break
         qphase = 0
         parity = 0
-        loaded = False
+        loaded = 0
         while cur >= 0:
             (work, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart, kend, t0, t1,
              t_end) = item_at(chunk, cur, q_offsets, lengths, part_lse, nparts, tid, NTHREADS,
@@ -1098,7 +1117,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           loaded, cur + 1, end, chunk, q_offsets, lengths)
             if t0 < t_end:  # (DIRECT's item without a tile copies no queries)
                 qphase ^= 1
-            loaded = AHEAD
+            loaded = 2 if AHEAD else 1 if QEARLY else 0
             cur = smk[NEXT_OFF // 4]  # (written before the walk's barriers)
 
     return runs_kernel if runs else partition_kernel
