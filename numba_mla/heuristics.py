@@ -591,6 +591,46 @@ def run_schedule(tiles, row_groups, sms=None):
     return runs_table(items, G)
 
 
+#: Whole-sequence runs (``whole_runs``): an item's fixed cost in tile-times there (its first
+#: tiles' wait and its output, the queries copied under the item before: seesaw.RUNS_Q_EARLY),
+#: fitted to an H100's A/B of whole sequences two to a block at 128 x 128 x 1024 (4.2)
+WHOLE_ITEM_TILES = 4
+
+
+def whole_runs(tiles, row_groups, sms=None):
+    """The runs schedule's table (``runs_table``) of whole sequences for a batch of more
+    (sequence, row group) pairs than one wave: the sequences packed, longest first, each into
+    the run that is least loaded so far (the longest-processing-time rule; an item costs its
+    tiles plus ``WHOLE_ITEM_TILES``), into ``sms // row_groups`` runs (fewer where there are
+    fewer sequences), each run a block for each row group, side by side. No sequence is cut,
+    so every item writes ``out`` itself (one partition: no workspace, no merge); a run walks
+    its sequences longest first. Where the grid hands out its blocks in launch order (the
+    balanced schedule's one partition), a block may take two long sequences while another
+    takes two short ones; here the loads are levelled before the launch."""
+    sms = sm_count() if sms is None else sms
+    tiles = np.asarray(tiles, np.int64)
+    G = max(1, row_groups)
+    nruns = max(1, min(sms // G, tiles.size))
+    loads = [(0, r) for r in range(nruns)]
+    runs = [[] for _ in range(nruns)]
+    for b in np.argsort(-tiles, kind="stable").tolist():
+        load, r = heapq.heappop(loads)
+        runs[r].append((b, 0, 0, -1))
+        heapq.heappush(loads, (load + int(tiles[b]) + WHOLE_ITEM_TILES, r))
+    return runs_table(runs, G)
+
+
+def _whole_cost(table, tiles):
+    """``whole_runs``' modelled time in tile-times: its longest block, each item's tiles plus
+    ``WHOLE_ITEM_TILES``, the first item's fixed cost the block's own ``BLOCK_OVERHEAD_TILES``
+    (every item writes out itself: no workspace, no merge)."""
+    nblocks = int(table[0, 0])
+    cost = tiles[table[nblocks:, 0]] + WHOLE_ITEM_TILES
+    return max(float(cost[f:f + n].sum()) for f, n in
+               zip((table[:nblocks, 0] - nblocks).tolist(), table[:nblocks, 1].tolist())) \
+        + BLOCK_OVERHEAD_TILES - WHOLE_ITEM_TILES
+
+
 def runs_table(runs, row_groups):
     """The runs schedule's table (``run_schedule``) of ``runs``, each a list of items ``(b,
     slot, t0, t1)``: a block for each run and row group, side by side."""
@@ -648,24 +688,29 @@ def runs_split(keys, block_n, row_groups, sms=None, rows=None, balanced=None, pi
     schedule the launch has otherwise (the balanced one, ``balanced`` = its (chunk, P), or
     the listed one's ``pieces`` where ``listed_split`` gave them): a batch of at most
     ``RUNS_PAIRS_SHARE`` (sequence, row group) pairs a multiprocessor, with a modelled time
-    below ``RUNS_GAIN`` of the other's; else None. A plan asks twice (its key, then the
+    below ``RUNS_GAIN`` of the other's; past one pair a multiprocessor, the whole-sequence
+    runs (``whole_runs``) under the same rule; else None. A plan asks twice (its key, then the
     selector), so the last few answers are kept (the table is read, never written).
     Host time: 1-2 ms for 16-64 sequences of spread lengths (this project's CPU), none past
     the pairs' bound or at equal lengths."""
     sms = sm_count() if sms is None else sms
     tiles = -(-np.asarray(keys, np.int64) // block_n)
     groups = max(1, row_groups)
-    if (tiles.size * groups > RUNS_PAIRS_SHARE * sms or tiles.max(initial=0) <= 1
-            or tiles.min() == tiles.max()):
+    if tiles.max(initial=0) <= 1 or tiles.min() == tiles.max():
         return None  # (equal lengths: the balanced schedule, 1.02x faster at 16 x 128 x 32768)
+    whole = tiles.size * groups > sms  # (more pairs than a wave: whole sequences, packed)
+    if not whole and tiles.size * groups > RUNS_PAIRS_SHARE * sms:
+        return None
     balanced = tuple(balanced or balanced_split(keys, block_n, groups, sms=sms, rows=rows))
     return _runs_split(tiles.tobytes(), groups, sms, rows, balanced,
-                       None if pieces is None else np.asarray(pieces, np.int64).tobytes())
+                       None if pieces is None else np.asarray(pieces, np.int64).tobytes(),
+                       whole)
 
 
 @functools.lru_cache(maxsize=16)
-def _runs_split(tiles, groups, sms, rows, balanced, pieces):
-    """``runs_split`` past its quick refusals, on hashable arguments (the arrays' bytes)."""
+def _runs_split(tiles, groups, sms, rows, balanced, pieces, whole=False):
+    """``runs_split`` past its quick refusals, on hashable arguments (the arrays' bytes);
+    ``whole``: the whole-sequence runs (``whole_runs``) are the candidate."""
     tiles = np.frombuffer(tiles, np.int64)
     share = WORKSPACE_TILES * _row_share(rows, groups)
     chunk, parts = balanced
@@ -674,6 +719,10 @@ def _runs_split(tiles, groups, sms, rows, balanced, pieces):
                              MERGE_TILES if parts == 1 else 0.0)
     else:
         other = _balanced_cost(tiles, chunk, parts, groups, sms, share)
+    if whole:
+        table = whole_runs(tiles, groups, sms=sms)
+        table.flags.writeable = False
+        return table if _whole_cost(table, tiles) < RUNS_GAIN * other else None
     nruns = max(1, sms // groups)  # (no run is shorter than the work over the runs)
     bound = -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns)
     if bound + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES >= RUNS_GAIN * other:

@@ -344,11 +344,13 @@ def test_listed_cuts_of_varlen_draws():
 
 def test_runs_split_of_varlen_draws():
     """Where the model takes the runs schedule by itself (``heuristics.runs_split``: at most
-    half a (sequence, row group) pair a multiprocessor and a modelled gain): of the varlen
-    bench's 18 draws on 132 multiprocessors, 64 x 16 x 4096 at spread 0.5 and 16 x 128 x
-    32768 at 0.25 and 0.5, the three that measured faster under it on an H100 (0.95-0.98x
-    the time of the schedule they replace); not 64 x 16 x 4096 at 0.25 nor 64 x 128 x 4096
-    at 0.5 (1.03x, 1.05x), nor equal lengths (1.02x at 16 x 128 x 32768)."""
+    half a (sequence, row group) pair a multiprocessor and a modelled gain, or whole
+    sequences packed past one pair a multiprocessor): of the varlen bench's 18 draws on 132
+    multiprocessors, 64 x 16 x 4096 at spread 0.5 and 16 x 128 x 32768 at 0.25 and 0.5, the
+    three that measured faster under it on an H100 (0.95-0.98x the time of the schedule they
+    replace), and 128 x 128 x 1024 at 0.25 and 0.5 in whole sequences (256 pairs: one
+    partition, out written by the items); not 64 x 16 x 4096 at 0.25 nor 64 x 128 x 4096 at
+    0.5 (1.03x, 1.05x cut), nor equal lengths (1.02x at 16 x 128 x 32768)."""
     from numba_mla.bench import configs, problems
 
     taken = []
@@ -361,9 +363,11 @@ def test_runs_split_of_varlen_draws():
         table = heuristics.runs_split(lengths, 64, groups, sms=H200_SMS, rows=cfg.heads,
                                       balanced=split, pieces=pieces)
         if table is not None:
-            taken.append((cfg.batch, cfg.heads, cfg.seqlen, cfg.spread))
+            taken.append((cfg.batch, cfg.heads, cfg.seqlen, cfg.spread,
+                          heuristics.runs_partitions(table)))
             assert int(table[0, 0]) <= H200_SMS  # (one wave)
-    assert taken == [(64, 16, 4096, 0.5), (16, 128, 32768, 0.25), (16, 128, 32768, 0.5)]
+    assert taken == [(64, 16, 4096, 0.5, 4), (128, 128, 1024, 0.25, 1), (128, 128, 1024, 0.5, 1),
+                     (16, 128, 32768, 0.25, 6), (16, 128, 32768, 0.5, 7)]
 
 
 def test_listed_blocks_groups_side_by_side(monkeypatch):
@@ -498,6 +502,59 @@ def test_runs_schedule_properties(tiles, groups, sms):
     total = int(tiles.sum()) + heuristics.RUN_ITEM_TILES * tiles.size
     assert max(loads) <= -(-total // nruns) + heuristics.RUN_ITEM_TILES + 2 * heuristics.RUN_MIN_PIECE
     assert heuristics.runs_partitions(table) == max(len(v) for v in pieces.values())
+
+
+@settings(max_examples=300, deadline=None)
+@given(tiles=st.lists(st.integers(0, 300), min_size=1, max_size=300),
+       groups=st.integers(1, 3), sms=st.sampled_from([4, 16, 132]))
+def test_whole_runs_properties(tiles, groups, sms):
+    """``heuristics.whole_runs``: every sequence once for every row group, whole (slot 0,
+    from tile 0 to its end, -1), so one partition; at most ``sms // groups`` runs and no
+    more than there are sequences, none empty, each run's items the same for every row
+    group, side by side, longest first; the longest run within one item of the even share
+    (the longest-processing-time rule's bound); the same table twice."""
+    tiles = np.asarray(tiles)
+    table = heuristics.whole_runs(tiles, groups, sms=sms)
+    np.testing.assert_array_equal(table, heuristics.whole_runs(tiles, groups, sms=sms))
+    n = int(table[0, 0])
+    nruns = max(1, min(sms // groups, tiles.size))
+    assert table.dtype == np.int32 and n == nruns * groups
+    assert heuristics.runs_partitions(table) == 1
+    blocks = runs_of(table)
+    seen = []
+    item = heuristics.WHOLE_ITEM_TILES
+    loads = []
+    for r in range(nruns):
+        same = [[(b, s, t0, t1) for b, _, s, t0, t1 in blocks[r * groups + g]]
+                for g in range(groups)]
+        assert same[0] and all(x == same[0] for x in same)
+        assert all(it[1] == g for g in range(groups) for it in blocks[r * groups + g])
+        assert all((s, t0, t1) == (0, 0, -1) for _, s, t0, t1 in same[0])
+        own = [int(tiles[b]) for b, *_ in same[0]]
+        assert own == sorted(own, reverse=True)
+        loads.append(sum(own) + item * len(own))
+        seen += [b for b, *_ in same[0]]
+    assert sorted(seen) == list(range(tiles.size))
+    total = int(tiles.sum()) + item * tiles.size
+    assert max(loads) <= total / nruns + int(tiles.max()) + item
+
+
+def test_whole_runs_level_the_loads():
+    """An example: sequences of 2, 3, 20, 19, 1 and 18 tiles on two multiprocessors. The
+    rule packs 20, 3, 2, 1 and 19, 18 (loads 42 and 45 with 4 a item: 46 tile-times with the
+    block's own start), where the one-partition grid's blocks in launch order leave 19 and 18
+    to one multiprocessor (55); so the model takes the packed runs there, past one pair a
+    multiprocessor, and not with more multiprocessors than pairs."""
+    tiles = np.array([2, 3, 20, 19, 1, 18])
+    table = heuristics.whole_runs(tiles, 1, sms=2)
+    assert [[it[0] for it in run] for run in runs_of(table)] == [[2, 1, 0, 4], [3, 5]]
+    assert heuristics._whole_cost(table, tiles) == 19 + 18 + 2 * 4 + 5 - 4
+    assert heuristics._balanced_cost(tiles, 0, 1, 1, 2, 0.0) == 55
+    keys = tiles * 64
+    got = heuristics.runs_split(keys, 64, 1, sms=2, rows=16)
+    assert got is not None and heuristics.runs_partitions(got) == 1
+    np.testing.assert_array_equal(got, table)
+    assert heuristics.runs_split(keys, 64, 1, sms=8, rows=16) is None  # (6 pairs on 8)
 
 
 def test_runs_schedule_cuts_across_sequences():

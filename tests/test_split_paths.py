@@ -329,19 +329,21 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("taken", [True, False])
-def test_runs_schedule_by_the_model(taken, rng, monkeypatch):
+@pytest.mark.parametrize("taken,blocks", [(True, "mixed"), (True, "whole"), (False, "mixed")])
+def test_runs_schedule_by_the_model(taken, blocks, rng, monkeypatch):
     """With ``selector.SEESAW_RUNS`` at its default (None) the runs form runs where the cost
     model takes it (``heuristics.runs_split`` returns its table; forced here, over the
-    sequences of ``test_runs_schedule``'s "mixed" blocks) and the grid kernel where it does
-    not; the plan's schedule key (api._schedule) says which, so a plan made for one is not
-    reused for the other. The model is given the other schedules' choice to weigh against."""
+    sequences of ``test_runs_schedule``'s "mixed" blocks, or its "whole" ones, as
+    heuristics.whole_runs gives them: then the items write out themselves, no merge) and the
+    grid kernel where it does not; the plan's schedule key (api._schedule) says which, so a
+    plan made for one is not reused for the other. The model is given the other schedules'
+    choice to weigh against."""
     from numba_mla import api, selector
 
     assert selector.SEESAW_RUNS is None
     tile = mma.BLOCK_N
     lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
-    table = heuristics.runs_table(RUNS_OF_TEST["mixed"], 1)
+    table = heuristics.runs_table(RUNS_OF_TEST[blocks], 1)
     asked = []
 
     def runs_split(keys, block_n, groups, sms=None, rows=None, balanced=None, pieces=None):
@@ -356,8 +358,10 @@ def test_runs_schedule_by_the_model(taken, rng, monkeypatch):
     n = len(asked)
     assert n >= 1 and asked[0][0] == lengths and all(a == asked[0] for a in asked)
     if taken:
-        assert spec.backend == "seesaw" and spec.work is table and spec.runs == 3
-        assert (spec.num_partitions, spec.direct) == (2, False)
+        assert spec.backend == "seesaw" and spec.work is table
+        assert spec.runs == len(RUNS_OF_TEST[blocks])
+        assert (spec.num_partitions, spec.direct) == ((1, True) if blocks == "whole"
+                                                      else (2, False))
     else:
         assert spec.runs == 0 and spec.work is None
     # the plan's key, from the plan's geometry, asks the model the same question
