@@ -190,11 +190,13 @@ SEESAW_CONVERTER = False
 # heuristics.run_schedule: one wave of blocks, each walking a run of items that may cross
 # sequences, FlashMLA's kind of schedule), unless its build spills: None, where the split is
 # the selector's own and the cost model takes it (heuristics.runs_split: few long sequences,
-# a modelled gain); True, wherever the split is the selector's own; False, nowhere. Timed on
-# an H100 (the varlen sweep, docs/performance.md, "The runs schedule"), it gained only with
-# spread lengths at 16 x 128 x 32768 (0.95-0.97x) and 64 x 16 x 4096 at spread 0.5
-# (0.98-0.99x), and lost up to 10% elsewhere, 1.2-1.4x at 128 x 128 x 1024: the model takes
-# those three configurations of the sweep and no other.
+# a modelled gain; or, past one (sequence, row group) pair a multiprocessor, whole sequences
+# packed into the runs, heuristics.whole_runs); True, the cut runs wherever the split is the
+# selector's own; False, nowhere. Timed on an H100 (the varlen sweep, docs/performance.md,
+# "The runs schedule"), the cut runs gained only with spread lengths at 16 x 128 x 32768
+# (0.95-0.97x) and 64 x 16 x 4096 at spread 0.5 (0.98-0.99x), and lost up to 10% elsewhere,
+# 1.2-1.4x at 128 x 128 x 1024, where the whole runs gain (0.83-0.98x): the model takes
+# those five configurations of the sweep and no other.
 SEESAW_RUNS = None
 # The warp tensor-core kernel's 32-row block on 16-bit rows as its split-role form
 # (kernels/mma_sync_roles.py: four warps score with Q in registers, four multiply by V),
