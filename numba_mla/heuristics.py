@@ -604,7 +604,8 @@ def whole_runs(tiles, row_groups, sms=None):
     tiles plus ``WHOLE_ITEM_TILES``), into ``sms // row_groups`` runs (fewer where there are
     fewer sequences), each run a block for each row group, side by side. No sequence is cut,
     so every item writes ``out`` itself (one partition: no workspace, no merge); a run walks
-    its sequences longest first. Where the grid hands out its blocks in launch order (the
+    its sequences longest first. (With more row groups than multiprocessors this is one run,
+    ``row_groups`` blocks: ``runs_split`` does not ask for it there.) Where the grid hands out its blocks in launch order (the
     balanced schedule's one partition), a block may take two long sequences while another
     takes two short ones; here the loads are levelled before the launch."""
     sms = sm_count() if sms is None else sms
@@ -699,7 +700,9 @@ def runs_split(keys, block_n, row_groups, sms=None, rows=None, balanced=None, pi
     groups = max(1, row_groups)
     if tiles.max(initial=0) <= 1 or tiles.min() == tiles.max():
         return None  # (equal lengths: the balanced schedule, 1.02x faster at 16 x 128 x 32768)
-    whole = tiles.size * groups > sms  # (more pairs than a wave: whole sequences, packed)
+    # (more pairs than a wave: whole sequences, packed; not with more row groups than
+    # multiprocessors, where even one run's blocks are more than a wave)
+    whole = tiles.size * groups > sms and groups <= sms
     if not whole and tiles.size * groups > RUNS_PAIRS_SHARE * sms:
         return None
     balanced = tuple(balanced or balanced_split(keys, block_n, groups, sms=sms, rows=rows))

@@ -15,12 +15,17 @@ output's start (the row sums and LSE in place, the last barrier); the output's s
 issued. They are written over the LSE of the block's first seven rows (``lse``, or the
 workspace's where the shape splits), so every shape can be stamped, one partition or many.
 
-``--kernel seesaw-runs``: the runs kernel (``selector.SEESAW_RUNS`` on, ``seesaw.RUNS_AHEAD``
-off, so that an item's output is staged as the grid kernel's) with the same readings from
-each item's walk (six: the walk's start in place of the block's entry), written over the
-LSE of the item's first rows in its slot of the workspace and read back item by item from
-the runs table, with each item's block and tiles; it prints a tile's median time in the
-loop beside the points.
+``--kernel seesaw-runs``: the runs kernel (``selector.SEESAW_RUNS`` on: the cut runs,
+``heuristics.run_schedule``; with ``--model`` the cost model's choice, which may be the
+whole-sequence runs, ``heuristics.whole_runs``, or no runs at all, then reported;
+``seesaw.RUNS_AHEAD`` off, so that an item's output is staged as the grid kernel's, and
+``seesaw.RUNS_Q_EARLY`` as the module has it, on by default: an item's queries were then
+copied under the item before's output, and "q ready" times only their wait) with the same
+readings from each item's walk (six: the walk's start in place of the block's entry), written
+over the LSE of the item's first rows in its slot of the workspace (or of ``lse``, where every
+item is a whole sequence) and read back item by item from the runs table, with each item's
+block and tiles; it prints a tile's median time in the loop beside the points. Stamps taken
+before 9518058 (``plots/block_stamps_seesaw-runs_a03a7d8_h100.*``) had no early queries.
 
 For each shape the partition kernel alone is launched once after the bench's L2 flush, three
 times, and the percentiles over blocks (0, 10, 50, 90, 100) of each point, in microseconds
@@ -29,7 +34,7 @@ readings.
 
 Usage (on a GPU machine, in the repository root):
     python scripts/block_stamps.py --out stamps.json [--kernel seesaw|seesaw-runs]
-                                   [--shapes 64x128x4096@0.25,128x128x1024]
+                                   [--shapes 64x128x4096@0.25,128x128x1024] [--model]
 
 The build is a patched copy of the package in a temporary folder: the patch names the lines
 it inserts after, and stops with the line it did not find when the kernel's module has
@@ -123,7 +128,8 @@ KERNELS = {  # module, patch, points, shapes (B, H, L, P: None for the library's
                ((128, 128, 1024, None, 0.0), (64, 128, 4096, None, 0.0),
                 (16, 128, 32768, None, 0.0), (1, 128, 65536, None, 0.0))),
     # the runs kernel (selector.SEESAW_RUNS) with its output staged as the grid kernel's
-    # (seesaw.RUNS_AHEAD off: the same code after the loop), a row of readings an item
+    # (seesaw.RUNS_AHEAD off: the same code after the loop, and with RUNS_Q_EARLY the next
+    # item's queries copied after the last products), a row of readings an item
     "seesaw-runs": ("seesaw.py", PATCH_RUNS,
                     ("walk", "q ready", "first S", "loop end", "out start", "end"),
                     ((16, 128, 32768, None, 0.0), (16, 128, 32768, None, 0.5),
@@ -193,7 +199,7 @@ def parse_shapes(text):
     return tuple(shapes)
 
 
-def measure(out, kernel, shapes=None):
+def measure(out, kernel, shapes=None, model=False):
     import numpy as np
 
     from numba_mla.bench.configs import Config, Settings
@@ -212,7 +218,7 @@ def measure(out, kernel, shapes=None):
         from numba_mla import selector
         from numba_mla.kernels import seesaw
 
-        selector.SEESAW_RUNS, seesaw.RUNS_AHEAD = True, False
+        selector.SEESAW_RUNS, seesaw.RUNS_AHEAD = None if model else True, False
     for B, H, L, P, spread in shapes:
         cfg = Config(B, H, L, kv="e4m3" if kernel == "transposed" else "same",
                      num_partitions=P, spread=spread)
@@ -264,17 +270,20 @@ def main():
     ap.add_argument("--shapes", default=None,
                     help="BxHxL[@spread],... in place of the kernel's own shapes (the library's "
                          "split, the bench's draw of lengths)")
+    ap.add_argument("--model", action="store_true",
+                    help="seesaw-runs: the cost model's runs (cut or whole), not the cut runs forced")
     ap.add_argument("--measure", action="store_true", help="(child) run in the patched copy")
     args = ap.parse_args()
     shapes = None if args.shapes is None else parse_shapes(args.shapes)
     if args.measure:
-        return measure(args.out, args.kernel, shapes)
+        return measure(args.out, args.kernel, shapes, args.model)
     with tempfile.TemporaryDirectory() as tmp:
         patched_copy(tmp, args.kernel)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [tmp] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
             NUMBA_MLA_CACHE_DIR=os.path.join(tmp, "kernels"))
-        extra = [] if args.shapes is None else ["--shapes", args.shapes]
+        extra = ([] if args.shapes is None else ["--shapes", args.shapes]) + (
+            ["--model"] if args.model else [])
         return subprocess.run([sys.executable, os.path.abspath(__file__), "--measure",
                                "--kernel", args.kernel, "--out", os.path.abspath(args.out)]
                               + extra, env=env, cwd=tmp).returncode

@@ -272,14 +272,19 @@ RUNS_OF_TEST = {"mixed": [[(0, 0, 0, 2), (1, 0, 0, 1)],
                           [(0, 1, 2, -1), (2, 0, 0, -1), (3, 0, 0, 1)],
                           [(3, 1, 1, -1), (1, 1, 1, -1)]],
                 "whole": [[(2, 0, 0, -1), (0, 0, 0, -1)],
-                          [(1, 0, 0, -1), (3, 0, 0, -1)]]}
+                          [(1, 0, 0, -1), (3, 0, 0, -1)]],
+                # heuristics.whole_runs of those sequences in two runs: longest first, the
+                # empty sequence after a tiled one (test_runs_table_of_whole_runs)
+                "packed": [[(0, 0, 0, -1), (2, 0, 0, -1)],
+                           [(3, 0, 0, -1), (1, 0, 0, -1)]]}
 
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("form,order,blocks", [
     ("ahead", "fifo", "mixed"), ("ahead", "low", "mixed"), ("staged", "fifo", "mixed"),
     ("ahead", "fifo", "whole"), ("staged", "fifo", "whole"), ("q_early", "fifo", "mixed"),
-    ("q_early", "low", "mixed"), ("q_early", "fifo", "whole")])
+    ("q_early", "low", "mixed"), ("q_early", "fifo", "whole"), ("q_early", "fifo", "packed"),
+    ("q_early", "low", "packed")])
 @pytest.mark.parametrize("layout", ["padded", "ragged"])
 def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     """The seesaw kernel's runs form (selector.SEESAW_RUNS) from a forced table over
@@ -298,7 +303,9 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     it (seesaw.RUNS_Q_EARLY). ``blocks`` "whole": every item a whole sequence, so the
     kernel writes out itself (one partition, no combine): block 0 the empty sequence (walked
     for its zeros and -inf where it has rows; its walk issues the next item's copies) then
-    the first sequence, block 1 the second then the last. In the simulator, ``order`` "low"
+    the first sequence, block 1 the second then the last; "packed", as heuristics.whole_runs
+    packs them (longest first: the empty sequence walked after a tiled one, so the item
+    before it issues no early copy, and the one after it does). In the simulator, ``order`` "low"
     runs the lower warps ahead (thread 0 reaches the next item's copies while warpgroup 1
     may still multiply: a copy issued before the barrier that keeps it from doing so fails
     here). Checked three ways against the references, out pre-filled with NaN; on a GPU a
@@ -314,7 +321,7 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
 
     tile = mma.BLOCK_N
     lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
-    whole = blocks == "whole"
+    whole = blocks in ("whole", "packed")
     runs = RUNS_OF_TEST[blocks]
     groups = 2 if layout == "ragged" else 1
     table = heuristics.runs_table(runs, groups)
@@ -328,12 +335,21 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     assert (spec.num_partitions, spec.direct) == ((1, True) if whole else (2, False))
 
 
+def test_runs_table_of_whole_runs():
+    """RUNS_OF_TEST["packed"] is what heuristics.whole_runs makes of those sequences (3, 1, 0
+    and 2 tiles) in two runs, for one row group and for two side by side."""
+    tiles = np.array([3, 1, 0, 2])
+    for groups in (1, 2):
+        np.testing.assert_array_equal(heuristics.whole_runs(tiles, groups, sms=2 * groups),
+                                      heuristics.runs_table(RUNS_OF_TEST["packed"], groups))
+
+
 @pytest.mark.kernel
-@pytest.mark.parametrize("taken,blocks", [(True, "mixed"), (True, "whole"), (False, "mixed")])
+@pytest.mark.parametrize("taken,blocks", [(True, "mixed"), (True, "packed"), (False, "mixed")])
 def test_runs_schedule_by_the_model(taken, blocks, rng, monkeypatch):
     """With ``selector.SEESAW_RUNS`` at its default (None) the runs form runs where the cost
     model takes it (``heuristics.runs_split`` returns its table; forced here, over the
-    sequences of ``test_runs_schedule``'s "mixed" blocks, or its "whole" ones, as
+    sequences of ``test_runs_schedule``'s "mixed" blocks, or its "packed" ones, as
     heuristics.whole_runs gives them: then the items write out themselves, no merge) and the
     grid kernel where it does not; the plan's schedule key (api._schedule) says which, so a
     plan made for one is not reused for the other. The model is given the other schedules'
@@ -356,11 +372,12 @@ def test_runs_schedule_by_the_model(taken, blocks, rng, monkeypatch):
     spec = plans[0].spec
     # (once a call: run_forced_schedule calls twice on a GPU)
     n = len(asked)
-    assert n >= 1 and asked[0][0] == lengths and all(a == asked[0] for a in asked)
+    assert n == (1 if _compat.SIMULATOR else 2)
+    assert asked[0][0] == lengths and all(a == asked[0] for a in asked)
     if taken:
         assert spec.backend == "seesaw" and spec.work is table
         assert spec.runs == len(RUNS_OF_TEST[blocks])
-        assert (spec.num_partitions, spec.direct) == ((1, True) if blocks == "whole"
+        assert (spec.num_partitions, spec.direct) == ((1, True) if blocks == "packed"
                                                       else (2, False))
     else:
         assert spec.runs == 0 and spec.work is None
