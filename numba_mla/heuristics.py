@@ -595,6 +595,10 @@ def run_schedule(tiles, row_groups, sms=None):
 #: tiles' wait and its output, the queries copied under the item before: seesaw.RUNS_Q_EARLY),
 #: fitted to an H100's A/B of whole sequences two to a block at 128 x 128 x 1024 (4.2)
 WHOLE_ITEM_TILES = 4
+#: ... and the modelled share of the other schedule's time below which they are taken. The
+#: model is 7-10% optimistic for them (an H100's A/B at d5e1d0c, docs/performance.md: modelled
+#: 0.735-0.892, measured 0.829-0.976, every one a gain); below 0.90 is where it was measured
+WHOLE_GAIN = 0.90
 
 
 def whole_runs(tiles, row_groups, sms=None):
@@ -690,7 +694,7 @@ def runs_split(keys, block_n, row_groups, sms=None, rows=None, balanced=None, pi
     the listed one's ``pieces`` where ``listed_split`` gave them): a batch of at most
     ``RUNS_PAIRS_SHARE`` (sequence, row group) pairs a multiprocessor, with a modelled time
     below ``RUNS_GAIN`` of the other's; past one pair a multiprocessor, the whole-sequence
-    runs (``whole_runs``) under the same rule; else None. A plan asks twice (its key, then the
+    runs (``whole_runs``) below ``WHOLE_GAIN``; else None. A plan asks twice (its key, then the
     selector), so the last few answers are kept (the table is read, never written).
     Host time (this project's CPU): 1-2 ms for 16-64 sequences of spread lengths, 1-2.5 ms
     for 256-1024 in whole runs; none at equal lengths or between the pairs' bound and one
@@ -726,7 +730,7 @@ def _runs_split(tiles, groups, sms, rows, balanced, pieces, whole=False):
     if whole:
         table = whole_runs(tiles, groups, sms=sms)
         table.flags.writeable = False
-        return table if _whole_cost(table, tiles) < RUNS_GAIN * other else None
+        return table if _whole_cost(table, tiles) < WHOLE_GAIN * other else None
     nruns = max(1, sms // groups)  # (no run is shorter than the work over the runs)
     bound = -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns)
     if bound + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES >= RUNS_GAIN * other:
