@@ -74,6 +74,7 @@ def test_bench_cli_end_to_end(tmp_path, capsys):
         assert r["us"] > 0 and r["gbps"] > 0 and r["tflops"] > 0
         assert r["host_us"] > 0 and r["ref_subset"] == "all"
         assert r["blocks"] >= 1 and r["num_partitions"] >= 1  # (the partition kernel's grid)
+        assert r["schedule"] == "balanced"
         # the simulator measures no GPU time without the flush: no overhead, not a negative one
         assert r["us_warm"] is None and r["overhead_us"] is None
     first, second = rows
@@ -534,3 +535,19 @@ def test_default_sweep_on_gpu(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert any(r["provider"] == "numba_mla" for r in rows)
     assert cli.main(["plot", "--json", str(out), "--out-dir", str(tmp_path)]) == 0
+
+
+def test_schedule_of_a_plan():
+    """The bench row's ``schedule``: which split-K schedule the plan's kernel walks."""
+    from types import SimpleNamespace
+
+    from numba_mla.bench.providers import schedule_of
+
+    def spec(runs=0, direct=False, work=None):
+        return SimpleNamespace(runs=runs, direct=direct, work=work)
+
+    assert schedule_of(spec()) == "balanced" and schedule_of(spec(direct=True)) == "balanced"
+    assert schedule_of(spec(work=[[0, 0, 0, 2]])) == "listed"
+    assert schedule_of(spec(runs=4, work=[[0]])) == "runs"
+    assert schedule_of(spec(runs=4, direct=True, work=[[0]])) == "whole runs"
+    assert schedule_of(None) is None and schedule_of(object()) is None

@@ -60,6 +60,20 @@ class Prepared:
 # ---------------------------------------------------------------------------------------------
 # numba_mla
 # ---------------------------------------------------------------------------------------------
+def schedule_of(spec):
+    """Which split-K schedule a plan's kernel walks (docs/performance.md): "runs" (persistent
+    blocks over runs of tiles that may cut sequences, heuristics.run_schedule), "whole runs"
+    (whole sequences packed into the runs, heuristics.whole_runs: one partition), "listed"
+    (each sequence cut as far as it needs, heuristics.list_blocks), or "balanced" (every
+    sequence in P equal pieces; P = 1, one partition, writes out itself); None for a
+    provider without a plan's kernel spec."""
+    if spec is None or not hasattr(spec, "runs"):
+        return None
+    if spec.runs:
+        return "whole runs" if spec.direct else "runs"
+    return "listed" if spec.work is not None else "balanced"
+
+
 def numba_mla(p, backend):
     """A numba_mla kernel backend: ``check_decode`` + ``launch.Plan`` once, ``plan.launch()``
     timed; ``host_call`` is the prepared step (``numba_mla.prepare``) on device inputs, the
@@ -111,8 +125,10 @@ def numba_mla(p, backend):
                    f"query rows a sequence, 16-bit rows, where their block fits; the "
                    f"split-role form in four stages only, and not where its build uses "
                    f"local memory)")
+    spec = getattr(plan, "spec", None)
     info = dict(num_partitions=plan.num_partitions, block_m=getattr(plan, "block_m", None),
-                chunk=getattr(getattr(plan, "spec", None), "chunk", None))  # tiles a partition
+                chunk=getattr(spec, "chunk", None),  # tiles a partition
+                schedule=schedule_of(spec))
     if plan.launches:
         first = plan.launches[0]
         info["smem_bytes"] = int(first.smem)
