@@ -599,6 +599,10 @@ WHOLE_ITEM_TILES = 4
 #: model is 7-10% optimistic for them (an H100's A/B at d5e1d0c, docs/performance.md: modelled
 #: 0.735-0.892, measured 0.829-0.976, every one a gain); below 0.90 is where it was measured
 WHOLE_GAIN = 0.90
+#: ... and at equal lengths (an experiment, off): True takes the whole runs there too, past one
+#: pair a multiprocessor, whatever the model says (it gives them 0.976 of the grid's time at
+#: 128 x 128 x 1024, two sequences a block; measured 0.967-0.982 on an H100 in two calls)
+WHOLE_EQUAL = False
 
 
 def whole_runs(tiles, row_groups, sms=None):
@@ -702,17 +706,29 @@ def runs_split(keys, block_n, row_groups, sms=None, rows=None, balanced=None, pi
     sms = sm_count() if sms is None else sms
     tiles = -(-np.asarray(keys, np.int64) // block_n)
     groups = max(1, row_groups)
-    if tiles.max(initial=0) <= 1 or tiles.min() == tiles.max():
-        return None  # (equal lengths: the balanced schedule, 1.02x faster at 16 x 128 x 32768)
     # (more pairs than a wave: whole sequences, packed; not with more row groups than
     # multiprocessors, where even one run's blocks are more than a wave)
     whole = tiles.size * groups > sms and groups <= sms
+    if tiles.max(initial=0) <= 1:
+        return None
+    if tiles.min() == tiles.max():  # (equal lengths: the balanced schedule, 1.02x faster at
+        if WHOLE_EQUAL and whole:   # 16 x 128 x 32768 than the cut runs; WHOLE_EQUAL above)
+            return _whole_equal(tiles.tobytes(), groups, sms)
+        return None
     if not whole and tiles.size * groups > RUNS_PAIRS_SHARE * sms:
         return None
     balanced = tuple(balanced or balanced_split(keys, block_n, groups, sms=sms, rows=rows))
     return _runs_split(tiles.tobytes(), groups, sms, rows, balanced,
                        None if pieces is None else np.asarray(pieces, np.int64).tobytes(),
                        whole)
+
+
+@functools.lru_cache(maxsize=16)
+def _whole_equal(tiles, groups, sms):
+    """``runs_split``'s whole runs at equal lengths (``WHOLE_EQUAL``), kept as its answers are."""
+    table = whole_runs(np.frombuffer(tiles, np.int64), groups, sms=sms)
+    table.flags.writeable = False
+    return table
 
 
 @functools.lru_cache(maxsize=16)

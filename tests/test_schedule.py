@@ -557,6 +557,21 @@ def test_whole_runs_level_the_loads():
     assert heuristics.runs_split(keys, 64, 1, sms=8, rows=16) is None  # (6 pairs on 8)
 
 
+def test_whole_runs_at_equal_lengths(monkeypatch):
+    """Equal lengths take no runs by default; with ``heuristics.WHOLE_EQUAL`` (an experiment)
+    they take the whole runs past one (sequence, row group) pair a multiprocessor only: 10
+    sequences of 8 tiles in two row groups on 8 multiprocessors are 4 runs of two or three
+    sequences, 8 blocks, one partition; on 32 multiprocessors (20 pairs) none."""
+    keys = np.full(10, 8 * 64)
+    assert heuristics.runs_split(keys, 64, 2, sms=8, rows=128) is None
+    monkeypatch.setattr(heuristics, "WHOLE_EQUAL", True)
+    table = heuristics.runs_split(keys, 64, 2, sms=8, rows=128)
+    assert int(table[0, 0]) == 8 and heuristics.runs_partitions(table) == 1
+    assert sorted(len(r) for r in runs_of(table)) == [2, 2, 2, 2, 3, 3, 3, 3]
+    np.testing.assert_array_equal(table, heuristics.whole_runs(np.full(10, 8), 2, sms=8))
+    assert heuristics.runs_split(keys, 64, 2, sms=32, rows=128) is None
+
+
 def test_runs_schedule_cuts_across_sequences():
     """Examples: one long sequence alone is cut into even pieces, one a run, each run a block
     a row group (B = 1, L = 65536 on 132 multiprocessors: two row groups, 64 runs of 16
