@@ -605,28 +605,54 @@ WHOLE_GAIN = 0.90
 WHOLE_EQUAL = False
 
 
-def whole_runs(tiles, row_groups, sms=None):
+def _whole_pack(tiles, nruns):
+    """The longest-processing-time packing of ``whole_runs``: each sequence's run (in
+    ``tiles``' order) and the longest run's load (its items' tiles plus ``WHOLE_ITEM_TILES``
+    each). A heap of the runs' (load, run); ties go to the lower run."""
+    order = np.argsort(-tiles, kind="stable")
+    loads = [(0, r) for r in range(nruns)]
+    run_of = np.empty(tiles.size, np.int64)
+    for b, t in zip(order.tolist(), tiles[order].tolist()):
+        load, r = heapq.heappop(loads)
+        run_of[b] = r
+        heapq.heappush(loads, (load + t + WHOLE_ITEM_TILES, r))
+    return order, run_of, max(load for load, _ in loads)
+
+
+def whole_runs(tiles, row_groups, sms=None, packed=None):
     """The runs schedule's table (``runs_table``) of whole sequences for a batch of more
     (sequence, row group) pairs than one wave: the sequences packed, longest first, each into
     the run that is least loaded so far (the longest-processing-time rule; an item costs its
     tiles plus ``WHOLE_ITEM_TILES``), into ``sms // row_groups`` runs (fewer where there are
     fewer sequences), each run a block for each row group, side by side. No sequence is cut,
     so every item writes ``out`` itself (one partition: no workspace, no merge); a run walks
-    its sequences longest first. (With more row groups than multiprocessors this is one run,
-    ``row_groups`` blocks: ``runs_split`` does not ask for it there.) Where the grid hands out its blocks in launch order (the
+    its sequences longest first. Where the grid hands out its blocks in launch order (the
     balanced schedule's one partition), a block may take two long sequences while another
-    takes two short ones; here the loads are levelled before the launch."""
+    takes two short ones; here the loads are levelled before the launch. (With more row
+    groups than multiprocessors this is one run, ``row_groups`` blocks: ``runs_split`` does
+    not ask for it there.) ``packed``: ``_whole_pack``'s answer for these tiles, if made."""
     sms = sm_count() if sms is None else sms
     tiles = np.asarray(tiles, np.int64)
     G = max(1, row_groups)
     nruns = max(1, min(sms // G, tiles.size))
-    loads = [(0, r) for r in range(nruns)]
-    runs = [[] for _ in range(nruns)]
-    for b in np.argsort(-tiles, kind="stable").tolist():
-        load, r = heapq.heappop(loads)
-        runs[r].append((b, 0, 0, -1))
-        heapq.heappush(loads, (load + int(tiles[b]) + WHOLE_ITEM_TILES, r))
-    return runs_table(runs, G)
+    order, run_of, _ = packed or _whole_pack(tiles, nruns)
+    # the items run by run, each run's in the packing's order (longest first)
+    seq = order[np.argsort(run_of[order], kind="stable")]
+    count = np.bincount(run_of, minlength=nruns)
+    first = np.concatenate([[0], np.cumsum(count)[:-1]])  # a run's first item in ``seq``
+    nblocks = nruns * G
+    table = np.zeros((nblocks + G * tiles.size, 5), np.int32)
+    r = np.repeat(np.arange(nruns), G)
+    g = np.tile(np.arange(G), nruns)
+    table[:nblocks, 0] = nblocks + G * first[r] + g * count[r]
+    table[:nblocks, 1] = count[r]
+    pos = np.arange(tiles.size) - first[run_of[seq]]  # an item's place in its run
+    for gg in range(G):
+        rows = nblocks + G * first[run_of[seq]] + gg * count[run_of[seq]] + pos
+        table[rows, 0] = seq
+        table[rows, 1] = gg
+        table[rows, 4] = -1
+    return table
 
 
 def _whole_cost(table, tiles):
@@ -700,9 +726,10 @@ def runs_split(keys, block_n, row_groups, sms=None, rows=None, balanced=None, pi
     below ``RUNS_GAIN`` of the other's; past one pair a multiprocessor, the whole-sequence
     runs (``whole_runs``) below ``WHOLE_GAIN``; else None. A plan asks twice (its key, then the
     selector), so the last few answers are kept (the table is read, never written).
-    Host time (this project's CPU): 1-2 ms for 16-64 sequences of spread lengths, 1-2.5 ms
-    for 256-1024 in whole runs; none at equal lengths or between the pairs' bound and one
-    pair a multiprocessor."""
+    Host time (this project's CPU): 1-2 ms for 16-64 sequences of spread lengths, 0.2-1.2
+    ms for 128-1024 past one pair a multiprocessor (the packing, and its table where it is
+    taken); none at equal lengths or between the pairs' bound and one pair a
+    multiprocessor."""
     sms = sm_count() if sms is None else sms
     tiles = -(-np.asarray(keys, np.int64) // block_n)
     groups = max(1, row_groups)
@@ -743,10 +770,13 @@ def _runs_split(tiles, groups, sms, rows, balanced, pieces, whole=False):
                              MERGE_TILES if parts == 1 else 0.0)
     else:
         other = _balanced_cost(tiles, chunk, parts, groups, sms, share)
-    if whole:
-        table = whole_runs(tiles, groups, sms=sms)
+    if whole:  # (the packing's longest run decides before any table is made)
+        packed = _whole_pack(tiles, max(1, min(sms // groups, tiles.size)))
+        if packed[2] + BLOCK_OVERHEAD_TILES - WHOLE_ITEM_TILES >= WHOLE_GAIN * other:
+            return None
+        table = whole_runs(tiles, groups, sms=sms, packed=packed)
         table.flags.writeable = False
-        return table if _whole_cost(table, tiles) < WHOLE_GAIN * other else None
+        return table
     nruns = max(1, sms // groups)  # (no run is shorter than the work over the runs)
     bound = -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns)
     if bound + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES >= RUNS_GAIN * other:
