@@ -605,6 +605,20 @@ WHOLE_GAIN = 0.90
 WHOLE_EQUAL = False
 
 
+def _longest_block(table, item_cost):
+    """The most any block of a runs table (``runs_table``) costs: the sum of its items'
+    ``item_cost`` (one a row of the table's items)."""
+    nblocks = int(table[0, 0])
+    return max(float(item_cost[f:f + n].sum()) for f, n in
+               zip((table[:nblocks, 0] - nblocks).tolist(), table[:nblocks, 1].tolist()))
+
+
+def _whole_nruns(nseqs, groups, sms):
+    """The runs of ``whole_runs``: one a block for each row group, no more than a wave of
+    blocks and no more than there are sequences (at least one)."""
+    return max(1, min(sms // groups, nseqs))
+
+
 def _whole_pack(tiles, nruns):
     """The longest-processing-time packing of ``whole_runs``: each sequence's run (in
     ``tiles``' order) and the longest run's load (its items' tiles plus ``WHOLE_ITEM_TILES``
@@ -634,10 +648,11 @@ def whole_runs(tiles, row_groups, sms=None, packed=None):
     sms = sm_count() if sms is None else sms
     tiles = np.asarray(tiles, np.int64)
     G = max(1, row_groups)
-    nruns = max(1, min(sms // G, tiles.size))
+    nruns = _whole_nruns(tiles.size, G, sms)
     order, run_of, _ = packed or _whole_pack(tiles, nruns)
     # the items run by run, each run's in the packing's order (longest first)
     seq = order[np.argsort(run_of[order], kind="stable")]
+    run = run_of[seq]  # (nondecreasing)
     count = np.bincount(run_of, minlength=nruns)
     first = np.concatenate([[0], np.cumsum(count)[:-1]])  # a run's first item in ``seq``
     nblocks = nruns * G
@@ -646,9 +661,9 @@ def whole_runs(tiles, row_groups, sms=None, packed=None):
     g = np.tile(np.arange(G), nruns)
     table[:nblocks, 0] = nblocks + G * first[r] + g * count[r]
     table[:nblocks, 1] = count[r]
-    pos = np.arange(tiles.size) - first[run_of[seq]]  # an item's place in its run
+    row0 = nblocks + G * first[run] + np.arange(tiles.size) - first[run]  # group 0's rows
     for gg in range(G):
-        rows = nblocks + G * first[run_of[seq]] + gg * count[run_of[seq]] + pos
+        rows = row0 + gg * count[run]
         table[rows, 0] = seq
         table[rows, 1] = gg
         table[rows, 4] = -1
@@ -659,11 +674,8 @@ def _whole_cost(table, tiles):
     """``whole_runs``' modelled time in tile-times: its longest block, each item's tiles plus
     ``WHOLE_ITEM_TILES``, the first item's fixed cost the block's own ``BLOCK_OVERHEAD_TILES``
     (every item writes out itself: no workspace, no merge)."""
-    nblocks = int(table[0, 0])
-    cost = tiles[table[nblocks:, 0]] + WHOLE_ITEM_TILES
-    return max(float(cost[f:f + n].sum()) for f, n in
-               zip((table[:nblocks, 0] - nblocks).tolist(), table[:nblocks, 1].tolist())) \
-        + BLOCK_OVERHEAD_TILES - WHOLE_ITEM_TILES
+    cost = tiles[table[int(table[0, 0]):, 0]] + WHOLE_ITEM_TILES
+    return _longest_block(table, cost) + BLOCK_OVERHEAD_TILES - WHOLE_ITEM_TILES
 
 
 def runs_table(runs, row_groups):
@@ -711,10 +723,8 @@ def _runs_cost(table, tiles, sms, share):
     items = table[nblocks:]
     t1 = np.where(items[:, 4] < 0, tiles[items[:, 0]], items[:, 4])
     cost = t1 - items[:, 3] + RUN_ITEM_TILES
-    first, count = table[:nblocks, 0] - nblocks, table[:nblocks, 1]
-    longest = max(float(cost[f:f + n].sum()) for f, n in zip(first.tolist(), count.tolist()))
     cut = runs_partitions(table) > 1
-    return (longest + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES
+    return (_longest_block(table, cost) + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES
             + (share * len(items) / sms + MERGE_TILES if cut else 0.0))
 
 
@@ -771,7 +781,7 @@ def _runs_split(tiles, groups, sms, rows, balanced, pieces, whole=False):
     else:
         other = _balanced_cost(tiles, chunk, parts, groups, sms, share)
     if whole:  # (the packing's longest run decides before any table is made)
-        packed = _whole_pack(tiles, max(1, min(sms // groups, tiles.size)))
+        packed = _whole_pack(tiles, _whole_nruns(tiles.size, groups, sms))
         if packed[2] + BLOCK_OVERHEAD_TILES - WHOLE_ITEM_TILES >= WHOLE_GAIN * other:
             return None
         table = whole_runs(tiles, groups, sms=sms, packed=packed)
