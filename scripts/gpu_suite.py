@@ -14,6 +14,8 @@ Prints the counts and the failures (a test that failed in one log and passed in 
 is named too); exit status 0 when every test has passed or been skipped in one of the logs, 1
 when some failed, 3 when some were not reached in time, 4 when collection failed (a module
 that does not import). ``--list`` prints the tests still to run, without running them.
+Paths and ``-k EXPR`` (pytest's keyword expression) make the suite a part of the whole, e.g.
+one backend's tests after a change to its kernel.
 """
 import argparse
 import os
@@ -31,11 +33,12 @@ RESULT = re.compile(r"^(?:\[gw\d+\] \[\s*\d+%\] )?(PASSED|SKIPPED|FAILED|ERROR|X
                     r"(tests/.*?)(?: - .*)?\s*$", re.M)
 
 
-def collect(paths):
-    """Every test id the suite has, in collection order."""
+def collect(paths, keyword=None):
+    """Every test id the suite has (those ``keyword`` selects, as pytest's ``-k``), in
+    collection order."""
     r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", MARKS,
-                        "-p", "no:cacheprovider", *paths], capture_output=True, text=True,
-                       cwd=ROOT)
+                        "-p", "no:cacheprovider", *(["-k", keyword] if keyword else []),
+                        *paths], capture_output=True, text=True, cwd=ROOT)
     ids = [line.strip() for line in r.stdout.splitlines() if "::" in line]
     if r.returncode != 0 or not ids:  # (a module that fails to import is an error, not a pass)
         print(f"gpu_suite: collection failed (pytest exit {r.returncode}):\n"
@@ -62,10 +65,12 @@ def main(argv=None):
                     help="stop pytest after this long (SIGINT: results so far are kept)")
     ap.add_argument("--workers", type=int, default=16, help="pytest-xdist workers")
     ap.add_argument("--list", action="store_true", help="print the tests still to run")
+    ap.add_argument("-k", dest="keyword", default=None,
+                    help="only the tests this pytest -k expression selects (a part of the suite)")
     ap.add_argument("paths", nargs="*", default=["tests"])
     args = ap.parse_args(argv)
 
-    ids = collect(args.paths)
+    ids = collect(args.paths, args.keyword)
     if ids is None:
         return 4
     per_log = [results([log]) for log in args.done]  # (each log read once)

@@ -39,3 +39,14 @@ def test_a_module_that_does_not_import_stops_the_run(tmp_path):
     assert gpu_suite.main(["--list", str(tmp_path)]) == 4
     os.remove(tmp_path / "test_broken.py")
     assert gpu_suite.main(["--list", str(tmp_path)]) == 0
+
+
+def test_a_keyword_selects_a_part(tmp_path, capsys):
+    """``-k`` passes pytest's keyword expression to the collection: only the tests it selects
+    are the suite (listed, counted, run)."""
+    (tmp_path / "test_k.py").write_text("def test_mma_a():\n    pass\n\n"
+                                        "def test_simt_b():\n    pass\n")
+    assert gpu_suite.main(["--list", "-k", "mma", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 tests, 0 passed or skipped earlier, 1 to run" in out
+    assert "test_mma_a" in out and "test_simt_b" not in out
