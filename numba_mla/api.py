@@ -63,7 +63,7 @@ def _plan_key(family, cache, mask, counts, num_partitions, sq=None):
     counted = ("sq", sq) if counts is None else counts.tobytes()  # (None: Sq rows a sequence)
     schedule = cache.memo(
         ("schedule", mask.cache_key(), counted, block_n, groups, rows, slots, listable,
-         selector.SEESAW_RUNS, heuristics.WHOLE_EQUAL),
+         selector.SEESAW_RUNS, heuristics.WHOLE_EQUAL, heuristics.MIXED_RUNS),
         lambda: _schedule(heuristics.key_counts(
             mask, cache.lengths_host, np.full(cache.batch, sq) if counts is None else counts,
             getattr(cache, "position_map", None)), block_n, groups, rows, slots, listable))

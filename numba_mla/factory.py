@@ -279,7 +279,7 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
 
 
 def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, listed=False,
-                            fp8=None, converter=False, runs=False):
+                            fp8=None, converter=False, runs=False, mixed=False):
     """The stage-1 tensor-core kernel whose warpgroups take tiles in turn (kernels/seesaw.py),
     for tiles the copy engine brings; ``direct`` as above; ``listed``: its blocks from the
     listed schedule's table (heuristics.list_blocks), writing the workspace; ``fp8``: "e4m3"
@@ -289,7 +289,9 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     walk the runs schedule's items (heuristics.run_schedule), writing the workspace (or with
     ``direct``, a table of whole sequences, out itself), each item's output from the
     registers where ``seesaw.RUNS_AHEAD``, else staged (with the next item's queries copied
-    under it where ``seesaw.RUNS_Q_EARLY``)."""
+    under it where ``seesaw.RUNS_Q_EARLY``); ``mixed``: with ``runs`` and not ``direct``, an
+    item that is a whole sequence writes out and lse itself and the others the workspace
+    (the kernel then takes out and lse after the workspace; the combine's ``skips``)."""
     from .kernels import seesaw
 
     ahead = runs and seesaw.RUNS_AHEAD
@@ -300,6 +302,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             store=_output_store(tag, direct), listed=listed,
                                             fp8=fp8, converter=converter, runs=runs,
                                             ahead=ahead, direct=direct, q_early=q_early,
+                                            mixed=mixed, out_store=_output_store(tag, True),
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         if converter:  # (setmaxnreg moves the registers it was launched with)
@@ -309,16 +312,18 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     return _cached(("seesaw", tag, heads, direct, listed) + ((("fp8", fp8),) if fp8 else ())
                    + ((("converter", True),) if converter else ())
                    + ((("runs", ahead, q_early),) if runs else ())
+                   + ((("mixed", True),) if mixed else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 
-def combine_kernel(tag, follows=False, few=0):
+def combine_kernel(tag, follows=False, few=0, skips=False):
     """The combine kernel; ``follows``: the variant launched as the partition kernel's
     programmatic dependent; ``few``: the one-step kernel for at most that many partitions
-    (kernels/combine.py, ``variant``)."""
+    (kernels/combine.py, ``variant``); ``skips``: the variant that leaves the rows their
+    partition kernel wrote out (kernels/combine.py's ``WRITTEN``)."""
     def build():
         from .kernels.combine import make_combine_kernel
 
-        return make_combine_kernel(converters(tag)[1], follows, few)
+        return make_combine_kernel(converters(tag)[1], follows, few, skips)
 
-    return _cached(("combine", tag, follows, few), build)
+    return _cached(("combine", tag, follows, few) + (("skips",) if skips else ()), build)

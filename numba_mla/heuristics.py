@@ -712,6 +712,81 @@ def runs_partitions(table):
 #: 128 pairs, modelled 0.925, measured 1.052).
 RUNS_PAIRS_SHARE = 0.5
 RUNS_GAIN = 0.93
+#: Mixed runs (an experiment, off until timed): where the runs schedule cuts some sequences,
+#: the items that are whole sequences write out and lse themselves (the runs kernel's
+#: ``mixed`` form, the merge leaving their rows) where every item wrote the workspace, and
+#: ``runs_split`` weighs the runs of ``mixed_runs`` too, which cut only the sequences that do
+#: not fit; the pairs' bound (``RUNS_PAIRS_SHARE``) is then one pair a multiprocessor, since
+#: a sequence that is not cut costs no workspace. The model takes them at 64 x 128 x 4096
+#: with spread lengths, where they cut 23-30 of the 64 sequences (scripts/schedule_model.py)
+MIXED_RUNS = False
+#: ... the caps ``mixed_runs`` tries, from the work's lower bound up
+MIXED_CAPS = 48
+
+
+def _mixed_pack(tiles, nruns, cap):
+    """``mixed_runs``' packing at ``cap`` tile-times a run (an item costs its tiles plus
+    ``RUN_ITEM_TILES``): a list of ``nruns`` runs, each a list of items ``(b, t0, t1)``.
+    Sequences longest first; each goes whole into the least-loaded run where it fits, else
+    that run is filled to the cap with a piece of it (at least ``RUN_MIN_PIECE`` tiles,
+    leaving at least as many) and the rest goes on to the next least-loaded run; where no
+    such cut exists the rest stays whole there (over the cap). An empty sequence is an item
+    ``(b, 0, 0)``. Ties go to the lower run."""
+    loads = [(0, r) for r in range(nruns)]
+    runs = [[] for _ in range(nruns)]
+    for b in np.argsort(-tiles, kind="stable").tolist():
+        n, t = int(tiles[b]), 0
+        while True:
+            load, r = heapq.heappop(loads)
+            room = cap - load - RUN_ITEM_TILES
+            take = n - t
+            if take > room and room >= RUN_MIN_PIECE and take - room >= RUN_MIN_PIECE:
+                take = room
+            runs[r].append((b, t, t + take))
+            heapq.heappush(loads, (load + take + RUN_ITEM_TILES, r))
+            t += take
+            if t >= n:
+                break
+    return runs
+
+
+def _slotted(runs):
+    """The items of ``runs`` (lists of ``(b, t0, t1)``) with their partitions, as
+    ``runs_table`` takes them: a sequence's pieces take slots 0, 1, ... in the order of their
+    tiles, its last piece ``t1 = -1``; empty runs dropped."""
+    spans = {}
+    for run in runs:
+        for b, t0, t1 in run:
+            spans.setdefault(b, []).append((t0, t1))
+    slot_of, last = {}, {}
+    for b, pieces in spans.items():
+        pieces.sort()
+        for k, (t0, _) in enumerate(pieces):
+            slot_of[b, t0] = k
+        last[b] = pieces[-1][0]
+    return [[(b, slot_of[b, t0], t0, -1 if t0 == last[b] else t1) for b, t0, t1 in run]
+            for run in runs if run]
+
+
+def mixed_runs(tiles, row_groups, sms=None, share=None):
+    """The runs schedule's table (``runs_table``) of the mixed runs (``MIXED_RUNS``):
+    ``_mixed_pack`` into ``sms // row_groups`` runs at the cap, among ``MIXED_CAPS`` from the
+    work's lower bound, whose table ``_mixed_cost`` models least (``share``: a block's
+    workspace in tile-times, WORKSPACE_TILES for 64 rows), each run a block for each row
+    group, side by side. Only the sequences that do not fit are cut."""
+    sms = sm_count() if sms is None else sms
+    tiles = np.asarray(tiles, np.int64)
+    G = max(1, row_groups)
+    share = WORKSPACE_TILES if share is None else share
+    nruns = max(1, sms // G)
+    lo = max(1, -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns))
+    best = None
+    for cap in range(lo, lo + MIXED_CAPS):
+        table = runs_table(_slotted(_mixed_pack(tiles, nruns, cap)), G)
+        cost = _mixed_cost(table, tiles, sms, share)
+        if best is None or cost < best[0]:
+            best = (cost, table)
+    return best[1]
 
 
 def _runs_cost(table, tiles, sms, share):
@@ -726,6 +801,21 @@ def _runs_cost(table, tiles, sms, share):
     cut = runs_partitions(table) > 1
     return (_longest_block(table, cost) + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES
             + (share * len(items) / sms + MERGE_TILES if cut else 0.0))
+
+
+def _mixed_cost(table, tiles, sms, share):
+    """A runs table's modelled time where the items of whole sequences write out themselves
+    (``MIXED_RUNS``): its longest block as ``_runs_cost`` has it, the workspace of the cut
+    sequences' items only, and the merge where any is cut."""
+    nblocks = int(table[0, 0])
+    items = table[nblocks:]
+    t1 = np.where(items[:, 4] < 0, tiles[items[:, 0]], items[:, 4])
+    cost = t1 - items[:, 3] + RUN_ITEM_TILES
+    pieces = np.bincount(items[:, 0], minlength=tiles.size)  # (items of all row groups)
+    groups = max(1, int(items[:, 1].max(initial=0)) + 1)
+    cut = int(pieces[pieces > groups].sum())  # (the items of sequences cut in pieces)
+    return (_longest_block(table, cost) + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES
+            + (share * cut / sms + MERGE_TILES if cut else 0.0))
 
 
 def runs_split(keys, block_n, row_groups, sms=None, rows=None, balanced=None, pieces=None):
@@ -752,12 +842,12 @@ def runs_split(keys, block_n, row_groups, sms=None, rows=None, balanced=None, pi
         if WHOLE_EQUAL and whole:   # 16 x 128 x 32768 than the cut runs; WHOLE_EQUAL above)
             return _whole_equal(tiles.tobytes(), groups, sms)
         return None
-    if not whole and tiles.size * groups > RUNS_PAIRS_SHARE * sms:
+    if not whole and tiles.size * groups > (1.0 if MIXED_RUNS else RUNS_PAIRS_SHARE) * sms:
         return None
     balanced = tuple(balanced or balanced_split(keys, block_n, groups, sms=sms, rows=rows))
     return _runs_split(tiles.tobytes(), groups, sms, rows, balanced,
                        None if pieces is None else np.asarray(pieces, np.int64).tobytes(),
-                       whole)
+                       whole, MIXED_RUNS)
 
 
 @functools.lru_cache(maxsize=16)
@@ -769,9 +859,10 @@ def _whole_equal(tiles, groups, sms):
 
 
 @functools.lru_cache(maxsize=16)
-def _runs_split(tiles, groups, sms, rows, balanced, pieces, whole=False):
+def _runs_split(tiles, groups, sms, rows, balanced, pieces, whole=False, mixed=False):
     """``runs_split`` past its quick refusals, on hashable arguments (the arrays' bytes);
-    ``whole``: the whole-sequence runs (``whole_runs``) are the candidate."""
+    ``whole``: the whole-sequence runs (``whole_runs``) are the candidate; ``mixed``
+    (``MIXED_RUNS``): the cut runs as the mixed form costs them, and the mixed runs."""
     tiles = np.frombuffer(tiles, np.int64)
     share = WORKSPACE_TILES * _row_share(rows, groups)
     chunk, parts = balanced
@@ -791,6 +882,14 @@ def _runs_split(tiles, groups, sms, rows, balanced, pieces, whole=False):
     bound = -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns)
     if bound + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES >= RUNS_GAIN * other:
         return None
-    table = run_schedule(tiles, groups, sms=sms)
+    if mixed:
+        tables = [mixed_runs(tiles, groups, sms=sms, share=share)]
+        if tiles.size * groups <= RUNS_PAIRS_SHARE * sms:
+            tables.append(run_schedule(tiles, groups, sms=sms))
+        cost, i = min((_mixed_cost(t, tiles, sms, share), i) for i, t in enumerate(tables))
+        table = tables[i]
+    else:
+        table = run_schedule(tiles, groups, sms=sms)
+        cost = _runs_cost(table, tiles, sms, share)
     table.flags.writeable = False  # (kept: shared by the plans that ask again)
-    return table if _runs_cost(table, tiles, sms, share) < RUNS_GAIN * other else None
+    return table if cost < RUNS_GAIN * other else None

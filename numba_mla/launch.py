@@ -495,8 +495,11 @@ class Plan:
             results = (ws[:n_out].reshape((T, H, P, D_V)),
                        ws[n_out:n_out + n_lse].reshape((T, H, P)))
         maps = self._maps(spec, inputs["q"], storage, T)
-        partition = _Launch(spec.dispatcher, args + results + maps, spec.grid(B),
-                            spec.threads, spec.smem)
+        # (mixed runs: the items of whole sequences write out and lse themselves too)
+        direct_results = ((self.out_dev.reshape((T, H, 1, D_V)), self.lse_dev.reshape((T, H, 1)))
+                          if spec.mixed else ())
+        partition = _Launch(spec.dispatcher, args + results + direct_results + maps,
+                            spec.grid(B), spec.threads, spec.smem)
         self.launches.append(partition)
         self.slots.update({role: (partition, i) for i, role in enumerate(INPUT_ROLES)})
         if guard is not None:  # first, and the caller's offsets are its argument 0
@@ -506,8 +509,8 @@ class Plan:
             self.launches.insert(0, clamp)
             self.slots["offsets"] = (clamp, 0)
         if spec.tma:
-            self.slots["q_map"] = (partition, len(args) + 2)
-            self.slots["storage_map"] = (partition, len(args) + 3)
+            self.slots["q_map"] = (partition, len(args) + 2 + len(direct_results))
+            self.slots["storage_map"] = (partition, len(args) + 3 + len(direct_results))
         if spec.direct:
             self.slots["out"], self.slots["lse"] = (partition, len(args)), (partition, len(args) + 1)
         else:
@@ -515,11 +518,14 @@ class Plan:
             few, merge_groups = combine.variant(T * H, P, heuristics.sm_count())
             follows = (_compat.SIMULATOR  # (in the simulator: the wait is a no-op)
                        or cuda.get_current_device().compute_capability >= (9, 0))
-            merge = _Launch(factory.combine_kernel(tag, follows, few),
+            merge = _Launch(factory.combine_kernel(tag, follows, few, skips=spec.mixed),
                             results + (self.out_dev, self.lse_dev), (T, H),
                             (combine.NTHREADS, merge_groups), follows=follows)
             self.launches.append(merge)
             self.slots["out"], self.slots["lse"] = (merge, 2), (merge, 3)
+            if spec.mixed:  # (the partition kernel's out and lse: rebound with the merge's)
+                self.slots["out direct"] = (partition, len(args) + 2)
+                self.slots["lse direct"] = (partition, len(args) + 3)
 
     def _inputs(self, inputs, spec):
         """The partition kernel's arguments before its results: the arrays, the scale and the
@@ -571,6 +577,10 @@ class Plan:
         self._keep[role] = array
         launch, index = slot
         launch.set_arg(index, self._view(role, array) if _compat.SIMULATOR else array)
+        also = self.slots.get(role + " direct")  # (mixed runs: the partition kernel's too)
+        if also is not None:
+            also[0].set_arg(also[1], self._view(role, array, True) if _compat.SIMULATOR
+                            else array)
         map_role = role + "_map"
         if map_role in self.slots:  # TMA kernels: the tensor map holds the address too
             tmap = self._maps_of.get(ident)
@@ -583,8 +593,11 @@ class Plan:
             mlaunch, mindex = self.slots[map_role]
             mlaunch.set_arg(mindex, tmap)
 
-    def _view(self, role, array):
-        """The simulator's kernel argument for ``role`` (on a GPU only the address matters)."""
+    def _view(self, role, array, direct=None):
+        """The simulator's kernel argument for ``role`` (on a GPU only the address matters);
+        ``direct``: out and lse as a partition kernel that writes them takes them (default:
+        as this plan's first kernel to write them does)."""
+        direct = self.spec.direct if direct is None else direct
         sixteen, T, H = self.sixteen, self._rows // max(self.call.heads, 1), self.call.heads
         if role == "q":
             return _as_device(array, sixteen, self.q_shape3, pairs=sixteen and self.spec.q_pairs)
@@ -593,10 +606,10 @@ class Plan:
                               name="cache.storage")
         if role == "out":
             v = _as_device(array, sixteen, (T, H, D_V))
-            return v.reshape((T, H, 1, D_V)) if self.spec.direct else v
+            return v.reshape((T, H, 1, D_V)) if direct else v
         if role == "lse":
             v = _as_device(array, False, (T, H))
-            return v.reshape((T, H, 1)) if self.spec.direct else v
+            return v.reshape((T, H, 1)) if direct else v
         return _as_device(array, False)
 
     def device_offsets(self, host, q):

@@ -68,6 +68,9 @@ class KernelSpec:
     listable: bool = False  # the family may take the listed schedule (heuristics.listed_split)
     work: Any = None  # the listed schedule's blocks (heuristics.list_blocks), or None
     runs: int = 0  # the runs schedule's blocks, its table in ``work`` (heuristics.run_schedule)
+    #: with ``runs`` and a workspace: the items that are whole sequences write out and lse
+    #: themselves (the kernel takes them after the workspace; the combine skips their rows)
+    mixed: bool = False
 
     def grid(self, batch):
         """The partition kernel's grid: ``(P, G, B)``, or one block a row of the list, or
@@ -572,11 +575,13 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         if table is not None:
             parts = heuristics.runs_partitions(table)
             whole = parts == 1  # (no sequence cut: the items write out themselves, no combine)
+            # (heuristics.MIXED_RUNS: where some are cut, those that are not write out too)
+            mixed = not whole and heuristics.MIXED_RUNS
             runs = dict(common, num_partitions=parts, chunk=0, direct=whole)
             spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
-                mask, mod, tag, cache_cls, H, whole, runs=True), mma.NTHREADS,
+                mask, mod, tag, cache_cls, H, whole, runs=True, mixed=mixed), mma.NTHREADS,
                 seesaw.SMEM_BYTES_RUNS, q_pairs=True, tma=True, listable=True, work=table,
-                runs=int(table[0, 0]), **runs)
+                runs=int(table[0, 0]), mixed=mixed, **runs)
             if not spills(spec):
                 return spec
         if pieces is not None:

@@ -111,18 +111,20 @@ def simt_signature(tag, direct):
             types.Array(types.float32, 3, "C"))
 
 
-def signature(direct, listed=False):
+def signature(direct, listed=False, mixed=False):
     """The tensor-core partition kernels' argument types; ``listed``: the schedule argument is
     a table instead of the chunk (int32, 2-D: the listed schedule's [N, 4] or the runs
-    schedule's [N + I, 5])."""
+    schedule's [N + I, 5]); ``mixed``: the mixed runs' out and lse after the workspace."""
     w = types.int32
-    return (types.Array(w, 3, "C"), types.Array(types.int32, 1, "C"), types.Array(w, 3, "C"),
-            types.Array(types.int32, 2, "C"), types.Array(types.int32, 1, "C"),
-            types.Array(types.float32, 3, "C"), types.float32,
-            types.Array(types.int32, 2, "C") if listed else types.int32,
-            types.Array(types.int16 if direct else types.float32, 4, "C"),
-            types.Array(types.float32, 3, "C"), types.Array(types.uint8, 1, "C"),
-            types.Array(types.uint8, 1, "C"))
+    return ((types.Array(w, 3, "C"), types.Array(types.int32, 1, "C"), types.Array(w, 3, "C"),
+             types.Array(types.int32, 2, "C"), types.Array(types.int32, 1, "C"),
+             types.Array(types.float32, 3, "C"), types.float32,
+             types.Array(types.int32, 2, "C") if listed else types.int32,
+             types.Array(types.int16 if direct else types.float32, 4, "C"),
+             types.Array(types.float32, 3, "C"))
+            + ((types.Array(types.int16, 4, "C"), types.Array(types.float32, 3, "C"))
+               if mixed else ())
+            + (types.Array(types.uint8, 1, "C"), types.Array(types.uint8, 1, "C")))
 
 
 def link(ptx, arch="sm_90a"):
@@ -304,6 +306,9 @@ def main():
                 # and its form for a table of whole sequences, which writes out itself
                 variants.append(("runsd", factory.seesaw_partition_kernel(
                     mask, mod, tag, cache, heads, True, runs=True)))
+                # and the mixed runs' (heuristics.MIXED_RUNS: whole sequences write out)
+                variants.append(("runsm", factory.seesaw_partition_kernel(
+                    mask, mod, tag, cache, heads, False, runs=True, mixed=True)))
             # and its form for "e4m3" rows, which the selector runs unless it spills (spills
             # allowed here: reported, not failed)
             variants.append(("seesaw8", factory.seesaw_partition_kernel(
@@ -315,7 +320,7 @@ def main():
             if not mine():
                 continue
             sig = list(signature(direct or name == "runsd",
-                                 name in ("listed", "runs", "runsd")))
+                                 name in ("listed", "runs", "runsd", "runsm"), name == "runsm"))
             if name in ("mma8", "tr8", "tr8x32", "tr8x32a", "tr8x64", "tr8x64a", "seesaw8",
                         "seesaw8c"):  # cache: codes;
                 # complex scale
@@ -344,7 +349,7 @@ def main():
                   and calls == 0 and not serial and hgmma == want)
             if name == "seesaw8c":  # both setmaxnreg kept (whole program)
                 ok = ok and len(re.findall(r"USETMAXREG", sass)) == 2 or HASHES["on"]
-            if name in ("seesaw", "listed", "runs", "runsd"):  # evict-first from LAG_HEADS
+            if name in ("seesaw", "listed", "runs", "runsd", "runsm"):  # evict-first from LAG_HEADS
                 ok = ok and ("createpolicy" in ptx) == (heads >= seesaw.LAG_HEADS)
             bad += not ok
             print(f"{name:6} {mask!r:40.40} {tag} {cache.kind:10} H={heads:<3} "

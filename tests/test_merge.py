@@ -203,3 +203,36 @@ def check_combine(rng, parts, groups, few, monkeypatch):
     assert not np.isnan(got_out[keep]).any()
     assert_close(got_out[keep], want_out[keep], 1e-5, 1e-6, "out")
     assert_close(got_lse[keep], want_lse[keep], 1e-6, 1e-6, "lse")
+
+
+@pytest.mark.parametrize("parts,few", [(2, 2), (3, 4), (13, 0)])
+def test_combine_skips_rows_written_out(parts, few, rng):
+    """The ``skips`` variants (the mixed runs: kernels/seesaw.py writes a whole sequence's rows
+    out itself and puts combine.WRITTEN in partition 0's LSE, the other partitions empty):
+    such a row's out and lse are left as they were, and the other rows merged as without it."""
+    from numba import cuda
+
+    from numba_mla import factory
+    from numba_mla.kernels import combine
+
+    T, H = 2, 3
+    outs, lses = random_partials(rng, parts, (T, H))
+    lses = (lses * 3.0).astype(np.float32)
+    lses[0, 1, 2] = combine.WRITTEN  # row (1, 2): written out by its block
+    lses[1:, 1, 2] = -np.inf
+    outs = outs.astype(np.float32)
+    outs[:, 1, 2] = np.nan  # (never written: never to be read)
+    want_out, want_lse = merge_partitions(outs, lses)
+    part_out = cuda.to_device(np.ascontiguousarray(outs.transpose(1, 2, 0, 3)))
+    part_lse = cuda.to_device(np.ascontiguousarray(lses.transpose(1, 2, 0)))
+    out = cuda.to_device(np.full((T, H, 512), 7.0, np.float32))
+    lse = cuda.to_device(np.full((T, H), 5.0, np.float32))
+    groups = combine.variant(T * H, parts, 132)[1]
+    factory.combine_kernel("f32", few=few, skips=True)[(T, H), (128, groups)](
+        part_out, part_lse, out, lse)
+    got_out, got_lse = out.copy_to_host(), lse.copy_to_host()
+    assert np.all(got_out[1, 2] == 7.0) and got_lse[1, 2] == 5.0
+    keep = np.ones((T, H), bool)
+    keep[1, 2] = False
+    assert_close(got_out[keep], want_out[keep], 1e-5, 1e-6, "out")
+    assert_close(got_lse[keep], want_lse[keep], 1e-6, 1e-6, "lse")

@@ -504,6 +504,72 @@ def test_runs_schedule_properties(tiles, groups, sms):
     assert heuristics.runs_partitions(table) == max(len(v) for v in pieces.values())
 
 
+@settings(max_examples=100, deadline=None)
+@given(tiles=st.lists(st.integers(0, 300), min_size=1, max_size=200),
+       groups=st.integers(1, 3), sms=st.sampled_from([4, 16, 132]))
+def test_mixed_runs_properties(tiles, groups, sms):
+    """heuristics.mixed_runs (MIXED_RUNS), whatever the lengths: headers that cover the item
+    rows once; at most ``sms // groups`` runs, each run's items the same for every row group,
+    side by side; every sequence's tiles covered exactly once by its pieces, slots 0, 1, ...
+    in the order of their tiles, the last piece's end -1 and only there; a cut piece at least
+    RUN_MIN_PIECE tiles; an empty sequence one item; the same table twice."""
+    tiles = np.asarray(tiles)
+    table = heuristics.mixed_runs(tiles, groups, sms=sms)
+    np.testing.assert_array_equal(table, heuristics.mixed_runs(tiles, groups, sms=sms))
+    assert table.dtype == np.int32 and table.shape[1] == 5
+    n = int(table[0, 0])
+    assert n % groups == 0 and n // groups <= max(1, sms // groups)
+    assert table[:n, 0].tolist() == (n + np.concatenate([[0], np.cumsum(table[:n, 1])[:-1]])
+                                     ).tolist() and int(table[:n, 1].sum()) == len(table) - n
+    blocks = runs_of(table)
+    pieces = {(b, g): [] for b in range(tiles.size) for g in range(groups)}
+    for r in range(n // groups):
+        same = [[(b, s, t0, t1) for b, _, s, t0, t1 in blocks[r * groups + g]]
+                for g in range(groups)]
+        assert same[0] and all(x == same[0] for x in same)
+        for g in range(groups):
+            assert all(item[1] == g for item in blocks[r * groups + g])
+            for b, s, t0, t1 in same[g]:
+                pieces[(b, g)].append((s, t0, t1))
+    for (b, g), its in pieces.items():
+        its.sort()
+        assert [s for s, _, _ in its] == list(range(len(its)))
+        assert [t1 for _, _, t1 in its].count(-1) == 1 and its[-1][2] == -1
+        ends = [t1 for _, _, t1 in its[:-1]] + [int(tiles[b])]
+        covered = [t for (_, t0, _), e in zip(its, ends) for t in range(t0, e)]
+        assert covered == list(range(int(tiles[b]))), (b, its)
+        if len(its) > 1:
+            assert min(e - t0 for (_, t0, _), e in zip(its, ends)) >= heuristics.RUN_MIN_PIECE
+        if tiles[b] == 0:
+            assert its == [(0, 0, -1)]
+
+
+def test_mixed_runs_cut_only_what_does_not_fit(monkeypatch):
+    """Four sequences of 10 tiles and one of 30 on four runs: the 30 is cut across runs, the
+    10s stay whole (each its run's only piece of its sequence); and with MIXED_RUNS the model
+    takes such runs for the varlen sweep's 64 x 128 x 4096 at spread 0.5 (128 pairs on 132
+    multiprocessors, past the cut runs' bound), cutting fewer than half its sequences, where
+    without it it takes none there."""
+    from numba_mla.bench import configs, problems
+
+    table = heuristics.mixed_runs(np.array([10, 10, 30, 10, 10]), 1, sms=4)
+    counts = np.bincount(table[int(table[0, 0]):, 0], minlength=5)
+    assert counts[2] > 1 and (counts[[0, 1, 3, 4]] == 1).all()
+    cfg = configs.Config(64, 128, 4096, spread=0.5, sweep="varlen")
+    lengths = problems.draw_lengths(cfg, 0)
+    split = heuristics.balanced_split(lengths, 64, 2, sms=H200_SMS, rows=128)
+    pieces = heuristics.listed_split(lengths, 64, 2, H200_SMS, rows=128, balanced=split)
+    args = (lengths, 64, 2)
+    kwargs = dict(sms=H200_SMS, rows=128, balanced=split, pieces=pieces)
+    assert heuristics.runs_split(*args, **kwargs) is None
+    monkeypatch.setattr(heuristics, "MIXED_RUNS", True)
+    table = heuristics.runs_split(*args, **kwargs)
+    assert table is not None and heuristics.runs_partitions(table) > 1
+    items = table[int(table[0, 0]):]
+    cut = np.bincount(items[items[:, 1] == 0, 0], minlength=64) > 1
+    assert 0 < cut.sum() < 32
+
+
 @settings(max_examples=300, deadline=None)
 @given(tiles=st.lists(st.integers(0, 300), min_size=1, max_size=300),
        groups=st.integers(1, 3), sms=st.sampled_from([4, 16, 132]))

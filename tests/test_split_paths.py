@@ -235,11 +235,11 @@ def record_plans(monkeypatch):
     return plans
 
 
-def run_forced_schedule(rng, monkeypatch, layout, lengths):
+def run_forced_schedule(rng, monkeypatch, layout, lengths, twice=False):
     """A schedule test's problem under "mma" ("padded": one token of 2 heads, no mask;
     "ragged": 2 + 1 + 0 + 2 tokens of 33 heads, causal), checked three ways against the
-    references with out pre-filled with NaN, and on a GPU run twice for the same bits;
-    returns the plans made."""
+    references with out pre-filled with NaN, and on a GPU (or ``twice``) run twice, into
+    another out, for the same bits; returns the plans made."""
     if layout == "ragged":
         p = make_problem(rng, 4, 2, 33, lengths, DTYPES["bf16"], "paged", mma.BLOCK_N,
                          ragged=True, q_counts=[2, 1, 0, 2])
@@ -250,7 +250,7 @@ def run_forced_schedule(rng, monkeypatch, layout, lengths):
     plans = record_plans(monkeypatch)
     golden, same = references(p, mask)
     outs = []
-    for _ in range(1 if _compat.SIMULATOR else 2):
+    for _ in range(1 if _compat.SIMULATOR and not twice else 2):
         out = np.full(p.out_shape, np.nan, p.dtype)
         got, lse = p.run(nm, mask=mask, return_lse=True, out=out, backend="mma")
         outs.append((out, lse))
@@ -276,7 +276,13 @@ RUNS_OF_TEST = {"mixed": [[(0, 0, 0, 2), (1, 0, 0, 1)],
                 # heuristics.whole_runs of those sequences in two runs: longest first, the
                 # empty sequence after a tiled one (test_runs_table_of_whole_runs)
                 "packed": [[(0, 0, 0, -1), (2, 0, 0, -1)],
-                           [(3, 0, 0, -1), (1, 0, 0, -1)]]}
+                           [(3, 0, 0, -1), (1, 0, 0, -1)]],
+                # cut and whole sequences in one table (heuristics.MIXED_RUNS): the first
+                # sequence cut across blocks 0 and 1, the second and last whole (written out
+                # by their items), the empty one whole (merged as empty)
+                "some whole": [[(0, 0, 0, 2), (1, 0, 0, -1)],
+                               [(0, 1, 2, -1), (2, 0, 0, -1)],
+                               [(3, 0, 0, -1)]]}
 
 
 @pytest.mark.kernel
@@ -284,7 +290,8 @@ RUNS_OF_TEST = {"mixed": [[(0, 0, 0, 2), (1, 0, 0, 1)],
     ("ahead", "fifo", "mixed"), ("ahead", "low", "mixed"), ("staged", "fifo", "mixed"),
     ("ahead", "fifo", "whole"), ("staged", "fifo", "whole"), ("q_early", "fifo", "mixed"),
     ("q_early", "low", "mixed"), ("q_early", "fifo", "whole"), ("q_early", "fifo", "packed"),
-    ("q_early", "low", "packed")])
+    ("q_early", "low", "packed"), ("staged", "fifo", "some whole"),
+    ("q_early", "fifo", "some whole"), ("q_early", "low", "some whole")])
 @pytest.mark.parametrize("layout", ["padded", "ragged"])
 def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     """The seesaw kernel's runs form (selector.SEESAW_RUNS) from a forced table over
@@ -305,7 +312,11 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     for its zeros and -inf where it has rows; its walk issues the next item's copies) then
     the first sequence, block 1 the second then the last; "packed", as heuristics.whole_runs
     packs them (longest first: the empty sequence walked after a tiled one, so the item
-    before it issues no early copy, and the one after it does). In the simulator, ``order`` "low"
+    before it issues no early copy, and the one after it does); "some whole", with
+    heuristics.MIXED_RUNS: the first sequence cut, the second and last whole, each written
+    out by its item (its partition 0's LSE combine.WRITTEN, which the merge skips; the plan
+    run twice, into another out, so that both kernels' out is rebound), the empty one merged
+    as an empty row. In the simulator, ``order`` "low"
     runs the lower warps ahead (thread 0 reaches the next item's copies while warpgroup 1
     may still multiply: a copy issued before the barrier that keeps it from doing so fails
     here). Checked three ways against the references, out pre-filled with NaN; on a GPU a
@@ -322,17 +333,60 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     tile = mma.BLOCK_N
     lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
     whole = blocks in ("whole", "packed")
+    mixed = blocks == "some whole"
     runs = RUNS_OF_TEST[blocks]
     groups = 2 if layout == "ragged" else 1
     table = heuristics.runs_table(runs, groups)
     monkeypatch.setattr(selector, "SEESAW_RUNS", True)
+    monkeypatch.setattr(heuristics, "MIXED_RUNS", mixed)
     monkeypatch.setattr(heuristics, "run_schedule", lambda *args, **kwargs: table)
     with _numba.sim_turn_order(order):
-        plans = run_forced_schedule(rng, monkeypatch, layout, lengths)
+        plans = run_forced_schedule(rng, monkeypatch, layout, lengths, twice=mixed)
     spec = plans[0].spec
     assert spec.backend == "seesaw" and spec.work is table and spec.runs == len(runs) * groups
     assert spec.grid(4) == (len(runs) * groups, 1, 1)
     assert (spec.num_partitions, spec.direct) == ((1, True) if whole else (2, False))
+    assert spec.mixed == mixed
+
+
+@pytest.mark.kernel
+def test_mixed_runs_rebind_both_outs(rng, monkeypatch):
+    """A kept plan of the mixed runs (RUNS_OF_TEST["some whole"], heuristics.MIXED_RUNS) run
+    again into another device out and lse: both kernels that write them (the runs kernel, for
+    the whole sequences, and the merge, for the cut one) are re-pointed (launch.Plan.rebind),
+    so the second out holds every row, the same bits as the first."""
+    from numba import cuda
+
+    from numba_mla import plans, selector
+
+    def to_device(x):
+        x = np.ascontiguousarray(x)
+        return (cuda.to_device(x.view(np.int16)).view(x.dtype) if x.dtype.itemsize == 2
+                else cuda.to_device(x))
+
+    tile = mma.BLOCK_N
+    p = make_problem(rng, 4, 1, 2, [2 * tile + 9, tile, 0, 2 * tile - 5], DTYPES["bf16"],
+                     "paged", tile)
+    table = heuristics.runs_table(RUNS_OF_TEST["some whole"], 1)
+    monkeypatch.setattr(selector, "SEESAW_RUNS", True)
+    monkeypatch.setattr(heuristics, "MIXED_RUNS", True)
+    monkeypatch.setattr(heuristics, "run_schedule", lambda *args, **kwargs: table)
+    plans.clear()
+    c = p.cache
+    cache = nm.PagedKVCache(to_device(c.storage), to_device(c.block_table_host),
+                            to_device(c.lengths_host))
+    q = to_device(p.q)
+    outs = [to_device(np.full(p.out_shape, np.nan, p.dtype)) for _ in range(2)]
+    lses = [nm.mla_decode(q, cache, p.scale, out=out, return_lse=True, backend="mma")[1]
+            for out in outs]
+    assert plans.size() == 1  # (the second call ran the first call's plan)
+    got = [o.copy_to_host() for o in outs]
+    golden, same = references(p, nm.NullMask())
+    assert_three_way(got[1], same[0], golden[0], floor=fp32_floor(golden[0], "mma"), what="out")
+    np.testing.assert_array_equal(got[0].view(np.uint8), got[1].view(np.uint8))
+    lse = [np.asarray(x.copy_to_host() if hasattr(x, "copy_to_host") else x) for x in lses]
+    assert_three_way(lse[1], same[1], golden[1], floor=fp32_floor(golden[1], "mma"), what="lse")
+    np.testing.assert_array_equal(lse[0], lse[1])
 
 
 def test_runs_table_of_whole_runs():

@@ -19,7 +19,10 @@ long row (B = 1) still spreads its partitions over S x 4 warps. A step's LSEs ar
 step ahead, so that only the outputs of partitions that kept a key are read: under the balanced
 schedule (heuristics.balanced_split) a short sequence leaves most of its P partitions empty, and
 those cost one LSE each, not 2 KB (the one-step kernel below reads every slot, in one trip).
-``split(rows, P)`` picks S (launch.py). Up to UNROLL partitions (two is the commonest split) a
+``split(rows, P)`` picks S (launch.py). With ``skips`` (the runs kernel that writes the
+sequences it does not cut out itself: kernels/seesaw.py's ``mixed``), a row whose partition 0
+holds the LSE ``WRITTEN`` (+inf, which no partition's LSE can be: a score of +inf makes its
+row's LSE NaN) was written out by its block: the kernel leaves it alone. Up to UNROLL partitions (two is the commonest split) a
 one-step kernel on the same grid does the merge instead (``variant``, ``_make_few_kernel``).
 Traffic: reads P LSEs and (partitions that kept a key) x 512 fp32 per row (the one-step
 kernel: every partition's 512), writes 512 values in the output dtype.
@@ -36,6 +39,8 @@ NTHREADS = 128  # threads of one group: D_V / DIMS
 DIMS = D_V // NTHREADS  # output dims a thread
 MAX_SPLIT = 4  # partition groups of a block (its y dimension)
 UNROLL = 8  # partitions a step
+#: Partition 0's LSE of a row that its partition kernel wrote out itself (``skips``)
+WRITTEN = math.inf
 
 
 def split(rows, nparts, sms):
@@ -55,15 +60,16 @@ def variant(rows, nparts, sms):
     return 0, split(rows, nparts, sms)
 
 
-def make_combine_kernel(store, follows=False, few=0):
+def make_combine_kernel(store, follows=False, few=0, skips=False):
     """``store(x)`` converts fp32 to the output's storage (see ptx.py). ``follows``: the
     kernel is launched as the partition kernel's programmatic dependent (sm_90, launch.py), so
     the driver may start it before that kernel has finished; it waits for it
     (``ptx.grid_dependency_wait``) before reading anything, and what is saved is the launch's
     own latency between the two kernels. ``few``: the one-step kernel for at most ``few``
-    partitions (``variant``), else the general one."""
+    partitions (``variant``), else the general one. ``skips``: rows whose partition 0's LSE is
+    ``WRITTEN`` are left as they are."""
     if few:
-        return _make_few_kernel(store, follows, few)
+        return _make_few_kernel(store, follows, few, skips)
 
     @cuda.jit(**JIT_OPTIONS)
     def combine_kernel(part_out, part_lse, out, lse):
@@ -73,6 +79,8 @@ def make_combine_kernel(store, follows=False, few=0):
         # (unsigned indices: no wraparound test for negative ones, one base address a row)
         t = uint64(cuda.blockIdx.x)
         h = uint64(cuda.blockIdx.y)
+        if skips and part_lse[t, h, 0] == float32(WRITTEN):
+            return  # (the row's block wrote it out; uniform in the block, before any barrier)
         x = uint64(cuda.threadIdx.x)
         g = uint64(cuda.threadIdx.y)
         S = uint64(cuda.blockDim.y)
@@ -177,7 +185,7 @@ def make_combine_kernel(store, follows=False, few=0):
     return combine_kernel
 
 
-def _make_few_kernel(store, follows, few):
+def _make_few_kernel(store, follows, few, skips=False):
     """The merge of at most ``few`` partitions (a power of two, at most UNROLL), launched on the
     general kernel's grid with one group a block: one step, no running maximum, no shared
     memory. Thread x loads the row's LSEs and beside them every partition's output (all at
@@ -192,6 +200,8 @@ def _make_few_kernel(store, follows, few):
             ptx.grid_dependency_wait()
         t = uint64(cuda.blockIdx.x)
         h = uint64(cuda.blockIdx.y)
+        if skips and part_lse[t, h, 0] == float32(WRITTEN):
+            return  # (the row's block wrote it out)
         x = uint64(cuda.threadIdx.x)
         nparts = uint64(part_lse.shape[2])
         ls = cuda.local.array(few, float32)

@@ -55,6 +55,7 @@ from numba import cuda, float32, int32, uint64
 
 from .. import ptx
 from .._compat import JIT_OPTIONS, SIMULATOR
+from .combine import WRITTEN
 from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles, prefetch_first_entry)
 from .transposed import q_power
@@ -177,7 +178,7 @@ def convert_order(buf, n):
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
                           converter=False, runs=False, ahead=False, direct=False,
-                          q_early=False):
+                          q_early=False, mixed=False, out_store=None):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -194,12 +195,19 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     heuristics.runs_partitions), the items write out and lse themselves (``store`` then
     converts to the output's type), and an item of a sequence without a tile is walked (its
     zeros and -inf written) rather than passed over; ``q_early``: with ``runs`` and not
-    ``ahead``, the next item's queries are copied under this one's staged output."""
+    ``ahead``, the next item's queries are copied under this one's staged output; ``mixed``:
+    with ``runs`` and neither ``direct`` nor ``ahead``, an item that is a whole sequence (slot
+    0, to its last tile) writes ``out`` and ``lse`` itself (``out_store`` converts to the
+    output's type; the kernel takes them after the workspace, as ``[T, H, 1, 512]`` and ``[T,
+    H, 1]``) and puts combine.WRITTEN in its partition 0's LSE, which the combine's ``skips``
+    variant reads as "written out"; the other items write the workspace."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
     DIRECT = runs and direct
     QEARLY = runs and q_early and not ahead
+    MIXED = runs and mixed and not direct
+    assert not (MIXED and ahead), "the mixed runs stage their output"
     assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
     assert not runs or NTHREADS & (NTHREADS - 1) == 0, "the runs form masks the thread index"
@@ -223,6 +231,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     scale_o = ptx.acc_scale(NO)
     store_o = ptx.acc_store(NO)
     write_rows = make_write_rows(store, heads)
+    write_out = make_write_rows(out_store, heads) if MIXED else write_rows
     log2_score = make_log2_score(mask_apply, score_mod, fold_scale)
     key_tiles, next_tile = make_tile_walk(mask_classify, mask_key_range, BLOCK_N, heads,
                                           align=BLOCK_N, key_count=key_count)
@@ -761,7 +770,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     def walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
              sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
              kend, t0, t1, t_end, qphase, parity, loaded, scan_from, scan_end, chunk,
-             q_offsets, lengths):
+             q_offsets, lengths, out, lse, whole):
         """One item: the tiles [t0, t_end) of sequence ``b``'s rows [r0, r0 + nrows) (the first
         two ``t0`` and ``t1``), its barriers set up and the running max at -inf in ``stat``:
         the queries' and the first pair's copies (unless ``loaded``: started already), the
@@ -775,7 +784,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         arguments; with ``ahead``, the output goes from the registers to the workspace, and
         once both warpgroups are past their last product thread 0 starts that item's copies
         under it (``q_early``: its queries only, under the staged output). ``loaded``: 0,
-        nothing of this item copied yet; 1, its queries; 2, its queries and first pair."""
+        nothing of this item copied yet; 1, its queries; 2, its queries and first pair.
+        ``whole`` (``mixed``): the item is a whole sequence, written into ``out`` and ``lse``."""
         if tid == 0 and t0 < t_end and loaded < 2:  # the queries, then the first pair's tiles
             kb = kstart + t1 * BLOCK_N if t1 < t_end else -1
             load_first(smk, sb, q, tmap_q, row0 * H + r0, tmap_kv, storage, block_table, b,
@@ -1016,7 +1026,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         store_sums(smf, l_run, l_p, wg, wtid)
         sync_math()
         if tid < nrows:
-            lsum = store_lse(part_lse, smf, row0, r0, p, tid)
+            if MIXED and whole:  # out's lse, and "written out" for the combine
+                lsum = store_lse(lse, smf, row0, r0, 0, tid)
+                r = r0 + tid
+                part_lse[row0 + r // H, r % H, 0] = float32(WRITTEN)
+            else:
+                lsum = store_lse(part_lse, smf, row0, r0, p, tid)
             empty = lsum == 0.0
             if lag:  # the output divides by the sum of P as P V multiplied it (``softmax``)
                 lsum = (smf[STAT_OFF // 4 + STAT_LP * BLOCK_M + tid]
@@ -1024,8 +1039,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             smf[STAT_OFF // 4 + STAT_L * BLOCK_M + tid] = (
                 float32(0.0) if empty else kv_scale * ptx.rcp(lsum) if FP8 else ptx.rcp(lsum))
         sync_math()
-        write_rows(part_out, smf, sb, KV_OFF, STAT_OFF // 4 + STAT_L * BLOCK_M, row0, r0, nrows,
-                   p, tid)
+        if MIXED and whole:
+            write_out(out, smf, sb, KV_OFF, STAT_OFF // 4 + STAT_L * BLOCK_M, row0, r0, nrows, 0,
+                      tid)
+        else:
+            write_rows(part_out, smf, sb, KV_OFF, STAT_OFF // 4 + STAT_L * BLOCK_M, row0, r0,
+                       nrows, p, tid)
         return parity
 
     @cuda.jit(**(dict(JIT_OPTIONS, launch_bounds=(CONV_THREADS, 1)) if CONV and not SIMULATOR
@@ -1063,18 +1082,20 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         cuda.syncthreads()
         walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
              sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
-             kend, t0, t1, t_end, 0, 0, 0, 0, 0, chunk, q_offsets, lengths)
+             kend, t0, t1, t_end, 0, 0, 0, 0, 0, chunk, q_offsets, lengths, part_out, part_lse,
+             False)
 
-    @cuda.jit(**JIT_OPTIONS)
-    def runs_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk, part_out,
-                    part_lse, tmap_q, tmap_kv):
+    @cuda.jit(device=True)
+    def run_items(q, q_offsets, storage, block_table, lengths, bias, scale, chunk, part_out,
+                  part_lse, out, lse, tmap_q, tmap_kv):
         """The runs schedule's kernel (``runs``): block w walks items ``chunk[chunk[w, 0] :
         chunk[w, 0] + chunk[w, 1]]`` (heuristics.run_schedule), each ``(b, g, slot, t0,
         t1)`` the tiles [t0, t1) of sequence b's row group g (``t1 = -1``: to its last tile,
         and its partitions past ``slot`` marked empty), into partition ``slot`` of the
         workspace; the barriers are set up once and their phases carried from item to item.
         Thread 0 finds the next item with work while this one runs (``walk``; ``ahead``: its
-        copies start under this one's output)."""
+        copies start under this one's output). ``mixed``: a whole sequence's item writes ``out``
+        and ``lse``."""
         tid = cuda.threadIdx.x
         smk = cuda.shared.array(0, int32)
         smf = cuda.shared.array(0, float32)
@@ -1113,13 +1134,29 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # divisions and remainders)
             tid = ptx.opaque_i32(tid) & (NTHREADS - 1)
             wg, wtid, lane = roles(tid)
+            whole = False
+            if MIXED:  # (a whole sequence: its first piece, to its last tile)
+                whole = p == 0 and chunk[cur, 4] < 0
             parity = walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q,
                           tmap_kv, smk, smf, sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq,
                           length, p, q_lo, q_hi, kstart, kend, t0, t1, t_end, qphase, parity,
-                          loaded, cur + 1, end, chunk, q_offsets, lengths)
+                          loaded, cur + 1, end, chunk, q_offsets, lengths, out, lse, whole)
             if t0 < t_end:  # (DIRECT's item without a tile copies no queries)
                 qphase ^= 1
             loaded = 2 if AHEAD else 1 if QEARLY else 0
             cur = smk[NEXT_OFF // 4]  # (written before the walk's barriers)
+
+    if MIXED:
+        @cuda.jit(**JIT_OPTIONS)
+        def runs_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
+                        part_out, part_lse, out, lse, tmap_q, tmap_kv):
+            run_items(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
+                      part_out, part_lse, out, lse, tmap_q, tmap_kv)
+    else:
+        @cuda.jit(**JIT_OPTIONS)
+        def runs_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
+                        part_out, part_lse, tmap_q, tmap_kv):
+            run_items(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
+                      part_out, part_lse, part_out, part_lse, tmap_q, tmap_kv)
 
     return runs_kernel if runs else partition_kernel
