@@ -109,11 +109,12 @@ PATCH_SEESAW = [
     ("                    scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,",
      "<before>                    if sts == stw:\n                        sts = _gtimer()\n"),
     ("        # -- the row sums of both warpgroups", "<before>        ste = _gtimer()\n"),
-    ("        write_rows(part_out, smf, sb, KV_OFF,", "<before>        sto = _gtimer()\n"),
-    ("                   p, tid)\n        return parity\n",
-     "<replace>                   p, tid)\n" + SEESAW_STORE[1:] + "        return parity\n"),
-    ("kend, t0, t1, t_end, 0, 0, 0, 0, 0, chunk, q_offsets, lengths)",
-     "<replace>kend, t0, t1, t_end, 0, 0, 0, st0, 0, chunk, q_offsets, lengths)"),
+    ("        if MIXED and whole:\n            write_out(", "<before>        sto = _gtimer()\n"),
+    ("                       nrows, p, tid)\n        return parity\n",
+     "<replace>                       nrows, p, tid)\n" + SEESAW_STORE[1:]
+     + "        return parity\n"),
+    ("kend, t0, t1, t_end, 0, 0, 0, 0, 0, chunk, q_offsets, lengths,",
+     "<replace>kend, t0, t1, t_end, 0, 0, 0, st0, 0, chunk, q_offsets, lengths,"),
 ]
 #: the runs kernel's: the same readings of each item's walk (its entry has none of its own)
 PATCH_RUNS = [(a, b.replace("(int32(scan_from), stw,", "(stw,")) for a, b in PATCH_SEESAW
