@@ -543,11 +543,12 @@ def test_schedule_of_a_plan():
 
     from numba_mla.bench.providers import schedule_of
 
-    def spec(runs=0, direct=False, work=None):
-        return SimpleNamespace(runs=runs, direct=direct, work=work)
+    def spec(runs=0, direct=False, work=None, mixed=False):
+        return SimpleNamespace(runs=runs, direct=direct, work=work, mixed=mixed)
 
     assert schedule_of(spec()) == "balanced" and schedule_of(spec(direct=True)) == "balanced"
     assert schedule_of(spec(work=[[0, 0, 0, 2]])) == "listed"
     assert schedule_of(spec(runs=4, work=[[0]])) == "runs"
     assert schedule_of(spec(runs=4, direct=True, work=[[0]])) == "whole runs"
+    assert schedule_of(spec(runs=4, work=[[0]], mixed=True)) == "mixed runs"
     assert schedule_of(None) is None and schedule_of(object()) is None

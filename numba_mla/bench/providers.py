@@ -63,14 +63,16 @@ class Prepared:
 def schedule_of(spec):
     """Which split-K schedule a plan's kernel walks (docs/performance.md): "runs" (persistent
     blocks over runs of tiles that may cut sequences, heuristics.run_schedule), "whole runs"
-    (whole sequences packed into the runs, heuristics.whole_runs: one partition), "listed"
+    (whole sequences packed into the runs, heuristics.whole_runs: one partition), "mixed runs"
+    (runs whose whole sequences write out themselves, heuristics.MIXED_RUNS), "listed"
     (each sequence cut as far as it needs, heuristics.list_blocks), or "balanced" (every
     sequence in P equal pieces; P = 1, one partition, writes out itself); None for a
     provider without a plan's kernel spec."""
     if spec is None or not hasattr(spec, "runs"):
         return None
     if spec.runs:
-        return "whole runs" if spec.direct else "runs"
+        return ("whole runs" if spec.direct else "mixed runs" if getattr(spec, "mixed", False)
+                else "runs")
     return "listed" if spec.work is not None else "balanced"
 
 
