@@ -504,7 +504,7 @@ def test_runs_schedule_properties(tiles, groups, sms):
     assert heuristics.runs_partitions(table) == max(len(v) for v in pieces.values())
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(tiles=st.lists(st.integers(0, 300), min_size=1, max_size=200),
        groups=st.integers(1, 3), sms=st.sampled_from([4, 16, 132]))
 def test_mixed_runs_properties(tiles, groups, sms):
