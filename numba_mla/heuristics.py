@@ -543,6 +543,12 @@ def _cut_runs(tiles, cap):
     return runs
 
 
+def _runs_bound(tiles, nruns):
+    """The least cap a run may have: the batch's work (each sequence's tiles plus
+    ``RUN_ITEM_TILES``) over ``nruns`` runs, in whole tile-times."""
+    return -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns)
+
+
 def run_schedule(tiles, row_groups, sms=None):
     """The runs schedule over sequences of ``tiles`` key tiles (FlashMLA's kind: one wave of
     persistent blocks, each walking a run of (sequence, tiles) items that may cross sequence
@@ -562,7 +568,7 @@ def run_schedule(tiles, row_groups, sms=None):
     tiles = np.asarray(tiles, np.int64)
     G = max(1, row_groups)
     nruns = max(1, sms // G)
-    lo = max(1, -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns))
+    lo = max(1, _runs_bound(tiles, nruns))
     hi = int(tiles.sum() + RUN_ITEM_TILES * tiles.size) + RUN_MIN_PIECE
     # (the count of runs falls as the cap grows; a greedy cut leaves little of each run's
     # cap unused, so the cap is near the bound ``lo``: steps that double from it find a
@@ -726,7 +732,8 @@ MIXED_CAPS = 48
 
 def _mixed_pack(tiles, nruns, cap):
     """``mixed_runs``' packing at ``cap`` tile-times a run (an item costs its tiles plus
-    ``RUN_ITEM_TILES``): a list of ``nruns`` runs, each a list of items ``(b, t0, t1)``.
+    ``RUN_ITEM_TILES``): ``(runs, longest, cut)``, ``nruns`` runs each a list of items ``(b,
+    t0, t1)``, the most a run costs, and the items of the sequences cut (of one row group).
     Sequences longest first; each goes whole into the least-loaded run where it fits, else
     that run is filled to the cap with a piece of it (at least ``RUN_MIN_PIECE`` tiles,
     leaving at least as many) and the rest goes on to the next least-loaded run; where no
@@ -734,8 +741,9 @@ def _mixed_pack(tiles, nruns, cap):
     ``(b, 0, 0)``. Ties go to the lower run."""
     loads = [(0, r) for r in range(nruns)]
     runs = [[] for _ in range(nruns)]
+    cut = 0
     for b in np.argsort(-tiles, kind="stable").tolist():
-        n, t = int(tiles[b]), 0
+        n, t, pieces = int(tiles[b]), 0, 0
         while True:
             load, r = heapq.heappop(loads)
             room = cap - load - RUN_ITEM_TILES
@@ -745,9 +753,12 @@ def _mixed_pack(tiles, nruns, cap):
             runs[r].append((b, t, t + take))
             heapq.heappush(loads, (load + take + RUN_ITEM_TILES, r))
             t += take
+            pieces += 1
             if t >= n:
                 break
-    return runs
+        if pieces > 1:
+            cut += pieces
+    return runs, max(load for load, _ in loads), cut
 
 
 def _slotted(runs):
@@ -771,22 +782,31 @@ def _slotted(runs):
 def mixed_runs(tiles, row_groups, sms=None, share=None):
     """The runs schedule's table (``runs_table``) of the mixed runs (``MIXED_RUNS``):
     ``_mixed_pack`` into ``sms // row_groups`` runs at the cap, among ``MIXED_CAPS`` from the
-    work's lower bound, whose table ``_mixed_cost`` models least (``share``: a block's
-    workspace in tile-times, WORKSPACE_TILES for 64 rows), each run a block for each row
-    group, side by side. Only the sequences that do not fit are cut."""
+    work's lower bound, that the model (``_mixed_time``, as ``_mixed_cost`` gives it for the
+    table) puts least (``share``: a block's workspace in tile-times, WORKSPACE_TILES for 64
+    rows), each run a block for each row group, side by side. Only the sequences that do not
+    fit are cut. The caps are weighed on the packing's own loads; one table is made."""
     sms = sm_count() if sms is None else sms
     tiles = np.asarray(tiles, np.int64)
     G = max(1, row_groups)
     share = WORKSPACE_TILES if share is None else share
     nruns = max(1, sms // G)
-    lo = max(1, -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns))
+    lo = max(1, _runs_bound(tiles, nruns))
     best = None
     for cap in range(lo, lo + MIXED_CAPS):
-        table = runs_table(_slotted(_mixed_pack(tiles, nruns, cap)), G)
-        cost = _mixed_cost(table, tiles, sms, share)
+        runs, longest, cut = _mixed_pack(tiles, nruns, cap)
+        cost = _mixed_time(longest, cut * G, sms, share)
         if best is None or cost < best[0]:
-            best = (cost, table)
-    return best[1]
+            best = (cost, runs)
+    return runs_table(_slotted(best[1]), G)
+
+
+def _item_costs(table, tiles):
+    """A runs table's item rows and each item's cost in tile-times: its tiles (to the
+    sequence's ``tiles`` where it runs to the last) plus ``RUN_ITEM_TILES``."""
+    items = table[int(table[0, 0]):]
+    t1 = np.where(items[:, 4] < 0, tiles[items[:, 0]], items[:, 4])
+    return items, t1 - items[:, 3] + RUN_ITEM_TILES
 
 
 def _runs_cost(table, tiles, sms, share):
@@ -794,28 +814,29 @@ def _runs_cost(table, tiles, sms, share):
     plus ``RUN_ITEM_TILES``, the first item's fixed cost the block's own
     ``BLOCK_OVERHEAD_TILES``), and where it cuts a sequence every item's workspace and the
     merge."""
-    nblocks = int(table[0, 0])
-    items = table[nblocks:]
-    t1 = np.where(items[:, 4] < 0, tiles[items[:, 0]], items[:, 4])
-    cost = t1 - items[:, 3] + RUN_ITEM_TILES
+    items, cost = _item_costs(table, tiles)
     cut = runs_partitions(table) > 1
     return (_longest_block(table, cost) + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES
             + (share * len(items) / sms + MERGE_TILES if cut else 0.0))
 
 
+def _mixed_time(longest, cut, sms, share):
+    """The mixed runs' modelled time: the longest block's items (``longest`` tile-times), the
+    first item's fixed cost the block's own ``BLOCK_OVERHEAD_TILES``, the workspace of the
+    ``cut`` items (of sequences cut in pieces, every row group's) and the merge where any."""
+    return (longest + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES
+            + (share * cut / sms + MERGE_TILES if cut else 0.0))
+
+
 def _mixed_cost(table, tiles, sms, share):
     """A runs table's modelled time where the items of whole sequences write out themselves
-    (``MIXED_RUNS``): its longest block as ``_runs_cost`` has it, the workspace of the cut
-    sequences' items only, and the merge where any is cut."""
-    nblocks = int(table[0, 0])
-    items = table[nblocks:]
-    t1 = np.where(items[:, 4] < 0, tiles[items[:, 0]], items[:, 4])
-    cost = t1 - items[:, 3] + RUN_ITEM_TILES
+    (``MIXED_RUNS``): ``_mixed_time`` of its longest block as ``_runs_cost`` has it and its
+    cut sequences' items."""
+    items, cost = _item_costs(table, tiles)
     pieces = np.bincount(items[:, 0], minlength=tiles.size)  # (items of all row groups)
     groups = max(1, int(items[:, 1].max(initial=0)) + 1)
     cut = int(pieces[pieces > groups].sum())  # (the items of sequences cut in pieces)
-    return (_longest_block(table, cost) + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES
-            + (share * cut / sms + MERGE_TILES if cut else 0.0))
+    return _mixed_time(_longest_block(table, cost), cut, sms, share)
 
 
 def runs_split(keys, block_n, row_groups, sms=None, rows=None, balanced=None, pieces=None):
@@ -879,7 +900,7 @@ def _runs_split(tiles, groups, sms, rows, balanced, pieces, whole=False, mixed=F
         table.flags.writeable = False
         return table
     nruns = max(1, sms // groups)  # (no run is shorter than the work over the runs)
-    bound = -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns)
+    bound = _runs_bound(tiles, nruns)
     if bound + BLOCK_OVERHEAD_TILES - RUN_ITEM_TILES >= RUNS_GAIN * other:
         return None
     if mixed:
