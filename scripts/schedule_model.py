@@ -29,9 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from numba_mla import heuristics as hz  # noqa: E402
 from numba_mla.bench.configs import SPREADS, VARLEN_SHAPES, Config  # noqa: E402
 from numba_mla.bench.problems import draw_lengths  # noqa: E402
-
-BLOCK_N = 64  # (the seesaw kernel's key tile)
-BLOCK_M = 64  # (its rows a block: the row groups are ceil(H / 64))
+from numba_mla.kernels.mma import BLOCK_M, BLOCK_N  # noqa: E402  (the seesaw kernel's too)
 
 
 def report(cfg, sms):
