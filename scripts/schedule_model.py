@@ -56,8 +56,9 @@ def report(cfg, sms):
         taken = "listed" if listed is not None else f"balanced (P={parts})"
     elif hz.runs_partitions(table) == 1 and tiles.size * G > sms:
         taken = "whole runs"
-    else:
-        taken = f"{'mixed' if hz.MIXED_RUNS else 'cut'} runs (P={hz.runs_partitions(table)})"
+    else:  # (with MIXED_RUNS the cut runs may be taken too, run by the mixed form)
+        kind = "mixed" if hz.MIXED_RUNS and not np.array_equal(table, cut) else "cut"
+        taken = f"{kind} runs (P={hz.runs_partitions(table)})"
 
     mixed = hz.mixed_runs(tiles, G, sms=sms, share=share)
     items = mixed[int(mixed[0, 0]):]
