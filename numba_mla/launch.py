@@ -442,10 +442,7 @@ class Plan:
                                      getattr(cache, "position_map", None))
 
         def spills(spec):  # compile a candidate for these arguments: does it use local memory?
-            ws = (cuda.device_array((1, 1, 1, D_V), np.float32),
-                  cuda.device_array((1, 1, 1), np.float32))
-            args = (self._inputs(dict(inputs, q=q_pairs), spec) + ws
-                    + self._maps(spec, q_pairs, storage, T))
+            args = self._trial_args(spec, dict(inputs, q=q_pairs), storage, T)
             try:
                 return _Launch(spec.dispatcher, args, spec.grid(B), spec.threads,
                                spec.smem).spills()
@@ -526,6 +523,20 @@ class Plan:
             if spec.mixed:  # (the partition kernel's out and lse: rebound with the merge's)
                 self.slots["out direct"] = (partition, len(args) + 2)
                 self.slots["lse direct"] = (partition, len(args) + 3)
+
+    def _trial_args(self, spec, inputs, storage, T):
+        """A candidate partition kernel's arguments for compiling it (``spills``): the call's
+        inputs, results of the types the launch gives (a one-row workspace; with ``mixed``,
+        out and lse after it, as the launch passes them) and its tensor maps."""
+        def tiny(shape, dtype):
+            return cuda.device_array(shape, dtype)
+
+        direct_out = (1, 1, 1, D_V), (np.int16 if self.sixteen else np.float32)
+        results = ((tiny(*direct_out) if spec.direct else tiny((1, 1, 1, D_V), np.float32)),
+                   tiny((1, 1, 1), np.float32))
+        if spec.mixed:
+            results += (tiny(*direct_out), tiny((1, 1, 1), np.float32))
+        return self._inputs(inputs, spec) + results + self._maps(spec, inputs["q"], storage, T)
 
     def _inputs(self, inputs, spec):
         """The partition kernel's arguments before its results: the arrays, the scale and the

@@ -388,6 +388,34 @@ def test_mixed_runs_rebind_both_outs(rng, monkeypatch):
     np.testing.assert_array_equal(lse[0], lse[1])
 
 
+@pytest.mark.kernel
+@pytest.mark.parametrize("blocks", ["some whole", "packed", "mixed"])
+def test_trial_args_are_the_launch_args(blocks, rng, monkeypatch):
+    """On a GPU the selector compiles a candidate kernel to see whether it spills
+    (launch.Plan._trial_args): with the arguments the launch then passes, in count, dtype and
+    dimensions, for the runs forms that write the workspace (the cut runs), out itself (the
+    whole runs: ``direct``) and both (the mixed runs: out and lse after the workspace; a
+    candidate compiled without them failed on the GPU only, since the simulator compiles
+    nothing). Here the plans made for test_runs_schedule's forced tables are asked for theirs."""
+    from numba_mla import launch, selector
+
+    def kind(a):
+        return (a.dtype, a.ndim) if hasattr(a, "dtype") and hasattr(a, "ndim") else type(a)
+
+    monkeypatch.setattr(selector, "SEESAW_RUNS", True)
+    monkeypatch.setattr(heuristics, "MIXED_RUNS", blocks == "some whole")
+    table = heuristics.runs_table(RUNS_OF_TEST[blocks], 1)
+    monkeypatch.setattr(heuristics, "run_schedule", lambda *args, **kwargs: table)
+    tile = mma.BLOCK_N
+    plans = run_forced_schedule(rng, monkeypatch, "padded", [2 * tile + 9, tile, 0, 2 * tile - 5])
+    plan = plans[0]
+    (partition,) = [la for la in plan.launches if la.dispatcher is plan.spec.dispatcher]
+    inputs = dict(zip(launch.INPUT_ROLES, partition.args))
+    trial = plan._trial_args(plan.spec, inputs, inputs["storage"], plan._rows // plan.call.heads)
+    assert [kind(a) for a in trial] == [kind(a) for a in partition.args]
+    assert plan.spec.mixed == (blocks == "some whole")
+
+
 def test_runs_table_of_whole_runs():
     """RUNS_OF_TEST["packed"] is what heuristics.whole_runs makes of those sequences (3, 1, 0
     and 2 tiles) in two runs, for one row group and for two side by side."""
