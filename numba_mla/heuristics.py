@@ -784,9 +784,10 @@ def _slotted(runs):
 def mixed_runs(tiles, row_groups, sms=None, share=None):
     """The runs schedule's table (``runs_table``) of the mixed runs (``MIXED_RUNS``):
     ``_mixed_pack`` into ``sms // row_groups`` runs at the cap, among ``MIXED_CAPS`` from the
-    work's lower bound and none (nothing cut: the longest-first packing), that the model (``_mixed_time``, as ``_mixed_cost`` gives it for the
-    table) puts least (``share``: a block's workspace in tile-times, WORKSPACE_TILES for 64
-    rows), each run a block for each row group, side by side. Only the sequences that do not
+    work's lower bound and none (nothing cut: the longest-first packing), that the model
+    (``_mixed_time``, as ``_mixed_cost`` gives it for the table) puts least (``share``: a
+    block's workspace in tile-times, WORKSPACE_TILES for 64 rows), each run a block for each
+    row group, side by side. Only the sequences that do not
     fit are cut. The caps are weighed on the packing's own loads; one table is made."""
     sms = sm_count() if sms is None else sms
     tiles = np.asarray(tiles, np.int64)

@@ -7,7 +7,6 @@ caller's kind of array (torch in, torch out).
 """
 import ctypes
 import functools
-import math
 import threading
 
 import numpy as np
