@@ -230,6 +230,18 @@ def _dim3(d):
     return tuple(int(x) for x in d) + (1,) * (3 - len(d))
 
 
+def _check_count(dispatcher, args):
+    """In the simulator, a TypeError where ``args`` are not as many as the kernel's
+    parameters: on a GPU the kernel is typed on its arguments and refuses them so; the
+    simulator would run the function with whatever it is given (or fail deep inside it)."""
+    func = getattr(dispatcher, "py_func", None)
+    if func is None:
+        return
+    want = func.__code__.co_argcount
+    if len(args) != want:
+        raise TypeError(f"{func.__name__} takes {want} arguments, {len(args)} given")
+
+
 class _Launch:
     """One kernel with its arguments, grid and shared memory, ready to go. On a GPU the kernel
     is compiled and its parameters packed here, once; a call is then a single cuLaunchKernel
@@ -241,7 +253,8 @@ class _Launch:
         self.args, self.grid, self.block, self.smem = args, grid, block, smem
         self.dispatcher = dispatcher
         self.kernel = self._params = self._whole = None
-        if _compat.SIMULATOR:
+        if _compat.SIMULATOR:  # (nothing is compiled here: the count is checked, as a GPU's
+            _check_count(dispatcher, args)  # typing would, for launches and candidates alike)
             return
         from cuda.bindings import driver as binding
         from numba.core.typing import typeof
