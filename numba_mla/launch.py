@@ -230,6 +230,13 @@ def _dim3(d):
     return tuple(int(x) for x in d) + (1,) * (3 - len(d))
 
 
+def _kinds(args):
+    """What a GPU types kernel arguments by, as far as the simulator can tell: an array's
+    dtype and dimensions, a scalar's type."""
+    return [(str(a.dtype), a.ndim) if hasattr(a, "ndim") and hasattr(a, "dtype")
+            else type(a).__name__ for a in args]
+
+
 def _check_count(dispatcher, args):
     """In the simulator, a TypeError where ``args`` are not as many as the kernel's
     parameters: on a GPU the kernel is typed on its arguments and refuses them so; the
@@ -453,8 +460,12 @@ class Plan:
         keys = heuristics.key_counts(call.mask, cache.lengths_host, counts,
                                      getattr(cache, "position_map", None))
 
+        trials = []  # (the simulator's: each candidate and its arguments' kinds)
+
         def spills(spec):  # compile a candidate for these arguments: does it use local memory?
             args = self._trial_args(spec, dict(inputs, q=q_pairs), storage, T)
+            if _compat.SIMULATOR:
+                trials.append((spec, _kinds(args)))
             try:
                 return _Launch(spec.dispatcher, args, spec.grid(B), spec.threads,
                                spec.smem).spills()
@@ -510,6 +521,10 @@ class Plan:
         partition = _Launch(spec.dispatcher, args + results + direct_results + maps,
                             spec.grid(B), spec.threads, spec.smem)
         self.launches.append(partition)
+        for tried, kinds in trials:  # (a GPU compiles the candidate and the launch's kernel
+            if tried is spec and kinds != _kinds(partition.args):  # for their argument types)
+                raise AssertionError(f"the {spec.backend} candidate was compiled for {kinds}, "
+                                     f"the launch passes {_kinds(partition.args)}")
         self.slots.update({role: (partition, i) for i, role in enumerate(INPUT_ROLES)})
         if guard is not None:  # first, and the caller's offsets are its argument 0
             from .kernels import offsets as offsets_kernel
