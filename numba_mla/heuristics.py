@@ -696,6 +696,14 @@ def runs_table(runs, row_groups):
     return np.asarray(head + rows, np.int32).reshape(-1, 5)
 
 
+def runs_whole_items(table):
+    """Whether a runs table (``runs_table``) has an item that is a whole sequence (its first
+    piece, to its last tile: slot 0, ``t1 = -1``), which the mixed form (``MIXED_RUNS``)
+    writes into out itself."""
+    items = table[int(table[0, 0]) if len(table) else 0:]
+    return bool(((items[:, 2] == 0) & (items[:, 4] < 0)).any())
+
+
 def runs_partitions(table):
     """The workspace partitions ``run_schedule``'s table writes: the most pieces a sequence
     has."""

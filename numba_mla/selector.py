@@ -575,8 +575,9 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
         if table is not None:
             parts = heuristics.runs_partitions(table)
             whole = parts == 1  # (no sequence cut: the items write out themselves, no combine)
-            # (heuristics.MIXED_RUNS: where some are cut, those that are not write out too)
-            mixed = not whole and heuristics.MIXED_RUNS
+            # (heuristics.MIXED_RUNS: where some are cut, those that are not write out too;
+            # a table that cuts every sequence runs the plain form)
+            mixed = not whole and heuristics.MIXED_RUNS and heuristics.runs_whole_items(table)
             runs = dict(common, num_partitions=parts, chunk=0, direct=whole)
             spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
                 mask, mod, tag, cache_cls, H, whole, runs=True, mixed=mixed), mma.NTHREADS,

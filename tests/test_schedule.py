@@ -568,6 +568,20 @@ def test_mixed_runs_cut_only_what_does_not_fit(monkeypatch):
     items = table[int(table[0, 0]):]
     cut = np.bincount(items[items[:, 1] == 0, 0], minlength=64) > 1
     assert 0 < cut.sum() < 32
+    assert heuristics.runs_whole_items(table)
+
+
+def test_runs_whole_items():
+    """heuristics.runs_whole_items, which keeps the mixed form (MIXED_RUNS) to runs tables
+    with a whole sequence's item (slot 0 to its last tile): none where every sequence is cut,
+    one where a sequence's only piece sits beside another's pieces (any row group)."""
+    cut = [[(0, 0, 0, 2), (1, 0, 0, 3)], [(0, 1, 2, -1), (1, 1, 3, -1)]]
+    some = [[(0, 0, 0, 2), (1, 0, 0, -1)], [(0, 1, 2, -1)]]
+    for groups in (1, 2):
+        assert not heuristics.runs_whole_items(heuristics.runs_table(cut, groups))
+        assert heuristics.runs_whole_items(heuristics.runs_table(some, groups))
+    assert not heuristics.runs_whole_items(heuristics.run_schedule(np.array([40, 40]), 1,
+                                                                   sms=4))
 
 
 @settings(max_examples=300, deadline=None)
