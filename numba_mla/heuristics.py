@@ -543,10 +543,16 @@ def _cut_runs(tiles, cap):
     return runs
 
 
+def _runs_work(tiles):
+    """The batch's work in a runs schedule, in tile-times: each sequence's tiles plus
+    ``RUN_ITEM_TILES`` (what one run holding every sequence whole costs)."""
+    return int(tiles.sum()) + RUN_ITEM_TILES * tiles.size
+
+
 def _runs_bound(tiles, nruns):
-    """The least cap a run may have: the batch's work (each sequence's tiles plus
-    ``RUN_ITEM_TILES``) over ``nruns`` runs, in whole tile-times."""
-    return -(-int(tiles.sum() + RUN_ITEM_TILES * tiles.size) // nruns)
+    """The least cap a run may have: the batch's work (``_runs_work``) over ``nruns`` runs, in
+    whole tile-times."""
+    return -(-_runs_work(tiles) // nruns)
 
 
 def run_schedule(tiles, row_groups, sms=None):
@@ -569,7 +575,7 @@ def run_schedule(tiles, row_groups, sms=None):
     G = max(1, row_groups)
     nruns = max(1, sms // G)
     lo = max(1, _runs_bound(tiles, nruns))
-    hi = int(tiles.sum() + RUN_ITEM_TILES * tiles.size) + RUN_MIN_PIECE
+    hi = _runs_work(tiles) + RUN_MIN_PIECE
     # (the count of runs falls as the cap grows; a greedy cut leaves little of each run's
     # cap unused, so the cap is near the bound ``lo``: steps that double from it find a
     # bracket first, so that the bisection cuts a few times rather than ~log2(hi))
@@ -795,8 +801,8 @@ def mixed_runs(tiles, row_groups, sms=None, share=None):
     work's lower bound and none (nothing cut: the longest-first packing), that the model
     (``_mixed_time``, as ``_mixed_cost`` gives it for the table) puts least (``share``: a
     block's workspace in tile-times, WORKSPACE_TILES for 64 rows), each run a block for each
-    row group, side by side. Only the sequences that do not
-    fit are cut. The caps are weighed on the packing's own loads; one table is made."""
+    row group, side by side. Only the sequences that do not fit are cut. The caps are weighed
+    on the packing's own loads; one table is made."""
     sms = sm_count() if sms is None else sms
     tiles = np.asarray(tiles, np.int64)
     G = max(1, row_groups)
@@ -804,7 +810,7 @@ def mixed_runs(tiles, row_groups, sms=None, share=None):
     nruns = max(1, sms // G)
     lo = max(1, _runs_bound(tiles, nruns))
     best = None
-    uncapped = int(tiles.sum()) + RUN_ITEM_TILES * tiles.size
+    uncapped = _runs_work(tiles)
     for cap in list(range(lo, min(lo + MIXED_CAPS, uncapped))) + [uncapped]:
         runs, longest, cut = _mixed_pack(tiles, nruns, cap)
         cost = _mixed_time(longest, cut * G, sms, share)

@@ -507,8 +507,10 @@ class Plan:
         if T == 0 or B == 0:
             return
         args = self._inputs(inputs, spec)
+        # out and lse as a partition kernel that writes them takes them
+        outs = (self.out_dev.reshape((T, H, 1, D_V)), self.lse_dev.reshape((T, H, 1)))
         if spec.direct:  # one partition: the kernel writes out and lse itself (no combine)
-            results = (self.out_dev.reshape((T, H, 1, D_V)), self.lse_dev.reshape((T, H, 1)))
+            results = outs
         else:
             n_out, n_lse = T * H * P * D_V, T * H * P
             ws = _workspace(n_out + n_lse, self.stream, private_workspace)
@@ -516,8 +518,7 @@ class Plan:
                        ws[n_out:n_out + n_lse].reshape((T, H, P)))
         maps = self._maps(spec, inputs["q"], storage, T)
         # (mixed runs: the items of whole sequences write out and lse themselves too)
-        direct_results = ((self.out_dev.reshape((T, H, 1, D_V)), self.lse_dev.reshape((T, H, 1)))
-                          if spec.mixed else ())
+        direct_results = outs if spec.mixed else ()
         partition = _Launch(spec.dispatcher, args + results + direct_results + maps,
                             spec.grid(B), spec.threads, spec.smem)
         self.launches.append(partition)
@@ -555,14 +556,13 @@ class Plan:
         """A candidate partition kernel's arguments for compiling it (``spills``): the call's
         inputs, results of the types the launch gives (a one-row workspace; with ``mixed``,
         out and lse after it, as the launch passes them) and its tensor maps."""
-        def tiny(shape, dtype):
-            return cuda.device_array(shape, dtype)
-
-        direct_out = (1, 1, 1, D_V), (np.int16 if self.sixteen else np.float32)
-        results = ((tiny(*direct_out) if spec.direct else tiny((1, 1, 1, D_V), np.float32)),
-                   tiny((1, 1, 1), np.float32))
+        out_type = np.int16 if self.sixteen else np.float32
+        outs = (cuda.device_array((1, 1, 1, D_V), out_type),
+                cuda.device_array((1, 1, 1), np.float32))
+        results = outs if spec.direct else (cuda.device_array((1, 1, 1, D_V), np.float32),
+                                            outs[1])
         if spec.mixed:
-            results += (tiny(*direct_out), tiny((1, 1, 1), np.float32))
+            results += outs
         return self._inputs(inputs, spec) + results + self._maps(spec, inputs["q"], storage, T)
 
     def _inputs(self, inputs, spec):

@@ -71,8 +71,7 @@ def schedule_of(spec):
     if spec is None or not hasattr(spec, "runs"):
         return None
     if spec.runs:
-        return ("whole runs" if spec.direct else "mixed runs" if getattr(spec, "mixed", False)
-                else "runs")
+        return "whole runs" if spec.direct else "mixed runs" if spec.mixed else "runs"
     return "listed" if spec.work is not None else "balanced"
 
 

@@ -22,8 +22,9 @@ those cost one LSE each, not 2 KB (the one-step kernel below reads every slot, i
 ``split(rows, P)`` picks S (launch.py). With ``skips`` (the runs kernel that writes the
 sequences it does not cut out itself: kernels/seesaw.py's ``mixed``), a row whose partition 0
 holds the LSE ``WRITTEN`` (+inf, which no partition's LSE can be: a score of +inf makes its
-row's LSE NaN) was written out by its block: the kernel leaves it alone. Up to UNROLL partitions (two is the commonest split) a
-one-step kernel on the same grid does the merge instead (``variant``, ``_make_few_kernel``).
+row's LSE NaN) was written out by its block: the kernel leaves it alone. Up to UNROLL
+partitions (two is the commonest split) a one-step kernel on the same grid does the merge
+instead (``variant``, ``_make_few_kernel``).
 Traffic: reads P LSEs and (partitions that kept a key) x 512 fp32 per row (the one-step
 kernel: every partition's 512), writes 512 values in the output dtype.
 """
