@@ -42,8 +42,8 @@ from numba import cuda, float32
 
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
-from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_read_pair,
-                     make_tile_walk, partition_tiles)
+from .common import (D_QK, D_V, LN2, LOG2E, NEG_INF, dot_in_runs, make_log2_score,
+                     make_read_pair, make_tile_walk, partition_tiles)
 
 NW = 4  # warps a block
 NTHREADS = 32 * NW
@@ -169,12 +169,8 @@ def make_partition_kernel(*, load, store, unpack, locate, mask_apply, mask_class
 
             # -- phase 2: partial scores over PART dims --
             d0 = s_part * PART
-            s = float32(0.0)
-            d = 0
-            while d < PART:
-                s += Qs[s_i, d0 + d] * Ks[kw0 + s_n, d0 + d]
-                d += 1
-            Sp[warp, s_part, s_i, s_n] = s
+            Sp[warp, s_part, s_i, s_n] = dot_in_runs(Qs[s_i, d0:d0 + PART],
+                                                     Ks[kw0 + s_n, d0:d0 + PART], PART)
             ptx.syncwarp(tid)
 
             # -- phase 3: online softmax, lane i < BLOCK_M owns row i --
