@@ -368,10 +368,10 @@ def test_dot_in_runs(n, rng):
     runs = in_runs(fused=False)
     if _compat.SIMULATOR or not np.array_equal(got, in_runs(fused=True)):
         np.testing.assert_array_equal(got, runs)
-    chain = np.zeros(m, np.float32)
-    for d in range(n):
-        chain = chain + x[:, d] * y[:, d]
     if n == 288:
+        chain = np.zeros(m, np.float32)
+        for d in range(n):
+            chain = chain + x[:, d] * y[:, d]
         exact = np.einsum("md,md->m", x.astype(np.float64), y.astype(np.float64))
         assert np.abs(got - exact).mean() < np.abs(chain - exact).mean()
 

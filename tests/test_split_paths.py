@@ -407,9 +407,6 @@ def test_trial_args_are_the_launch_args(blocks, rng, monkeypatch):
     nothing). Here the plans made for test_runs_schedule's forced tables are asked for theirs."""
     from numba_mla import launch, selector
 
-    def kind(a):
-        return (a.dtype, a.ndim) if hasattr(a, "dtype") and hasattr(a, "ndim") else type(a)
-
     monkeypatch.setattr(selector, "SEESAW_RUNS", True)
     monkeypatch.setattr(heuristics, "MIXED_RUNS", blocks == "some whole")
     table = heuristics.runs_table(RUNS_OF_TEST[blocks], 1)
@@ -420,7 +417,7 @@ def test_trial_args_are_the_launch_args(blocks, rng, monkeypatch):
     (partition,) = [la for la in plan.launches if la.dispatcher is plan.spec.dispatcher]
     inputs = dict(zip(launch.INPUT_ROLES, partition.args))
     trial = plan._trial_args(plan.spec, inputs, inputs["storage"], plan._rows // plan.call.heads)
-    assert [kind(a) for a in trial] == [kind(a) for a in partition.args]
+    assert launch._kinds(trial) == launch._kinds(partition.args)
     assert plan.spec.mixed == (blocks == "some whole")
 
 
