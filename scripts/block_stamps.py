@@ -18,6 +18,8 @@ workspace's where the shape splits), so every shape can be stamped, one partitio
 ``--kernel seesaw-runs``: the runs kernel (``selector.SEESAW_RUNS`` on: the cut runs,
 ``heuristics.run_schedule``; with ``--model`` the cost model's choice, which may be the
 whole-sequence runs, ``heuristics.whole_runs``, or no runs at all, then reported;
+``--mixed`` with ``heuristics.MIXED_RUNS`` on (the model's choice, which may then be the mixed
+runs: items that are whole sequences write out themselves, the others the workspace);
 ``seesaw.RUNS_AHEAD`` off, so that an item's output is staged as the grid kernel's, and
 ``seesaw.RUNS_Q_EARLY`` as the module has it, on by default: an item's queries were then
 copied under the item before's output, and "q ready" times only their wait) with the same
@@ -34,7 +36,7 @@ readings.
 
 Usage (on a GPU machine, in the repository root):
     python scripts/block_stamps.py --out stamps.json [--kernel seesaw|seesaw-runs]
-                                   [--shapes 64x128x4096@0.25,128x128x1024] [--model]
+                                   [--shapes 64x128x4096@0.25,128x128x1024] [--model] [--mixed]
 
 The build is a patched copy of the package in a temporary folder: the patch names the lines
 it inserts after, and stops with the line it did not find when the kernel's module has
@@ -200,7 +202,7 @@ def parse_shapes(text):
     return tuple(shapes)
 
 
-def measure(out, kernel, shapes=None, model=False):
+def measure(out, kernel, shapes=None, model=False, mixed=False):
     import numpy as np
 
     from numba_mla.bench.configs import Config, Settings
@@ -219,7 +221,10 @@ def measure(out, kernel, shapes=None, model=False):
         from numba_mla import selector
         from numba_mla.kernels import seesaw
 
-        selector.SEESAW_RUNS, seesaw.RUNS_AHEAD = None if model else True, False
+        from numba_mla import heuristics
+
+        selector.SEESAW_RUNS, seesaw.RUNS_AHEAD = None if model or mixed else True, False
+        heuristics.MIXED_RUNS = mixed
     for B, H, L, P, spread in shapes:
         cfg = Config(B, H, L, kv="e4m3" if kernel == "transposed" else "same",
                      num_partitions=P, spread=spread)
@@ -260,7 +265,7 @@ def measure(out, kernel, shapes=None, model=False):
         del prep, launches, partition, problem
         dev.release()
     with open(out, "w") as f:
-        json.dump(dict(device=dev.name, kernel=kernel, results=results), f)
+        json.dump(dict(device=dev.name, kernel=kernel, mixed=mixed, results=results), f)
 
 
 def main():
@@ -273,18 +278,20 @@ def main():
                          "split, the bench's draw of lengths)")
     ap.add_argument("--model", action="store_true",
                     help="seesaw-runs: the cost model's runs (cut or whole), not the cut runs forced")
+    ap.add_argument("--mixed", action="store_true",
+                    help="seesaw-runs: the model's choice with heuristics.MIXED_RUNS on")
     ap.add_argument("--measure", action="store_true", help="(child) run in the patched copy")
     args = ap.parse_args()
     shapes = None if args.shapes is None else parse_shapes(args.shapes)
     if args.measure:
-        return measure(args.out, args.kernel, shapes, args.model)
+        return measure(args.out, args.kernel, shapes, args.model, args.mixed)
     with tempfile.TemporaryDirectory() as tmp:
         patched_copy(tmp, args.kernel)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [tmp] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
             NUMBA_MLA_CACHE_DIR=os.path.join(tmp, "kernels"))
         extra = ([] if args.shapes is None else ["--shapes", args.shapes]) + (
-            ["--model"] if args.model else [])
+            ["--model"] if args.model else []) + (["--mixed"] if args.mixed else [])
         return subprocess.run([sys.executable, os.path.abspath(__file__), "--measure",
                                "--kernel", args.kernel, "--out", os.path.abspath(args.out)]
                               + extra, env=env, cwd=tmp).returncode
