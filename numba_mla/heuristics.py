@@ -732,14 +732,16 @@ def runs_partitions(table):
 #: 128 pairs, modelled 0.925, measured 1.052).
 RUNS_PAIRS_SHARE = 0.5
 RUNS_GAIN = 0.93
-#: Mixed runs (an experiment, off until timed): where the runs schedule cuts some sequences,
+#: Mixed runs: where the runs schedule cuts some sequences,
 #: the items that are whole sequences write out and lse themselves (the runs kernel's
 #: ``mixed`` form, the merge leaving their rows) where every item wrote the workspace, and
 #: ``runs_split`` weighs the runs of ``mixed_runs`` too, which cut only the sequences that do
 #: not fit; the pairs' bound (``RUNS_PAIRS_SHARE``) is then one pair a multiprocessor, since
-#: a sequence that is not cut costs no workspace. The model takes them at 64 x 128 x 4096
-#: with spread lengths, where they cut 23-30 of the 64 sequences (scripts/schedule_model.py)
-MIXED_RUNS = False
+#: a sequence that is not cut costs no workspace. Of the varlen sweep the model takes them at
+#: 64 x 128 x 4096, spread 0.5, where they cut 30 of the 64 sequences
+#: (scripts/schedule_model.py): 0.954x the listed schedule's time there on an H100 (f84eb99;
+#: modelled 0.859); compute-sanitizer's four tools clean on the form (docs/performance.md)
+MIXED_RUNS = True
 #: ... the caps ``mixed_runs`` tries, from the work's lower bound up (and no cap at all). On
 #: 320 random batches of 8-128 sequences, spread 0.25-0.9, the best of 48 caps was never
 #: more than 7 above the bound, and these 12 and the uncapped packing matched it every time

@@ -10,13 +10,14 @@ boundaries, ``run_schedule``, whatever the selector's bounds say), ``whole runs`
 sequences packed longest first, ``whole_runs``; only past one (sequence, row group) pair a
 multiprocessor), ``mixed runs`` (``mixed_runs``: runs that cut only the sequences that do
 not fit, the uncut ones written out by their own items, so that only the cut ones pay the
-workspace and the merge; an experiment, ``heuristics.MIXED_RUNS``), then what ``runs_split``
-and the selector take (``--mixed``: with ``MIXED_RUNS`` on). The model is the library's: it
+workspace and the merge; ``heuristics.MIXED_RUNS``), then what ``runs_split``
+and the selector take (``--mixed`` / ``--no-mixed``: with ``MIXED_RUNS`` on / off; by default
+as the library has it). The model is the library's: it
 has been 0-15% optimistic for the runs forms on an H100 (docs/performance.md), so a modelled
 gain is a reason to build and time, not a measurement.
 
 Usage: python scripts/schedule_model.py [--shapes 64x128x4096,...] [--spreads 0,0.25,0.5]
-                                        [--sms 132] [--mixed]
+                                        [--sms 132] [--mixed | --no-mixed]
 """
 import argparse
 import os
@@ -79,16 +80,18 @@ def main(argv=None):
     ap.add_argument("--shapes", default=None, help="BxHxL,... (default: the varlen sweep's)")
     ap.add_argument("--spreads", default=None, help="s,... (default: the varlen sweep's)")
     ap.add_argument("--sms", type=int, default=132, help="multiprocessors (H100, H200: 132)")
-    ap.add_argument("--mixed", action="store_true",
-                    help="the library's choice with heuristics.MIXED_RUNS on")
+    ap.add_argument("--mixed", action=argparse.BooleanOptionalAction, default=None,
+                    help="the library's choice with heuristics.MIXED_RUNS on (--no-mixed: off; "
+                         "default: as the library has it)")
     args = ap.parse_args(argv)
     shapes = (VARLEN_SHAPES if args.shapes is None else
               [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")])
     spreads = SPREADS if args.spreads is None else [float(s) for s in args.spreads.split(",")]
-    hz.MIXED_RUNS = args.mixed
+    if args.mixed is not None:
+        hz.MIXED_RUNS = args.mixed
     print(f"modelled tile-times on {args.sms} multiprocessors; in brackets, over the "
-          f"schedule the runs replace (listed, else balanced)"
-          + ("; heuristics.MIXED_RUNS on" if args.mixed else ""))
+          f"schedule the runs replace (listed, else balanced); heuristics.MIXED_RUNS "
+          + ("on" if hz.MIXED_RUNS else "off"))
     for B, H, L in shapes:
         for s in spreads:
             print(report(Config(B, H, L, spread=s, sweep="varlen"), args.sms))

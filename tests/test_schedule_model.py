@@ -12,7 +12,7 @@ spec.loader.exec_module(schedule_model)
 
 
 def test_report_names_the_choice(capsys, monkeypatch):
-    monkeypatch.setattr(heuristics, "MIXED_RUNS", heuristics.MIXED_RUNS)  # (restored after)
+    monkeypatch.setattr(heuristics, "MIXED_RUNS", False)  # (--mixed sets it; restored after)
     args = ["--shapes", "64x128x4096,128x128x1024", "--spreads", "0,0.5"]
     assert schedule_model.main(args) == 0
     out = capsys.readouterr().out.splitlines()
@@ -23,3 +23,6 @@ def test_report_names_the_choice(capsys, monkeypatch):
     assert schedule_model.main(args + ["--mixed"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "MIXED_RUNS on" in out[0] and "taken: mixed runs (P=2)" in out[2]
+    assert schedule_model.main(args + ["--no-mixed"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "MIXED_RUNS off" in out[0] and "taken: listed" in out[2]

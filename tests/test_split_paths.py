@@ -209,6 +209,8 @@ def test_listed_schedule(layout, rng, monkeypatch):
     tile = mma.BLOCK_N
     lengths, pieces = [2 * tile + 9, tile, 0, 2 * tile - 5], np.array([3, 1, 1, 2], np.int32)
     monkeypatch.setattr(heuristics, "listed_split", lambda *args, **kwargs: pieces)
+    # (the mixed runs, weighed up to one pair a multiprocessor, would take the ragged case)
+    monkeypatch.setattr(heuristics, "MIXED_RUNS", False)
     plans = run_forced_schedule(rng, monkeypatch, layout, lengths)
     spec = plans[0].spec
     assert spec.backend == "seesaw" and spec.work is not None and spec.num_partitions == 3
