@@ -17,9 +17,13 @@ has been 0-15% optimistic for the runs forms on an H100 (docs/performance.md), s
 gain is a reason to build and time, not a measurement.
 
 Usage: python scripts/schedule_model.py [--shapes 64x128x4096,...] [--spreads 0,0.25,0.5]
-                                        [--sms 132] [--mixed | --no-mixed]
+                                        [--sms 132] [--mixed | --no-mixed] [--bench JSON]
+``--bench``: a bench run's varlen rows of ``"mma"`` beside the model, microseconds a modelled
+tile-time of the schedule the model takes (with the flags as that run had them), FlashMLA's
+beside: how far the model's costs are from the times, schedule by schedule.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -33,46 +37,86 @@ from numba_mla.bench.problems import draw_lengths  # noqa: E402
 from numba_mla.kernels.mma import BLOCK_M, BLOCK_N  # noqa: E402  (the seesaw kernel's too)
 
 
-def report(cfg, sms):
-    """One configuration's line: every schedule's modelled time and the model's choice."""
-    lengths = draw_lengths(cfg)
+def costs(cfg, sms, seed=0):
+    """Every schedule's modelled time for one configuration (None where it has none), the
+    model's choice (its name, its modelled time) and the sequences the mixed runs cut."""
+    lengths = draw_lengths(cfg, seed)
     H = cfg.heads
     G = max(1, -(-H // BLOCK_M))
     tiles = -(-lengths.astype(np.int64) // BLOCK_N)
     share = hz.WORKSPACE_TILES * hz._row_share(H, G)
     chunk, parts = hz.balanced_split(lengths, BLOCK_N, G, sms=sms, rows=H)
-    balanced = hz._balanced_cost(tiles, chunk, parts, G, sms, share)
+    c = dict(balanced=hz._balanced_cost(tiles, chunk, parts, G, sms, share), parts=parts)
     pieces = hz.listed_split(lengths, BLOCK_N, G, sms=sms, rows=H, balanced=(chunk, parts))
-    listed = (None if pieces is None else
-              hz._listed_cost(pieces, tiles, G, sms, share, hz.MERGE_TILES if parts == 1 else 0.0))
-    other = balanced if listed is None else listed
+    c["listed"] = (None if pieces is None else
+                   hz._listed_cost(pieces, tiles, G, sms, share,
+                                   hz.MERGE_TILES if parts == 1 else 0.0))
+    c["other"] = c["balanced"] if c["listed"] is None else c["listed"]
     cut = hz.run_schedule(tiles, G, sms=sms)
-    cut_cost = hz._runs_cost(cut, tiles, sms, share)
-    whole = None
+    c["cut runs"] = hz._runs_cost(cut, tiles, sms, share)
+    c["whole runs"] = None
     if tiles.size * G > sms and G <= sms:
-        whole = hz._whole_cost(hz.whole_runs(tiles, G, sms=sms), tiles)
+        c["whole runs"] = hz._whole_cost(hz.whole_runs(tiles, G, sms=sms), tiles)
+    mixed = hz.mixed_runs(tiles, G, sms=sms, share=share)
+    c["mixed runs"] = hz._mixed_cost(mixed, tiles, sms, share)
+    items = mixed[int(mixed[0, 0]):]
+    c["ncut"] = int((np.bincount(items[items[:, 1] == 0, 0], minlength=tiles.size) > 1).sum())
+    c["nseqs"] = tiles.size
     table = hz.runs_split(lengths, BLOCK_N, G, sms=sms, rows=H, balanced=(chunk, parts),
                           pieces=pieces)
     if table is None:
-        taken = "listed" if listed is not None else f"balanced (P={parts})"
+        kind, c["taken"] = ("listed", "listed") if c["listed"] is not None else (
+            "balanced", f"balanced (P={parts})")
+        c["taken_cost"] = c[kind]
     elif hz.runs_partitions(table) == 1 and tiles.size * G > sms:
-        taken = "whole runs"
+        c["taken"], c["taken_cost"] = "whole runs", c["whole runs"]
     else:  # (with MIXED_RUNS the cut runs may be taken too, run by the mixed form)
         kind = "mixed" if hz.MIXED_RUNS and not np.array_equal(table, cut) else "cut"
-        taken = f"{kind} runs (P={hz.runs_partitions(table)})"
+        c["taken"] = f"{kind} runs (P={hz.runs_partitions(table)})"
+        c["taken_cost"] = c[f"{kind} runs"]
+    return c
 
-    mixed = hz.mixed_runs(tiles, G, sms=sms, share=share)
-    items = mixed[int(mixed[0, 0]):]
-    ncut = int((np.bincount(items[items[:, 1] == 0, 0], minlength=tiles.size) > 1).sum())
+
+def report(cfg, sms):
+    """One configuration's line: every schedule's modelled time and the model's choice."""
+    c = costs(cfg, sms)
 
     def rel(x):
-        return "-" if x is None else f"{x:.1f} ({x / other:.3f})"
+        return "-" if x is None else f"{x:.1f} ({x / c['other']:.3f})"
 
-    return (f"{cfg.batch}x{H}x{cfg.seqlen} s={cfg.spread:g}: balanced {balanced:.1f} "
-            f"(P={parts}), listed {'-' if listed is None else f'{listed:.1f}'}, cut runs "
-            f"{rel(cut_cost)}, whole runs {rel(whole)}, mixed runs "
-            f"{rel(hz._mixed_cost(mixed, tiles, sms, share))} ({ncut} of {tiles.size} "
-            f"sequences cut); taken: {taken}")
+    listed = "-" if c["listed"] is None else f"{c['listed']:.1f}"
+    return (f"{cfg.batch}x{cfg.heads}x{cfg.seqlen} s={cfg.spread:g}: balanced "
+            f"{c['balanced']:.1f} (P={c['parts']}), listed {listed}, cut runs "
+            f"{rel(c['cut runs'])}, whole runs {rel(c['whole runs'])}, mixed runs "
+            f"{rel(c['mixed runs'])} ({c['ncut']} of {c['nseqs']} sequences cut); "
+            f"taken: {c['taken']}")
+
+
+def against_bench(path, sms):
+    """A bench JSON's varlen rows of the ``"mma"`` provider beside the model: for each
+    configuration the schedule the model takes now (set the flags as the run had them), its
+    modelled tile-times, the row's microseconds and partitions, microseconds a modelled
+    tile-time, and the same for FlashMLA's row where the run has one. Markdown."""
+    with open(path) as f:
+        run = json.load(f)
+    rows = [r for r in run["rows"] if r.get("sweep") == "varlen"]
+    flash = {(r["batch"], r["heads"], r["seqlen"], r["spread"]): r["us"] for r in rows
+             if r["provider"] == "flash_mla"}
+    meta = run["meta"]
+    print(f"{meta['device']}, {meta['date']}, commit {meta['commit']} ({path}); the model "
+          f"with heuristics.MIXED_RUNS {'on' if hz.MIXED_RUNS else 'off'}, {sms} "
+          f"multiprocessors\n")
+    print("| B x H x L | s | taken now | modelled | us (P) | us a tile-time | FlashMLA's |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        if r["provider"] != "numba_mla" or r.get("backend") != "mma":
+            continue
+        key = (r["batch"], r["heads"], r["seqlen"], r["spread"])
+        c = costs(Config(*key[:3], spread=key[3], sweep="varlen"), sms, meta.get("seed", 0))
+        t = c["taken_cost"]
+        fm = f"{flash[key] / t:.2f}" if key in flash else "-"
+        print(f"| {key[0]} x {key[1]} x {key[2]} | {key[3]:g} | {c['taken']} | {t:.1f} | "
+              f"{r['us']:.1f} ({r.get('num_partitions')}) | {r['us'] / t:.2f} | {fm} |")
 
 
 def main(argv=None):
@@ -83,12 +127,18 @@ def main(argv=None):
     ap.add_argument("--mixed", action=argparse.BooleanOptionalAction, default=None,
                     help="the library's choice with heuristics.MIXED_RUNS on (--no-mixed: off; "
                          "default: as the library has it)")
+    ap.add_argument("--bench", default=None, metavar="JSON",
+                    help="a bench JSON's varlen rows beside the model: microseconds a modelled "
+                         "tile-time of the schedule taken")
     args = ap.parse_args(argv)
     shapes = (VARLEN_SHAPES if args.shapes is None else
               [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")])
     spreads = SPREADS if args.spreads is None else [float(s) for s in args.spreads.split(",")]
     if args.mixed is not None:
         hz.MIXED_RUNS = args.mixed
+    if args.bench:
+        against_bench(args.bench, args.sms)
+        return 0
     print(f"modelled tile-times on {args.sms} multiprocessors; in brackets, over the "
           f"schedule the runs replace (listed, else balanced); heuristics.MIXED_RUNS "
           + ("on" if hz.MIXED_RUNS else "off"))
