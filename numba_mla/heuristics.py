@@ -863,14 +863,14 @@ def runs_split(keys, block_n, row_groups, sms=None, rows=None, balanced=None, pi
     """The runs schedule's table (``run_schedule``) where the model takes it over the
     schedule the launch has otherwise (the balanced one, ``balanced`` = its (chunk, P), or
     the listed one's ``pieces`` where ``listed_split`` gave them): a batch of at most
-    ``RUNS_PAIRS_SHARE`` (sequence, row group) pairs a multiprocessor, with a modelled time
-    below ``RUNS_GAIN`` of the other's; past one pair a multiprocessor, the whole-sequence
-    runs (``whole_runs``) below ``WHOLE_GAIN``; else None. A plan asks twice (its key, then the
+    ``RUNS_PAIRS_SHARE`` (sequence, row group) pairs a multiprocessor (one pair with
+    ``MIXED_RUNS``, which weighs the mixed runs too), with a modelled time below
+    ``RUNS_GAIN`` of the other's; past one pair a multiprocessor, the whole-sequence runs
+    (``whole_runs``) below ``WHOLE_GAIN``; else None. A plan asks twice (its key, then the
     selector), so the last few answers are kept (the table is read, never written).
-    Host time (this project's CPU): 1-2 ms for 16-64 sequences of spread lengths, 0.2-1.2
-    ms for 128-1024 past one pair a multiprocessor (the packing, and its table where it is
-    taken); none at equal lengths or between the pairs' bound and one pair a
-    multiprocessor."""
+    Host time (this project's CPU): 1-4 ms for 16-128 sequences of spread lengths up to the
+    pairs' bound (1-2 ms without the mixed runs), 0.2-1.2 ms for 128-1024 past one pair a
+    multiprocessor (the packing, and its table where it is taken); none at equal lengths."""
     sms = sm_count() if sms is None else sms
     tiles = -(-np.asarray(keys, np.int64) // block_n)
     groups = max(1, row_groups)

@@ -199,7 +199,8 @@ SEESAW_CONVERTER = False
 # "The runs schedule"), the cut runs gained only with spread lengths at 16 x 128 x 32768
 # (0.95-0.97x) and 64 x 16 x 4096 at spread 0.5 (0.98-0.99x), and lost up to 10% elsewhere,
 # 1.2-1.4x at 128 x 128 x 1024, where the whole runs gain (0.83-0.98x): the model takes
-# those five configurations of the sweep and no other.
+# those five configurations of the sweep, and with heuristics.MIXED_RUNS (the default) the
+# mixed runs at 64 x 128 x 4096, spread 0.5 (0.954x the listed schedule's time), and no other.
 SEESAW_RUNS = None
 # The warp tensor-core kernel's 32-row block on 16-bit rows as its split-role form
 # (kernels/mma_sync_roles.py: four warps score with Q in registers, four multiply by V),

@@ -18,8 +18,10 @@ workspace's where the shape splits), so every shape can be stamped, one partitio
 ``--kernel seesaw-runs``: the runs kernel (``selector.SEESAW_RUNS`` on: the cut runs,
 ``heuristics.run_schedule``; with ``--model`` the cost model's choice, which may be the
 whole-sequence runs, ``heuristics.whole_runs``, or no runs at all, then reported;
-``--mixed`` with ``heuristics.MIXED_RUNS`` on (the model's choice, which may then be the mixed
-runs: items that are whole sequences write out themselves, the others the workspace);
+``--mixed`` the model's choice with ``heuristics.MIXED_RUNS`` on (the library's default: the
+choice may then be the mixed runs, whose items that are whole sequences write out themselves,
+the others the workspace; the one shape of the varlen sweep that takes them is
+``--shapes 64x128x4096@0.5``), ``--no-mixed`` with it off;
 ``seesaw.RUNS_AHEAD`` off, so that an item's output is staged as the grid kernel's, and
 ``seesaw.RUNS_Q_EARLY`` as the module has it, on by default: an item's queries were then
 copied under the item before's output, and "q ready" times only their wait) with the same
@@ -36,7 +38,7 @@ readings.
 
 Usage (on a GPU machine, in the repository root):
     python scripts/block_stamps.py --out stamps.json [--kernel seesaw|seesaw-runs]
-                                   [--shapes 64x128x4096@0.25,128x128x1024] [--model] [--mixed]
+                                   [--shapes 64x128x4096@0.25,128x128x1024] [--model] [--[no-]mixed]
 
 The build is a patched copy of the package in a temporary folder: the patch names the lines
 it inserts after, and stops with the line it did not find when the kernel's module has
@@ -202,7 +204,7 @@ def parse_shapes(text):
     return tuple(shapes)
 
 
-def measure(out, kernel, shapes=None, model=False, mixed=False):
+def measure(out, kernel, shapes=None, model=False, mixed=None):
     import numpy as np
 
     from numba_mla.bench.configs import Config, Settings
@@ -223,8 +225,13 @@ def measure(out, kernel, shapes=None, model=False, mixed=False):
 
         from numba_mla import heuristics
 
-        selector.SEESAW_RUNS, seesaw.RUNS_AHEAD = None if model or mixed else True, False
-        heuristics.MIXED_RUNS = mixed
+        selector.SEESAW_RUNS = None if model or mixed is not None else True
+        seesaw.RUNS_AHEAD = False
+        if mixed is not None:
+            heuristics.MIXED_RUNS = mixed
+        elif not model:  # (the cut runs forced: their plain form, every item to the workspace)
+            heuristics.MIXED_RUNS = False
+        mixed = heuristics.MIXED_RUNS
     for B, H, L, P, spread in shapes:
         cfg = Config(B, H, L, kv="e4m3" if kernel == "transposed" else "same",
                      num_partitions=P, spread=spread)
@@ -278,11 +285,14 @@ def main():
                          "split, the bench's draw of lengths)")
     ap.add_argument("--model", action="store_true",
                     help="seesaw-runs: the cost model's runs (cut or whole), not the cut runs forced")
-    ap.add_argument("--mixed", action="store_true",
-                    help="seesaw-runs: the model's choice with heuristics.MIXED_RUNS on")
+    ap.add_argument("--mixed", action=argparse.BooleanOptionalAction, default=None,
+                    help="seesaw-runs: the model's choice with heuristics.MIXED_RUNS on "
+                         "(--no-mixed: off; with --model alone, as the library has it)")
     ap.add_argument("--measure", action="store_true", help="(child) run in the patched copy")
     args = ap.parse_args()
     shapes = None if args.shapes is None else parse_shapes(args.shapes)
+    if args.mixed is not None and args.kernel != "seesaw-runs":
+        ap.error("--mixed / --no-mixed: only with --kernel seesaw-runs")
     if args.measure:
         return measure(args.out, args.kernel, shapes, args.model, args.mixed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -291,7 +301,8 @@ def main():
             [tmp] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
             NUMBA_MLA_CACHE_DIR=os.path.join(tmp, "kernels"))
         extra = ([] if args.shapes is None else ["--shapes", args.shapes]) + (
-            ["--model"] if args.model else []) + (["--mixed"] if args.mixed else [])
+            ["--model"] if args.model else []) + (
+            [] if args.mixed is None else ["--mixed" if args.mixed else "--no-mixed"])
         return subprocess.run([sys.executable, os.path.abspath(__file__), "--measure",
                                "--kernel", args.kernel, "--out", os.path.abspath(args.out)]
                               + extra, env=env, cwd=tmp).returncode

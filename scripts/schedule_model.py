@@ -68,12 +68,16 @@ def costs(cfg, sms, seed=0):
         kind, c["taken"] = ("listed", "listed") if c["listed"] is not None else (
             "balanced", f"balanced (P={parts})")
         c["taken_cost"] = c[kind]
+        c["P"] = int(pieces.max()) if kind == "listed" else parts
     elif hz.runs_partitions(table) == 1 and tiles.size * G > sms:
-        c["taken"], c["taken_cost"] = "whole runs", c["whole runs"]
+        kind, c["taken"], c["taken_cost"], c["P"] = "whole", "whole runs", c["whole runs"], 1
     else:  # (with MIXED_RUNS the cut runs may be taken too, run by the mixed form)
         kind = "mixed" if hz.MIXED_RUNS and not np.array_equal(table, cut) else "cut"
-        c["taken"] = f"{kind} runs (P={hz.runs_partitions(table)})"
+        c["P"] = hz.runs_partitions(table)
+        c["taken"] = f"{kind} runs (P={c['P']})"
         c["taken_cost"] = c[f"{kind} runs"]
+    #: the name bench.providers.schedule_of gives a plan of this kind
+    c["schedule"] = {"cut": "runs", "whole": "whole runs", "mixed": "mixed runs"}.get(kind, kind)
     return c
 
 
@@ -92,13 +96,17 @@ def report(cfg, sms):
             f"taken: {c['taken']}")
 
 
-def against_bench(path, sms):
+def against_bench(path, sms=None):
     """A bench JSON's varlen rows of the ``"mma"`` provider beside the model: for each
     configuration the schedule the model takes now (set the flags as the run had them), its
     modelled tile-times, the row's microseconds and partitions, microseconds a modelled
-    tile-time, and the same for FlashMLA's row where the run has one. Markdown."""
+    tile-time, and the same for FlashMLA's row where the run has one. Markdown. A row whose
+    partitions (or schedule, where the row names it) differ from the model's choice ran
+    another schedule than the one costed: marked "(ran another)", its ratio meaningless.
+    ``sms``: the run's multiprocessors unless given."""
     with open(path) as f:
         run = json.load(f)
+    sms = sms or run["meta"].get("multiprocessors") or 132
     rows = [r for r in run["rows"] if r.get("sweep") == "varlen"]
     flash = {(r["batch"], r["heads"], r["seqlen"], r["spread"]): r["us"] for r in rows
              if r["provider"] == "flash_mla"}
@@ -115,15 +123,19 @@ def against_bench(path, sms):
         c = costs(Config(*key[:3], spread=key[3], sweep="varlen"), sms, meta.get("seed", 0))
         t = c["taken_cost"]
         fm = f"{flash[key] / t:.2f}" if key in flash else "-"
+        other = (r.get("num_partitions") != c["P"]
+                 or r.get("schedule", c["schedule"]) != c["schedule"])
         print(f"| {key[0]} x {key[1]} x {key[2]} | {key[3]:g} | {c['taken']} | {t:.1f} | "
-              f"{r['us']:.1f} ({r.get('num_partitions')}) | {r['us'] / t:.2f} | {fm} |")
+              f"{r['us']:.1f} ({r.get('num_partitions')}) | {r['us'] / t:.2f}"
+              f"{' (ran another)' if other else ''} | {fm} |")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=None, help="BxHxL,... (default: the varlen sweep's)")
     ap.add_argument("--spreads", default=None, help="s,... (default: the varlen sweep's)")
-    ap.add_argument("--sms", type=int, default=132, help="multiprocessors (H100, H200: 132)")
+    ap.add_argument("--sms", type=int, default=None,
+                    help="multiprocessors (default 132, the H100's and H200's; --bench: the run's)")
     ap.add_argument("--mixed", action=argparse.BooleanOptionalAction, default=None,
                     help="the library's choice with heuristics.MIXED_RUNS on (--no-mixed: off; "
                          "default: as the library has it)")
@@ -139,6 +151,7 @@ def main(argv=None):
     if args.bench:
         against_bench(args.bench, args.sms)
         return 0
+    args.sms = args.sms or 132
     print(f"modelled tile-times on {args.sms} multiprocessors; in brackets, over the "
           f"schedule the runs replace (listed, else balanced); heuristics.MIXED_RUNS "
           + ("on" if hz.MIXED_RUNS else "off"))

@@ -30,28 +30,44 @@ def test_report_names_the_choice(capsys, monkeypatch):
 
 def test_bench_rows_beside_the_model(capsys, monkeypatch):
     """--bench: each varlen row of the "mma" provider in a committed bench run, with the
-    schedule the model takes, its modelled tile-times, and microseconds a tile-time that are
-    the row's time over them (FlashMLA's likewise)."""
+    schedule the model takes and its modelled tile-times (as ``costs`` gives them for the
+    run's draw and multiprocessors), and microseconds a tile-time that are the row's time
+    over them (FlashMLA's likewise); with the flags of that run every row ran the schedule
+    costed, and with the mixed runs on, the one row they change is marked as having run
+    another."""
     import json
 
+    from numba_mla.bench.configs import Config
+
+    monkeypatch.setattr(heuristics, "MIXED_RUNS", heuristics.MIXED_RUNS)  # (restored after)
     path = os.path.join(os.path.dirname(__file__), "..", "plots",
                         "bench_varlen_d5e1d0c_h100.json")
-    assert schedule_model.main(["--no-mixed", "--bench", path]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert "commit d5e1d0c" in out[0] and "MIXED_RUNS off" in out[0]
-    lines = [line for line in out if line.startswith("| ") and "x" in line.split("|")[1]
-             and "---" not in line and "B x H" not in line]
-    rows = [r for r in json.load(open(path))["rows"]
-            if r["provider"] == "numba_mla" and r["backend"] == "mma"]
+    run = json.load(open(path))
+    rows = [r for r in run["rows"] if r["provider"] == "numba_mla" and r["backend"] == "mma"]
     flash = {(r["batch"], r["heads"], r["seqlen"], r["spread"]): r["us"]
-             for r in json.load(open(path))["rows"] if r["provider"] == "flash_mla"}
-    assert len(lines) == len(rows) == 18
-    for line, r in zip(lines, rows):
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        modelled, per_tile, fm = float(cells[3]), float(cells[5]), float(cells[6])
-        assert cells[0] == f"{r['batch']} x {r['heads']} x {r['seqlen']}"
-        assert cells[4].startswith(f"{r['us']:.1f} ({r['num_partitions']})")
-        slack = 0.0051 + 0.05 * per_tile / modelled  # (both printed rounded)
-        assert abs(per_tile - r["us"] / modelled) < slack
+             for r in run["rows"] if r["provider"] == "flash_mla"}
+
+    def table(args):
+        assert schedule_model.main(args + ["--bench", path]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert "commit d5e1d0c" in out[0] and "132 multiprocessors" in out[0]
+        lines = [line for line in out if line.startswith("| ") and " x " in line
+                 and "B x H" not in line]
+        assert len(lines) == len(rows) == 18
+        return out[0], [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+
+    head, cells = table(["--no-mixed"])
+    assert "MIXED_RUNS off" in head
+    for cell, r in zip(cells, rows):
         key = (r["batch"], r["heads"], r["seqlen"], r["spread"])
-        assert abs(fm - flash[key] / modelled) < 0.0051 + 0.05 * fm / modelled
+        c = schedule_model.costs(Config(*key[:3], spread=key[3], sweep="varlen"), 132)
+        assert cell[0] == f"{r['batch']} x {r['heads']} x {r['seqlen']}"
+        assert cell[2] == c["taken"] and cell[3] == f"{c['taken_cost']:.1f}"
+        assert cell[4] == f"{r['us']:.1f} ({r['num_partitions']})"
+        assert cell[5] == f"{r['us'] / c['taken_cost']:.2f}"  # (not marked: the same schedule)
+        assert cell[6] == f"{flash[key] / c['taken_cost']:.2f}"
+    assert [cell[2] for cell in cells[:3]] == ["balanced (P=1)", "balanced (P=1)", "listed"]
+    assert cells[2][3] == "95.4"
+    head, cells = table(["--mixed"])
+    marked = [i for i, cell in enumerate(cells) if "(ran another)" in cell[5]]
+    assert marked == [2] and cells[2][2] == "mixed runs (P=2)"  # (64 x 128 x 4096 at 0.5)
