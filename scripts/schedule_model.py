@@ -10,7 +10,9 @@ boundaries, ``run_schedule``, whatever the selector's bounds say), ``whole runs`
 sequences packed longest first, ``whole_runs``; only past one (sequence, row group) pair a
 multiprocessor), ``mixed runs`` (``mixed_runs``: runs that cut only the sequences that do
 not fit, the uncut ones written out by their own items, so that only the cut ones pay the
-workspace and the merge; ``heuristics.MIXED_RUNS``), then what ``runs_split``
+workspace and the merge; ``heuristics.MIXED_RUNS``; beside them, "merged by the last piece":
+the same runs if each cut sequence's last piece merged it, a design not built), then what
+``runs_split``
 and the selector take (``--mixed`` / ``--no-mixed``: with ``MIXED_RUNS`` on / off; by default
 as the library has it). The model is the library's: it
 has been 0-15% optimistic for the runs forms on an H100 (docs/performance.md), so a modelled
@@ -61,6 +63,14 @@ def costs(cfg, sms, seed=0):
     c["mixed runs"] = hz._mixed_cost(mixed, tiles, sms, share)
     items = mixed[int(mixed[0, 0]):]
     c["ncut"] = int((np.bincount(items[items[:, 1] == 0, 0], minlength=tiles.size) > 1).sum())
+    # The same runs where each cut sequence's last piece merges it (not built: the design in
+    # docs/performance.md): one item of each cut (sequence, row group) writes no workspace and
+    # the merge kernel goes; the merging block's reads of the other pieces are left out.
+    per_seq = np.bincount(items[:, 0], minlength=tiles.size)  # (items of all row groups)
+    cut_seqs = int((per_seq > G).sum())
+    c["fold"] = (c["mixed runs"] - share * G * cut_seqs / sms
+                 - (hz.MERGE_TILES if cut_seqs else 0.0))
+    c["fold_pieces"] = int(per_seq.max(initial=0)) // G
     c["nseqs"] = tiles.size
     table = hz.runs_split(lengths, BLOCK_N, G, sms=sms, rows=H, balanced=(chunk, parts),
                           pieces=pieces)
@@ -92,7 +102,8 @@ def report(cfg, sms):
     return (f"{cfg.batch}x{cfg.heads}x{cfg.seqlen} s={cfg.spread:g}: balanced "
             f"{c['balanced']:.1f} (P={c['parts']}), listed {listed}, cut runs "
             f"{rel(c['cut runs'])}, whole runs {rel(c['whole runs'])}, mixed runs "
-            f"{rel(c['mixed runs'])} ({c['ncut']} of {c['nseqs']} sequences cut); "
+            f"{rel(c['mixed runs'])} ({c['ncut']} of {c['nseqs']} sequences cut, at most "
+            f"{c['fold_pieces']} pieces; merged by the last piece {c['fold']:.1f}); "
             f"taken: {c['taken']}")
 
 

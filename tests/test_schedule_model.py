@@ -23,6 +23,18 @@ def test_report_names_the_choice(capsys, monkeypatch):
     assert schedule_model.main(args + ["--mixed"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "MIXED_RUNS on" in out[0] and "taken: mixed runs (P=2)" in out[2]
+    # (the last piece's merge: no cut sequence at equal lengths or in whole runs, no change;
+    # at 64 x 128 x 4096, spread 0.5, one item's workspace of each of its cut pairs and the
+    # merge kernel less than the mixed runs)
+    from numba_mla.bench.configs import Config
+
+    c = schedule_model.costs(Config(64, 128, 4096, spread=0.5, sweep="varlen"), 132)
+    share = heuristics.WORKSPACE_TILES * heuristics._row_share(128, 2)
+    assert c["fold"] == c["mixed runs"] - share * 2 * c["ncut"] / 132 - heuristics.MERGE_TILES
+    assert c["fold_pieces"] == 2 and "merged by the last piece 76.0" in out[2]
+    for line in (out[1], out[3], out[4]):
+        mixed = line.split("mixed runs ")[1].split(" ")[0]
+        assert f"merged by the last piece {mixed})" in line
     assert schedule_model.main(args + ["--no-mixed"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "MIXED_RUNS off" in out[0] and "taken: listed" in out[2]
