@@ -220,10 +220,8 @@ def measure(out, kernel, shapes=None, model=False, mixed=None):
     points, default = KERNELS[kernel][2:]
     shapes = default if shapes is None else shapes
     if kernel == "seesaw-runs":
-        from numba_mla import selector
+        from numba_mla import heuristics, selector
         from numba_mla.kernels import seesaw
-
-        from numba_mla import heuristics
 
         selector.SEESAW_RUNS = None if model or mixed is not None else True
         seesaw.RUNS_AHEAD = False

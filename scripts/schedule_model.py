@@ -62,14 +62,13 @@ def costs(cfg, sms, seed=0):
     mixed = hz.mixed_runs(tiles, G, sms=sms, share=share)
     c["mixed runs"] = hz._mixed_cost(mixed, tiles, sms, share)
     items = mixed[int(mixed[0, 0]):]
-    c["ncut"] = int((np.bincount(items[items[:, 1] == 0, 0], minlength=tiles.size) > 1).sum())
+    per_seq = np.bincount(items[:, 0], minlength=tiles.size)  # (items of all row groups)
+    c["ncut"] = int((per_seq > G).sum())  # (a row group's runs are the others', side by side)
     # The same runs where each cut sequence's last piece merges it (not built: the design in
     # docs/performance.md): one item of each cut (sequence, row group) writes no workspace and
     # the merge kernel goes; the merging block's reads of the other pieces are left out.
-    per_seq = np.bincount(items[:, 0], minlength=tiles.size)  # (items of all row groups)
-    cut_seqs = int((per_seq > G).sum())
-    c["fold"] = (c["mixed runs"] - share * G * cut_seqs / sms
-                 - (hz.MERGE_TILES if cut_seqs else 0.0))
+    c["fold"] = (c["mixed runs"] - share * G * c["ncut"] / sms
+                 - (hz.MERGE_TILES if c["ncut"] else 0.0))
     c["fold_pieces"] = int(per_seq.max(initial=0)) // G
     c["nseqs"] = tiles.size
     table = hz.runs_split(lengths, BLOCK_N, G, sms=sms, rows=H, balanced=(chunk, parts),
@@ -117,11 +116,11 @@ def against_bench(path, sms=None):
     ``sms``: the run's multiprocessors unless given."""
     with open(path) as f:
         run = json.load(f)
-    sms = sms or run["meta"].get("multiprocessors") or 132
+    meta = run["meta"]
+    sms = sms or meta.get("multiprocessors") or 132
     rows = [r for r in run["rows"] if r.get("sweep") == "varlen"]
     flash = {(r["batch"], r["heads"], r["seqlen"], r["spread"]): r["us"] for r in rows
              if r["provider"] == "flash_mla"}
-    meta = run["meta"]
     print(f"{meta['device']}, {meta['date']}, commit {meta['commit']} ({path}); the model "
           f"with heuristics.MIXED_RUNS {'on' if hz.MIXED_RUNS else 'off'}, {sms} "
           f"multiprocessors\n")
