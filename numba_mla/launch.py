@@ -578,10 +578,15 @@ class Plan:
     def _counters(self, table, B):
         """(The runs kernel's ``merge``) This plan's counters, one a sequence's row group,
         zeros: each launch leaves them so (the merging piece sets its own back), and no other
-        plan shares them (two plans may run at once on two streams)."""
+        plan shares them (a plan runs on one stream: plans.py). Cleared as the workspace is
+        (``_zeroed``: in stream order, also under a CUDA graph's capture)."""
         nblocks = int(table[0, 0])
-        groups = int(table[nblocks:, 1].max(initial=0)) + 1
-        self.counters = cuda.to_device(np.zeros((max(B, 1), groups), np.int32))
+        shape = (max(B, 1), int(table[nblocks:, 1].max(initial=0)) + 1)
+        if _compat.SIMULATOR:  # (its device arrays are NumPy's, not cleared)
+            self.counters = cuda.to_device(np.zeros(shape, np.int32))
+        else:
+            self.counters = _zeroed(shape[0] * shape[1], self.stream,
+                                    settle=True).view(np.int32).reshape(shape)
         return self.counters
 
     def _inputs(self, inputs, spec):

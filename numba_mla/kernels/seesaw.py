@@ -713,7 +713,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         equal is the last to finish: it sets the counter back to 0 for the next launch and
         returns the pieces to merge, or 0 where there are more than ``merge`` (the combine
         merges those). 0 for every other piece."""
-        inc = int32(1) + ((p + 1) << 16 if last else 0)
+        inc = int32(1 + ((p + 1) << 16) if last else 1)
         v = cuda.atomic.add(counters, (b, g), inc) + inc
         n = v >> 16
         if n == 0 or n != v & 0xFFFF:
