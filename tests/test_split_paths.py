@@ -417,9 +417,10 @@ MERGE_RUNS = {"some whole": RUNS_OF_TEST["some whole"],
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("blocks,merge", [("some whole", 2), ("some whole", 1),
-                                          ("short first", 2), ("short after", 2)])
-def test_runs_merge(blocks, merge, rng, monkeypatch):
+@pytest.mark.parametrize("layout,blocks,merge", [
+    ("padded", "some whole", 2), ("padded", "some whole", 1), ("padded", "short first", 2),
+    ("padded", "short after", 2), ("ragged", "short after", 2)])
+def test_runs_merge(layout, blocks, merge, rng, monkeypatch):
     """The mixed runs with ``heuristics.RUNS_MERGE``: a cut sequence of at most ``merge``
     pieces is merged by its piece that finishes last (kernels/seesaw.py ``settle``), and an
     item without a tile (the empty sequence; a piece that finds none) counts as a piece, so
@@ -427,13 +428,20 @@ def test_runs_merge(blocks, merge, rng, monkeypatch):
     sequence is (the merge kernel is not launched); at 1 the cut sequence is left to the merge
     kernel (its rows not marked written) and the empty one is not. Checked three ways against
     the references, out pre-filled with NaN; the same bits as the merge kernel gives
-    (RUNS_MERGE 0), and every counter back at 0 after the call."""
+    (RUNS_MERGE 0), and every counter back at 0 after the call. Layouts as
+    run_forced_schedule's ("ragged": two row groups a sequence, a counter each, causal)."""
     from numba_mla import plans as plan_cache, selector
 
     tile = mma.BLOCK_N
-    p = make_problem(rng, 4, 1, 2, [2 * tile + 9, tile, 0, 2 * tile - 5], DTYPES["bf16"],
-                     "paged", tile)
-    table = heuristics.runs_table(MERGE_RUNS[blocks], 1)
+    lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
+    if layout == "ragged":
+        p = make_problem(rng, 4, 2, 33, lengths, DTYPES["bf16"], "paged", tile, ragged=True,
+                         q_counts=[2, 1, 0, 2])
+        mask = nm.CausalMask()
+    else:
+        p = make_problem(rng, 4, 1, 2, lengths, DTYPES["bf16"], "paged", tile)
+        mask = nm.NullMask()
+    table = heuristics.runs_table(MERGE_RUNS[blocks], 2 if layout == "ragged" else 1)
     monkeypatch.setattr(selector, "SEESAW_RUNS", True)
     monkeypatch.setattr(heuristics, "MIXED_RUNS", True)
     monkeypatch.setattr(heuristics, "run_schedule", lambda *args, **kwargs: table)
@@ -443,14 +451,15 @@ def test_runs_merge(blocks, merge, rng, monkeypatch):
         monkeypatch.setattr(heuristics, "RUNS_MERGE", m)
         plan_cache.clear()
         out = np.full(p.out_shape, np.nan, p.dtype)
-        got.append((out, p.run(nm, return_lse=True, out=out, backend="mma")[1]))
+        got.append((out, p.run(nm, mask=mask, return_lse=True, out=out, backend="mma")[1]))
         plan = made[-1]
         assert plan.spec.mixed and plan.spec.merge == m and plan.num_partitions == 2
         kernels = [la.dispatcher.py_func.__name__ for la in plan.launches]
         assert ("combine_kernel" in kernels) == (m < 2), kernels
         if m:
             np.testing.assert_array_equal(plan.counters.copy_to_host(), 0)
-    golden, same = references(p, nm.NullMask())
+            assert plan.counters.shape == (4, 2 if layout == "ragged" else 1)
+    golden, same = references(p, mask)
     assert_three_way(got[0][0], same[0], golden[0], floor=fp32_floor(golden[0], "mma"),
                      what="out")
     assert_three_way(got[0][1], same[1], golden[1], floor=fp32_floor(golden[1], "mma"),
