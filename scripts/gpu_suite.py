@@ -26,11 +26,14 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKS = "gpu or not gpu"
 #: a result line of pytest-xdist's verbose log, "[gw3] [ 12%] PASSED tests/x.py::test_y[...]",
-#: or of its short summary, "FAILED tests/x.py::test_y[...] - message" (ids may hold spaces)
+#: or of its short summary, "FAILED tests/x.py::test_y[...] - message"; ids may hold spaces
+#: inside their brackets, and a warning the test printed may follow the id on the same line
+#: (the id is then the module's path, the test's name and its whole bracket, the shortest
+#: that leaves a space or the line's end after it)
 OK = ("PASSED", "SKIPPED", "XFAIL")  # outcomes that need no rerun
 BAD = ("FAILED", "ERROR", "XPASS")
 RESULT = re.compile(r"^(?:\[gw\d+\] \[\s*\d+%\] )?(PASSED|SKIPPED|FAILED|ERROR|XFAIL|XPASS) "
-                    r"(tests/.*?)(?: - .*)?\s*$", re.M)
+                    r"(tests/\S*?(?:\[.*?\])?)(?: .*)?$", re.M)
 
 
 def collect(paths, keyword=None):

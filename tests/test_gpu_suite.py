@@ -18,7 +18,10 @@ FIRST = "\n".join([
     "tests/test_b.py::test_w",
     "=========================== short test summary info ============================",
     "FAILED tests/test_b.py::test_z[(1, 'bf16', [130])] - AssertionError: max error 3"])
-SECOND = "[gw2] [ 50%] PASSED tests/test_b.py::test_z[(1, 'bf16', [130])] \n"
+SECOND = ("[gw2] [ 50%] PASSED tests/test_b.py::test_z[(1, 'bf16', [130])] \n"
+          # (a warning printed by the test on its result's line)
+          "[gw9] [  0%] PASSED tests/test_c.py::test_v[some whole-2] /opt/x.py:31: "
+          "DeprecationWarning: a [word] - and more\n")
 
 
 def test_results_over_logs(tmp_path):
@@ -30,6 +33,7 @@ def test_results_over_logs(tmp_path):
                                           "tests/test_a.py::test_y": "SKIPPED", z: "FAILED"}
     after = gpu_suite.results([first, second])
     assert after[z] == "PASSED" and "tests/test_b.py::test_w" not in after  # (not reached)
+    assert after["tests/test_c.py::test_v[some whole-2]"] == "PASSED"
 
 
 def test_a_module_that_does_not_import_stops_the_run(tmp_path):
