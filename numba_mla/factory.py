@@ -279,7 +279,7 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
 
 
 def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, listed=False,
-                            fp8=None, converter=False, runs=False, mixed=False, merge=0):
+                            fp8=None, converter=False, runs=False, mixed=False):
     """The stage-1 tensor-core kernel whose warpgroups take tiles in turn (kernels/seesaw.py),
     for tiles the copy engine brings; ``direct`` as above; ``listed``: its blocks from the
     listed schedule's table (heuristics.list_blocks), writing the workspace; ``fp8``: "e4m3"
@@ -291,9 +291,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     registers where ``seesaw.RUNS_AHEAD``, else staged (with the next item's queries copied
     under it where ``seesaw.RUNS_Q_EARLY``); ``mixed``: with ``runs`` and not ``direct``, an
     item that is a whole sequence writes out and lse itself and the others the workspace
-    (the kernel then takes out and lse after the workspace; the combine's ``skips``);
-    ``merge``: with ``mixed``, a cut sequence of at most that many pieces is merged by its
-    last piece to finish (the kernel takes a counter array after lse: launch.py)."""
+    (the kernel then takes out and lse after the workspace; the combine's ``skips``)."""
     from .kernels import seesaw
 
     ahead = runs and seesaw.RUNS_AHEAD
@@ -305,7 +303,6 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             fp8=fp8, converter=converter, runs=runs,
                                             ahead=ahead, direct=direct, q_early=q_early,
                                             mixed=mixed, out_store=_output_store(tag, True),
-                                            merge=merge if mixed else 0,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         if converter:  # (setmaxnreg moves the registers it was launched with)
@@ -316,7 +313,6 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("converter", True),) if converter else ())
                    + ((("runs", ahead, q_early),) if runs else ())
                    + ((("mixed", True),) if mixed else ())
-                   + ((("merge", merge),) if mixed and merge else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -742,13 +742,6 @@ RUNS_GAIN = 0.93
 #: (scripts/schedule_model.py): 0.954x the listed schedule's time there on an H100 (f84eb99;
 #: modelled 0.859); compute-sanitizer's four tools clean on the form (docs/performance.md)
 MIXED_RUNS = True
-#: ... and with it, a cut sequence of at most this many pieces is merged by the runs kernel
-#: itself: each piece counts itself done on its sequence's counter once its rows are in the
-#: workspace, and the last to finish merges them all into out (kernels/seesaw.py, ``merge``);
-#: where no sequence has more pieces, the merge kernel is not launched. 0: the merge kernel
-#: merges every cut sequence. Off until timed on a GPU (docs/performance.md: "The last piece
-#: merges")
-RUNS_MERGE = 0
 #: ... the caps ``mixed_runs`` tries, from the work's lower bound up (and no cap at all). On
 #: 320 random batches of 8-128 sequences, spread 0.25-0.9, the best of 48 caps was never
 #: more than 7 above the bound, and these 12 and the uncapped packing matched it every time

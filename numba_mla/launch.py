@@ -517,13 +517,8 @@ class Plan:
             results = (ws[:n_out].reshape((T, H, P, D_V)),
                        ws[n_out:n_out + n_lse].reshape((T, H, P)))
         maps = self._maps(spec, inputs["q"], storage, T)
-        # (mixed runs: the items of whole sequences write out and lse themselves too; with
-        # ``merge``, a cut sequence's last piece too, counted on the plan's own counters)
+        # (mixed runs: the items of whole sequences write out and lse themselves too)
         direct_results = outs if spec.mixed else ()
-        if spec.merge:
-            direct_results += (self._counters(spec.work, B),)
-        # every cut sequence merged by the runs kernel: no merge kernel
-        merged = bool(spec.merge) and P <= spec.merge
         partition = _Launch(spec.dispatcher, args + results + direct_results + maps,
                             spec.grid(B), spec.threads, spec.smem)
         self.launches.append(partition)
@@ -543,9 +538,6 @@ class Plan:
             self.slots["storage_map"] = (partition, len(args) + 3 + len(direct_results))
         if spec.direct:
             self.slots["out"], self.slots["lse"] = (partition, len(args)), (partition, len(args) + 1)
-        elif merged:  # (the runs kernel's out and lse, after the workspace)
-            self.slots["out direct"] = (partition, len(args) + 2)
-            self.slots["lse direct"] = (partition, len(args) + 3)
         else:
             # (partition groups of a combine block; ``spec.groups`` are row groups)
             few, merge_groups = combine.variant(T * H, P, heuristics.sm_count())
@@ -571,23 +563,7 @@ class Plan:
                                             outs[1])
         if spec.mixed:
             results += outs
-        if spec.merge:
-            results += (cuda.device_array((1, 1), np.int32),)
         return self._inputs(inputs, spec) + results + self._maps(spec, inputs["q"], storage, T)
-
-    def _counters(self, table, B):
-        """(The runs kernel's ``merge``) This plan's counters, one a sequence's row group,
-        zeros: each launch leaves them so (the merging piece sets its own back), and no other
-        plan shares them (a plan runs on one stream: plans.py). Cleared as the workspace is
-        (``_zeroed``: in stream order, also under a CUDA graph's capture)."""
-        nblocks = int(table[0, 0])
-        shape = (max(B, 1), int(table[nblocks:, 1].max(initial=0)) + 1)
-        if _compat.SIMULATOR:  # (its device arrays are NumPy's, not cleared)
-            self.counters = cuda.to_device(np.zeros(shape, np.int32))
-        else:
-            self.counters = _zeroed(shape[0] * shape[1], self.stream,
-                                    settle=True).view(np.int32).reshape(shape)
-        return self.counters
 
     def _inputs(self, inputs, spec):
         """The partition kernel's arguments before its results: the arrays, the scale and the
@@ -628,8 +604,7 @@ class Plan:
         """Run later launches on ``array`` in place of the current argument of ``role`` (one of
         INPUT_ROLES, "out", "lse"): a device array of the layout this plan was made for."""
         slot = self.slots.get(role)
-        also = self.slots.get(role + " direct")  # (mixed runs: the partition kernel's too)
-        if slot is None and also is None:
+        if slot is None:
             return
         # What is bound: the array itself in the simulator (compared by identity), else its
         # address (a new tensor at the same address needs no new parameters)
@@ -638,9 +613,9 @@ class Plan:
             return
         self._bound[role] = ident
         self._keep[role] = array
-        if slot is not None:
-            launch, index = slot
-            launch.set_arg(index, self._view(role, array) if _compat.SIMULATOR else array)
+        launch, index = slot
+        launch.set_arg(index, self._view(role, array) if _compat.SIMULATOR else array)
+        also = self.slots.get(role + " direct")  # (mixed runs: the partition kernel's too)
         if also is not None:
             also[0].set_arg(also[1], self._view(role, array, True) if _compat.SIMULATOR
                             else array)

@@ -71,10 +71,6 @@ class KernelSpec:
     #: with ``runs`` and a workspace: the items that are whole sequences write out and lse
     #: themselves (the kernel takes them after the workspace; the combine skips their rows)
     mixed: bool = False
-    #: with ``mixed``: a cut sequence of at most this many pieces is merged by the runs kernel
-    #: (its last piece to finish: heuristics.RUNS_MERGE), the combine left out where every
-    #: cut sequence is (launch.py)
-    merge: int = 0
 
     def grid(self, batch):
         """The partition kernel's grid: ``(P, G, B)``, or one block a row of the list, or
@@ -583,12 +579,11 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
             # (heuristics.MIXED_RUNS: where some are cut, those that are not write out too;
             # a table that cuts every sequence runs the plain form)
             mixed = not whole and heuristics.MIXED_RUNS and heuristics.runs_whole_items(table)
-            merge = heuristics.RUNS_MERGE if mixed else 0
             runs = dict(common, num_partitions=parts, chunk=0, direct=whole)
             spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
-                mask, mod, tag, cache_cls, H, whole, runs=True, mixed=mixed, merge=merge),
-                mma.NTHREADS, seesaw.SMEM_BYTES_RUNS, q_pairs=True, tma=True, listable=True,
-                work=table, runs=int(table[0, 0]), mixed=mixed, merge=merge, **runs)
+                mask, mod, tag, cache_cls, H, whole, runs=True, mixed=mixed), mma.NTHREADS,
+                seesaw.SMEM_BYTES_RUNS, q_pairs=True, tma=True, listable=True, work=table,
+                runs=int(table[0, 0]), mixed=mixed, **runs)
             if not spills(spec):
                 return spec
         if pieces is not None:

@@ -114,10 +114,9 @@ PATCH_SEESAW = [
      "<before>                    if sts == stw:\n                        sts = _gtimer()\n"),
     ("        # -- the row sums of both warpgroups", "<before>        ste = _gtimer()\n"),
     ("        if MIXED and whole:\n            write_out(", "<before>        sto = _gtimer()\n"),
-    ("                       nrows, p, chunk[scan_from - 1, 4] < 0, tid, NTHREADS)\n"
-     "        return parity\n",
-     "<replace>                       nrows, p, chunk[scan_from - 1, 4] < 0, tid, NTHREADS)\n"
-     + SEESAW_STORE[1:] + "        return parity\n"),
+    ("                       nrows, p, tid)\n        return parity\n",
+     "<replace>                       nrows, p, tid)\n" + SEESAW_STORE[1:]
+     + "        return parity\n"),
     ("kend, t0, t1, t_end, 0, 0, 0, 0, 0, chunk, q_offsets, lengths,",
      "<replace>kend, t0, t1, t_end, 0, 0, 0, st0, 0, chunk, q_offsets, lengths,"),
 ]

@@ -11,7 +11,8 @@ sequences packed longest first, ``whole_runs``; only past one (sequence, row gro
 multiprocessor), ``mixed runs`` (``mixed_runs``: runs that cut only the sequences that do
 not fit, the uncut ones written out by their own items, so that only the cut ones pay the
 workspace and the merge; ``heuristics.MIXED_RUNS``; beside them, "merged by the last piece":
-the same runs if each cut sequence's last piece merged it, a design not built), then what
+the same runs if each cut sequence's last piece merged it, a design built, timed slower on an
+H100 and reverted: docs/performance.md), then what
 ``runs_split``
 and the selector take (``--mixed`` / ``--no-mixed``: with ``MIXED_RUNS`` on / off; by default
 as the library has it). The model is the library's: it
@@ -64,8 +65,8 @@ def costs(cfg, sms, seed=0):
     items = mixed[int(mixed[0, 0]):]
     per_seq = np.bincount(items[:, 0], minlength=tiles.size)  # (items of all row groups)
     c["ncut"] = int((per_seq > G).sum())  # (a row group's runs are the others', side by side)
-    # The same runs where each cut sequence's last piece merges it (not built: the design in
-    # docs/performance.md): one item of each cut (sequence, row group) writes no workspace and
+    # The same runs where each cut sequence's last piece merges it (built, 1.014x the time on
+    # an H100, reverted: docs/performance.md): one item of each cut (sequence, row group) writes no workspace and
     # the merge kernel goes; the merging block's reads of the other pieces are left out.
     c["fold"] = (c["mixed runs"] - share * G * c["ncut"] / sms
                  - (hz.MERGE_TILES if c["ncut"] else 0.0))

@@ -359,14 +359,11 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("merge", [0, 2])
-def test_mixed_runs_rebind_both_outs(merge, rng, monkeypatch):
+def test_mixed_runs_rebind_both_outs(rng, monkeypatch):
     """A kept plan of the mixed runs (RUNS_OF_TEST["some whole"], heuristics.MIXED_RUNS) run
     again into another device out and lse: both kernels that write them (the runs kernel, for
     the whole sequences, and the merge, for the cut one) are re-pointed (launch.Plan.rebind),
-    so the second out holds every row, the same bits as the first. ``merge`` 2
-    (heuristics.RUNS_MERGE): the runs kernel merges the cut sequence too, and is the only
-    kernel."""
+    so the second out holds every row, the same bits as the first."""
     from numba import cuda
 
     from numba_mla import plans, selector
@@ -382,7 +379,6 @@ def test_mixed_runs_rebind_both_outs(merge, rng, monkeypatch):
     table = heuristics.runs_table(RUNS_OF_TEST["some whole"], 1)
     monkeypatch.setattr(selector, "SEESAW_RUNS", True)
     monkeypatch.setattr(heuristics, "MIXED_RUNS", True)
-    monkeypatch.setattr(heuristics, "RUNS_MERGE", merge)
     monkeypatch.setattr(heuristics, "run_schedule", lambda *args, **kwargs: table)
     plans.clear()
     c = p.cache
@@ -402,88 +398,19 @@ def test_mixed_runs_rebind_both_outs(merge, rng, monkeypatch):
     np.testing.assert_array_equal(lse[0], lse[1])
 
 
-#: test_runs_merge's tables, over test_runs_schedule's sequences (3, 1, 0 and 2 tiles): the
-#: mixed runs of RUNS_OF_TEST, and the second sequence planned as two pieces of one tile, its
-#: second finding no tile, first in its block ("short first": the block's scan before its
-#: first walk, by every thread) or after another item ("short after": thread 0's scan under
-#: that item's walk, alone)
-MERGE_RUNS = {"some whole": RUNS_OF_TEST["some whole"],
-              "short first": [[(0, 0, 0, 2), (1, 0, 0, 1)],
-                              [(0, 1, 2, -1), (2, 0, 0, -1)],
-                              [(1, 1, 1, -1), (3, 0, 0, -1)]],
-              "short after": [[(0, 0, 0, 2), (1, 0, 0, 1)],
-                              [(0, 1, 2, -1), (2, 0, 0, -1)],
-                              [(3, 0, 0, -1), (1, 1, 1, -1)]]}
-
-
 @pytest.mark.kernel
-@pytest.mark.parametrize("layout,blocks,merge", [
-    ("padded", "some whole", 2), ("padded", "some whole", 1), ("padded", "short first", 2),
-    ("padded", "short after", 2), ("ragged", "short after", 2)])
-def test_runs_merge(layout, blocks, merge, rng, monkeypatch):
-    """The mixed runs with ``heuristics.RUNS_MERGE``: a cut sequence of at most ``merge``
-    pieces is merged by its piece that finishes last (kernels/seesaw.py ``settle``), and an
-    item without a tile (the empty sequence; a piece that finds none) counts as a piece, so
-    that the empty sequence is written out by its own item. At ``merge`` 2 every cut
-    sequence is (the merge kernel is not launched); at 1 the cut sequence is left to the merge
-    kernel (its rows not marked written) and the empty one is not. Checked three ways against
-    the references, out pre-filled with NaN; the same bits as the merge kernel gives
-    (RUNS_MERGE 0), and every counter back at 0 after the call. Layouts as
-    run_forced_schedule's ("ragged": two row groups a sequence, a counter each, causal)."""
-    from numba_mla import plans as plan_cache, selector
-
-    tile = mma.BLOCK_N
-    lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
-    if layout == "ragged":
-        p = make_problem(rng, 4, 2, 33, lengths, DTYPES["bf16"], "paged", tile, ragged=True,
-                         q_counts=[2, 1, 0, 2])
-        mask = nm.CausalMask()
-    else:
-        p = make_problem(rng, 4, 1, 2, lengths, DTYPES["bf16"], "paged", tile)
-        mask = nm.NullMask()
-    table = heuristics.runs_table(MERGE_RUNS[blocks], 2 if layout == "ragged" else 1)
-    monkeypatch.setattr(selector, "SEESAW_RUNS", True)
-    monkeypatch.setattr(heuristics, "MIXED_RUNS", True)
-    monkeypatch.setattr(heuristics, "run_schedule", lambda *args, **kwargs: table)
-    made = record_plans(monkeypatch)
-    got = []
-    for m in (merge, 0):
-        monkeypatch.setattr(heuristics, "RUNS_MERGE", m)
-        plan_cache.clear()
-        out = np.full(p.out_shape, np.nan, p.dtype)
-        got.append((out, p.run(nm, mask=mask, return_lse=True, out=out, backend="mma")[1]))
-        plan = made[-1]
-        assert plan.spec.mixed and plan.spec.merge == m and plan.num_partitions == 2
-        kernels = [la.dispatcher.py_func.__name__ for la in plan.launches]
-        assert ("combine_kernel" in kernels) == (m < 2), kernels
-        if m:
-            np.testing.assert_array_equal(plan.counters.copy_to_host(), 0)
-            assert plan.counters.shape == (4, 2 if layout == "ragged" else 1)
-    golden, same = references(p, mask)
-    assert_three_way(got[0][0], same[0], golden[0], floor=fp32_floor(golden[0], "mma"),
-                     what="out")
-    assert_three_way(got[0][1], same[1], golden[1], floor=fp32_floor(golden[1], "mma"),
-                     what="lse")
-    for a, b in zip(got[0], got[1]):
-        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
-
-
-@pytest.mark.kernel
-@pytest.mark.parametrize("blocks,merge", [("some whole", 0), ("some whole", 2), ("packed", 0),
-                                          ("mixed", 0)])
-def test_trial_args_are_the_launch_args(blocks, merge, rng, monkeypatch):
+@pytest.mark.parametrize("blocks", ["some whole", "packed", "mixed"])
+def test_trial_args_are_the_launch_args(blocks, rng, monkeypatch):
     """On a GPU the selector compiles a candidate kernel to see whether it spills
     (launch.Plan._trial_args): with the arguments the launch then passes, in count, dtype and
     dimensions, for the runs forms that write the workspace (the cut runs), out itself (the
     whole runs: ``direct``) and both (the mixed runs: out and lse after the workspace; a
     candidate compiled without them failed on the GPU only, since the simulator compiles
-    nothing; ``merge``: heuristics.RUNS_MERGE, the counters after them). Here the plans made
-    for test_runs_schedule's forced tables are asked for theirs."""
+    nothing). Here the plans made for test_runs_schedule's forced tables are asked for theirs."""
     from numba_mla import launch, selector
 
     monkeypatch.setattr(selector, "SEESAW_RUNS", True)
     monkeypatch.setattr(heuristics, "MIXED_RUNS", blocks == "some whole")
-    monkeypatch.setattr(heuristics, "RUNS_MERGE", merge)
     table = heuristics.runs_table(RUNS_OF_TEST[blocks], 1)
     monkeypatch.setattr(heuristics, "run_schedule", lambda *args, **kwargs: table)
     tile = mma.BLOCK_N
@@ -494,7 +421,6 @@ def test_trial_args_are_the_launch_args(blocks, merge, rng, monkeypatch):
     trial = plan._trial_args(plan.spec, inputs, inputs["storage"], plan._rows // plan.call.heads)
     assert launch._kinds(trial) == launch._kinds(partition.args)
     assert plan.spec.mixed == (blocks == "some whole")
-    assert plan.spec.merge == merge
 
 
 def test_runs_table_of_whole_runs():

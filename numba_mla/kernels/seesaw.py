@@ -78,10 +78,8 @@ SMEM_BYTES = BAR_OFF + 8 * (1 + 2 * NBOX)  # 223128
 # The runs form (``runs``): the row of the block's next item with work (int32), which thread 0
 # finds at the start of each item's walk and the block reads after it, then that item's
 # ``load_first`` arguments (its queries' row, sequence and first pair's keys), which thread 0
-# reads back to start its copies, and (``merge``) the pieces a sequence's last piece merges
-# (thread 0's count, read by the block)
+# reads back to start its copies
 NEXT_OFF = SMEM_BYTES
-MERGE_AT = NEXT_OFF // 4 + 5
 SMEM_BYTES_RUNS = NEXT_OFF + 24
 # From this many heads a block's 64 rows are one query token's heads (compute-bound decode):
 # there the reference max lags (RESCALE_SLACK) and the tiles are copied with L2's evict-first
@@ -180,7 +178,7 @@ def convert_order(buf, n):
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
                           converter=False, runs=False, ahead=False, direct=False,
-                          q_early=False, mixed=False, out_store=None, merge=0):
+                          q_early=False, mixed=False, out_store=None):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -202,21 +200,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     0, to its last tile) writes ``out`` and ``lse`` itself (``out_store`` converts to the
     output's type; the kernel takes them after the workspace, as ``[T, H, 1, 512]`` and ``[T,
     H, 1]``) and puts combine.WRITTEN in its partition 0's LSE, which the combine's ``skips``
-    variant reads as "written out"; the other items write the workspace. ``merge``: with
-    ``mixed``, the kernel takes an int32 ``[B, G]`` array of zeros after ``lse`` (a counter a
-    sequence's row group, left at zero), and a cut sequence of at most ``merge`` pieces is
-    merged by its piece that finishes last (``count_piece``, ``merge_rows``: the combine's
-    one-step kernel's arithmetic, so the same bits whichever piece comes last), which writes
-    out and lse and marks the rows written for the combine; an item without a tile (its
-    sequence shorter than planned, or empty) counts as a piece too."""
+    variant reads as "written out"; the other items write the workspace."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
     DIRECT = runs and direct
     QEARLY = runs and q_early and not ahead
     MIXED = runs and mixed and not direct
-    MERGE = merge if MIXED else 0
-    MERGE_SLOTS = max(MERGE, 1)
     assert not (MIXED and ahead), "the mixed runs stage their output"
     assert not (fp8 and listed), "the listed schedule takes 16-bit rows"
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
@@ -705,101 +695,12 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     cuda.gridDim.x, chunk)
 
     @cuda.jit(device=True)
-    def count_piece(counters, b, g, p, last):
-        """(``merge``; one thread, once this piece's rows are in the workspace and fenced)
-        Count piece ``p`` of sequence ``b``'s row group ``g`` done: 1 in the counter's low 16
-        bits, and from its last piece (``last``: ``t1 = -1``, the highest slot) also
-        ``p + 1``, the pieces there are, in the high ones. The piece that finds both fields
-        equal is the last to finish: it sets the counter back to 0 for the next launch and
-        returns the pieces to merge, or 0 where there are more than ``merge`` (the combine
-        merges those). 0 for every other piece."""
-        inc = int32(1 + ((p + 1) << 16) if last else 1)
-        v = cuda.atomic.add(counters, (b, g), inc) + inc
-        n = v >> 16
-        if n == 0 or n != v & 0xFFFF:
-            return int32(0)
-        counters[b, g] = 0
-        return n if n <= MERGE else int32(0)
-
-    @cuda.jit(device=True)
-    def merge_rows(part_out, part_lse, out, lse, row0, r0, nrows, n, tid, nthreads):
-        """(``merge``) Rows [r0, r0 + nrows) of the sequence whose first q row is ``row0``,
-        merged from workspace partitions [0, n) into ``out`` and ``lse`` (``[T, H, 1, ..]``)
-        by the threads ``tid`` of ``nthreads`` (the block, or thread 0 alone), with the
-        combine's one-step kernel's arithmetic (kernels/combine.py: the same bits): a warp a
-        row, each lane dims 4 lane + 128 j (16-byte loads of the L2's copy); then each row's
-        partition 0 marked combine.WRITTEN, so that a combine launched for other sequences
-        leaves it."""
-        ls = cuda.local.array(MERGE_SLOTS, float32)
-        acc = cuda.local.array(16, float32)
-        for u in range(tid, nrows * 32, nthreads):
-            r = uint64(r0 + u // 32)
-            t = uint64(row0) + r // uint64(H)
-            h = r % uint64(H)
-            x = uint64(4 * (u % 32))
-            mx = float32(NEG_INF)
-            nan = False
-            for s in range(MERGE_SLOTS):
-                ls[s] = float32(NEG_INF)
-                if s < n:
-                    ls[s] = part_lse[t, h, s]
-                if ls[s] != ls[s]:
-                    nan = True
-                elif ls[s] > mx:
-                    mx = ls[s]
-            for j in range(16):
-                acc[j] = float32(0.0)
-            total = float32(0.0)
-            for s in range(MERGE_SLOTS):
-                if ls[s] > float32(NEG_INF):  # kept a key (false for NaN)
-                    w = math.exp(ls[s] - mx)
-                    total += w
-                    for j in range(4):
-                        v = ptx.ld_global_x4(part_out, t, h, uint64(s), x + uint64(128 * j))
-                        for k in range(4):
-                            acc[4 * j + k] += w * v[k]
-            inv = float32(1.0) / total if total > 0.0 else float32(0.0)
-            for j in range(4):
-                for k in range(4):
-                    y = float32(math.nan) if nan else acc[4 * j + k] * inv
-                    out[t, h, 0, x + uint64(128 * j + k)] = out_store(y)
-            if x == 0:
-                lse[t, h, 0] = (float32(math.nan) if nan else float32(NEG_INF)
-                                if mx == float32(NEG_INF) else mx + math.log(total))
-        if nthreads > 1:  # (every row's LSEs read before any is marked)
-            sync_math()
-        for m in range(tid, nrows, nthreads):
-            r = r0 + m
-            part_lse[row0 + r // H, r % H, 0] = float32(WRITTEN)
-
-    @cuda.jit(device=True)
-    def settle(counters, part_out, part_lse, out, lse, smk, b, g, row0, r0, nrows, p, last,
-               tid, nthreads):
-        """(``merge``) Piece ``p``'s rows are in the workspace (or marked empty): count it by
-        thread 0 (``count_piece``) and, where it is the last of its sequence to finish, merge
-        the sequence's pieces (``merge_rows``), by the threads ``tid`` of ``nthreads`` (the
-        block, which meets at barriers here, or thread 0 alone)."""
-        cuda.threadfence()  # this thread's rows before the count
-        if nthreads > 1:
-            sync_math()
-        if tid == 0:
-            smk[MERGE_AT] = count_piece(counters, b, g, p, last)
-        if nthreads > 1:
-            sync_math()
-        n = smk[MERGE_AT]
-        if n > 0:
-            cuda.threadfence()  # the other pieces' rows after their counts
-            merge_rows(part_out, part_lse, out, lse, row0, r0, nrows, n, tid, nthreads)
-
-    @cuda.jit(device=True)
-    def item_at(chunk, i, q_offsets, lengths, part_out, part_lse, out, lse, counters, smk,
-                nparts, tid, nthreads, mark):
+    def item_at(chunk, i, q_offsets, lengths, part_lse, nparts, tid, nthreads, mark):
         """Item row ``i`` of the runs table: ``(work, b, row0, r0, nrows, nq, length, p, q_lo,
         q_hi, kstart, kend, t0, t1, t_end)``, ``work`` False where it has no row or no tile;
         with ``mark``, the partitions it leaves without work (past a sequence's last piece,
         and its own where it finds no tile) are marked empty (of ``nparts``; by the threads
-        ``tid`` of ``nthreads``), and with ``merge`` an item without a tile is counted as its
-        sequence's piece (``settle``: it may be the one that merges)."""
+        ``tid`` of ``nthreads``)."""
         b = chunk[i, 0]
         r0 = chunk[i, 1] * BLOCK_M
         p = chunk[i, 2]
@@ -820,9 +721,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     mark_empty(part_lse, row0, r0, nrows, s, H, tid, nthreads)
             if not work:
                 mark_empty(part_lse, row0, r0, nrows, p, H, tid, nthreads)
-                if MERGE:
-                    settle(counters, part_out, part_lse, out, lse, smk, b, chunk[i, 1], row0,
-                           r0, nrows, p, t_last < 0, tid, nthreads)
         t1 = next_tile(t0 + 1, t_end, kstart, kend, q_lo, q_hi) if work else t_end
         return (work, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart, kend, t0, t1,
                 t_end)
@@ -872,7 +770,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     def walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
              sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
              kend, t0, t1, t_end, qphase, parity, loaded, scan_from, scan_end, chunk,
-             q_offsets, lengths, out, lse, counters, whole):
+             q_offsets, lengths, out, lse, whole):
         """One item: the tiles [t0, t_end) of sequence ``b``'s rows [r0, r0 + nrows) (the first
         two ``t0`` and ``t1``), its barriers set up and the running max at -inf in ``stat``:
         the queries' and the first pair's copies (unless ``loaded``: started already), the
@@ -887,9 +785,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         once both warpgroups are past their last product thread 0 starts that item's copies
         under it (``q_early``: its queries only, under the staged output). ``loaded``: 0,
         nothing of this item copied yet; 1, its queries; 2, its queries and first pair.
-        ``whole`` (``mixed``): the item is a whole sequence, written into ``out`` and ``lse``;
-        with ``merge`` any other is counted done once written, and merged by the last piece of
-        its sequence (``settle``, ``counters``)."""
+        ``whole`` (``mixed``): the item is a whole sequence, written into ``out`` and ``lse``."""
         if tid == 0 and t0 < t_end and loaded < 2:  # the queries, then the first pair's tiles
             kb = kstart + t1 * BLOCK_N if t1 < t_end else -1
             load_first(smk, sb, q, tmap_q, row0 * H + r0, tmap_kv, storage, block_table, b,
@@ -898,8 +794,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             nxt = -1
             smk[NEXT_OFF // 4 + 3] = -1  # (its first tile's key: none where no item has tiles)
             for i in range(scan_from, scan_end):
-                item = item_at(chunk, i, q_offsets, lengths, part_out, part_lse, out, lse,
-                               counters, smk, part_lse.shape[2], 0, 1, True)
+                item = item_at(chunk, i, q_offsets, lengths, part_lse, part_lse.shape[2], 0, 1,
+                               True)
                 if item[0]:  # (work, b, row0, r0, .., kstart [10], .., t0, t1, t_end [12:15])
                     nxt = i
                     # (ka < 0: DIRECT's item without a tile, which has no copies)
@@ -1149,9 +1045,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         else:
             write_rows(part_out, smf, sb, KV_OFF, STAT_OFF // 4 + STAT_L * BLOCK_M, row0, r0,
                        nrows, p, tid)
-            if MERGE:  # (this item's row is scan_from - 1; t1 = -1 on the last piece)
-                settle(counters, part_out, part_lse, out, lse, smk, b, r0 // BLOCK_M, row0, r0,
-                       nrows, p, chunk[scan_from - 1, 4] < 0, tid, NTHREADS)
         return parity
 
     @cuda.jit(**(dict(JIT_OPTIONS, launch_bounds=(CONV_THREADS, 1)) if CONV and not SIMULATOR
@@ -1190,11 +1083,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q, tmap_kv, smk, smf,
              sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart,
              kend, t0, t1, t_end, 0, 0, 0, 0, 0, chunk, q_offsets, lengths, part_out, part_lse,
-             chunk, False)
+             False)
 
     @cuda.jit(device=True)
     def run_items(q, q_offsets, storage, block_table, lengths, bias, scale, chunk, part_out,
-                  part_lse, out, lse, counters, tmap_q, tmap_kv):
+                  part_lse, out, lse, tmap_q, tmap_kv):
         """The runs schedule's kernel (``runs``): block w walks items ``chunk[chunk[w, 0] :
         chunk[w, 0] + chunk[w, 1]]`` (heuristics.run_schedule), each ``(b, g, slot, t0,
         t1)`` the tiles [t0, t1) of sequence b's row group g (``t1 = -1``: to its last tile,
@@ -1202,7 +1095,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         workspace; the barriers are set up once and their phases carried from item to item.
         Thread 0 finds the next item with work while this one runs (``walk``; ``ahead``: its
         copies start under this one's output). ``mixed``: a whole sequence's item writes ``out``
-        and ``lse``; ``merge``: a cut one's last piece to finish merges it (``counters``)."""
+        and ``lse``."""
         tid = cuda.threadIdx.x
         smk = cuda.shared.array(0, int32)
         smf = cuda.shared.array(0, float32)
@@ -1218,8 +1111,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         end = first + chunk[w, 1]
         cur = -1  # the item row with work now
         for i in range(first, end):
-            if item_at(chunk, i, q_offsets, lengths, part_out, part_lse, out, lse, counters, smk,
-                       nparts, tid, NTHREADS, True)[0]:
+            if item_at(chunk, i, q_offsets, lengths, part_lse, nparts, tid, NTHREADS, True)[0]:
                 cur = i
                 break
         qphase = 0
@@ -1227,8 +1119,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         loaded = 0
         while cur >= 0:
             (work, b, row0, r0, nrows, nq, length, p, q_lo, q_hi, kstart, kend, t0, t1,
-             t_end) = item_at(chunk, cur, q_offsets, lengths, part_out, part_lse, out, lse,
-                              counters, smk, nparts, tid, NTHREADS, False)
+             t_end) = item_at(chunk, cur, q_offsets, lengths, part_lse, nparts, tid, NTHREADS,
+                              False)
             if tid < BLOCK_M:
                 smf[STAT_OFF // 4 + STAT_M * BLOCK_M + tid] = float32(NEG_INF)
             # The item before is done with shared memory (its output read out by the generic
@@ -1248,30 +1140,23 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             parity = walk(q, storage, block_table, bias, scale, part_out, part_lse, tmap_q,
                           tmap_kv, smk, smf, sb, tid, wg, wtid, lane, b, row0, r0, nrows, nq,
                           length, p, q_lo, q_hi, kstart, kend, t0, t1, t_end, qphase, parity,
-                          loaded, cur + 1, end, chunk, q_offsets, lengths, out, lse, counters,
-                          whole)
+                          loaded, cur + 1, end, chunk, q_offsets, lengths, out, lse, whole)
             if t0 < t_end:  # (DIRECT's item without a tile copies no queries)
                 qphase ^= 1
             loaded = 2 if AHEAD else 1 if QEARLY else 0
             cur = smk[NEXT_OFF // 4]  # (written before the walk's barriers)
 
-    if MERGE:
-        @cuda.jit(**JIT_OPTIONS)
-        def runs_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
-                        part_out, part_lse, out, lse, counters, tmap_q, tmap_kv):
-            run_items(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
-                      part_out, part_lse, out, lse, counters, tmap_q, tmap_kv)
-    elif MIXED:
+    if MIXED:
         @cuda.jit(**JIT_OPTIONS)
         def runs_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                         part_out, part_lse, out, lse, tmap_q, tmap_kv):
             run_items(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
-                      part_out, part_lse, out, lse, chunk, tmap_q, tmap_kv)
+                      part_out, part_lse, out, lse, tmap_q, tmap_kv)
     else:
         @cuda.jit(**JIT_OPTIONS)
         def runs_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                         part_out, part_lse, tmap_q, tmap_kv):
             run_items(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
-                      part_out, part_lse, part_out, part_lse, chunk, tmap_q, tmap_kv)
+                      part_out, part_lse, part_out, part_lse, tmap_q, tmap_kv)
 
     return runs_kernel if runs else partition_kernel
