@@ -66,8 +66,9 @@ def costs(cfg, sms, seed=0):
     per_seq = np.bincount(items[:, 0], minlength=tiles.size)  # (items of all row groups)
     c["ncut"] = int((per_seq > G).sum())  # (a row group's runs are the others', side by side)
     # The same runs where each cut sequence's last piece merges it (built, 1.014x the time on
-    # an H100, reverted: docs/performance.md): one item of each cut (sequence, row group) writes no workspace and
-    # the merge kernel goes; the merging block's reads of the other pieces are left out.
+    # an H100, reverted: docs/performance.md): one item of each cut (sequence, row group)
+    # writes no workspace and the merge kernel goes; the merging block's reads of the other
+    # pieces are left out.
     c["fold"] = (c["mixed runs"] - share * G * c["ncut"] / sms
                  - (hz.MERGE_TILES if c["ncut"] else 0.0))
     c["fold_pieces"] = int(per_seq.max(initial=0)) // G
