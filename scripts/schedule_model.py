@@ -12,12 +12,10 @@ multiprocessor), ``mixed runs`` (``mixed_runs``: runs that cut only the sequence
 not fit, the uncut ones written out by their own items, so that only the cut ones pay the
 workspace and the merge; ``heuristics.MIXED_RUNS``; beside them, "merged by the last piece":
 the same runs if each cut sequence's last piece merged it, a design built, timed slower on an
-H100 and reverted: docs/performance.md), then what
-``runs_split``
-and the selector take (``--mixed`` / ``--no-mixed``: with ``MIXED_RUNS`` on / off; by default
-as the library has it). The model is the library's: it
-has been 0-15% optimistic for the runs forms on an H100 (docs/performance.md), so a modelled
-gain is a reason to build and time, not a measurement.
+H100 and reverted: docs/performance.md), then what ``runs_split`` and the selector take
+(``--mixed`` / ``--no-mixed``: with ``MIXED_RUNS`` on / off; by default as the library has
+it). The model is the library's: it has been 0-15% optimistic for the runs forms on an H100
+(docs/performance.md), so a modelled gain is a reason to build and time, not a measurement.
 
 Usage: python scripts/schedule_model.py [--shapes 64x128x4096,...] [--spreads 0,0.25,0.5]
                                         [--sms 132] [--mixed | --no-mixed] [--bench JSON]
