@@ -446,6 +446,21 @@ def test_mma_copy_path(cache_kind, page_size, tma, heads, rng, monkeypatch):
 
 
 @KERNEL
+@pytest.mark.parametrize("window", [None, 300])
+def test_seesaw_rows_ahead(window, rng):
+    """From seesaw.LAG_HEADS heads the seesaw kernel looks up the page-table rows of a pair's
+    refills at the top of the pair before and carries them (seesaw.ROWS_AHEAD): one partition
+    walking nine tiles (five pairs, the last of one partial tile) over shuffled pages of 64
+    matches the reference, with every tile and with a window that skips the first four. ALiBi
+    makes each key's score depend on its position, so that two tiles' rows swapped would not
+    give the same output."""
+    assert seesaw.ROWS_AHEAD
+    p = make_problem(rng, 1, 1, seesaw.LAG_HEADS, [9 * 64 - 5], BF16, "paged", 64)
+    mask = nm.NullMask() if window is None else nm.SlidingWindowCausalMask(window)
+    check_kernel(p, mask, SCORE_MODS["alibi"].make(p), 1, "mma")
+
+
+@KERNEL
 @pytest.mark.parametrize("num_partitions", [1, 2])
 def test_mma_out_not_aligned_for_vector_stores(num_partitions, rng):
     """A caller's ``out`` that starts 2 bytes past an 8-byte boundary: where the tensor-core

@@ -107,6 +107,18 @@ RUNS_Q_EARLY = True
 # kernel does: right for masks that keep the first keys, a line lost otherwise) into L2. On
 # an H100 at 286ac9d: 0-1.2% less time on the default sweep (docs/kernels/mma.md).
 ENTRY_PREFETCH = True
+# From LAG_HEADS heads (where a block's time is its pair loop's), two shorter paths from S to
+# P, measured on an H100 (docs/kernels/mma.md, "A pair's time, phase by phase"). ROWS_AHEAD:
+# the page-table rows of a pair's refills looked up at the top of the pair before, so that
+# their loads have long landed where ptxas moves the rows into uniform registers for the copies
+# (with the lookups in their own pair, in the middle of warpgroup 0's softmax). EXP2_FTZ: the
+# softmax's 2^x as ``ex2.approx.ftz``, one MUFU instruction where ``math.exp2`` scales its
+# argument and result around it for results below 2^-126; such a P becomes 0, and against the
+# row's largest P over its tiles (at least 1) it is below fp32's resolution of their sum.
+# Below LAG_HEADS both cost registers (masked builds at 2 and 16 heads spill with either);
+# on "e4m3" rows they are not yet measured, so 16-bit rows only.
+ROWS_AHEAD = True
+EXP2_FTZ = True
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -216,6 +228,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
     H = heads
     lag = heads >= LAG_HEADS
+    exp2 = ptx.exp2_ftz if EXP2_FTZ and lag and fp8 is None else math.exp2
+    rows_ahead = ROWS_AHEAD and lag and fp8 is None
     if FP8:
         tag = "f16"  # the products' type: codes become fp16 in one instruction
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
@@ -262,6 +276,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         tile aligned to 64 keys lies in one page, so its rows follow."""
         pg, sl = locate(block_table, page_size, npages, b, k0)
         return pg * page_size + sl
+
+    @cuda.jit(device=True)
+    def pair_after(t, t_end, kstart, kend, q_lo, q_hi, block_table, page_size, npages, b):
+        """The pair of tiles after tile ``t`` (t_end where none) and their rows of
+        ``storage`` (a walk's last tile's where none)."""
+        ta = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi) if t < t_end else t_end
+        tb = next_tile(ta + 1, t_end, kstart, kend, q_lo, q_hi) if ta < t_end else t_end
+        ra = tile_row(block_table, page_size, npages, b, kstart + min(ta, t_end - 1) * BLOCK_N)
+        rb = tile_row(block_table, page_size, npages, b, kstart + min(tb, t_end - 1) * BLOCK_N)
+        return ta, tb, ra, rb
 
     @cuda.jit(device=True)
     def load_boxes(smk, sb, buf, tmap, storage, row, lo, hi):
@@ -539,13 +563,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             if lag and m_new <= m_old + float32(RESCALE_SLACK):  # (False for NaN)
                 m_new = m_old
             m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)  # (no key yet: P = 0)
-            scl[half] = math.exp2(m_old - m_ref)
+            scl[half] = exp2(m_old - m_ref)
             total = float32(0.0)
             total_p = float32(0.0)
             for j in range(NS // 4):
                 i = 4 * j + 2 * half
-                p0 = math.exp2(s_acc[i] - m_ref)
-                p1 = math.exp2(s_acc[i + 1] - m_ref)
+                p0 = exp2(s_acc[i] - m_ref)
+                p1 = exp2(s_acc[i + 1] - m_ref)
                 total += p0 + p1
                 if lag:
                     p0, p1 = unpack(pack(p0, p1))
@@ -854,20 +878,22 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                             (127 - smk[QEXP_OFF // 4 + ptx.acc_row(2 * half, wtid)]) << 23)
             # No wgmma is in flight where the branches below rejoin: ptxas would wait there
             # for every product (see kernels/mma.py).
+            if rows_ahead:  # (the first pair's refills': the pair after it)
+                t2, t3, row2, row3 = pair_after(t1, t_end, kstart, kend, q_lo, q_hi,
+                                                block_table, page_size, npages, b)
             if wg == 0:
                 qk_tile(s_acc, smk, sb, 0, parity, wtid)
                 parity ^= 1
                 while True:
-                    t2 = next_tile(t1 + 1, t_end, kstart, kend, q_lo, q_hi) if t1 < t_end \
-                        else t_end
-                    t3 = next_tile(t2 + 1, t_end, kstart, kend, q_lo, q_hi) if t2 < t_end \
-                        else t_end
-                    # The next pair's rows, looked up now: the page-table loads' latency hides
-                    # under this pair's work, not in front of the refills.
-                    row2 = tile_row(block_table, page_size, npages, b, kstart + min(t2, t_end - 1)
-                                    * BLOCK_N)
-                    row3 = tile_row(block_table, page_size, npages, b, kstart + min(t3, t_end - 1)
-                                    * BLOCK_N)
+                    # The next pair's rows (ROWS_AHEAD: the pair after it's), looked up now:
+                    # the page-table loads' latency hides under this pair's work, not in front
+                    # of the refills.
+                    if rows_ahead:
+                        t4, t5, row4, row5 = pair_after(t3, t_end, kstart, kend, q_lo, q_hi,
+                                                        block_table, page_size, npages, b)
+                    else:
+                        t2, t3, row2, row3 = pair_after(t1, t_end, kstart, kend, q_lo, q_hi,
+                                                        block_table, page_size, npages, b)
                     k0 = kstart + t0 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend)
                     scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
@@ -922,21 +948,22 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     parity ^= 1
                     t0 = t2
                     t1 = t3
+                    if rows_ahead:
+                        t2, t3, row2, row3 = t4, t5, row4, row5
             else:
                 if t1 < t_end:
                     qk_tile(s_acc, smk, sb, 1, parity, wtid)
                     parity ^= 1
                 while True:
-                    t2 = next_tile(t1 + 1, t_end, kstart, kend, q_lo, q_hi) if t1 < t_end \
-                        else t_end
-                    t3 = next_tile(t2 + 1, t_end, kstart, kend, q_lo, q_hi) if t2 < t_end \
-                        else t_end
-                    # The next pair's rows, looked up now: the page-table loads' latency hides
-                    # under this pair's work, not in front of the refills.
-                    row2 = tile_row(block_table, page_size, npages, b, kstart + min(t2, t_end - 1)
-                                    * BLOCK_N)
-                    row3 = tile_row(block_table, page_size, npages, b, kstart + min(t3, t_end - 1)
-                                    * BLOCK_N)
+                    # The next pair's rows (ROWS_AHEAD: the pair after it's), looked up now:
+                    # the page-table loads' latency hides under this pair's work, not in front
+                    # of the refills.
+                    if rows_ahead:
+                        t4, t5, row4, row5 = pair_after(t3, t_end, kstart, kend, q_lo, q_hi,
+                                                        block_table, page_size, npages, b)
+                    else:
+                        t2, t3, row2, row3 = pair_after(t1, t_end, kstart, kend, q_lo, q_hi,
+                                                        block_table, page_size, npages, b)
                     k0 = kstart + t1 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend) if t1 < t_end else k0  # no tile: all -inf
                     scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
@@ -991,6 +1018,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                             load_boxes(smk, sb, 1, tmap_kv, storage, row3, V_BOXES, ROPE)
                     t0 = t2
                     t1 = t3
+                    if rows_ahead:
+                        t2, t3, row2, row3 = t4, t5, row4, row5
                     if t1 < t_end:
                         qk_tile(s_acc, smk, sb, 1, parity, wtid)
                         parity ^= 1
