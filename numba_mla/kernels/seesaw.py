@@ -896,9 +896,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 if in_turn:
                     ptx.bar_arrive(BAR_S0, NTHREADS)
                 while True:
-                    # The next pair's rows (ROWS_AHEAD: the pair after it's), looked up now:
-                    # the page-table loads' latency hides under this pair's work, not in front
-                    # of the refills.
+                    # The next pair's rows (with ``rows_ahead``, the pair after it's), looked up
+                    # now: the page-table loads' latency hides under this pair's work, not in
+                    # front of the refills.
                     if rows_ahead:
                         t4, t5, row4, row5 = pair_after(t3, t_end, kstart, kend, q_lo, q_hi,
                                                         block_table, page_size, npages, b)
@@ -970,10 +970,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     qk_tile(s_acc, smk, sb, 1, parity, wtid)
                     parity ^= 1
                 while True:
-                    # The next pair's rows (ROWS_AHEAD: the pair after it's), looked up now:
-                    # the page-table loads' latency hides under this pair's work, not in front
-                    # of the refills.
-                    if rows_ahead:
+                    if rows_ahead:  # (the rows looked up as warpgroup 0 does)
                         t4, t5, row4, row5 = pair_after(t3, t_end, kstart, kend, q_lo, q_hi,
                                                         block_table, page_size, npages, b)
                     else:
