@@ -36,12 +36,16 @@ time goes in the seesaw loop, warpgroup by warpgroup. Every thread reads the SM'
 counter (``%clock``) at points of its warpgroup's pair loop and adds each step since its last
 reading to a float32 register of its own (no branch in the loop: a first form, in which one
 thread a warpgroup added the steps to shared memory and ``qk`` read the counter between its
-products, ran 1.5x the kernel's time), ``PAIR_PHASES``: warpgroup 0 (buffer 0) its scores,
-softmax and rescale, P0's publishing (the barrier, its store, the fence), P0 V0, the refill
-of K0's boxes 0-3 and the wait for warpgroup 1's scale, then the rescale and P1 V1; warpgroup
-1 (buffer 1) its scores, the wait for warpgroup 0's scale, the rescale with P0 V0 issued, its
-softmax and P1's store, P0 V0's drain, then the refill of K0's boxes 4-8, the rescale and P1
-V1; each then the refill of its K1 boxes and the next tile's S (its boxes' waits included).
+products, ran 1.5x the kernel's time), ``PAIR_PHASES``: warpgroup 0 (buffer 0) the tiles
+and rows it looks up, its scores, softmax and rescale, P0's publishing (the barrier, its
+store, the fence), P0 V0, the refill of K0's boxes 0-3, the wait for warpgroup 1's scale,
+then the rescale and P1 V1; warpgroup 1 (buffer 1) its lookups and scores, the wait for
+warpgroup 0's scale, the rescale with P0 V0 issued, its softmax and P1's store, P0 V0's
+drain, then the refill of K0's boxes 4-8, the rescale and P1 V1; each then the refill of its
+K1 boxes and the next tile's S (its boxes' waits included). (The first profile,
+plots/pairs_seesaw_d9524a0_h100.*, counted the lookups with the scores and warpgroup 0's
+refill with its wait.) ptxas may move instructions across a reading, so the split between
+neighbouring phases is approximate; their sums are not.
 Each warpgroup also counts its pairs (the loop's turns), its S tiles within the loop (the
 first is before it) and warpgroup 0 the pairs with a second tile (P1 V1); warpgroup 0 reads
 the global timer and the counter at the loop's start and end, to turn cycles into time block

@@ -454,12 +454,20 @@ def test_seesaw_rows_ahead(window, in_turn, rng, monkeypatch):
     matches the reference, with every tile and with a window that skips the first four. ALiBi
     makes each key's score depend on its position, so that two tiles' rows swapped would not
     give the same output. With seesaw.S_IN_TURN (off by default) warpgroup 1 starts each S
-    after warpgroup 0's."""
+    after warpgroup 0's. The seesaw kernel must be the one that ran (on a GPU a build that
+    spills gives way to the lockstep kernel)."""
     assert seesaw.ROWS_AHEAD
     monkeypatch.setattr(seesaw, "S_IN_TURN", in_turn)
+    chosen = []
+    build_seesaw, build_lockstep = factory.seesaw_partition_kernel, factory.mma_partition_kernel
+    monkeypatch.setattr(factory, "seesaw_partition_kernel",
+                        lambda *a, **k: chosen.append("seesaw") or build_seesaw(*a, **k))
+    monkeypatch.setattr(factory, "mma_partition_kernel",
+                        lambda *a, **k: chosen.append("lockstep") or build_lockstep(*a, **k))
     p = make_problem(rng, 1, 1, seesaw.LAG_HEADS, [9 * 64 - 5], BF16, "paged", 64)
     mask = nm.NullMask() if window is None else nm.SlidingWindowCausalMask(window)
     check_kernel(p, mask, SCORE_MODS["alibi"].make(p), 1, "mma")
+    assert chosen == ["seesaw"]
 
 
 @KERNEL

@@ -115,7 +115,7 @@ ENTRY_PREFETCH = True
 # softmax's 2^x as ``ex2.approx.ftz``, one MUFU instruction where ``math.exp2`` scales its
 # argument and result around it for results below 2^-126; such a P becomes 0, and against the
 # row's largest P over its tiles (at least 1) it is below fp32's resolution of their sum.
-# Below LAG_HEADS both cost registers (masked builds at 2 and 16 heads spill with either);
+# Below LAG_HEADS both cost registers (causal builds at 2, 16 and 33 heads spilled);
 # on "e4m3" rows they are not yet measured, so 16-bit rows only.
 ROWS_AHEAD = True
 EXP2_FTZ = True
