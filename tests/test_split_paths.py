@@ -239,6 +239,7 @@ def record_plans(monkeypatch):
 
 def run_forced_schedule(rng, monkeypatch, layout, lengths):
     """A schedule test's problem under "mma" ("padded": one token of 2 heads, no mask;
+    "padded64": of seesaw.LAG_HEADS heads, where the seesaw kernel's softmax path differs;
     "ragged": 2 + 1 + 0 + 2 tokens of 33 heads, causal), checked three ways against the
     references with out pre-filled with NaN, and on a GPU run twice for the same bits;
     returns the plans made."""
@@ -247,7 +248,10 @@ def run_forced_schedule(rng, monkeypatch, layout, lengths):
                          ragged=True, q_counts=[2, 1, 0, 2])
         mask = nm.CausalMask()
     else:
-        p = make_problem(rng, 4, 1, 2, lengths, DTYPES["bf16"], "paged", mma.BLOCK_N)
+        from numba_mla.kernels import seesaw
+
+        heads = seesaw.LAG_HEADS if layout == "padded64" else 2
+        p = make_problem(rng, 4, 1, heads, lengths, DTYPES["bf16"], "paged", mma.BLOCK_N)
         mask = nm.NullMask()
     plans = record_plans(monkeypatch)
     golden, same = references(p, mask)
@@ -302,7 +306,9 @@ RUNS_FORMS = [
     # each in the simulator, where their padded cases cover them)
     pytest.param(layout, *f, marks=[pytest.mark.slow] if layout == "ragged"
                  and f[0] != "q_early" else [])
-    for layout in ("padded", "ragged") for f in RUNS_FORMS])
+    for layout in ("padded", "ragged") for f in RUNS_FORMS] + [
+    # (the library's form at LAG_HEADS heads: seesaw.ROWS_AHEAD's lookups across items)
+    ("padded64", "q_early", "fifo", "mixed"), ("padded64", "q_early", "fifo", "some whole")])
 def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
     """The seesaw kernel's runs form (selector.SEESAW_RUNS) from a forced table over
     sequences of 3, 1, 0 and 2 tiles (the last partial in the first and last): block 0 walks
