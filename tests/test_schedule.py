@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import numba_mla as nm
 from helpers import BF16, assert_three_way, fp32_floor, make_problem, references
 from numba_mla import heuristics, plans
-from numba_mla.kernels import common, mma, simple, simt
+from numba_mla.kernels import common, simple
 
 H200_SMS = 132
 
@@ -348,12 +348,12 @@ def test_runs_split_of_varlen_draws(monkeypatch, mixed):
     half a (sequence, row group) pair a multiprocessor, one with ``MIXED_RUNS``, and a
     modelled gain, or whole sequences packed past one pair a multiprocessor): of the varlen
     bench's 18 draws on 132 multiprocessors, 64 x 16 x 4096 at spread 0.5 and 16 x 128 x
-    32768 at 0.25 and 0.5, the three that measured faster under it on an H100 (0.95-0.98x the time of the schedule they
-    replace), and 128 x 128 x 1024 at 0.25 and 0.5 in whole sequences (256 pairs: one
-    partition, out written by the items); not 64 x 16 x 4096 at 0.25 (1.03x cut), nor equal
-    lengths (1.02x at 16 x 128 x 32768). 64 x 128 x 4096 at 0.5 only in the mixed runs
-    (``MIXED_RUNS``, the default: 0.954x the listed schedule's time on an H100), not cut
-    (1.05x)."""
+    32768 at 0.25 and 0.5, the three that measured faster under it on an H100 (0.95-0.98x
+    the time of the schedule they replace), and 128 x 128 x 1024 at 0.25 and 0.5 in whole
+    sequences (256 pairs: one partition, out written by the items); not 64 x 16 x 4096 at
+    0.25 (1.03x cut), nor equal lengths (1.02x at 16 x 128 x 32768). 64 x 128 x 4096 at 0.5
+    only in the mixed runs (``MIXED_RUNS``, the default: 0.954x the listed schedule's time on
+    an H100), not cut (1.05x)."""
     from numba_mla.bench import configs, problems
 
     monkeypatch.setattr(heuristics, "MIXED_RUNS", mixed)

@@ -238,8 +238,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
     H = heads
     lag = heads >= LAG_HEADS
-    exp2 = ptx.exp2_ftz if EXP2_FTZ and lag and (fp8 is None or E4M3_TOO) else math.exp2
-    rows_ahead = ROWS_AHEAD and lag and (fp8 is None or E4M3_TOO)
+    short_path = lag and (fp8 is None or E4M3_TOO)  # (EXP2_FTZ and ROWS_AHEAD apply)
+    exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
+    rows_ahead = ROWS_AHEAD and short_path
     in_turn = S_IN_TURN and lag and fp8 is None
     if FP8:
         tag = "f16"  # the products' type: codes become fp16 in one instruction
