@@ -313,7 +313,6 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("converter", True),) if converter else ())
                    + ((("runs", ahead, q_early),) if runs else ())
                    + ((("mixed", True),) if mixed else ())
-                   + ((("in_turn", True),) if seesaw.S_IN_TURN and not fp8 else ())
                    + ((("e4m3_too", True),) if fp8 and seesaw.E4M3_TOO else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 

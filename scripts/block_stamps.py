@@ -225,9 +225,10 @@ PATCH_PAIRS = [
     ("        page_size = storage.shape[1]\n        npages = storage.shape[0]\n"
      "        qbar = sb + BAR_OFF\n", PAIRS_INIT),
     # warpgroup 0: the loop's start (its cycles and nanoseconds)
-    ("                    ptx.bar_arrive(BAR_S0, NTHREADS)\n                while True:\n",
-     "<replace>                    ptx.bar_arrive(BAR_S0, NTHREADS)\n"
-     "                pc = _clk()\n                _lc = pc\n"
+    ("                qk_tile(s_acc, smk, sb, 0, parity, wtid)\n                parity ^= 1\n"
+     "                while True:\n",
+     "<replace>                qk_tile(s_acc, smk, sb, 0, parity, wtid)\n"
+     "                parity ^= 1\n                pc = _clk()\n                _lc = pc\n"
      "                _ln = _gtimer()\n                while True:\n"),
     ("                    k0 = kstart + t0 * BLOCK_N\n", "<before>" + _stamp(8, 20)),
     ("                    softmax(s_acc, mx, smf, STAT_SCALE0, wtid, tid, scl, sums, sums_p)\n",

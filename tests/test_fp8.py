@@ -534,12 +534,11 @@ def test_fp8_seesaw_kernel(dtype, cache, Sq, H, lengths, mask_id, mod_id, parts,
 @KERNEL
 @pytest.mark.parametrize("lengths,mod_id", [([9 * 64 - 5], "alibi"), ([300], "identity")])
 def test_fp8_seesaw_kernel_softmax_path(lengths, mod_id, rng, monkeypatch):
-    """seesaw.E4M3_TOO (off by default, untimed): the 16-bit rows' softmax path from
-    LAG_HEADS heads (2^x by ex2.approx.ftz, the refills' rows looked up a pair early) on
-    "e4m3" rows: 64 heads over nine tiles on shuffled pages (the carried rows of four pairs)
-    with ALiBi (each key's score depends on its position, so that two tiles' rows swapped
-    would not give the same output), and over five tiles (the last pair of one) match the
-    reference."""
+    """seesaw.E4M3_TOO (on): the 16-bit rows' softmax path from LAG_HEADS heads (2^x by
+    ex2.approx.ftz, the refills' rows looked up a pair early) on "e4m3" rows: 64 heads over
+    nine tiles on shuffled pages (the carried rows of four pairs) with ALiBi (each key's score
+    depends on its position, so that two tiles' rows swapped would not give the same output),
+    and over five tiles (the last pair of one) match the reference."""
     from numba_mla.kernels import seesaw
 
     monkeypatch.setattr(seesaw, "E4M3_TOO", True)

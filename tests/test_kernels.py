@@ -446,18 +446,16 @@ def test_mma_copy_path(cache_kind, page_size, tma, heads, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("window,in_turn", [(None, False), (300, False), (None, True)])
-def test_seesaw_rows_ahead(window, in_turn, rng, monkeypatch):
+@pytest.mark.parametrize("window", [None, 300])
+def test_seesaw_rows_ahead(window, rng, monkeypatch):
     """From seesaw.LAG_HEADS heads the seesaw kernel looks up the page-table rows of a pair's
     refills at the top of the pair before and carries them (seesaw.ROWS_AHEAD): one partition
     walking nine tiles (five pairs, the last of one partial tile) over shuffled pages of 64
     matches the reference, with every tile and with a window that skips the first four. ALiBi
     makes each key's score depend on its position, so that two tiles' rows swapped would not
-    give the same output. With seesaw.S_IN_TURN (off by default) warpgroup 1 starts each S
-    after warpgroup 0's. The seesaw kernel must be the one that ran (on a GPU a build that
+    give the same output. The seesaw kernel must be the one that ran (on a GPU a build that
     spills gives way to the lockstep kernel)."""
     assert seesaw.ROWS_AHEAD
-    monkeypatch.setattr(seesaw, "S_IN_TURN", in_turn)
     chosen = []
     build_seesaw, build_lockstep = factory.seesaw_partition_kernel, factory.mma_partition_kernel
     monkeypatch.setattr(factory, "seesaw_partition_kernel",

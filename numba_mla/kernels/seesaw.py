@@ -115,19 +115,13 @@ ENTRY_PREFETCH = True
 # softmax's 2^x as ``ex2.approx.ftz``, one MUFU instruction where ``math.exp2`` scales its
 # argument and result around it for results below 2^-126; such a P becomes 0, and against the
 # row's largest P over its tiles (at least 1) it is below fp32's resolution of their sum.
-# Below LAG_HEADS both cost registers (causal builds at 2, 16 and 33 heads spilled);
-# on "e4m3" rows they are not yet measured, so 16-bit rows only.
+# Below LAG_HEADS both cost registers (causal builds at 2, 16 and 33 heads spilled).
 ROWS_AHEAD = True
 EXP2_FTZ = True
-# Both on "e4m3" rows too (untimed; off): their builds at 128 heads have no spill with them.
-E4M3_TOO = False
-# From LAG_HEADS heads, 16-bit rows: warpgroup 1 starts each S only once warpgroup 0's S of the
-# same pair is done (a named barrier, BAR_S0). Both S start right after their warpgroup's P1 V1,
-# together, and share the tensor cores while the pair's path runs through warpgroup 0's S
-# (docs/kernels/mma.md, "A pair's time, phase by phase"); in turn, S0 would have them alone
-# and S1 would run under warpgroup 0's scores and softmax, where it has about 300 cycles of
-# slack. Built and simulated, not yet timed: off.
-S_IN_TURN = False
+# Both on "e4m3" rows too: 240 registers at 128 heads, no spill; on an H100 at 720a06d, 0.980
+# and 0.982 of the time at 64x128x4096 and 128x128x1024 "e4m3" (H = 16 unchanged). Not with
+# the converter warpgroup, whose math warpgroups' 168 registers spilled 32 bytes with them.
+E4M3_TOO = True
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -164,7 +158,6 @@ SMEM_BYTES_CONV = CONV_BAR_OFF + 8 * 2 * NBOX  # 223528
 BAR_CONV = BAR_WG + 2  # the converter warpgroup's own (128)
 BAR_MATH = BAR_WG + 3  # the math warpgroups' block barrier once the converter has left (256)
 BAR_FREE1 = BAR_WG + 4  # warpgroup 1 arrives when done with buffer 1, the converter waits (256)
-BAR_S0 = BAR_WG + 5  # S_IN_TURN: warpgroup 0 arrives once its S is done, warpgroup 1 waits (256)
 
 
 def threads(converter=False):
@@ -238,10 +231,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
     H = heads
     lag = heads >= LAG_HEADS
-    short_path = lag and (fp8 is None or E4M3_TOO)  # (EXP2_FTZ and ROWS_AHEAD apply)
+    short_path = lag and (fp8 is None or (E4M3_TOO and not converter))  # EXP2_FTZ, ROWS_AHEAD
     exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
     rows_ahead = ROWS_AHEAD and short_path
-    in_turn = S_IN_TURN and lag and fp8 is None
     if FP8:
         tag = "f16"  # the products' type: codes become fp16 in one instruction
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
@@ -896,8 +888,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             if wg == 0:
                 qk_tile(s_acc, smk, sb, 0, parity, wtid)
                 parity ^= 1
-                if in_turn:
-                    ptx.bar_arrive(BAR_S0, NTHREADS)
                 while True:
                     # The next pair's rows (with ``rows_ahead``, the pair after it's), looked up
                     # now: the page-table loads' latency hides under this pair's work, not in
@@ -960,15 +950,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                         break
                     qk_tile(s_acc, smk, sb, 0, parity, wtid)
                     parity ^= 1
-                    if in_turn:
-                        ptx.bar_arrive(BAR_S0, NTHREADS)
                     t0 = t2
                     t1 = t3
                     if rows_ahead:
                         t2, t3, row2, row3 = t4, t5, row4, row5
             else:
-                if in_turn:  # (every turn: warpgroup 0 arrives whether or not there is a t1)
-                    ptx.bar_sync(BAR_S0, NTHREADS)
                 if t1 < t_end:
                     qk_tile(s_acc, smk, sb, 1, parity, wtid)
                     parity ^= 1
@@ -1035,8 +1021,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     t1 = t3
                     if rows_ahead:
                         t2, t3, row2, row3 = t4, t5, row4, row5
-                    if in_turn:
-                        ptx.bar_sync(BAR_S0, NTHREADS)
                     if t1 < t_end:
                         qk_tile(s_acc, smk, sb, 1, parity, wtid)
                         parity ^= 1
