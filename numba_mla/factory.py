@@ -305,6 +305,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             mixed=mixed, out_store=_output_store(tag, True),
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
+        disp.follows = seesaw.FOLLOWS and not converter  # (launch.py: launched to follow)
         if converter:  # (setmaxnreg moves the registers it was launched with)
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
@@ -314,6 +315,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("runs", ahead, q_early),) if runs else ())
                    + ((("mixed", True),) if mixed else ())
                    + ((("e4m3_too", True),) if fp8 and seesaw.E4M3_TOO else ())
+                   + ((("follows", True),) if seesaw.FOLLOWS and not converter else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

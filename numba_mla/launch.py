@@ -258,7 +258,7 @@ class _Launch:
 
     def __init__(self, dispatcher, args, grid, block, smem=0, follows=False):
         self.args, self.grid, self.block, self.smem = args, grid, block, smem
-        self.dispatcher = dispatcher
+        self.dispatcher, self.follows = dispatcher, follows
         self.kernel = self._params = self._whole = None
         if _compat.SIMULATOR:  # (nothing is compiled here: the count is checked, as a GPU's
             _check_count(dispatcher, args)  # typing would, for launches and candidates alike)
@@ -519,8 +519,11 @@ class Plan:
         maps = self._maps(spec, inputs["q"], storage, T)
         # (mixed runs: the items of whole sequences write out and lse themselves too)
         direct_results = outs if spec.mixed else ()
+        # (a kernel built to wait for the grid before it: launched as its programmatic
+        # dependent, kernels/seesaw.py FOLLOWS)
         partition = _Launch(spec.dispatcher, args + results + direct_results + maps,
-                            spec.grid(B), spec.threads, spec.smem)
+                            spec.grid(B), spec.threads, spec.smem,
+                            follows=getattr(spec.dispatcher, "follows", False))
         self.launches.append(partition)
         for tried, kinds in trials:  # (a GPU compiles the candidate and the launch's kernel
             if tried is spec and kinds != _kinds(partition.args):  # for their argument types)

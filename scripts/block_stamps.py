@@ -131,7 +131,7 @@ SEESAW_STORE = '''
 #: the runs kernel uses), the others are the walk's
 PATCH_SEESAW = [
     ("from .. import ptx\n", TIMER),
-    ("                         part_out, part_lse, tmap_q, tmap_kv):\n"
+    ("            ptx.grid_dependency_wait()\n"
      "        b, r0, p, nparts, run = block_work(chunk)\n", "        st0 = _gtimer()\n"),
     ("        if tid == 0 and t0 < t_end and loaded < 2:  # the queries, then the first pair's",
      "<before>        stw = _gtimer()\n        stq = stw\n        sts = stw\n"),

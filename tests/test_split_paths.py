@@ -429,6 +429,40 @@ def test_trial_args_are_the_launch_args(blocks, rng, monkeypatch):
     assert plan.spec.mixed == (blocks == "some whole")
 
 
+@pytest.mark.kernel
+@pytest.mark.parametrize("form", ["grid", "runs"])
+def test_seesaw_follows(form, rng, monkeypatch):
+    """seesaw.FOLLOWS (off by default): the seesaw kernel built to wait for the grid before it
+    in the stream (``griddepcontrol.wait`` first; a no-op in the simulator) and its launch made
+    that grid's programmatic dependent. Its grid form (the selector's schedule) and its runs
+    form over test_runs_schedule's "mixed" table match the references with the seesaw kernel's
+    launch following; with the flag off the same plan's does not."""
+    from numba_mla import selector
+    from numba_mla.kernels import seesaw
+
+    def partition_launch(plan):
+        (partition,) = [la for la in plan.launches if la.dispatcher is plan.spec.dispatcher]
+        return partition
+
+    tile = mma.BLOCK_N
+    lengths = [2 * tile + 9, tile, 0, 2 * tile - 5]
+    if form == "runs":
+        monkeypatch.setattr(selector, "SEESAW_RUNS", True)
+        monkeypatch.setattr(heuristics, "MIXED_RUNS", False)
+        table = heuristics.runs_table(RUNS_OF_TEST["mixed"], 1)
+        monkeypatch.setattr(heuristics, "run_schedule", lambda *args, **kwargs: table)
+    else:
+        monkeypatch.setattr(selector, "SEESAW_RUNS", False)
+    for on in (False, True):
+        monkeypatch.setattr(seesaw, "FOLLOWS", on)
+        plans = run_forced_schedule(rng, monkeypatch, "padded", lengths)
+        plan = plans[0]
+        assert plan.spec.backend == "seesaw"
+        assert bool(plan.spec.runs) == (form == "runs")
+        assert partition_launch(plan).follows is on
+        assert getattr(plan.spec.dispatcher, "follows", False) is on
+
+
 def test_runs_table_of_whole_runs():
     """RUNS_OF_TEST["packed"] is what heuristics.whole_runs makes of those sequences (3, 1, 0
     and 2 tiles) in two runs, for one row group and for two side by side."""

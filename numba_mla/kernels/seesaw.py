@@ -122,6 +122,14 @@ EXP2_FTZ = True
 # and 0.982 of the time at 64x128x4096 and 128x128x1024 "e4m3" (H = 16 unchanged). Not with
 # the converter warpgroup, whose math warpgroups' 168 registers spilled 32 bytes with them.
 E4M3_TOO = True
+# The partition kernel as the programmatic dependent of the kernel before it in the stream
+# (launch.py launches it with programmatic stream serialization; FlashMLA launches its decode
+# kernel so): the driver may launch it before that kernel has completed, and its first
+# instruction (``griddepcontrol.wait``) waits for that grid to complete and its writes to be
+# visible, so nothing is read early; what it saves is the launch's latency behind the kernel
+# before (2.6-7.3 us of FlashMLA's time on an H100 at 2a38f6e, scripts/probe_timing_fence.py).
+# Not with the converter warpgroup (launched by Numba's path). Built, not yet timed: off.
+FOLLOWS = False
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -234,6 +242,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     short_path = lag and (fp8 is None or (E4M3_TOO and not converter))  # EXP2_FTZ, ROWS_AHEAD
     exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
     rows_ahead = ROWS_AHEAD and short_path
+    follows = FOLLOWS and not converter
     if FP8:
         tag = "f16"  # the products' type: codes become fp16 in one instruction
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
@@ -1081,6 +1090,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                  else JIT_OPTIONS))
     def partition_kernel(q, q_offsets, storage, block_table, lengths, bias, scale, chunk,
                          part_out, part_lse, tmap_q, tmap_kv):
+        if follows:  # (before any read: q_offsets may be the kernel before's output)
+            ptx.grid_dependency_wait()
         b, r0, p, nparts, run = block_work(chunk)
         tid = cuda.threadIdx.x
         if ENTRY_PREFETCH and tid == 0:
@@ -1126,6 +1137,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         Thread 0 finds the next item with work while this one runs (``walk``; ``ahead``: its
         copies start under this one's output). ``mixed``: a whole sequence's item writes ``out``
         and ``lse``."""
+        if follows:
+            ptx.grid_dependency_wait()
         tid = cuda.threadIdx.x
         smk = cuda.shared.array(0, int32)
         smf = cuda.shared.array(0, float32)
