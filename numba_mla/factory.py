@@ -314,7 +314,8 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("converter", True),) if converter else ())
                    + ((("runs", ahead, q_early),) if runs else ())
                    + ((("mixed", True),) if mixed else ())
-                   + ((("e4m3_too", True),) if fp8 and seesaw.E4M3_TOO else ())
+                   + ((("e4m3_too", True),) if fp8 and seesaw.E4M3_TOO and not converter
+                      else ())
                    + ((("follows", True),) if seesaw.FOLLOWS and not converter else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
