@@ -296,6 +296,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
 
     ahead = runs and seesaw.RUNS_AHEAD
     q_early = runs and not ahead and seesaw.RUNS_Q_EARLY
+    follows = seesaw.FOLLOWS and not converter  # (the converter's: launched by Numba's path)
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
@@ -303,9 +304,10 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             fp8=fp8, converter=converter, runs=runs,
                                             ahead=ahead, direct=direct, q_early=q_early,
                                             mixed=mixed, out_store=_output_store(tag, True),
+                                            follows=follows,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
-        disp.follows = seesaw.FOLLOWS and not converter  # (launch.py: launched to follow)
+        disp.follows = follows  # (launch.py: launched to follow)
         if converter:  # (setmaxnreg moves the registers it was launched with)
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
@@ -316,7 +318,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("mixed", True),) if mixed else ())
                    + ((("e4m3_too", True),) if fp8 and seesaw.E4M3_TOO and not converter
                       else ())
-                   + ((("follows", True),) if seesaw.FOLLOWS and not converter else ())
+                   + ((("follows", True),) if follows else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

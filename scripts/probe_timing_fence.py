@@ -40,6 +40,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from numba_mla.bench import configs, providers  # noqa: E402
+from numba_mla.cli import _parse_shapes  # noqa: E402
 from numba_mla.bench.problems import make_problem  # noqa: E402
 from numba_mla.bench.timing import Device  # noqa: E402
 from numba_mla.kernels import seesaw  # noqa: E402
@@ -47,14 +48,6 @@ from numba_mla.kernels import seesaw  # noqa: E402
 
 #: the spin kernel's length in clock cycles (about 150 us on an H100)
 SPIN_CYCLES = 300_000
-
-
-def shapes(spec):
-    out = []
-    for s in spec.split(","):
-        b, h, l_ = (int(x) for x in s.lower().split("x"))
-        out.append(configs.Config(batch=b, heads=h, seqlen=l_))
-    return out
 
 
 def main(argv=None):
@@ -73,7 +66,8 @@ def main(argv=None):
     settings = configs.Settings.gpu()
     rng = np.random.default_rng(0)
     rows = []
-    for cfg in shapes(args.shapes):
+    for B, H, L in _parse_shapes(args.shapes):
+        cfg = configs.Config(batch=B, heads=H, seqlen=L)
         problem = make_problem(cfg, dev, rng, settings)
         runs = [(prov, False) for prov in providers.select_providers(args.providers)]
         if args.follows:

@@ -128,7 +128,8 @@ E4M3_TOO = True
 # instruction (``griddepcontrol.wait``) waits for that grid to complete and its writes to be
 # visible, so nothing is read early; what it saves is the launch's latency behind the kernel
 # before (2.6-7.3 us of FlashMLA's time on an H100 at 2a38f6e, scripts/probe_timing_fence.py).
-# Not with the converter warpgroup (launched by Numba's path). Built, not yet timed: off.
+# Not with the converter warpgroup (launched by Numba's path; factory.py decides). Built, not
+# yet timed: off.
 FOLLOWS = False
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
@@ -201,7 +202,7 @@ def convert_order(buf, n):
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
                           converter=False, runs=False, ahead=False, direct=False,
-                          q_early=False, mixed=False, out_store=None):
+                          q_early=False, mixed=False, out_store=None, follows=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -223,7 +224,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     0, to its last tile) writes ``out`` and ``lse`` itself (``out_store`` converts to the
     output's type; the kernel takes them after the workspace, as ``[T, H, 1, 512]`` and ``[T,
     H, 1]``) and puts combine.WRITTEN in its partition 0's LSE, which the combine's ``skips``
-    variant reads as "written out"; the other items write the workspace."""
+    variant reads as "written out"; the other items write the workspace. ``follows``: the
+    kernel waits first for the grid before it in the stream (``FOLLOWS``; launch.py launches
+    it as that grid's programmatic dependent)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
@@ -242,7 +245,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     short_path = lag and (fp8 is None or (E4M3_TOO and not converter))  # EXP2_FTZ, ROWS_AHEAD
     exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
     rows_ahead = ROWS_AHEAD and short_path
-    follows = FOLLOWS and not converter
     if FP8:
         tag = "f16"  # the products' type: codes become fp16 in one instruction
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
