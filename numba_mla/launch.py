@@ -156,8 +156,6 @@ def _stream_query(q):
     building a torch.cuda.Stream object on every call."""
     if _compat.SIMULATOR or not is_torch(q):
         return lambda: 0
-    import torch
-
     query = _numba.torch_raw_stream_query(q.device.index)
     return functools.partial(current_stream, q) if query is None else query
 

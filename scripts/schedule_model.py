@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from numba_mla import heuristics as hz  # noqa: E402
 from numba_mla.bench.configs import SPREADS, VARLEN_SHAPES, Config  # noqa: E402
+from numba_mla.cli import _parse_shapes  # noqa: E402
 from numba_mla.bench.problems import draw_lengths  # noqa: E402
 from numba_mla.kernels.mma import BLOCK_M, BLOCK_N  # noqa: E402  (the seesaw kernel's too)
 
@@ -153,8 +154,7 @@ def main(argv=None):
                     help="a bench JSON's varlen rows beside the model: microseconds a modelled "
                          "tile-time of the schedule taken")
     args = ap.parse_args(argv)
-    shapes = (VARLEN_SHAPES if args.shapes is None else
-              [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")])
+    shapes = VARLEN_SHAPES if args.shapes is None else _parse_shapes(args.shapes)
     spreads = SPREADS if args.spreads is None else [float(s) for s in args.spreads.split(",")]
     if args.mixed is not None:
         hz.MIXED_RUNS = args.mixed
