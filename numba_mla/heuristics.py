@@ -611,10 +611,11 @@ WHOLE_ITEM_TILES = 4
 #: model is 7-10% optimistic for them (an H100's A/B at d5e1d0c, docs/performance.md: modelled
 #: 0.735-0.892, measured 0.829-0.976, every one a gain); below 0.90 is where it was measured
 WHOLE_GAIN = 0.90
-#: ... and at equal lengths (an experiment, off): True takes the whole runs there too, past one
-#: pair a multiprocessor, whatever the model says (it gives them 0.976 of the grid's time at
-#: 128 x 128 x 1024, two sequences a block; measured 0.967-0.982 on an H100 in two calls)
-WHOLE_EQUAL = False
+#: ... and at equal lengths: True takes the whole runs there too, past one pair a
+#: multiprocessor, whatever the model says (it gives them 0.976 of the grid's time at
+#: 128 x 128 x 1024, two sequences a block; measured 0.967-0.982 on an H100 in two calls, and
+#: 0.981 in a third at 61179e1, the other shapes unchanged; on since then)
+WHOLE_EQUAL = True
 
 
 def _longest_block(table, item_cost):

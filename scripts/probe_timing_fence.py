@@ -34,12 +34,13 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from numba_mla.bench import configs, providers  # noqa: E402
+from numba_mla.bench import configs, git_commit, providers  # noqa: E402
 from numba_mla.cli import _parse_shapes  # noqa: E402
 from numba_mla.bench.problems import make_problem  # noqa: E402
 from numba_mla.bench.timing import Device  # noqa: E402
@@ -58,6 +59,8 @@ def main(argv=None):
     ap.add_argument("--follows", action="store_true",
                     help="numba_mla providers also with kernels.seesaw.FOLLOWS on")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--commit", default=None,
+                    help="commit to record (default: the checkout's, git rev-parse)")
     args = ap.parse_args(argv)
     dev = Device()
     if dev.torch is None:
@@ -114,7 +117,8 @@ def main(argv=None):
         del problem
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(device=dev.name, rows=rows), f, indent=1)
+            json.dump(dict(device=dev.name, date=time.strftime("%Y-%m-%d"),
+                           commit=args.commit or git_commit(), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

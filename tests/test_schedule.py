@@ -350,8 +350,9 @@ def test_runs_split_of_varlen_draws(monkeypatch, mixed):
     bench's 18 draws on 132 multiprocessors, 64 x 16 x 4096 at spread 0.5 and 16 x 128 x
     32768 at 0.25 and 0.5, the three that measured faster under it on an H100 (0.95-0.98x
     the time of the schedule they replace), and 128 x 128 x 1024 at 0.25 and 0.5 in whole
-    sequences (256 pairs: one partition, out written by the items); not 64 x 16 x 4096 at
-    0.25 (1.03x cut), nor equal lengths (1.02x at 16 x 128 x 32768). 64 x 128 x 4096 at 0.5
+    sequences (256 pairs: one partition, out written by the items), at equal lengths too
+    (``WHOLE_EQUAL``: 0.98x on an H100); not 64 x 16 x 4096 at 0.25 (1.03x cut), nor the
+    other equal lengths (cut: 1.02x at 16 x 128 x 32768). 64 x 128 x 4096 at 0.5
     only in the mixed runs (``MIXED_RUNS``, the default: 0.954x the listed schedule's time on
     an H100), not cut (1.05x)."""
     from numba_mla.bench import configs, problems
@@ -371,7 +372,8 @@ def test_runs_split_of_varlen_draws(monkeypatch, mixed):
                           heuristics.runs_partitions(table)))
             assert int(table[0, 0]) <= H200_SMS  # (one wave)
     assert taken == [(64, 128, 4096, 0.5, 2)] * mixed + [
-        (64, 16, 4096, 0.5, 4), (128, 128, 1024, 0.25, 1), (128, 128, 1024, 0.5, 1),
+        (64, 16, 4096, 0.5, 4), (128, 128, 1024, 0.0, 1), (128, 128, 1024, 0.25, 1),
+        (128, 128, 1024, 0.5, 1),
         (16, 128, 32768, 0.25, 6), (16, 128, 32768, 0.5, 7)]
 
 
@@ -646,11 +648,12 @@ def test_whole_runs_level_the_loads(monkeypatch):
 
 
 def test_whole_runs_at_equal_lengths(monkeypatch):
-    """Equal lengths take no runs by default; with ``heuristics.WHOLE_EQUAL`` (an experiment)
-    they take the whole runs past one (sequence, row group) pair a multiprocessor only: 10
-    sequences of 8 tiles in two row groups on 8 multiprocessors are 4 runs of two or three
-    sequences, 8 blocks, one partition; on 32 multiprocessors (20 pairs) none."""
+    """Equal lengths take the whole runs (``heuristics.WHOLE_EQUAL``, on) past one (sequence,
+    row group) pair a multiprocessor only: 10 sequences of 8 tiles in two row groups on 8
+    multiprocessors are 4 runs of two or three sequences, 8 blocks, one partition; on 32
+    multiprocessors (20 pairs) none. With the flag off, none."""
     keys = np.full(10, 8 * 64)
+    monkeypatch.setattr(heuristics, "WHOLE_EQUAL", False)
     assert heuristics.runs_split(keys, 64, 2, sms=8, rows=128) is None
     monkeypatch.setattr(heuristics, "WHOLE_EQUAL", True)
     table = heuristics.runs_split(keys, 64, 2, sms=8, rows=128)
