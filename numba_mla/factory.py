@@ -319,9 +319,6 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("e4m3_too", True),) if fp8 and seesaw.E4M3_TOO and not converter
                       else ())
                    + ((("follows", True),) if follows else ())
-                   + ((("qk8", seesaw.CODES_EARLY, seesaw.PRODUCTS_FIRST),)
-                      if fp8 and not converter and (seesaw.CODES_EARLY or seesaw.PRODUCTS_FIRST)
-                      else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -548,26 +548,6 @@ def test_fp8_seesaw_kernel_softmax_path(lengths, mod_id, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("flag,order", [("CODES_EARLY", "fifo"), ("CODES_EARLY", "warps:2"),
-                                        ("PRODUCTS_FIRST", "fifo"), ("PRODUCTS_FIRST", "warps:2")])
-def test_fp8_seesaw_kernel_box_orders(flag, order, rng, monkeypatch):
-    """The two other orders of ``qk8``'s steps a box (seesaw.CODES_EARLY: the next box's codes
-    read before the fence; seesaw.PRODUCTS_FIRST: the box before's products before the wait
-    for a box's codes, a second barrier where a box's values lie on its own codes) match the
-    reference: 64 heads over five tiles on shuffled pages with ALiBi (both buffers converted
-    more than once, a short last tile), in the default turn order and with the threads in the
-    order of warps that seed 2 draws (docs/testing.md)."""
-    from numba_mla import _numba
-    from numba_mla.kernels import seesaw
-
-    monkeypatch.setattr(seesaw, flag, True)
-    seen = spy_seesaw(monkeypatch)
-    with _numba.sim_turn_order(order):
-        run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, [5 * 64 - 9], "null", "alibi", 1)
-    assert set(seen) == {("bf16", seesaw.LAG_HEADS, True, "e4m3")}
-
-
-@KERNEL
 @pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts,order", [
     (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "fifo"),
     (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "warps:2"),

@@ -131,17 +131,6 @@ E4M3_TOO = True
 # Not with the converter warpgroup (launched by Numba's path; factory.py decides). Built, not
 # yet timed: off.
 FOLLOWS = False
-# "e4m3" rows, where the warpgroup that computes S converts its tile a box at a time (``qk8``):
-# two orders of a box's steps, each against the plain one (read the box's codes, barrier, the
-# box before's products, write the box's values, fence). CODES_EARLY: the next box's codes are
-# read before the fence that ends a box, so that the loads are in flight while the fence drains
-# the stores and the box after starts converting without waiting for them. PRODUCTS_FIRST: the
-# box before's products are issued before the wait for a box's codes, so that the tensor cores
-# work while the codes land (a second barrier before the write where a box's values overwrite
-# its own codes). Built, not yet timed: off.
-CODES_EARLY = False
-PRODUCTS_FIRST = False
-assert not (CODES_EARLY and PRODUCTS_FIRST), "two orders of the same steps"
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -256,7 +245,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     short_path = lag and (fp8 is None or (E4M3_TOO and not converter))  # EXP2_FTZ, ROWS_AHEAD
     exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
     rows_ahead = ROWS_AHEAD and short_path
-    codes_early, products_first = CODES_EARLY, PRODUCTS_FIRST  # (qk8's order)
     if FP8:
         tag = "f16"  # the products' type: codes become fp16 in one instruction
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
@@ -389,12 +377,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             ptx.sts128(smk, dst + BOX_BYTES * box + 2048 * i, a0, a1, a2, a3)
 
     @cuda.jit(device=True)
-    def own_codes(buf, box):
-        """Whether box ``box``'s 16-bit values in buffer ``buf`` lie on its own codes."""
-        at = raw_at_(buf, box)
-        return at < BOX_BYTES * (box + 1) and BOX_BYTES * box < at + RAW_BOX
-
-    @cuda.jit(device=True)
     def qk8(s_acc, smk, sb, buf, parity, wtid):
         """S = Q K^T over the tile in buffer ``buf`` ("e4m3" rows; this warpgroup's 128
         threads), its codes converted in place to fp16 a box at a time as each lands, in
@@ -414,28 +396,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         # tile before, but no codes.
         ptx.bar_sync(BAR_WG + buf, 128)
         write_box(codes, 0, smk, prev, dst)
-        if codes_early:  # the next box's codes: no box's values lie on them yet
-            read_codes(codes, 0, smk, sb, buf, convert_order_(buf, 1), parity, src)
         ptx.fence_proxy_async()
         ptx.wgmma_fence()
         for n in range(1, NBOX):
             box = convert_order_(buf, n)
-            if products_first:
-                # every thread has written and fenced the box before, and read the codes of
-                # every box before it (those that this box's values may overwrite)
-                ptx.bar_sync(BAR_WG + buf, 128)
-                s_box(s_acc, smk, dq, dk, prev, n - 1, wtid)
-                read_codes(codes, 0, smk, sb, buf, box, parity, src)
-                if own_codes(buf, box):  # every thread has read them before any writes
-                    ptx.bar_sync(BAR_WG + buf, 128)
-            else:
-                if not codes_early:
-                    read_codes(codes, 0, smk, sb, buf, box, parity, src)
-                ptx.bar_sync(BAR_WG + buf, 128)
-                s_box(s_acc, smk, dq, dk, prev, n - 1, wtid)
+            read_codes(codes, 0, smk, sb, buf, box, parity, src)
+            ptx.bar_sync(BAR_WG + buf, 128)
+            s_box(s_acc, smk, dq, dk, prev, n - 1, wtid)
             write_box(codes, 0, smk, box, dst)
-            if codes_early and n + 1 < NBOX:
-                read_codes(codes, 0, smk, sb, buf, convert_order_(buf, n + 1), parity, src)
             ptx.fence_proxy_async()
             prev = box
         ptx.bar_sync(BAR_WG + buf, 128)
