@@ -279,7 +279,7 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
 
 
 def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, listed=False,
-                            fp8=None, converter=False, runs=False, mixed=False):
+                            fp8=None, converter=False, runs=False, mixed=False, follows=True):
     """The stage-1 tensor-core kernel whose warpgroups take tiles in turn (kernels/seesaw.py),
     for tiles the copy engine brings; ``direct`` as above; ``listed``: its blocks from the
     listed schedule's table (heuristics.list_blocks), writing the workspace; ``fp8``: "e4m3"
@@ -291,12 +291,15 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     registers where ``seesaw.RUNS_AHEAD``, else staged (with the next item's queries copied
     under it where ``seesaw.RUNS_Q_EARLY``); ``mixed``: with ``runs`` and not ``direct``, an
     item that is a whole sequence writes out and lse itself and the others the workspace
-    (the kernel then takes out and lse after the workspace; the combine's ``skips``)."""
+    (the kernel then takes out and lse after the workspace; the combine's ``skips``);
+    ``follows``: False for the form that is not launched as the kernel before's programmatic
+    dependent where ``seesaw.FOLLOWS`` makes the others so (the selector's form where theirs
+    spills)."""
     from .kernels import seesaw
 
     ahead = runs and seesaw.RUNS_AHEAD
     q_early = runs and not ahead and seesaw.RUNS_Q_EARLY
-    follows = seesaw.FOLLOWS and not converter  # (the converter's: launched by Numba's path)
+    follows = follows and seesaw.FOLLOWS and not converter  # (the converter's: Numba's path)
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,

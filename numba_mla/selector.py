@@ -350,6 +350,21 @@ def _check_config(config, backend, block_m, block_n, stages=None):
             raise refuse(field, value, backend, (runs,))
 
 
+def _seesaw_fit(spills, make):
+    """``make(follows)``, a KernelSpec of a seesaw form: the form launched as the programmatic
+    dependent of the kernel before it (``seesaw.FOLLOWS``) unless its build spills, then the
+    plain form unless that spills too; None where both do. The wait at the kernel's start
+    moves ptxas's register allocation: a 64-head build with a sliding window and ALiBi spilled
+    with it on an H100 where the plain build did not."""
+    from .kernels import seesaw
+
+    for follows in (True, False) if seesaw.FOLLOWS else (True,):
+        spec = make(follows)
+        if not spills(spec):
+            return spec
+    return None
+
+
 def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                   spills: Callable[[KernelSpec], bool]) -> KernelSpec:
     """The kernel for a checked call. ``rows``: query rows of the longest sequence (Sq x H);
@@ -543,12 +558,14 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
             # past 32 rows, on tiles the copy engine can bring: the seesaw kernel converts
             # each tile once for both of its warpgroups (kernels/seesaw.py), unless it spills
             for converter in (True, False) if SEESAW_CONVERTER else (False,):
-                spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
-                    mask, mod, tag, cache_cls, H, direct, fp8=fp8, converter=converter),
+                spec = _seesaw_fit(spills, lambda follows: KernelSpec(
+                    "seesaw", factory.seesaw_partition_kernel(
+                        mask, mod, tag, cache_cls, H, direct, fp8=fp8, converter=converter,
+                        follows=follows),
                     seesaw.threads(converter),
                     seesaw.SMEM_BYTES_CONV if converter else seesaw.SMEM_BYTES_E4M3,
-                    q_pairs=True, tma=True, **common)
-                if not spills(spec):
+                    q_pairs=True, tma=True, **common))
+                if spec is not None:
                     return spec
 
         def spec_of(v_ahead):
@@ -580,26 +597,31 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
             # a table that cuts every sequence runs the plain form)
             mixed = not whole and heuristics.MIXED_RUNS and heuristics.runs_whole_items(table)
             runs = dict(common, num_partitions=parts, chunk=0, direct=whole)
-            spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
-                mask, mod, tag, cache_cls, H, whole, runs=True, mixed=mixed), mma.NTHREADS,
+            spec = _seesaw_fit(spills, lambda follows: KernelSpec(
+                "seesaw", factory.seesaw_partition_kernel(
+                    mask, mod, tag, cache_cls, H, whole, runs=True, mixed=mixed,
+                    follows=follows), mma.NTHREADS,
                 seesaw.SMEM_BYTES_RUNS, q_pairs=True, tma=True, listable=True, work=table,
-                runs=int(table[0, 0]), mixed=mixed, **runs)
-            if not spills(spec):
+                runs=int(table[0, 0]), mixed=mixed, **runs))
+            if spec is not None:
                 return spec
         if pieces is not None:
             work = heuristics.list_blocks(pieces, -(-np.asarray(keys, np.int64) // block_n),
                                           groups)
             listed = dict(common, num_partitions=int(pieces.max()), chunk=0, direct=False)
-            spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(
-                mask, mod, tag, cache_cls, H, False, listed=True), mma.NTHREADS,
-                seesaw.SMEM_BYTES, q_pairs=True, tma=True, listable=True, work=work, **listed)
-            if not spills(spec):
+            spec = _seesaw_fit(spills, lambda follows: KernelSpec(
+                "seesaw", factory.seesaw_partition_kernel(
+                    mask, mod, tag, cache_cls, H, False, listed=True, follows=follows),
+                mma.NTHREADS, seesaw.SMEM_BYTES, q_pairs=True, tma=True, listable=True,
+                work=work, **listed))
+            if spec is not None:
                 return spec
-        spec = KernelSpec("seesaw", factory.seesaw_partition_kernel(mask, mod, tag, cache_cls,
-                                                                    H, direct),
-                          mma.NTHREADS, seesaw.SMEM_BYTES, q_pairs=True, tma=True,
-                          listable=not fixed, **common)
-        if not spills(spec):
+        spec = _seesaw_fit(spills, lambda follows: KernelSpec(
+            "seesaw", factory.seesaw_partition_kernel(mask, mod, tag, cache_cls, H, direct,
+                                                      follows=follows),
+            mma.NTHREADS, seesaw.SMEM_BYTES, q_pairs=True, tma=True, listable=not fixed,
+            **common))
+        if spec is not None:
             return spec
     # (``listable`` as the seesaw forms' where they were tried: this fallback's plans then
     # key on the listed and runs schedules too, so that a plan of one of those, made for other

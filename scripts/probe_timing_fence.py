@@ -19,10 +19,10 @@ before the start event; against ``plain`` it is about 1 for a kernel launched pl
 1 where the plain timing left part of a run out, and below 1 for a kernel that overlaps the
 spin kernel's end (launched as its programmatic dependent).
 
-``--follows`` adds each numba_mla provider again with ``kernels.seesaw.FOLLOWS`` on (the
-seesaw kernel launched as the programmatic dependent of the kernel before it, as FlashMLA's
-is), labelled ``+follows``: its ``fenced - fence`` against the plain launch's is what that
-saves behind another kernel.
+``--follows`` adds each numba_mla provider again with ``kernels.seesaw.FOLLOWS`` the other way
+(on by default: the seesaw kernel launched as the programmatic dependent of the kernel before
+it, as FlashMLA's is), labelled ``+follows`` where it is on and ``-follows`` where off: the two
+rows' ``fenced - fence`` is what it saves behind another kernel.
 
 Usage (a GPU with torch; FlashMLA importable for ``flash_mla``):
     python scripts/probe_timing_fence.py [--shapes 64x128x4096,...] [--providers
@@ -57,7 +57,7 @@ def main(argv=None):
     ap.add_argument("--providers", default="numba_mla:mma,flash_mla")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--follows", action="store_true",
-                    help="numba_mla providers also with kernels.seesaw.FOLLOWS on")
+                    help="numba_mla providers also with kernels.seesaw.FOLLOWS the other way")
     ap.add_argument("--out", default=None)
     ap.add_argument("--commit", default=None,
                     help="commit to record (default: the checkout's, git rev-parse)")
@@ -72,16 +72,16 @@ def main(argv=None):
     for B, H, L in _parse_shapes(args.shapes):
         cfg = configs.Config(batch=B, heads=H, seqlen=L)
         problem = make_problem(cfg, dev, rng, settings)
-        runs = [(prov, False) for prov in providers.select_providers(args.providers)]
+        runs = [(prov, None) for prov in providers.select_providers(args.providers)]
         if args.follows:
-            runs += [(prov, True) for prov, _ in runs if prov.name == "numba_mla"]
+            runs += [(prov, not seesaw.FOLLOWS) for prov, _ in runs if prov.name == "numba_mla"]
         for prov, follows in runs:
             reason = prov.unavailable(dev)
             if reason:
                 print(f"{prov.key}: {reason}")
                 continue
             default = seesaw.FOLLOWS
-            seesaw.FOLLOWS = follows or default  # (read when the plan builds its kernel)
+            seesaw.FOLLOWS = default if follows is None else follows  # (read by the build)
             try:
                 prep = prov.prepare(problem)
             finally:
@@ -104,7 +104,10 @@ def main(argv=None):
                     times[way].append(dev.elapsed_us(start, stop))
             med = {k: float(np.median(v)) for k, v in times.items()}
             alone = med["fenced"] - med["fence"]
-            row = dict(provider=prov.key + ("+follows" if follows else ""),
+            label = "" if follows is None else "+follows" if follows else "-follows"
+            on = seesaw.FOLLOWS if follows is None else follows
+            row = dict(provider=prov.key + label,
+                       seesaw_follows=on if prov.name == "numba_mla" else None,
                        shape=f"{cfg.batch}x{cfg.heads}x{cfg.seqlen}", device=dev.name,
                        rounds=args.rounds, **med, fenced_minus_fence=alone,
                        over_plain=alone / med["plain"])

@@ -431,9 +431,9 @@ def test_mma_copy_path(cache_kind, page_size, tma, heads, rng, monkeypatch):
         chosen.append(args[6])  # (mask, score_mod, tag, cache_cls, heads, direct, tma, fp8)
         return build(*args)
 
-    def recording_seesaw(*args):
+    def recording_seesaw(*args, **kwargs):
         chosen.append("seesaw")
-        return build_seesaw(*args)
+        return build_seesaw(*args, **kwargs)
 
     monkeypatch.setattr(factory, "mma_partition_kernel", recording)
     monkeypatch.setattr(factory, "seesaw_partition_kernel", recording_seesaw)
@@ -465,7 +465,7 @@ def test_seesaw_rows_ahead(window, rng, monkeypatch):
     p = make_problem(rng, 1, 1, seesaw.LAG_HEADS, [9 * 64 - 5], BF16, "paged", 64)
     mask = nm.NullMask() if window is None else nm.SlidingWindowCausalMask(window)
     check_kernel(p, mask, SCORE_MODS["alibi"].make(p), 1, "mma")
-    assert chosen == ["seesaw"]
+    assert set(chosen) == {"seesaw"}  # (twice on a GPU where the FOLLOWS build spills)
 
 
 @KERNEL
@@ -496,26 +496,48 @@ def test_mma_out_not_aligned_for_vector_stores(num_partitions, rng):
 @KERNEL
 def test_mma_tma_falls_back_when_the_seesaw_spills(rng, monkeypatch):
     """Where the seesaw kernel would spill registers (a mask with much arithmetic), TMA tiles
-    go to the lockstep kernel's TMA variant, which matches the reference too."""
-    considered = []
+    go to the lockstep kernel's TMA variant, which matches the reference too; both seesaw
+    builds are tried first where ``seesaw.FOLLOWS`` (the one launched to follow the kernel
+    before it, then the plain one), one where not."""
+    for follows in (True, False):
+        monkeypatch.setattr(seesaw, "FOLLOWS", follows)
+        considered = []
 
-    def spills(self):
-        considered.append(self.dispatcher)
-        return self.dispatcher in seesaw_kernels
+        def spills(self):
+            considered.append(self.dispatcher)
+            return self.dispatcher in seesaw_kernels
 
-    seesaw_kernels = []
-    build_seesaw = factory.seesaw_partition_kernel
+        seesaw_kernels = []
+        build_seesaw = factory.seesaw_partition_kernel
 
-    def recording_seesaw(*args):
-        seesaw_kernels.append(build_seesaw(*args))
-        return seesaw_kernels[-1]
+        def recording_seesaw(*args, **kwargs):
+            seesaw_kernels.append(build_seesaw(*args, **kwargs))
+            return seesaw_kernels[-1]
 
-    monkeypatch.setattr(factory, "seesaw_partition_kernel", recording_seesaw)
-    monkeypatch.setattr(launch._Launch, "spills", spills)
-    p = make_problem(rng, 1, 1, 2, [150], BF16, "paged", 64)
-    mask = MASKS["window3"].make(p, rng)
-    check_kernel(p, mask, SCORE_MODS["alibi"].make(p), 1, "mma")
-    assert considered == seesaw_kernels and len(seesaw_kernels) == 1
+        with monkeypatch.context() as m:
+            m.setattr(factory, "seesaw_partition_kernel", recording_seesaw)
+            m.setattr(launch._Launch, "spills", spills)
+            p = make_problem(rng, 1, 1, 2, [150], BF16, "paged", 64)
+            mask = MASKS["window3"].make(p, rng)
+            check_kernel(p, mask, SCORE_MODS["alibi"].make(p), 1, "mma")
+        assert considered == seesaw_kernels
+        assert [getattr(k, "follows", False) for k in seesaw_kernels] == (
+            [True, False] if follows else [False])
+
+
+@KERNEL
+def test_seesaw_follows_falls_back_to_the_plain_form(rng, monkeypatch):
+    """Where the seesaw build launched to follow the kernel before it (``seesaw.FOLLOWS``)
+    would spill (the wait at its start moves ptxas's allocation), the plain seesaw build runs,
+    not the lockstep kernel, and matches the reference (64 heads, a sliding window, ALiBi over
+    nine tiles on shuffled pages: the build that spilled so on an H100)."""
+    monkeypatch.setattr(seesaw, "FOLLOWS", True)
+    monkeypatch.setattr(launch._Launch, "spills",
+                        lambda self: getattr(self.dispatcher, "follows", False))
+    specs = launched_specs(monkeypatch)
+    p = make_problem(rng, 1, 1, seesaw.LAG_HEADS, [9 * 64 - 5], BF16, "paged", 64)
+    check_kernel(p, nm.SlidingWindowCausalMask(300), SCORE_MODS["alibi"].make(p), 1, "mma")
+    assert [(s.backend, s.dispatcher.follows) for s in specs] == [("seesaw", False)]
 
 
 def launched_specs(monkeypatch):
@@ -931,15 +953,19 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
     local memory but the local arrays its PTX declares (none without such a call): no
     spills. The tensor-core kernel's SASS holds its wgmma instructions (HGMMA)."""
     tag = factory.dtype_tag(p.dtype)
-    seesaw, forms = [], []
+    seesaws, forms = [], []
     if backend == "mma":  # workspace or one-partition (direct) output; TMA or cp.async tiles
         dispatchers = [factory.mma_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
                                                     type(p.cache), p.heads, direct, tma)
                        for direct in (False, True) for tma in (False, True)]
-        # TMA tiles: the seesaw kernel, or the lockstep kernel's TMA variant where it spills
-        seesaw = [factory.seesaw_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
-                                                  type(p.cache), p.heads, direct)
-                  for direct in (False, True)]
+        # TMA tiles: the seesaw kernel (where seesaw.FOLLOWS, the form launched to follow the
+        # kernel before it, then the plain one), or the lockstep kernel's TMA variant where
+        # they spill
+        seesaws = [factory.seesaw_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
+                                                   type(p.cache), p.heads, direct,
+                                                   follows=follows)
+                   for follows in ((True, False) if seesaw.FOLLOWS else (True,))
+                   for direct in (False, True)]
     elif backend == "mma_sync":
         # 16 or 32 query rows a block (heuristics.mma_sync_block_m), direct or workspace
         dispatchers = [factory.mma_sync_partition_kernel(as_mask(mask), as_score_mod(score_mod),
@@ -962,7 +988,7 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
         dispatchers = [factory.partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
                                                 type(p.cache), block_m, p.heads, direct)
                        for direct in (False, True)]  # workspace or one-partition output
-    kernels = [k for d in dispatchers + seesaw + forms for k in d.overloads.values()]
+    kernels = [k for d in dispatchers + seesaws + forms for k in d.overloads.values()]
     assert kernels, "the partition kernel for this configuration was never compiled"
     if backend == "mma_sync":
         rows = int(p.counts.max()) * p.heads
@@ -978,10 +1004,10 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
             else f"expected the {block_m}-row mma_sync block")
     if backend == "mma":  # the copy engine brings the tiles wherever a tile fits one page
         tma = p.cache.kind == "contiguous" or p.cache.page_size % 64 == 0
-        used = seesaw + dispatchers[1::2] if tma else dispatchers[0::2]
+        used = seesaws + dispatchers[1::2] if tma else dispatchers[0::2]
         assert any(d.overloads for d in used), (
             f"expected the {'TMA' if tma else 'cp.async'} variant for {p.cache!r}")
-    for d in dispatchers + seesaw + forms:
+    for d in dispatchers + seesaws + forms:
         for k in d.overloads.values():
             # cc=None: the PTX the kernel was built from (the current device's architecture,
             # "sm_90a" on an H200), kept with the kernel; (9, 0) would compile it for "sm_90".
@@ -993,7 +1019,7 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
                 # The lockstep kernel: 36 wgmma for Q.K^T and 4 for P.V; the seesaw: each
                 # warpgroup's two S sites issue 4 a box (a loop over the boxes), its two P V
                 # sites 4 each.
-                assert ptx.count("wgmma.mma_async") == (32 if d in seesaw else 40)
+                assert ptx.count("wgmma.mma_async") == (32 if d in seesaws else 40)
             callees = set(PTX_CALLEE.findall(ptx))
             assert callees <= allowed_calls, (
                 f"call(s) left in the partition kernel's PTX: {sorted(callees - allowed_calls)}")
@@ -1009,11 +1035,15 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
                 assert any(x.overloads for x in dispatchers[2:]), (
                     "the split-role form uses local memory and no lockstep block replaced it")
                 continue
-            if d in seesaw and k.local_mem_per_thread > declared:
-                # A seesaw kernel that spills is not launched: the lockstep kernel's TMA
-                # variant was compiled in its place (it is compiled for nothing else).
-                assert dispatchers[2 * seesaw.index(d) + 1].overloads, (
-                    "the seesaw kernel spills and no lockstep TMA kernel replaced it")
+            if d in seesaws and k.local_mem_per_thread > declared:
+                # A seesaw kernel that spills is not launched: the plain seesaw form after the
+                # one launched to follow (the same direct) or the lockstep kernel's TMA variant
+                # was compiled in its place (it is compiled for nothing else).
+                direct = seesaws.index(d) % 2
+                assert (any(x.overloads for x in seesaws[seesaws.index(d) + 2::2])
+                        or dispatchers[2 * direct + 1].overloads), (
+                    "the seesaw kernel spills and no other seesaw form or lockstep TMA kernel "
+                    "replaced it")
                 continue
             assert k.local_mem_per_thread <= declared, (
                 f"the partition kernel uses {k.local_mem_per_thread} bytes of local memory per "

@@ -128,9 +128,11 @@ E4M3_TOO = True
 # instruction (``griddepcontrol.wait``) waits for that grid to complete and its writes to be
 # visible, so nothing is read early; what it saves is the launch's latency behind the kernel
 # before (2.6-7.3 us of FlashMLA's time on an H100 at 2a38f6e, scripts/probe_timing_fence.py).
-# Not with the converter warpgroup (launched by Numba's path; factory.py decides). Built, not
-# yet timed: off.
-FOLLOWS = False
+# Not with the converter warpgroup (launched by Numba's path; factory.py decides). On an H100
+# at 3d94055 it saved 0.8-1.8 us a call behind another kernel (plain launches unchanged); the
+# selector takes the plain build where this one spills (the wait moves ptxas's allocation: a
+# 64-head build with a window and ALiBi spilled with it on the GPU).
+FOLLOWS = True
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
