@@ -131,8 +131,9 @@ E4M3_TOO = True
 # Not with the converter warpgroup (launched by Numba's path; factory.py decides). On an H100
 # at 3d94055 it saved 0.8-1.8 us a call behind another kernel (plain launches unchanged); the
 # selector takes the plain build where this one spills (the wait moves ptxas's allocation: a
-# 64-head build with a window and ALiBi spilled with it on the GPU).
-FOLLOWS = True
+# 64-head build with a window and ALiBi spilled with it on the GPU). Off: with that fallback
+# the GPU test of that build still failed on an H200 at ad80d62, for a reason its log lost.
+FOLLOWS = False
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
