@@ -11,11 +11,14 @@ Usage (on a GPU machine, in the repository root):
     (copy suite_1.txt back into the next call's tree, e.g. under an ignored .out/)
     python scripts/gpu_suite.py --log $OUT/suite_2.txt --done .out/suite_1.txt --seconds 450
 Prints the counts and the failures (a test that failed in one log and passed in a later one
-is named too); exit status 0 when every test has passed or been skipped in one of the logs, 1
-when some failed, 3 when some were not reached in time, 4 when collection failed (a module
-that does not import). ``--list`` prints the tests still to run, without running them.
-Paths and ``-k EXPR`` (pytest's keyword expression) make the suite a part of the whole, e.g.
-one backend's tests after a change to its kernel.
+is named too); each failure's traceback is also written to ``LOG.tracebacks.txt`` the moment
+it is reported (this module is loaded into the run as a pytest plugin), so that a run the time
+limit stops before pytest's own report at the end keeps them. Exit status 0 when every test
+has passed or been skipped in one of the logs, 1 when some failed, 3 when some were not
+reached in time, 4 when collection failed (a module that does not import). ``--list``
+prints the tests still to run, without running them. Paths and ``-k EXPR`` (pytest's keyword
+expression) make the suite a part of the whole, e.g. one backend's tests after a change to
+its kernel.
 """
 import argparse
 import os
@@ -34,6 +37,21 @@ OK = ("PASSED", "SKIPPED", "XFAIL")  # outcomes that need no rerun
 BAD = ("FAILED", "ERROR", "XPASS")
 RESULT = re.compile(r"^(?:\[gw\d+\] \[\s*\d+%\] )?(PASSED|SKIPPED|FAILED|ERROR|XFAIL|XPASS) "
                     r"(tests/\S*?(?:\[.*?\])?)(?: .*)?$", re.M)
+
+
+#: the file ``pytest_runtest_logreport`` appends each failure's traceback to (set for the run)
+TRACEBACKS = "GPU_SUITE_TRACEBACKS"
+
+
+def pytest_runtest_logreport(report):
+    """(A pytest hook: this module is loaded into the run by ``-p gpu_suite``.) A failed
+    report's traceback, appended at once to the file that $GPU_SUITE_TRACEBACKS names; in the
+    controlling process only (pytest-xdist hands it every worker's reports)."""
+    path = os.environ.get(TRACEBACKS)
+    if not path or os.environ.get("PYTEST_XDIST_WORKER") or not report.failed:
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"{'=' * 20} {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
 
 
 def collect(paths, keyword=None):
@@ -86,13 +104,19 @@ def main(argv=None):
         return 0
     if not args.log:
         ap.error("--log is needed to run")
+    tracebacks = args.log and args.log + ".tracebacks.txt"
     if todo:
+        if os.path.exists(tracebacks):
+            os.remove(tracebacks)
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = dict(os.environ, **{TRACEBACKS: os.path.abspath(tracebacks)},
+                   PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
         with open(args.log, "w") as out:
             cmd = ["timeout", "-s", "INT", "-k", "30", str(args.seconds), sys.executable,
                    "-m", "pytest",
                    "-n", str(args.workers), "-v", "-rfE", "-m", MARKS, "-p", "no:cacheprovider",
-                   *todo]
-            subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+                   "-p", "gpu_suite", *todo]
+            subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     now = {**earlier, **(results([args.log]) if todo else {})}
     passed = [i for i in ids if now.get(i) in OK]
     failed = [i for i in ids if now.get(i) in BAD]
@@ -101,6 +125,8 @@ def main(argv=None):
           f"{len(missing)} not reached (of {len(ids)})")
     for i in failed:
         print(f"FAILED {i}")
+    if failed and todo and os.path.exists(tracebacks):
+        print(f"gpu_suite: tracebacks in {tracebacks}")
     failed_before = {i for r in per_log for i, o in r.items() if o in BAD}
     for i in passed:
         if i in failed_before:

@@ -54,3 +54,21 @@ def test_a_keyword_selects_a_part(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1 tests, 0 passed or skipped earlier, 1 to run" in out
     assert "test_mma_a" in out and "test_simt_b" not in out
+
+
+def test_failures_tracebacks_written_as_they_come(tmp_path, monkeypatch):
+    """A run writes each failure's traceback to LOG.tracebacks.txt as it is reported (here
+    through pytest-xdist's controller, one worker), beside the verbose log: the failing
+    assertion is there, the passing test is not."""
+    (tmp_path / "test_f.py").write_text("def test_good():\n    pass\n\n"
+                                        "def test_bad():\n    assert 1 + 1 == 3\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "test_f.py").rename(tmp_path / "tests" / "test_f.py")
+    monkeypatch.setattr(gpu_suite, "ROOT", str(tmp_path))  # (its ids: tests/test_f.py::...)
+    log = tmp_path / "suite.txt"
+    assert gpu_suite.main(["--log", str(log), "--workers", "1", "--seconds", "120",
+                           "tests"]) == 1
+    assert "PASSED tests/test_f.py::test_good" in log.read_text()
+    text = (tmp_path / "suite.txt.tracebacks.txt").read_text()
+    assert "assert (1 + 1) == 3" in text and text.count("test_bad (call)") == 1
+    assert "test_good" not in text
