@@ -43,12 +43,20 @@ RESULT = re.compile(r"^(?:\[gw\d+\] \[\s*\d+%\] )?(PASSED|SKIPPED|FAILED|ERROR|X
 TRACEBACKS = "GPU_SUITE_TRACEBACKS"
 
 
+_WORKER = []  # (pytest_configure: whether this process is a pytest-xdist worker)
+
+
+def pytest_configure(config):
+    """(A pytest hook.) Note whether this process is one of pytest-xdist's workers."""
+    _WORKER[:] = [hasattr(config, "workerinput")]
+
+
 def pytest_runtest_logreport(report):
     """(A pytest hook: this module is loaded into the run by ``-p gpu_suite``.) A failed
     report's traceback, appended at once to the file that $GPU_SUITE_TRACEBACKS names; in the
     controlling process only (pytest-xdist hands it every worker's reports)."""
     path = os.environ.get(TRACEBACKS)
-    if not path or os.environ.get("PYTEST_XDIST_WORKER") or not report.failed:
+    if not path or any(_WORKER) or not report.failed:
         return
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"{'=' * 20} {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
