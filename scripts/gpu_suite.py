@@ -112,7 +112,7 @@ def main(argv=None):
         return 0
     if not args.log:
         ap.error("--log is needed to run")
-    tracebacks = args.log and args.log + ".tracebacks.txt"
+    tracebacks = args.log + ".tracebacks.txt"
     if todo:
         if os.path.exists(tracebacks):
             os.remove(tracebacks)

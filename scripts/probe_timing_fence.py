@@ -20,9 +20,9 @@ before the start event; against ``plain`` it is about 1 for a kernel launched pl
 spin kernel's end (launched as its programmatic dependent).
 
 ``--follows`` adds each numba_mla provider again with ``kernels.seesaw.FOLLOWS`` the other way
-(on by default: the seesaw kernel launched as the programmatic dependent of the kernel before
-it, as FlashMLA's is), labelled ``+follows`` where it is on and ``-follows`` where off: the two
-rows' ``fenced - fence`` is what it saves behind another kernel.
+(off by default; on, the seesaw kernel is launched as the programmatic dependent of the kernel
+before it, as FlashMLA's is), labelled ``+follows`` where it is on and ``-follows`` where off:
+the two rows' ``fenced - fence`` is what it saves behind another kernel.
 
 Usage (a GPU with torch; FlashMLA importable for ``flash_mla``):
     python scripts/probe_timing_fence.py [--shapes 64x128x4096,...] [--providers
