@@ -548,22 +548,6 @@ def test_fp8_seesaw_kernel_softmax_path(lengths, mod_id, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("order", ["low", "high"])
-def test_fp8_seesaw_kernel_early_refill(order, rng, monkeypatch):
-    """seesaw.EARLY_REFILL (an experiment, off) on "e4m3" rows: warpgroup 1 refills K0's
-    codes of boxes 4-8 before it publishes P1; 64 heads over nine tiles on shuffled pages
-    with ALiBi match the reference with the threads taking turns in either order."""
-    from numba_mla import _numba
-    from numba_mla.kernels import seesaw
-
-    monkeypatch.setattr(seesaw, "EARLY_REFILL", True)
-    seen = spy_seesaw(monkeypatch)
-    with _numba.sim_turn_order(order):
-        run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, [9 * 64 - 5], "null", "alibi", 1)
-    assert set(seen) == {("bf16", seesaw.LAG_HEADS, True, "e4m3")}
-
-
-@KERNEL
 @pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts,order", [
     (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "fifo"),
     (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "warps:2"),

@@ -469,27 +469,6 @@ def test_seesaw_rows_ahead(window, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("order", ["fifo", "low", "high", "warps:2"])
-def test_seesaw_early_refill(order, rng, monkeypatch):
-    """seesaw.EARLY_REFILL (an experiment, off): warpgroup 1 waits for its P0 V0 and refills
-    K0's boxes 4-8 before it stores and publishes P1. Nine tiles (five pairs, the last of one
-    partial tile whose slots past the length hold NaN) over shuffled pages of 64 with ALiBi
-    match the reference with the threads taking turns in each order (docs/testing.md), and
-    the seesaw kernel is the one that ran."""
-    from numba_mla import _numba
-
-    monkeypatch.setattr(seesaw, "EARLY_REFILL", True)
-    chosen = []
-    build_seesaw = factory.seesaw_partition_kernel
-    monkeypatch.setattr(factory, "seesaw_partition_kernel",
-                        lambda *a, **k: chosen.append("seesaw") or build_seesaw(*a, **k))
-    p = make_problem(rng, 1, 1, seesaw.LAG_HEADS, [9 * 64 - 5], BF16, "paged", 64)
-    with _numba.sim_turn_order(order):
-        check_kernel(p, nm.NullMask(), SCORE_MODS["alibi"].make(p), 1, "mma")
-    assert chosen == ["seesaw"]
-
-
-@KERNEL
 @pytest.mark.parametrize("num_partitions", [1, 2])
 def test_mma_out_not_aligned_for_vector_stores(num_partitions, rng):
     """A caller's ``out`` that starts 2 bytes past an 8-byte boundary: where the tensor-core

@@ -134,11 +134,6 @@ E4M3_TOO = True
 # 64-head build with a window and ALiBi spilled with it on the GPU). Off: with that fallback
 # the GPU test of that build still failed on an H200 at ad80d62, for a reason its log lost.
 FOLLOWS = False
-# Warpgroup 1 waits for its P0 V0 and refills K0's boxes 4-8 right after its softmax, before
-# it stores P1 and publishes it (SCALE1), rather than after: the copies that warpgroup 0's next
-# S0 waits for at box 4 start that much earlier, and SCALE1 comes a barrier later. An
-# experiment (off) from LAG_HEADS heads, without the converter warpgroup.
-EARLY_REFILL = False
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -253,7 +248,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     short_path = lag and (fp8 is None or (E4M3_TOO and not converter))  # EXP2_FTZ, ROWS_AHEAD
     exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
     rows_ahead = ROWS_AHEAD and short_path
-    early_refill = EARLY_REFILL and lag and not converter
     if FP8:
         tag = "f16"  # the products' type: codes become fp16 in one instruction
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
@@ -1000,42 +994,24 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     pv_shared(o_acc, smk, sb, 0, 1, wtid)
                     ptx.wgmma_commit()
                     softmax(s_acc, mx, smf, STAT_SCALE1, wtid, tid, scl, sums, sums_p)
-                    if early_refill:
-                        if t1 < t_end and k1 - k0 < BLOCK_N:
+                    if t1 < t_end:
+                        if k1 - k0 < BLOCK_N:
                             zero_rows(smk, sb, 1, k1 - k0, wtid)
-                            ptx.fence_proxy_async()
-                        wait_o(o_acc)
-                        # All four warps are past the wait (K0's boxes 4-7 and its rope box,
-                        # P0, are free), and K1's zeroed rows are in place for the P V below.
-                        ptx.bar_sync(BAR_WG + wg, 128)
-                        if wtid == 0 and t2 < t_end:
-                            if FP8:  # (the codes' place: raw_at)
-                                load_raw(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
-                            else:
-                                load_boxes(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
-                        if t1 < t_end:  # (every warp is past S1: waited before SCALE0)
-                            store_p(s_acc, smk, sb, 1, wtid)
-                            ptx.fence_proxy_async()
-                        ptx.bar_arrive(BAR_SCALE1, NTHREADS)  # m1, scale1, P1 for WG0
-                    else:
-                        if t1 < t_end:
-                            if k1 - k0 < BLOCK_N:
-                                zero_rows(smk, sb, 1, k1 - k0, wtid)
-                            # (every warp is past S1: waited before the barrier SCALE0)
-                            store_p(s_acc, smk, sb, 1, wtid)
-                            ptx.fence_proxy_async()
-                        # m1, scale1, P1 for WG0, while P0 V0 is still in flight: WG0 waits for
-                        # this warpgroup's softmax, not for its product.
-                        ptx.bar_arrive(BAR_SCALE1, NTHREADS)
-                        wait_o(o_acc)
-                        # All four warps are past the wait (K0's boxes 4-7 and its rope box, P0,
-                        # are free), and K1's zeroed rows are in place for the P V below.
-                        ptx.bar_sync(BAR_WG + wg, 128)
-                        if wtid == 0 and t2 < t_end:
-                            if FP8:  # (the codes' place: raw_at)
-                                load_raw(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
-                            else:
-                                load_boxes(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
+                        # (every warp is past S1: waited before the barrier SCALE0)
+                        store_p(s_acc, smk, sb, 1, wtid)
+                        ptx.fence_proxy_async()
+                    # m1, scale1, P1 for WG0, while P0 V0 is still in flight: WG0 waits for this
+                    # warpgroup's softmax, not for its product.
+                    ptx.bar_arrive(BAR_SCALE1, NTHREADS)
+                    wait_o(o_acc)
+                    # All four warps are past the wait (K0's boxes 4-7 and its rope box, P0, are
+                    # free), and K1's zeroed rows are in place for the P V below.
+                    ptx.bar_sync(BAR_WG + wg, 128)
+                    if wtid == 0 and t2 < t_end:
+                        if FP8:  # (the codes' place: raw_at)
+                            load_raw(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
+                        else:
+                            load_boxes(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
                     rescale(o_acc, l_run, l_p, scl)
                     for half in range(2):
                         l_run[half] += sums[half]
