@@ -279,7 +279,8 @@ def mma_sync_roles_partition_kernel(mask, score_mod, tag, cache_cls, heads, dire
 
 
 def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False, listed=False,
-                            fp8=None, converter=False, runs=False, mixed=False, follows=True):
+                            fp8=None, converter=False, runs=False, mixed=False, follows=True,
+                            rows_ahead=True):
     """The stage-1 tensor-core kernel whose warpgroups take tiles in turn (kernels/seesaw.py),
     for tiles the copy engine brings; ``direct`` as above; ``listed``: its blocks from the
     listed schedule's table (heuristics.list_blocks), writing the workspace; ``fp8``: "e4m3"
@@ -294,12 +295,15 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     (the kernel then takes out and lse after the workspace; the combine's ``skips``);
     ``follows``: False for the form that is not launched as the kernel before's programmatic
     dependent where ``seesaw.FOLLOWS`` makes the others so (the selector's form where theirs
-    spills)."""
+    spills); ``rows_ahead``: False for the form that looks up each pair's refill rows in
+    their own pair where the others carry them from the pair before (``seesaw.carries_rows``;
+    the selector's form where theirs spills)."""
     from .kernels import seesaw
 
     ahead = runs and seesaw.RUNS_AHEAD
     q_early = runs and not ahead and seesaw.RUNS_Q_EARLY
     follows = follows and seesaw.FOLLOWS and not converter  # (the converter's: Numba's path)
+    rows_late = not rows_ahead and seesaw.carries_rows(heads, fp8, converter)
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
@@ -307,10 +311,11 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             fp8=fp8, converter=converter, runs=runs,
                                             ahead=ahead, direct=direct, q_early=q_early,
                                             mixed=mixed, out_store=_output_store(tag, True),
-                                            follows=follows,
+                                            follows=follows, rows_ahead=not rows_late,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         disp.follows = follows  # (launch.py: launched to follow)
+        disp.rows_late = rows_late
         if converter:  # (setmaxnreg moves the registers it was launched with)
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
@@ -322,6 +327,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("e4m3_too", True),) if fp8 and seesaw.E4M3_TOO and not converter
                       else ())
                    + ((("follows", True),) if follows else ())
+                   + ((("rows_late", True),) if rows_late else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -351,17 +351,26 @@ def _check_config(config, backend, block_m, block_n, stages=None):
 
 
 def _seesaw_fit(spills, make):
-    """``make(follows)``, a KernelSpec of a seesaw form: the form launched as the programmatic
-    dependent of the kernel before it (``seesaw.FOLLOWS``) unless its build spills, then the
-    plain form unless that spills too; None where both do. The wait at the kernel's start
-    moves ptxas's register allocation: a 64-head build with a sliding window and ALiBi spilled
-    with it on an H100 where the plain build did not."""
+    """``make(follows, rows_ahead)``, a KernelSpec of a seesaw form: the first of these whose
+    build does not spill, None where all do: the form launched as the programmatic dependent of
+    the kernel before it (``seesaw.FOLLOWS``), then the plain form; both first with the rows
+    of each pair's refills carried from the pair before (``seesaw.ROWS_AHEAD``, from
+    ``LAG_HEADS`` heads), then with them looked up in their own pair. Each costs registers,
+    and ptxas's allocation moves with either: a 64-head build with a sliding window and ALiBi
+    spilled 40 bytes with the rows carried on an H100, with or without the wait at the start,
+    and 242 registers without them in a local build. A form the arguments leave as another
+    already tried is not built twice."""
     from .kernels import seesaw
 
-    for follows in (True, False) if seesaw.FOLLOWS else (True,):
-        spec = make(follows)
-        if not spills(spec):
-            return spec
+    tried = []
+    for rows_ahead in (True, False):
+        for follows in (True, False) if seesaw.FOLLOWS else (True,):
+            spec = make(follows, rows_ahead)
+            if any(spec.dispatcher is d for d in tried):
+                continue
+            tried.append(spec.dispatcher)
+            if not spills(spec):
+                return spec
     return None
 
 
@@ -558,10 +567,10 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
             # past 32 rows, on tiles the copy engine can bring: the seesaw kernel converts
             # each tile once for both of its warpgroups (kernels/seesaw.py), unless it spills
             for converter in (True, False) if SEESAW_CONVERTER else (False,):
-                spec = _seesaw_fit(spills, lambda follows: KernelSpec(
+                spec = _seesaw_fit(spills, lambda follows, rows_ahead: KernelSpec(
                     "seesaw", factory.seesaw_partition_kernel(
                         mask, mod, tag, cache_cls, H, direct, fp8=fp8, converter=converter,
-                        follows=follows),
+                        follows=follows, rows_ahead=rows_ahead),
                     seesaw.threads(converter),
                     seesaw.SMEM_BYTES_CONV if converter else seesaw.SMEM_BYTES_E4M3,
                     q_pairs=True, tma=True, **common))
@@ -597,10 +606,10 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
             # a table that cuts every sequence runs the plain form)
             mixed = not whole and heuristics.MIXED_RUNS and heuristics.runs_whole_items(table)
             runs = dict(common, num_partitions=parts, chunk=0, direct=whole)
-            spec = _seesaw_fit(spills, lambda follows: KernelSpec(
+            spec = _seesaw_fit(spills, lambda follows, rows_ahead: KernelSpec(
                 "seesaw", factory.seesaw_partition_kernel(
                     mask, mod, tag, cache_cls, H, whole, runs=True, mixed=mixed,
-                    follows=follows), mma.NTHREADS,
+                    follows=follows, rows_ahead=rows_ahead), mma.NTHREADS,
                 seesaw.SMEM_BYTES_RUNS, q_pairs=True, tma=True, listable=True, work=table,
                 runs=int(table[0, 0]), mixed=mixed, **runs))
             if spec is not None:
@@ -609,16 +618,17 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
             work = heuristics.list_blocks(pieces, -(-np.asarray(keys, np.int64) // block_n),
                                           groups)
             listed = dict(common, num_partitions=int(pieces.max()), chunk=0, direct=False)
-            spec = _seesaw_fit(spills, lambda follows: KernelSpec(
+            spec = _seesaw_fit(spills, lambda follows, rows_ahead: KernelSpec(
                 "seesaw", factory.seesaw_partition_kernel(
-                    mask, mod, tag, cache_cls, H, False, listed=True, follows=follows),
+                    mask, mod, tag, cache_cls, H, False, listed=True, follows=follows,
+                    rows_ahead=rows_ahead),
                 mma.NTHREADS, seesaw.SMEM_BYTES, q_pairs=True, tma=True, listable=True,
                 work=work, **listed))
             if spec is not None:
                 return spec
-        spec = _seesaw_fit(spills, lambda follows: KernelSpec(
+        spec = _seesaw_fit(spills, lambda follows, rows_ahead: KernelSpec(
             "seesaw", factory.seesaw_partition_kernel(mask, mod, tag, cache_cls, H, direct,
-                                                      follows=follows),
+                                                      follows=follows, rows_ahead=rows_ahead),
             mma.NTHREADS, seesaw.SMEM_BYTES, q_pairs=True, tma=True, listable=not fixed,
             **common))
         if spec is not None:

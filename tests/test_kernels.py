@@ -454,7 +454,9 @@ def test_seesaw_rows_ahead(window, rng, monkeypatch):
     matches the reference, with every tile and with a window that skips the first four. ALiBi
     makes each key's score depend on its position, so that two tiles' rows swapped would not
     give the same output. The seesaw kernel must be the one that ran (on a GPU a build that
-    spills gives way to the lockstep kernel)."""
+    spills gives way to another seesaw form, and where all do to the lockstep kernel: with the
+    window, the form that looks the rows up in their own pair runs there, as the carried
+    rows' build spills)."""
     assert seesaw.ROWS_AHEAD
     chosen = []
     build_seesaw, build_lockstep = factory.seesaw_partition_kernel, factory.mma_partition_kernel
@@ -465,7 +467,7 @@ def test_seesaw_rows_ahead(window, rng, monkeypatch):
     p = make_problem(rng, 1, 1, seesaw.LAG_HEADS, [9 * 64 - 5], BF16, "paged", 64)
     mask = nm.NullMask() if window is None else nm.SlidingWindowCausalMask(window)
     check_kernel(p, mask, SCORE_MODS["alibi"].make(p), 1, "mma")
-    assert set(chosen) == {"seesaw"}  # (twice on a GPU where the FOLLOWS build spills)
+    assert set(chosen) == {"seesaw"}  # (more than one form on a GPU where a build spills)
 
 
 @KERNEL
@@ -496,10 +498,13 @@ def test_mma_out_not_aligned_for_vector_stores(num_partitions, rng):
 @KERNEL
 def test_mma_tma_falls_back_when_the_seesaw_spills(rng, monkeypatch):
     """Where the seesaw kernel would spill registers (a mask with much arithmetic), TMA tiles
-    go to the lockstep kernel's TMA variant, which matches the reference too; both seesaw
-    builds are tried first where ``seesaw.FOLLOWS`` (the one launched to follow the kernel
-    before it, then the plain one), one where not."""
-    for follows in (True, False):
+    go to the lockstep kernel's TMA variant, which matches the reference too; every seesaw
+    form is tried first, each once (selector._seesaw_fit): at 64 heads where
+    ``seesaw.FOLLOWS`` the one launched to follow the kernel before it and then the plain one,
+    both with the refills' rows carried from the pair before and then without; at 2 heads,
+    which carry none, the second two are the first two and are not built again."""
+    for follows, heads in ((True, seesaw.LAG_HEADS), (False, seesaw.LAG_HEADS), (True, 2),
+                           (False, 2)):
         monkeypatch.setattr(seesaw, "FOLLOWS", follows)
         considered = []
 
@@ -517,12 +522,14 @@ def test_mma_tma_falls_back_when_the_seesaw_spills(rng, monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(factory, "seesaw_partition_kernel", recording_seesaw)
             m.setattr(launch._Launch, "spills", spills)
-            p = make_problem(rng, 1, 1, 2, [150], BF16, "paged", 64)
+            p = make_problem(rng, 1, 1, heads, [150], BF16, "paged", 64)
             mask = MASKS["window3"].make(p, rng)
             check_kernel(p, mask, SCORE_MODS["alibi"].make(p), 1, "mma")
-        assert considered == seesaw_kernels
-        assert [getattr(k, "follows", False) for k in seesaw_kernels] == (
-            [True, False] if follows else [False])
+        assert considered == list({id(k): k for k in seesaw_kernels}.values())
+        forms = [(k.follows, k.rows_late) for k in considered]
+        carried = [(True, False), (False, False)] if follows else [(False, False)]
+        assert forms == (carried + [(f, True) for f, _ in carried] if heads >= seesaw.LAG_HEADS
+                         else carried)
 
 
 @KERNEL
@@ -530,14 +537,33 @@ def test_seesaw_follows_falls_back_to_the_plain_form(rng, monkeypatch):
     """Where the seesaw build launched to follow the kernel before it (``seesaw.FOLLOWS``)
     would spill (the wait at its start moves ptxas's allocation), the plain seesaw build runs,
     not the lockstep kernel, and matches the reference (64 heads, a sliding window, ALiBi over
-    nine tiles on shuffled pages: the build that spilled so on an H100)."""
+    nine tiles on shuffled pages)."""
     monkeypatch.setattr(seesaw, "FOLLOWS", True)
     monkeypatch.setattr(launch._Launch, "spills",
                         lambda self: getattr(self.dispatcher, "follows", False))
     specs = launched_specs(monkeypatch)
     p = make_problem(rng, 1, 1, seesaw.LAG_HEADS, [9 * 64 - 5], BF16, "paged", 64)
     check_kernel(p, nm.SlidingWindowCausalMask(300), SCORE_MODS["alibi"].make(p), 1, "mma")
-    assert [(s.backend, s.dispatcher.follows) for s in specs] == [("seesaw", False)]
+    assert [(s.backend, s.dispatcher.follows, s.dispatcher.rows_late) for s in specs] == [
+        ("seesaw", False, False)]
+
+
+@KERNEL
+@pytest.mark.parametrize("follows", [True, False])
+def test_seesaw_rows_late_where_carried_rows_spill(follows, rng, monkeypatch):
+    """Where the seesaw builds that carry the refills' rows from the pair before
+    (``seesaw.ROWS_AHEAD``) would spill (64 heads, a sliding window and ALiBi: 40 bytes on an
+    H100, with or without ``seesaw.FOLLOWS``), the seesaw form that looks them up in their own
+    pair runs, not the lockstep kernel, and matches the reference over nine tiles on shuffled
+    pages (the window skips the first four)."""
+    monkeypatch.setattr(seesaw, "FOLLOWS", follows)
+    monkeypatch.setattr(launch._Launch, "spills",
+                        lambda self: not getattr(self.dispatcher, "rows_late", True))
+    specs = launched_specs(monkeypatch)
+    p = make_problem(rng, 1, 1, seesaw.LAG_HEADS, [9 * 64 - 5], BF16, "paged", 64)
+    check_kernel(p, nm.SlidingWindowCausalMask(300), SCORE_MODS["alibi"].make(p), 1, "mma")
+    assert [(s.backend, s.dispatcher.follows, s.dispatcher.rows_late) for s in specs] == [
+        ("seesaw", follows, True)]
 
 
 def launched_specs(monkeypatch):
@@ -958,12 +984,12 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
         dispatchers = [factory.mma_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
                                                     type(p.cache), p.heads, direct, tma)
                        for direct in (False, True) for tma in (False, True)]
-        # TMA tiles: the seesaw kernel (where seesaw.FOLLOWS, the form launched to follow the
-        # kernel before it, then the plain one), or the lockstep kernel's TMA variant where
-        # they spill
+        # TMA tiles: the seesaw kernel (its forms in selector._seesaw_fit's order), or the
+        # lockstep kernel's TMA variant where they spill
         seesaws = [factory.seesaw_partition_kernel(as_mask(mask), as_score_mod(score_mod), tag,
                                                    type(p.cache), p.heads, direct,
-                                                   follows=follows)
+                                                   follows=follows, rows_ahead=rows_ahead)
+                   for rows_ahead in (True, False)
                    for follows in ((True, False) if seesaw.FOLLOWS else (True,))
                    for direct in (False, True)]
     elif backend == "mma_sync":

@@ -432,7 +432,7 @@ def test_trial_args_are_the_launch_args(blocks, rng, monkeypatch):
 @pytest.mark.kernel
 @pytest.mark.parametrize("form", ["grid", "runs"])
 def test_seesaw_follows(form, rng, monkeypatch):
-    """seesaw.FOLLOWS (off by default): the seesaw kernel built to wait for the grid before it
+    """seesaw.FOLLOWS (on by default): the seesaw kernel built to wait for the grid before it
     in the stream (``griddepcontrol.wait`` first; a no-op in the simulator) and its launch made
     that grid's programmatic dependent. Its grid form (the selector's schedule) and its runs
     form over test_runs_schedule's "mixed" table match the references with the seesaw kernel's

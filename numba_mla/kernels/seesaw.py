@@ -130,10 +130,11 @@ E4M3_TOO = True
 # before (2.6-7.3 us of FlashMLA's time on an H100 at 2a38f6e, scripts/probe_timing_fence.py).
 # Not with the converter warpgroup (launched by Numba's path; factory.py decides). On an H100
 # at 3d94055 it saved 0.8-1.8 us a call behind another kernel (plain launches unchanged); the
-# selector takes the plain build where this one spills (the wait moves ptxas's allocation: a
-# 64-head build with a window and ALiBi spilled with it on the GPU). Off: with that fallback
-# the GPU test of that build still failed on an H200 at ad80d62, for a reason its log lost.
-FOLLOWS = False
+# selector takes the plain build where this one spills (selector._seesaw_fit). The GPU test
+# that failed with it on (64 heads, a window and ALiBi) fails with it off too: that build
+# spills with the rows carried (ROWS_AHEAD) either way, and the selector now takes the form
+# without them (the GPU suite on an H100 at d3d9a19, FOLLOWS on: that test alone failed).
+FOLLOWS = True
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -202,10 +203,19 @@ def convert_order(buf, n):
     return V_BOXES + n if n < V_BOXES else 2 * V_BOXES - 1 - n
 
 
+def carries_rows(heads, fp8=None, converter=False):
+    """Whether a build for ``heads`` (and "e4m3" rows, the converter warpgroup) looks up
+    the rows of a pair's refills a pair early and carries them (``ROWS_AHEAD``, one of the two
+    changes of the short path from S to P), unless it is built with ``rows_ahead=False``."""
+    return (ROWS_AHEAD and heads >= LAG_HEADS
+            and (fp8 is None or (E4M3_TOO and not converter)))
+
+
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
                           converter=False, runs=False, ahead=False, direct=False,
-                          q_early=False, mixed=False, out_store=None, follows=False):
+                          q_early=False, mixed=False, out_store=None, follows=False,
+                          rows_ahead=True):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -229,7 +239,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     H, 1]``) and puts combine.WRITTEN in its partition 0's LSE, which the combine's ``skips``
     variant reads as "written out"; the other items write the workspace. ``follows``: the
     kernel waits first for the grid before it in the stream (``FOLLOWS``; launch.py launches
-    it as that grid's programmatic dependent)."""
+    it as that grid's programmatic dependent). ``rows_ahead=False``: the rows of each pair's
+    refills looked up in their own pair even where ``carries_rows`` (the selector's form
+    where the other spills)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
@@ -247,7 +259,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     lag = heads >= LAG_HEADS
     short_path = lag and (fp8 is None or (E4M3_TOO and not converter))  # EXP2_FTZ, ROWS_AHEAD
     exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
-    rows_ahead = ROWS_AHEAD and short_path
+    rows_ahead = rows_ahead and carries_rows(heads, fp8, converter)
     if FP8:
         tag = "f16"  # the products' type: codes become fp16 in one instruction
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
