@@ -142,6 +142,9 @@ FOLLOWS = True
 # SCALE1 that every pair waits on. An experiment (off) from LAG_HEADS heads, without the
 # converter warpgroup.
 P1_AHEAD = False
+# With P1_AHEAD, P1 is stored (and a partial tile's rows zeroed) before SCALE0 too, and only the
+# rows corrected after it are stored again: the store leaves that path as well. An experiment.
+P1_STORE_EARLY = False
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -268,6 +271,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
     rows_ahead = rows_ahead and carries_rows(heads, fp8, converter)
     p1_ahead = P1_AHEAD and lag and not converter
+    p1_early = p1_ahead and P1_STORE_EARLY
     if FP8:
         tag = "f16"  # the products' type: codes become fp16 in one instruction
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
@@ -651,12 +655,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             sums_p[half] = total_p
 
     @cuda.jit(device=True)
-    def softmax_settle(s_acc, mx, mine, ref, smf, wtid, tid, scl, sums, sums_p):
+    def softmax_settle(s_acc, mx, mine, ref, smf, wtid, tid, scl, sums, sums_p, smk, sb,
+                       restore):
         """(``p1_ahead``, warpgroup 1, after SCALE0) ``softmax``'s running max against m0 and
         its tile's maxima ``mx``; a row whose reference differs from ``softmax_ahead``'s
         ``ref`` has its P multiplied by 2^(ref - reference) and rounded again (its sum
-        times the same; none where the tile kept no key of the row: P is 0); the new max goes
-        to ``mine`` and, with exp2(m0 - reference), to the stats (row STAT_SCALE1)."""
+        times the same; none where the tile kept no key of the row: P is 0), and with
+        ``restore`` stored again into buffer 1's rope box (``store_p``'s layout); the new max
+        goes to ``mine`` and, with exp2(m0 - reference), to the stats (row STAT_SCALE1)."""
         for half in range(2):
             m = ptx.acc_row(2 * half, wtid)
             m_old = smf[STAT_OFF // 4 + STAT_M * BLOCK_M + m]
@@ -674,6 +680,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     total_p += p0 + p1
                     s_acc[i] = p0
                     s_acc[i + 1] = p1
+                    if restore:
+                        ptx.sts32(smk, sb + KV_OFF + ROWS_BYTES + BOX_BYTES * ROPE + m * 128
+                                  + ((j ^ (m % 8)) << 4) + 4 * (wtid % 4), pack(p0, p1))
                 sums[half] *= f
                 sums_p[half] = total_p
             mine[half] = m_new
@@ -1069,6 +1078,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                            sm_scale, bias, wtid, tid, fh)
                     if p1_ahead:
                         softmax_ahead(s_acc, mx, mine, ref, sums, sums_p)
+                        if p1_early and t1 < t_end:
+                            # Every warp is past its wait for S1, which read the rope box and
+                            # V rows written below.
+                            ptx.bar_sync(BAR_WG + wg, 128)
+                            if k1 - k0 < BLOCK_N:
+                                zero_rows(smk, sb, 1, k1 - k0, wtid)
+                            store_p(s_acc, smk, sb, 1, wtid)
                     ptx.bar_sync(BAR_SCALE0, NTHREADS)  # m0, scale0, P0 from WG0
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE0 * BLOCK_M
@@ -1080,10 +1096,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     pv_shared(o_acc, smk, sb, 0, 1, wtid)
                     ptx.wgmma_commit()
                     if p1_ahead:
-                        softmax_settle(s_acc, mx, mine, ref, smf, wtid, tid, scl, sums, sums_p)
+                        softmax_settle(s_acc, mx, mine, ref, smf, wtid, tid, scl, sums, sums_p,
+                                       smk, sb, p1_early and t1 < t_end)
                     else:
                         softmax(s_acc, mx, smf, STAT_SCALE1, wtid, tid, scl, sums, sums_p)
-                    if t1 < t_end:
+                    if p1_early:
+                        if t1 < t_end:
+                            ptx.fence_proxy_async()
+                    elif t1 < t_end:
                         if k1 - k0 < BLOCK_N:
                             zero_rows(smk, sb, 1, k1 - k0, wtid)
                         # (every warp is past S1: waited before the barrier SCALE0)
