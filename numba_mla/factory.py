@@ -328,7 +328,6 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                       else ())
                    + ((("follows", True),) if follows else ())
                    + ((("rows_late", True),) if rows_late else ())
-                   + ((("p1_ahead", seesaw.P1_STORE_EARLY),) if seesaw.P1_AHEAD else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

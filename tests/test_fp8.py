@@ -548,20 +548,6 @@ def test_fp8_seesaw_kernel_softmax_path(lengths, mod_id, rng, monkeypatch):
 
 
 @KERNEL
-def test_fp8_seesaw_kernel_p1_ahead(rng, monkeypatch):
-    """seesaw.P1_AHEAD (an experiment, off) on "e4m3" rows: warpgroup 1's P1 against its own
-    last running max, corrected where m0 moved the row's reference; 64 heads over nine tiles
-    on shuffled pages with ALiBi (the large-slope heads' maxima rise every tile) match the
-    reference."""
-    from numba_mla.kernels import seesaw
-
-    monkeypatch.setattr(seesaw, "P1_AHEAD", True)
-    seen = spy_seesaw(monkeypatch)
-    run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, [9 * 64 - 5], "null", "alibi", 1)
-    assert set(seen) == {("bf16", seesaw.LAG_HEADS, True, "e4m3")}
-
-
-@KERNEL
 @pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts,order", [
     (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "fifo"),
     (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "warps:2"),

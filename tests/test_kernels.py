@@ -471,38 +471,6 @@ def test_seesaw_rows_ahead(window, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("early", [False, True])
-@pytest.mark.parametrize("case", ["alibi", "alibi-warps:2", "alibi-low", "alibi-high",
-                                  "softcap-causal-split"])
-def test_seesaw_p1_ahead(case, early, rng, monkeypatch):
-    """seesaw.P1_AHEAD (an experiment, off): warpgroup 1 computes P1 against its own last
-    running max before m0 comes and corrects the rows whose reference m0 moved. ALiBi over
-    nine tiles at 64 heads raises the large-slope heads' maxima every tile (each pair's P1
-    corrected there) and leaves the small-slope heads' in place (P1 kept as guessed), in the
-    default turn order and in others (docs/testing.md); two tokens causal with a soft cap in
-    two partitions of a contiguous cache whose last tile is partial; all match the reference,
-    and the seesaw kernel ran. ``early``: with seesaw.P1_STORE_EARLY, P1 stored before
-    SCALE0 and the corrected rows again after it."""
-    from numba_mla import _numba
-
-    monkeypatch.setattr(seesaw, "P1_AHEAD", True)
-    monkeypatch.setattr(seesaw, "P1_STORE_EARLY", early)
-    specs = launched_specs(monkeypatch)
-    mod, *rest = case.split("-")
-    if mod == "alibi":
-        p = make_problem(rng, 1, 1, seesaw.LAG_HEADS, [9 * 64 - 5], BF16, "paged", 64)
-        mask, parts = nm.NullMask(), 1
-    else:
-        p = make_problem(rng, 1, 2, seesaw.LAG_HEADS, [7 * 64 - 20], DTYPES["fp16"],
-                         "contiguous", 16)
-        mask, parts = nm.CausalMask(), 2
-    order = rest[0] if rest and rest[0] in ("warps:2", "low", "high") else "fifo"
-    with _numba.sim_turn_order(order):
-        check_kernel(p, mask, SCORE_MODS[mod].make(p), parts, "mma")
-    assert {s.backend for s in specs} == {"seesaw"}
-
-
-@KERNEL
 @pytest.mark.parametrize("num_partitions", [1, 2])
 def test_mma_out_not_aligned_for_vector_stores(num_partitions, rng):
     """A caller's ``out`` that starts 2 bytes past an 8-byte boundary: where the tensor-core

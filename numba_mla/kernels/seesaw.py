@@ -135,16 +135,6 @@ E4M3_TOO = True
 # spills with the rows carried (ROWS_AHEAD) either way, and the selector now takes the form
 # without them (the GPU suite on an H100 at d3d9a19, FOLLOWS on: that test alone failed).
 FOLLOWS = True
-# Warpgroup 1 computes P1 before m0 comes (SCALE0), against its own last running max (the
-# m1 it published a pair before, which m0 equals wherever warpgroup 0's tile left a row's
-# lagging max where it was), and after SCALE0 only multiplies the rows whose reference m0
-# moved by 2^(its guess - the reference): warpgroup 1's softmax leaves the path from SCALE0 to
-# SCALE1 that every pair waits on. An experiment (off) from LAG_HEADS heads, without the
-# converter warpgroup.
-P1_AHEAD = False
-# With P1_AHEAD, P1 is stored (and a partial tile's rows zeroed) before SCALE0 too, and only the
-# rows corrected after it are stored again: the store leaves that path as well. An experiment.
-P1_STORE_EARLY = False
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -270,8 +260,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     short_path = lag and (fp8 is None or (E4M3_TOO and not converter))  # EXP2_FTZ, ROWS_AHEAD
     exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
     rows_ahead = rows_ahead and carries_rows(heads, fp8, converter)
-    p1_ahead = P1_AHEAD and lag and not converter
-    p1_early = p1_ahead and P1_STORE_EARLY
     if FP8:
         tag = "f16"  # the products' type: codes become fp16 in one instruction
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
@@ -629,71 +617,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 smf[STAT_OFF // 4 + stat_scale * BLOCK_M + m] = scl[half]
 
     @cuda.jit(device=True)
-    def softmax_ahead(s_acc, mx, mine, ref, sums, sums_p):
-        """(``p1_ahead``, warpgroup 1, before SCALE0) ``softmax``'s P against the running max
-        ``mine`` (this warpgroup's last, in registers) in place of m0, which may not be in
-        place yet: its reference goes to ``ref``; ``mx`` (the tile's row maxima) is kept."""
-        for half in range(2):
-            m_old = mine[half]
-            m_new = max(m_old, mx[half])
-            if m_new <= m_old + float32(RESCALE_SLACK):  # (lag; False for NaN)
-                m_new = m_old
-            m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
-            ref[half] = m_ref
-            total = float32(0.0)
-            total_p = float32(0.0)
-            for j in range(NS // 4):
-                i = 4 * j + 2 * half
-                p0 = exp2(s_acc[i] - m_ref)
-                p1 = exp2(s_acc[i + 1] - m_ref)
-                total += p0 + p1
-                p0, p1 = unpack(pack(p0, p1))
-                total_p += p0 + p1
-                s_acc[i] = p0
-                s_acc[i + 1] = p1
-            sums[half] = total
-            sums_p[half] = total_p
-
-    @cuda.jit(device=True)
-    def softmax_settle(s_acc, mx, mine, ref, smf, wtid, tid, scl, sums, sums_p, smk, sb,
-                       restore):
-        """(``p1_ahead``, warpgroup 1, after SCALE0) ``softmax``'s running max against m0 and
-        its tile's maxima ``mx``; a row whose reference differs from ``softmax_ahead``'s
-        ``ref`` has its P multiplied by 2^(ref - reference) and rounded again (its sum
-        times the same; none where the tile kept no key of the row: P is 0), and with
-        ``restore`` stored again into buffer 1's rope box (``store_p``'s layout); the new max
-        goes to ``mine`` and, with exp2(m0 - reference), to the stats (row STAT_SCALE1)."""
-        for half in range(2):
-            m = ptx.acc_row(2 * half, wtid)
-            m_old = smf[STAT_OFF // 4 + STAT_M * BLOCK_M + m]
-            m_new = max(m_old, mx[half])
-            if m_new <= m_old + float32(RESCALE_SLACK):  # (False for NaN)
-                m_new = m_old
-            m_ref = m_new if m_new != float32(NEG_INF) else float32(0.0)
-            scl[half] = exp2(m_old - m_ref)
-            if m_ref != ref[half] and mx[half] != float32(NEG_INF):
-                f = exp2(ref[half] - m_ref)
-                total_p = float32(0.0)
-                for j in range(NS // 4):
-                    i = 4 * j + 2 * half
-                    p0, p1 = unpack(pack(s_acc[i] * f, s_acc[i + 1] * f))
-                    total_p += p0 + p1
-                    s_acc[i] = p0
-                    s_acc[i + 1] = p1
-                    if restore:
-                        ptx.sts32(smk, sb + KV_OFF + ROWS_BYTES + BOX_BYTES * ROPE + m * 128
-                                  + ((j ^ (m % 8)) << 4) + 4 * (wtid % 4), pack(p0, p1))
-                sums[half] *= f
-                sums_p[half] = total_p
-            mine[half] = m_new
-        ptx.syncwarp(tid)  # the quad's lanes have read m0 before one of them replaces it
-        if wtid % 4 == 0:
-            for half in range(2):
-                m = ptx.acc_row(2 * half, wtid)
-                smf[STAT_OFF // 4 + STAT_M * BLOCK_M + m] = mine[half]
-                smf[STAT_OFF // 4 + STAT_SCALE1 * BLOCK_M + m] = scl[half]
-
-    @cuda.jit(device=True)
     def store_p(s_acc, smk, sb, buf, wtid):
         """P into buffer ``buf``'s rope box as a K-major 16-bit operand in the 128-byte
         swizzled layout (row m's 16-byte chunk c at c ^ m%8)."""
@@ -970,10 +893,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         sm_scale, kv_scale = scales(scale)
         qscale = float32(sm_scale * LOG2E)
         fh = cuda.local.array(2, float32)  # "e4m3" rows: the scores' factors (scores)
-        mine = cuda.local.array(2, float32)  # (p1_ahead, warpgroup 1) its last running max
-        ref = cuda.local.array(2, float32)  # ... and softmax_ahead's reference
-        for half in range(2):
-            mine[half] = float32(NEG_INF)
 
         if t0 < t_end:
             while not ptx.mbar_try_wait(smk, qbar, qphase):
@@ -1076,15 +995,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     k1 = min(k0 + BLOCK_N, kend) if t1 < t_end else k0  # no tile: all -inf
                     scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
                            sm_scale, bias, wtid, tid, fh)
-                    if p1_ahead:
-                        softmax_ahead(s_acc, mx, mine, ref, sums, sums_p)
-                        if p1_early and t1 < t_end:
-                            # Every warp is past its wait for S1, which read the rope box and
-                            # V rows written below.
-                            ptx.bar_sync(BAR_WG + wg, 128)
-                            if k1 - k0 < BLOCK_N:
-                                zero_rows(smk, sb, 1, k1 - k0, wtid)
-                            store_p(s_acc, smk, sb, 1, wtid)
                     ptx.bar_sync(BAR_SCALE0, NTHREADS)  # m0, scale0, P0 from WG0
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE0 * BLOCK_M
@@ -1095,15 +1005,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     ptx.wgmma_fence()
                     pv_shared(o_acc, smk, sb, 0, 1, wtid)
                     ptx.wgmma_commit()
-                    if p1_ahead:
-                        softmax_settle(s_acc, mx, mine, ref, smf, wtid, tid, scl, sums, sums_p,
-                                       smk, sb, p1_early and t1 < t_end)
-                    else:
-                        softmax(s_acc, mx, smf, STAT_SCALE1, wtid, tid, scl, sums, sums_p)
-                    if p1_early:
-                        if t1 < t_end:
-                            ptx.fence_proxy_async()
-                    elif t1 < t_end:
+                    softmax(s_acc, mx, smf, STAT_SCALE1, wtid, tid, scl, sums, sums_p)
+                    if t1 < t_end:
                         if k1 - k0 < BLOCK_N:
                             zero_rows(smk, sb, 1, k1 - k0, wtid)
                         # (every warp is past S1: waited before the barrier SCALE0)
