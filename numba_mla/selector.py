@@ -358,8 +358,8 @@ def _seesaw_fit(spills, make):
     ``LAG_HEADS`` heads), then with them looked up in their own pair. Each costs registers,
     and ptxas's allocation moves with either: a 64-head build with a sliding window and ALiBi
     spilled 40 bytes with the rows carried on an H100, with or without the wait at the start,
-    and 242 registers without them in a local build. A form the arguments leave as another
-    already tried is not built twice."""
+    and took 242 registers and no local memory without them. A form the arguments leave as
+    another already tried is not built twice."""
     from .kernels import seesaw
 
     tried = []

@@ -20,7 +20,7 @@ before the start event; against ``plain`` it is about 1 for a kernel launched pl
 spin kernel's end (launched as its programmatic dependent).
 
 ``--follows`` adds each numba_mla provider again with ``kernels.seesaw.FOLLOWS`` the other way
-(on by default; on, the seesaw kernel is launched as the programmatic dependent of the kernel
+(on by default: the seesaw kernel is then launched as the programmatic dependent of the kernel
 before it, as FlashMLA's is), labelled ``+follows`` where it is on and ``-follows`` where off:
 the two rows' ``fenced - fence`` is what it saves behind another kernel.
 

@@ -133,7 +133,8 @@ E4M3_TOO = True
 # selector takes the plain build where this one spills (selector._seesaw_fit). The GPU test
 # that failed with it on (64 heads, a window and ALiBi) fails with it off too: that build
 # spills with the rows carried (ROWS_AHEAD) either way, and the selector now takes the form
-# without them (the GPU suite on an H100 at d3d9a19, FOLLOWS on: that test alone failed).
+# without them, with which it passes (the GPU suite on an H100 at d3d9a19, FOLLOWS on: that
+# test alone failed; at 5876af3 the form without carried rows, 242 registers, ran it).
 FOLLOWS = True
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
