@@ -359,12 +359,12 @@ def _seesaw_fit(spills, make):
     and ptxas's allocation moves with either: a 64-head build with a sliding window and ALiBi
     spilled 40 bytes with the rows carried on an H100, with or without the wait at the start,
     and took 242 registers and no local memory without them. A form the arguments leave as
-    another already tried is not built twice."""
-    from .kernels import seesaw
-
+    another already tried (the factory folds in what does not apply: no wait where
+    ``seesaw.FOLLOWS`` is off or with the converter, no carried rows below ``LAG_HEADS``
+    heads) is not built twice."""
     tried = []
     for rows_ahead in (True, False):
-        for follows in (True, False) if seesaw.FOLLOWS else (True,):
+        for follows in (True, False):
             spec = make(follows, rows_ahead)
             if any(spec.dispatcher is d for d in tried):
                 continue

@@ -204,12 +204,17 @@ def convert_order(buf, n):
     return V_BOXES + n if n < V_BOXES else 2 * V_BOXES - 1 - n
 
 
+def takes_short_path(heads, fp8=None, converter=False):
+    """Whether a build for ``heads`` (and "e4m3" rows, the converter warpgroup) takes the
+    short path from S to P (``EXP2_FTZ``, ``ROWS_AHEAD``): from LAG_HEADS heads, on 16-bit
+    rows and, where ``E4M3_TOO``, on "e4m3" rows without the converter."""
+    return heads >= LAG_HEADS and (fp8 is None or (E4M3_TOO and not converter))
+
+
 def carries_rows(heads, fp8=None, converter=False):
-    """Whether a build for ``heads`` (and "e4m3" rows, the converter warpgroup) looks up
-    the rows of a pair's refills a pair early and carries them (``ROWS_AHEAD``, one of the two
-    changes of the short path from S to P), unless it is built with ``rows_ahead=False``."""
-    return (ROWS_AHEAD and heads >= LAG_HEADS
-            and (fp8 is None or (E4M3_TOO and not converter)))
+    """Whether such a build looks up the rows of a pair's refills a pair early and carries
+    them (``ROWS_AHEAD``), unless it is built with ``rows_ahead=False``."""
+    return ROWS_AHEAD and takes_short_path(heads, fp8, converter)
 
 
 def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_range, score_mod,
@@ -258,7 +263,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
     H = heads
     lag = heads >= LAG_HEADS
-    short_path = lag and (fp8 is None or (E4M3_TOO and not converter))  # EXP2_FTZ, ROWS_AHEAD
+    short_path = takes_short_path(heads, fp8, converter)  # EXP2_FTZ, ROWS_AHEAD
     exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
     rows_ahead = rows_ahead and carries_rows(heads, fp8, converter)
     if FP8:
