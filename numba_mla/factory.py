@@ -304,7 +304,6 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     q_early = runs and not ahead and seesaw.RUNS_Q_EARLY
     follows = follows and seesaw.FOLLOWS and not converter  # (the converter's: Numba's path)
     rows_late = not rows_ahead and seesaw.carries_rows(heads, fp8, converter)
-    p_apart = seesaw.P0_APART and not fp8 and not runs
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
@@ -313,12 +312,10 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             ahead=ahead, direct=direct, q_early=q_early,
                                             mixed=mixed, out_store=_output_store(tag, True),
                                             follows=follows, rows_ahead=not rows_late,
-                                            p_apart=p_apart,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         disp.follows = follows  # (launch.py: launched to follow)
         disp.rows_late = rows_late
-        disp.p_apart = p_apart
         if converter:  # (setmaxnreg moves the registers it was launched with)
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
@@ -331,7 +328,6 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                       else ())
                    + ((("follows", True),) if follows else ())
                    + ((("rows_late", True),) if rows_late else ())
-                   + ((("p_apart", True),) if p_apart else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

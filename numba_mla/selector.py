@@ -622,14 +622,14 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                 "seesaw", factory.seesaw_partition_kernel(
                     mask, mod, tag, cache_cls, H, False, listed=True, follows=follows,
                     rows_ahead=rows_ahead),
-                mma.NTHREADS, seesaw.grid_smem_bytes(), q_pairs=True, tma=True, listable=True,
+                mma.NTHREADS, seesaw.SMEM_BYTES, q_pairs=True, tma=True, listable=True,
                 work=work, **listed))
             if spec is not None:
                 return spec
         spec = _seesaw_fit(spills, lambda follows, rows_ahead: KernelSpec(
             "seesaw", factory.seesaw_partition_kernel(mask, mod, tag, cache_cls, H, direct,
                                                       follows=follows, rows_ahead=rows_ahead),
-            mma.NTHREADS, seesaw.grid_smem_bytes(), q_pairs=True, tma=True, listable=not fixed,
+            mma.NTHREADS, seesaw.SMEM_BYTES, q_pairs=True, tma=True, listable=not fixed,
             **common))
         if spec is not None:
             return spec

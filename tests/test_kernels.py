@@ -471,28 +471,6 @@ def test_seesaw_rows_ahead(window, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("heads,num_partitions,order", [
-    (seesaw.LAG_HEADS, 1, "low"), (seesaw.LAG_HEADS, 2, "high"), (2, 1, "high"),
-    (2, 2, "low")])
-def test_seesaw_p0_apart(heads, num_partitions, order, rng, monkeypatch):
-    """With P0 in a box of its own (``seesaw.P0_APART``, off: an experiment), warpgroup 0
-    refills K0's rope box with its boxes 0-3 and warpgroup 1 holds only K0's boxes 4-7: nine
-    tiles (five pairs, the last of one partial tile) over shuffled pages of 64, in one
-    partition and in two, at 64 heads (the lagging max, the carried rows) and 2, with either
-    warpgroup's threads run first, match the reference; ALiBi makes each key's score depend
-    on its position. The kernel that ran must be the seesaw build with P0 apart."""
-    from numba_mla import _numba
-
-    monkeypatch.setattr(seesaw, "P0_APART", True)
-    specs = launched_specs(monkeypatch)
-    p = make_problem(rng, 1, 1, heads, [9 * 64 - 5], BF16, "paged", 64)
-    with _numba.sim_turn_order(order):
-        check_kernel(p, nm.NullMask(), SCORE_MODS["alibi"].make(p), num_partitions, "mma")
-    assert [(s.backend, s.dispatcher.p_apart, s.smem) for s in specs] == [
-        ("seesaw", True, seesaw.SMEM_BYTES_P)], "expected the seesaw build with P0 apart"
-
-
-@KERNEL
 @pytest.mark.parametrize("num_partitions", [1, 2])
 def test_mma_out_not_aligned_for_vector_stores(num_partitions, rng):
     """A caller's ``out`` that starts 2 bytes past an 8-byte boundary: where the tensor-core

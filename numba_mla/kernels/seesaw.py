@@ -169,14 +169,6 @@ assert NBOX % CONV_GROUP == 0
 CONV_CODE_WORDS = CONV_GROUP * CODE_WORDS  # a converter thread's codes of a group
 CONV_BAR_OFF = SMEM_BYTES_E4M3  # one mbarrier a box of each buffer: "converted"
 SMEM_BYTES_CONV = CONV_BAR_OFF + 8 * 2 * NBOX  # 223528
-# 16-bit rows, grid and listed kernels (``p_apart``, where P0_APART): P0 in a box of its own
-# past everything above (1 KB aligned, as a 128-byte swizzled operand must be), so that K0's
-# rope box is free once S0 is done and warpgroup 0 refills it with K0's boxes 0-3; warpgroup
-# 1, reading P0 for its P0 V0, holds only K0's boxes 4-7. An experiment (off): the boxes S0
-# of the next pair waits for longest are then four, not five.
-P0_APART = False
-P_OFF = -(-SMEM_BYTES_CONV // 1024) * 1024  # 224256
-SMEM_BYTES_P = P_OFF + BOX_BYTES  # 232448: all a block may take on sm_90
 BAR_CONV = BAR_WG + 2  # the converter warpgroup's own (128)
 BAR_MATH = BAR_WG + 3  # the math warpgroups' block barrier once the converter has left (256)
 BAR_FREE1 = BAR_WG + 4  # warpgroup 1 arrives when done with buffer 1, the converter waits (256)
@@ -212,11 +204,6 @@ def convert_order(buf, n):
     return V_BOXES + n if n < V_BOXES else 2 * V_BOXES - 1 - n
 
 
-def grid_smem_bytes():
-    """Shared memory of the 16-bit grid and listed kernels (P0's own box where P0_APART)."""
-    return SMEM_BYTES_P if P0_APART else SMEM_BYTES
-
-
 def takes_short_path(heads, fp8=None, converter=False):
     """Whether a build for ``heads`` (and "e4m3" rows, the converter warpgroup) takes the
     short path from S to P (``EXP2_FTZ``, ``ROWS_AHEAD``): from LAG_HEADS heads, on 16-bit
@@ -234,7 +221,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
                           converter=False, runs=False, ahead=False, direct=False,
                           q_early=False, mixed=False, out_store=None, follows=False,
-                          rows_ahead=True, p_apart=False):
+                          rows_ahead=True):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -260,8 +247,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     kernel waits first for the grid before it in the stream (``FOLLOWS``; launch.py launches
     it as that grid's programmatic dependent). ``rows_ahead=False``: the rows of each pair's
     refills looked up in their own pair even where ``carries_rows`` (the selector's form
-    where the other spills). ``p_apart``: P0 in its own box at P_OFF (16-bit rows, not
-    ``runs``; the launch takes SMEM_BYTES_P), K0's rope box refilled with its boxes 0-3."""
+    where the other spills)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
@@ -273,8 +259,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     assert fp8 or not converter, "the converter warpgroup converts 'e4m3' rows"
     assert not runs or NTHREADS & (NTHREADS - 1) == 0, "the runs form masks the thread index"
     FP8 = fp8 is not None
-    assert not (p_apart and (FP8 or runs)), "P0 apart: the 16-bit grid and listed kernels"
-    P_APART = p_apart
     CONV = converter
     SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
     H = heads
@@ -642,8 +626,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     def store_p(s_acc, smk, sb, buf, wtid):
         """P into buffer ``buf``'s rope box as a K-major 16-bit operand in the 128-byte
         swizzled layout (row m's 16-byte chunk c at c ^ m%8)."""
-        base = (sb + P_OFF if P_APART and buf == 0
-                else sb + KV_OFF + buf * ROWS_BYTES + BOX_BYTES * ROPE)
+        base = sb + KV_OFF + buf * ROWS_BYTES + BOX_BYTES * ROPE
         for half in range(2):
             m = ptx.acc_row(2 * half, wtid)
             for j in range(NS // 4):
@@ -677,7 +660,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     def pv_shared(o_acc, smk, sb, buf, wg, wtid):
         """Issue O += P V over this warpgroup's dims, P from buffer ``buf``'s rope box."""
         kv = sb + KV_OFF + buf * ROWS_BYTES
-        dp = desc_rows(sb + P_OFF if P_APART and buf == 0 else kv + BOX_BYTES * ROPE)
+        dp = desc_rows(kv + BOX_BYTES * ROPE)
         dv = desc_v(kv + wg * V_BOXES * BOX_BYTES)
         for kk in range(BLOCK_N // 16):
             mma_pv(o_acc, smk, ptx.desc_advance(dp, 32 * kk), ptx.desc_advance(dv, 2048 * kk), 1,
@@ -977,8 +960,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                 load_raw(smk, sb, 0, tmap_kv, storage, row2, 0, V_BOXES)
                             else:
                                 load_boxes(smk, sb, 0, tmap_kv, storage, row2, 0, V_BOXES)
-                                if P_APART:  # (its rope box too: P0 is not in it)
-                                    load_boxes(smk, sb, 0, tmap_kv, storage, row2, ROPE, NBOX)
                     ptx.bar_sync(BAR_SCALE1, NTHREADS)  # m1, scale1, P1 from WG1
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE1 * BLOCK_M
@@ -1047,9 +1028,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     if wtid == 0 and t2 < t_end:
                         if FP8:  # (the codes' place: raw_at)
                             load_raw(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
-                        else:  # (P_APART: the rope box is warpgroup 0's to refill)
-                            load_boxes(smk, sb, 0, tmap_kv, storage, row2, V_BOXES,
-                                       ROPE if P_APART else NBOX)
+                        else:
+                            load_boxes(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
                     rescale(o_acc, l_run, l_p, scl)
                     for half in range(2):
                         l_run[half] += sums[half]
