@@ -136,10 +136,6 @@ E4M3_TOO = True
 # without them, with which it passes (the GPU suite on an H100 at d3d9a19, FOLLOWS on: that
 # test alone failed; at 5876af3 the form without carried rows, 242 registers, ran it).
 FOLLOWS = True
-# The scores' bounds (a key's column against the tile's kept keys, a row against the block's
-# rows) as 32-bit compares: one ISETP an element where the 64-bit compare took two. An
-# experiment.
-LIM32 = True
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
@@ -564,13 +560,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         # the constant is below ``lim`` (one compare with an immediate; the key itself is formed
         # only where the score step needs it: 64-bit keys for all 32 elements at once were the
         # kernel's peak register use).
-        if LIM32:
-            lim = int32(k1 - k0 - 2 * (wtid % 4))
-        else:
-            lim = k1 - k0 - 2 * (wtid % 4)
+        # (32-bit: one ISETP an element where Numba's 64-bit integers took two)
+        lim = int32(k1 - k0 - 2 * (wtid % 4))
         for half in range(2):
             m = ptx.acc_row(2 * half, wtid)
-            row_in = int32(m) < int32(nrows) if LIM32 else m < nrows
+            row_in = int32(m) < int32(nrows)
             r = r0 + m
             iq = r // H
             h = r - iq * H
@@ -580,7 +574,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 for e in range(2):
                     i = 4 * j + 2 * half + e
                     s = float32(NEG_INF)
-                    if row_in and (int32(8 * j + e) if LIM32 else 8 * j + e) < lim:
+                    if row_in and int32(8 * j + e) < lim:
                         x = s_acc[i] * fh[half] if FP8 else s_acc[i]
                         s = log2_score(x, qscale, scale, cls, b, h, iq, q_pos,
                                        k0 + ptx.acc_col(i, wtid), bias)
