@@ -21,6 +21,11 @@ nvJitLink is not installed: nothing was checked)
     replaced by their order of appearance, so that a device function added elsewhere does
     not change a kernel's hash). A refactor whose kernels' PTX is unchanged needs no new GPU
     run.
+       python scripts/build_check.py --only seesaw,seesaw8 --sass DIR
+    builds only the kernels of those names (the first column of the report: mma, seesaw,
+    listed, runs, seesaw8, tr8x32, simt, msync, mroles, ...) and writes each one's SASS into
+    DIR, one file a kernel named by its report line (``--only`` and ``--sass`` also apart):
+    read a kernel's machine code without a GPU (docs/tools.md).
 """
 import glob
 import hashlib
@@ -143,6 +148,23 @@ def link(ptx, arch="sm_90a"):
 
 #: --ptx-hashes: the last kernel's PTX hash, shown instead of its verdict (nothing is built)
 HASHES = {"on": False, "last": None}
+#: --only NAMES: the kernel names built (every kernel where empty); --sass DIR: where each
+#: built kernel's SASS goes (None: nowhere)
+ONLY = set()
+SASS_DIR = [None]
+
+
+def wanted(name):
+    """Whether ``--only`` asks for the kernels named ``name``."""
+    return not ONLY or name in ONLY
+
+
+def keep_sass(sass, *label):
+    """Write ``sass`` into the ``--sass`` folder, in a file named by ``label``."""
+    if SASS_DIR[0] and sass:
+        name = re.sub(r"[^\w.=-]+", "_", "_".join(str(x) for x in label)).strip("_")
+        with open(os.path.join(SASS_DIR[0], name + ".sass"), "w") as f:
+            f.write(sass)
 
 
 def ptxas():
@@ -265,6 +287,11 @@ def main():
     if "--part" in sys.argv[1:]:
         PART[:] = map(int, sys.argv[sys.argv.index("--part") + 1].split("/"))
         assert 0 <= PART[0] < PART[1], "--part i/n needs 0 <= i < n"
+    if "--only" in sys.argv[1:]:
+        ONLY.update(sys.argv[sys.argv.index("--only") + 1].split(","))
+    if "--sass" in sys.argv[1:]:
+        SASS_DIR[0] = sys.argv[sys.argv.index("--sass") + 1]
+        os.makedirs(SASS_DIR[0], exist_ok=True)
     missing = toolchain_missing()
     if missing:
         print(f"build_check: NVVM/nvJitLink not available ({missing}); "
@@ -317,7 +344,7 @@ def main():
             variants.append(("seesaw8c", factory.seesaw_partition_kernel(
                 mask, mod, tag, cache, heads, direct, fp8="e4m3", converter=True)))
         for name, kern in variants:
-            if not mine():
+            if not mine() or not wanted(name):
                 continue
             sig = list(signature(direct or name == "runsd",
                                  name in ("listed", "runs", "runsd", "runsm"), name == "runsm"))
@@ -336,6 +363,7 @@ def main():
             else:
                 sass, log = build_sass(ptx)
             regs, local, calls = _resources(ptx, log)
+            keep_sass(sass, name, repr(mask), tag, cache.kind, f"H={heads}", f"direct={direct}")
             hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256|16)x16", sass))
             serial = "serialized" in log
             # lockstep: 36 for S and 4 for P V; seesaw: 4 in each of its four S sites (a loop
@@ -382,12 +410,14 @@ def main():
                  factory.simple_partition_kernel(mask, mod, tag, cache, simple.BLOCK_M, heads,
                                                  direct, layout))]
     for name, mask, tag, cache, heads, direct, layout, sig, kern in fma:
-        if not mine():
+        if not mine() or not wanted(name):
             continue
         ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=(9, 0, "a"),
                                   launch_bounds=kern.targetoptions.get("launch_bounds"))
-        _, log = build_sass(ptx)
+        sass, log = build_sass(ptx)
         regs, local, calls = _resources(ptx, log)
+        keep_sass(sass, name, repr(mask), tag, cache.kind, f"H={heads}", f"direct={direct}",
+                  f"fp8={layout}")
         allowed = WSPLIT_STACK if name == "wsplit" and _stack_frame(log) == WSPLIT_STACK else 0
         ok = local == allowed and calls == 0
         bad += not ok
@@ -410,7 +440,7 @@ def main():
     builds += [((9, 0), nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 32, 16,
                 False, "e4m3", 2)]
     for cc, mask, mod, tag, cache, block_m, heads, direct, layout, staged in builds:
-        if not mine():
+        if not mine() or not wanted("msync"):
             continue
         kern = factory.mma_sync_partition_kernel(mask, mod, tag, cache, block_m, heads, direct,
                                                  layout, True, staged)
@@ -418,6 +448,8 @@ def main():
                                   launch_bounds=kern.targetoptions.get("launch_bounds"))
         sass, log = build_sass(ptx, f"sm_{cc[0]}{cc[1]}")
         regs, local, calls = _resources(ptx, log)
+        keep_sass(sass, "msync", repr(mask), tag, cache.kind, f"M={block_m}", f"H={heads}",
+                  f"direct={direct}", f"sm_{cc[0]}{cc[1]}", f"fp8={layout}", f"staged={staged}")
         mmas = ptx.count("mma.sync.aligned.m16n8k16")
         hmma = len(re.findall(r"HMMA\.16816", sass))
         # 4 a step of S's loop (unrolled as the compiler likes), 32 a step of P V's, every
@@ -450,7 +482,7 @@ def main():
         mma_sync_roles.SCORE_QUARTERS = quarters
         for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES:
             for direct in (False, True) if block_m == 32 else ():
-                if not mine():
+                if not mine() or not wanted("mroles"):
                     continue
                 kern = factory.mma_sync_roles_partition_kernel(mask, mod, tag, cache, heads,
                                                                direct, True, stages)
@@ -458,6 +490,9 @@ def main():
                                           launch_bounds=kern.targetoptions.get("launch_bounds"))
                 sass, log = build_sass(ptx, f"sm_{cc[0]}{cc[1]}")
                 regs, local, calls = _resources(ptx, log)
+                keep_sass(sass, "mroles", repr(mask), tag, cache.kind, f"H={heads}",
+                          f"direct={direct}", f"sm_{cc[0]}{cc[1]}", f"stages={stages}",
+                          f"v_warps={v_warps}", f"quarters={quarters}")
                 mmas = ptx.count("mma.sync.aligned.m16n8k16")
                 hmma = len(re.findall(r"HMMA\.16816", sass))
                 # (S: 18 steps of 4; P V: two steps of a V warp's 512 / v_warps / 8 n8 tiles
@@ -478,7 +513,7 @@ def main():
 
     sig = (types.Array(types.int32, 1, "C"),) * 2 + (types.int32,)
     for cc in ((8, 0), (9, 0, "a")):
-        if not mine():
+        if not mine() or not wanted("clamp_offsets"):
             continue
         ptx, _ = cuda.compile_ptx(offsets.clamp_offsets.py_func, sig, cc=cc)
         _, log = build_sass(ptx, "sm_" + "".join(map(str, cc)))

@@ -20,3 +20,15 @@ PARTS = 8  # (all in one process took 15 minutes on the 2-core machine, near its
 def test_partition_kernels_build_for_sm90a(part):
     """Every PARTS-th kernel of the script's order, from the part-th."""
     run_build_script(SCRIPT, "--part", f"{part}/{PARTS}")
+
+
+@pytest.mark.build
+def test_only_some_kernels_and_their_sass(tmp_path):
+    """``--only seesaw --sass DIR`` builds the seesaw kernel's cases alone and writes each
+    one's SASS, its HGMMA in it, into a file named by its report line."""
+    run_build_script(SCRIPT, "--only", "seesaw", "--sass", str(tmp_path))
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files and all(f.startswith("seesaw_") and f.endswith(".sass") for f in files), files
+    assert any("H=128" in f for f in files), files
+    for f in tmp_path.iterdir():
+        assert "HGMMA" in f.read_text(), f.name
