@@ -316,6 +316,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
         disp.whole_program = converter
         disp.follows = follows  # (launch.py: launched to follow)
         disp.rows_late = rows_late
+        disp.max_early1 = seesaw.MAX_EARLY1
         if converter:  # (setmaxnreg moves the registers it was launched with)
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
@@ -328,6 +329,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                       else ())
                    + ((("follows", True),) if follows else ())
                    + ((("rows_late", True),) if rows_late else ())
+                   + ((("max_early1", True),) if seesaw.MAX_EARLY1 else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -471,6 +471,28 @@ def test_seesaw_rows_ahead(window, rng, monkeypatch):
 
 
 @KERNEL
+@pytest.mark.parametrize("heads,num_partitions,order", [
+    (seesaw.LAG_HEADS, 1, "low"), (seesaw.LAG_HEADS, 2, "high"), (2, 1, "high"),
+    (2, 2, "low")])
+def test_seesaw_max_early1(heads, num_partitions, order, rng, monkeypatch):
+    """With warpgroup 1's tile maxima stored before its wait at SCALE0
+    (``seesaw.MAX_EARLY1``, off: an experiment; into its row-sum row of ``stat``, which the
+    walk's end then overwrites): nine tiles (five pairs, the last of one partial tile) over
+    shuffled pages of 64, in one partition and in two, at 64 heads and 2, with either
+    warpgroup's threads run first, match the reference; ALiBi makes each key's score depend
+    on its position. The kernel that ran must be the seesaw build with the flag."""
+    from numba_mla import _numba
+
+    monkeypatch.setattr(seesaw, "MAX_EARLY1", True)
+    specs = launched_specs(monkeypatch)
+    p = make_problem(rng, 1, 1, heads, [9 * 64 - 5], BF16, "paged", 64)
+    with _numba.sim_turn_order(order):
+        check_kernel(p, nm.NullMask(), SCORE_MODS["alibi"].make(p), num_partitions, "mma")
+    assert [(s.backend, s.dispatcher.max_early1) for s in specs] == [("seesaw", True)], (
+        "expected the seesaw build with the maxima stored early")
+
+
+@KERNEL
 @pytest.mark.parametrize("num_partitions", [1, 2])
 def test_mma_out_not_aligned_for_vector_stores(num_partitions, rng):
     """A caller's ``out`` that starts 2 bytes past an 8-byte boundary: where the tensor-core

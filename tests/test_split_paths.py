@@ -365,6 +365,19 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
 
 
 @pytest.mark.kernel
+@pytest.mark.parametrize("order", ["fifo", "low"])
+def test_runs_schedule_max_early1(order, rng, monkeypatch):
+    """``test_runs_schedule``'s forced table at 64 heads, whole items written out beside cut
+    ones, with warpgroup 1's tile maxima stored before SCALE0 (``seesaw.MAX_EARLY1``: into
+    its row-sum row of ``stat``, which each item's end writes and reads before the next
+    item's tiles)."""
+    from numba_mla.kernels import seesaw
+
+    monkeypatch.setattr(seesaw, "MAX_EARLY1", True)
+    test_runs_schedule("padded64", "q_early", order, "some whole", rng, monkeypatch)
+
+
+@pytest.mark.kernel
 def test_mixed_runs_rebind_both_outs(rng, monkeypatch):
     """A kept plan of the mixed runs (RUNS_OF_TEST["some whole"], heuristics.MIXED_RUNS) run
     again into another device out and lse: both kernels that write them (the runs kernel, for

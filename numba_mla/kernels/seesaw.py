@@ -139,6 +139,12 @@ FOLLOWS = True
 # Named barriers (0 is the block barrier): handoffs between the warpgroups (256 threads: one
 # arrives, the other waits), and one within each warpgroup (128: BAR_WG + wg).
 BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
+# Warpgroup 1 stores its tile's row maxima (into its row-sum row of ``stat``, free until the
+# walk's end) before it waits at SCALE0. ptxas otherwise moves the scores' bounds and the
+# maxima's reduction (about 130 instructions and two shuffles a row) behind that barrier, onto
+# the path from SCALE0 to SCALE1; a shared-memory store must stay in front of it, and with it
+# everything it stores. An experiment (off): to be timed.
+MAX_EARLY1 = False
 
 # -- "e4m3" rows (``fp8="e4m3"``): a tile's codes land inside its own 16-bit buffer --
 RAW_BOX = BLOCK_N * BOX  # a box of codes: 64 keys x 64 codes, rows of 64 bytes (4096 bytes)
@@ -1003,6 +1009,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     k1 = min(k0 + BLOCK_N, kend) if t1 < t_end else k0  # no tile: all -inf
                     scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
                            sm_scale, bias, wtid, tid, fh)
+                    if MAX_EARLY1 and wtid % 4 == 0:  # (a store ptxas keeps before the barrier)
+                        for half in range(2):
+                            smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M
+                                + ptx.acc_row(2 * half, wtid)] = mx[half]
                     ptx.bar_sync(BAR_SCALE0, NTHREADS)  # m0, scale0, P0 from WG0
                     for half in range(2):
                         scl[half] = smf[STAT_OFF // 4 + STAT_SCALE0 * BLOCK_M
