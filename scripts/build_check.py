@@ -152,11 +152,24 @@ HASHES = {"on": False, "last": None}
 #: built kernel's SASS goes (None: nowhere)
 ONLY = set()
 SASS_DIR = [None]
+SEEN = set()  # the kernel names met (an --only name never met is an error)
 
 
-def wanted(name):
-    """Whether ``--only`` asks for the kernels named ``name``."""
-    return not ONLY or name in ONLY
+def take(name):
+    """Whether this run builds the next kernel, named ``name``: its part (``--part``; the
+    order advances for every kernel) and ``--only``."""
+    SEEN.add(name)
+    return mine() and (not ONLY or name in ONLY)
+
+
+def option(flag):
+    """The value after ``flag`` on the command line (None where the flag is absent)."""
+    args = sys.argv[1:]
+    if flag not in args:
+        return None
+    if args.index(flag) + 1 >= len(args):
+        raise SystemExit(f"build_check: {flag} needs a value")
+    return args[args.index(flag) + 1]
 
 
 def keep_sass(sass, *label):
@@ -284,13 +297,13 @@ def verdict(ok):
 
 def main():
     HASHES["on"] = "--ptx-hashes" in sys.argv[1:]
-    if "--part" in sys.argv[1:]:
-        PART[:] = map(int, sys.argv[sys.argv.index("--part") + 1].split("/"))
+    if option("--part") is not None:
+        PART[:] = map(int, option("--part").split("/"))
         assert 0 <= PART[0] < PART[1], "--part i/n needs 0 <= i < n"
-    if "--only" in sys.argv[1:]:
-        ONLY.update(sys.argv[sys.argv.index("--only") + 1].split(","))
-    if "--sass" in sys.argv[1:]:
-        SASS_DIR[0] = sys.argv[sys.argv.index("--sass") + 1]
+    if option("--only") is not None:
+        ONLY.update(option("--only").split(","))
+    if option("--sass") is not None:
+        SASS_DIR[0] = option("--sass")
         os.makedirs(SASS_DIR[0], exist_ok=True)
     missing = toolchain_missing()
     if missing:
@@ -344,7 +357,7 @@ def main():
             variants.append(("seesaw8c", factory.seesaw_partition_kernel(
                 mask, mod, tag, cache, heads, direct, fp8="e4m3", converter=True)))
         for name, kern in variants:
-            if not mine() or not wanted(name):
+            if not take(name):
                 continue
             sig = list(signature(direct or name == "runsd",
                                  name in ("listed", "runs", "runsd", "runsm"), name == "runsm"))
@@ -410,7 +423,7 @@ def main():
                  factory.simple_partition_kernel(mask, mod, tag, cache, simple.BLOCK_M, heads,
                                                  direct, layout))]
     for name, mask, tag, cache, heads, direct, layout, sig, kern in fma:
-        if not mine() or not wanted(name):
+        if not take(name):
             continue
         ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=(9, 0, "a"),
                                   launch_bounds=kern.targetoptions.get("launch_bounds"))
@@ -440,7 +453,7 @@ def main():
     builds += [((9, 0), nm.NullMask(), nm.IdentityScoreMod(), "bf16", nm.PagedKVCache, 32, 16,
                 False, "e4m3", 2)]
     for cc, mask, mod, tag, cache, block_m, heads, direct, layout, staged in builds:
-        if not mine() or not wanted("msync"):
+        if not take("msync"):
             continue
         kern = factory.mma_sync_partition_kernel(mask, mod, tag, cache, block_m, heads, direct,
                                                  layout, True, staged)
@@ -482,7 +495,7 @@ def main():
         mma_sync_roles.SCORE_QUARTERS = quarters
         for mask, mod, tag, cache, block_m, heads in MMA_SYNC_CASES:
             for direct in (False, True) if block_m == 32 else ():
-                if not mine() or not wanted("mroles"):
+                if not take("mroles"):
                     continue
                 kern = factory.mma_sync_roles_partition_kernel(mask, mod, tag, cache, heads,
                                                                direct, True, stages)
@@ -513,15 +526,20 @@ def main():
 
     sig = (types.Array(types.int32, 1, "C"),) * 2 + (types.int32,)
     for cc in ((8, 0), (9, 0, "a")):
-        if not mine() or not wanted("clamp_offsets"):
+        if not take("clamp_offsets"):
             continue
         ptx, _ = cuda.compile_ptx(offsets.clamp_offsets.py_func, sig, cc=cc)
-        _, log = build_sass(ptx, "sm_" + "".join(map(str, cc)))
+        sass, log = build_sass(ptx, "sm_" + "".join(map(str, cc)))
         regs, local, calls = _resources(ptx, log)
+        keep_sass(sass, "clamp_offsets", "sm_" + "".join(map(str, cc)))
         ok = not local and calls == 0
         bad += not ok
         print(f"clamp_offsets sm_{''.join(map(str, cc))} regs={regs} local={local} "
               f"calls={calls}  {verdict(ok)}")
+    if ONLY - SEEN:
+        print(f"build_check: --only names no kernel: {', '.join(sorted(ONLY - SEEN))} "
+              f"(names: {', '.join(sorted(SEEN))})")
+        return 1
     return 1 if bad and not HASHES["on"] else 0
 
 

@@ -272,6 +272,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     short_path = takes_short_path(heads, fp8, converter)  # EXP2_FTZ, ROWS_AHEAD
     exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
     rows_ahead = rows_ahead and carries_rows(heads, fp8, converter)
+    max_early1 = MAX_EARLY1  # (read here, as the factory's key reads it)
     if FP8:
         tag = "f16"  # the products' type: codes become fp16 in one instruction
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
@@ -1009,7 +1010,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     k1 = min(k0 + BLOCK_N, kend) if t1 < t_end else k0  # no tile: all -inf
                     scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
                            sm_scale, bias, wtid, tid, fh)
-                    if MAX_EARLY1 and wtid % 4 == 0:  # (a store ptxas keeps before the barrier)
+                    if max_early1 and wtid % 4 == 0:  # (a store ptxas keeps before the barrier)
                         for half in range(2):
                             smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M
                                 + ptx.acc_row(2 * half, wtid)] = mx[half]
