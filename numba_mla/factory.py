@@ -304,6 +304,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     q_early = runs and not ahead and seesaw.RUNS_Q_EARLY
     follows = follows and seesaw.FOLLOWS and not converter  # (the converter's: Numba's path)
     rows_late = not rows_ahead and seesaw.carries_rows(heads, fp8, converter)
+    max_early1 = seesaw.MAX_EARLY1
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
@@ -312,11 +313,12 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             ahead=ahead, direct=direct, q_early=q_early,
                                             mixed=mixed, out_store=_output_store(tag, True),
                                             follows=follows, rows_ahead=not rows_late,
+                                            max_early1=max_early1,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         disp.follows = follows  # (launch.py: launched to follow)
         disp.rows_late = rows_late
-        disp.max_early1 = seesaw.MAX_EARLY1
+        disp.max_early1 = max_early1
         if converter:  # (setmaxnreg moves the registers it was launched with)
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
@@ -329,7 +331,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                       else ())
                    + ((("follows", True),) if follows else ())
                    + ((("rows_late", True),) if rows_late else ())
-                   + ((("max_early1", True),) if seesaw.MAX_EARLY1 else ())
+                   + ((("max_early1", True),) if max_early1 else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -297,13 +297,13 @@ def verdict(ok):
 
 def main():
     HASHES["on"] = "--ptx-hashes" in sys.argv[1:]
-    if option("--part") is not None:
-        PART[:] = map(int, option("--part").split("/"))
+    part, only, SASS_DIR[0] = option("--part"), option("--only"), option("--sass")
+    if part is not None:
+        PART[:] = map(int, part.split("/"))
         assert 0 <= PART[0] < PART[1], "--part i/n needs 0 <= i < n"
-    if option("--only") is not None:
-        ONLY.update(option("--only").split(","))
-    if option("--sass") is not None:
-        SASS_DIR[0] = option("--sass")
+    if only is not None:
+        ONLY.update(only.split(","))
+    if SASS_DIR[0] is not None:
         os.makedirs(SASS_DIR[0], exist_ok=True)
     missing = toolchain_missing()
     if missing:

@@ -227,7 +227,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
                           converter=False, runs=False, ahead=False, direct=False,
                           q_early=False, mixed=False, out_store=None, follows=False,
-                          rows_ahead=True):
+                          rows_ahead=True, max_early1=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -253,7 +253,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     kernel waits first for the grid before it in the stream (``FOLLOWS``; launch.py launches
     it as that grid's programmatic dependent). ``rows_ahead=False``: the rows of each pair's
     refills looked up in their own pair even where ``carries_rows`` (the selector's form
-    where the other spills)."""
+    where the other spills). ``max_early1``: warpgroup 1 stores its tile maxima before its
+    wait at SCALE0 (``MAX_EARLY1``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
@@ -272,7 +273,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     short_path = takes_short_path(heads, fp8, converter)  # EXP2_FTZ, ROWS_AHEAD
     exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
     rows_ahead = rows_ahead and carries_rows(heads, fp8, converter)
-    max_early1 = MAX_EARLY1  # (read here, as the factory's key reads it)
     if FP8:
         tag = "f16"  # the products' type: codes become fp16 in one instruction
     mma_s = ptx.wgmma(BLOCK_N, tag, False)
