@@ -493,6 +493,26 @@ def test_seesaw_max_early1(heads, num_partitions, order, rng, monkeypatch):
 
 
 @KERNEL
+@pytest.mark.parametrize("heads,num_partitions,order", [
+    (seesaw.LAG_HEADS, 1, "low"), (2, 2, "high")])
+def test_seesaw_fence_zeroed(heads, num_partitions, order, rng, monkeypatch):
+    """With warpgroup 0's proxy fence after its softmax only where it zeroed rows
+    (``seesaw.FENCE_ZEROED``, off: an experiment): nine tiles over shuffled pages of 64, the
+    last partial (its V rows past the end zeroed, the slots past it NaN), in one partition
+    and two, match the reference. The kernel that ran must be the seesaw build with the
+    flag."""
+    from numba_mla import _numba
+
+    monkeypatch.setattr(seesaw, "FENCE_ZEROED", True)
+    specs = launched_specs(monkeypatch)
+    p = make_problem(rng, 1, 1, heads, [9 * 64 - 5], BF16, "paged", 64)
+    with _numba.sim_turn_order(order):
+        check_kernel(p, nm.NullMask(), SCORE_MODS["alibi"].make(p), num_partitions, "mma")
+    assert [(s.backend, s.dispatcher.fence_zeroed) for s in specs] == [("seesaw", True)], (
+        "expected the seesaw build with the fence only where rows were zeroed")
+
+
+@KERNEL
 @pytest.mark.parametrize("num_partitions", [1, 2])
 def test_mma_out_not_aligned_for_vector_stores(num_partitions, rng):
     """A caller's ``out`` that starts 2 bytes past an 8-byte boundary: where the tensor-core
