@@ -513,6 +513,26 @@ def test_seesaw_fence_zeroed(heads, num_partitions, order, rng, monkeypatch):
 
 
 @KERNEL
+@pytest.mark.parametrize("heads,num_partitions,order", [
+    (seesaw.LAG_HEADS, 1, "low"), (seesaw.LAG_HEADS, 2, "high"), (2, 1, "high")])
+def test_seesaw_s_unroll(heads, num_partitions, order, rng, monkeypatch):
+    """With S over a tile's nine boxes written out box by box (``seesaw.S_UNROLL``, off: an
+    experiment; each descriptor a 32-bit add to its low word, ``ptx.desc_advance_lo``): nine
+    tiles over shuffled pages of 64 (the last partial), in one partition and two, with either
+    warpgroup's threads first, match the reference. The kernel that ran must be the seesaw
+    build with the flag."""
+    from numba_mla import _numba
+
+    monkeypatch.setattr(seesaw, "S_UNROLL", True)
+    specs = launched_specs(monkeypatch)
+    p = make_problem(rng, 1, 1, heads, [9 * 64 - 5], BF16, "paged", 64)
+    with _numba.sim_turn_order(order):
+        check_kernel(p, nm.NullMask(), SCORE_MODS["alibi"].make(p), num_partitions, "mma")
+    assert [(s.backend, s.dispatcher.s_unroll) for s in specs] == [("seesaw", True)], (
+        "expected the seesaw build with S written out")
+
+
+@KERNEL
 @pytest.mark.parametrize("num_partitions", [1, 2])
 def test_mma_out_not_aligned_for_vector_stores(num_partitions, rng):
     """A caller's ``out`` that starts 2 bytes past an 8-byte boundary: where the tensor-core

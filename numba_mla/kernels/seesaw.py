@@ -54,7 +54,7 @@ import math
 from numba import cuda, float32, int32, uint64
 
 from .. import ptx
-from .._compat import JIT_OPTIONS, SIMULATOR
+from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
 from .combine import WRITTEN
 from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles, prefetch_first_entry)
@@ -152,6 +152,11 @@ MAX_EARLY1 = False
 # sat on the pair's path for nothing. P0's own fence, after its store, stays. An experiment
 # (off): to be timed.
 FENCE_ZEROED = False
+# S over a 16-bit tile's nine boxes written out box by box (the box a constant in each), not as
+# a loop: in the loop's SASS each box took 54 instructions for its four wgmma (64-bit counters,
+# each descriptor and each step's accumulate flag recomputed from the box index), some 490 a
+# warp a tile, a third of all the kernel executes. An experiment (off): to be timed.
+S_UNROLL = False
 
 # -- "e4m3" rows (``fp8="e4m3"``): a tile's codes land inside its own 16-bit buffer --
 RAW_BOX = BLOCK_N * BOX  # a box of codes: 64 keys x 64 codes, rows of 64 bytes (4096 bytes)
@@ -234,7 +239,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
                           converter=False, runs=False, ahead=False, direct=False,
                           q_early=False, mixed=False, out_store=None, follows=False,
-                          rows_ahead=True, max_early1=False, fence_zeroed=False):
+                          rows_ahead=True, max_early1=False, fence_zeroed=False,
+                          s_unroll=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -262,7 +268,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     refills looked up in their own pair even where ``carries_rows`` (the selector's form
     where the other spills). ``max_early1``: warpgroup 1 stores its tile maxima before its
     wait at SCALE0 (``MAX_EARLY1``). ``fence_zeroed``: warpgroup 0 fences before its barrier
-    after the softmax only where it zeroed rows (``FENCE_ZEROED``)."""
+    after the softmax only where it zeroed rows (``FENCE_ZEROED``). ``s_unroll``: S over a
+    16-bit tile's boxes written out, not looped (``S_UNROLL``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
@@ -353,6 +360,19 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         while not ptx.mbar_try_wait(smk, box_bar(sb, buf, box), parity):
             pass
 
+    advance = ptx.desc_advance_lo if s_unroll else ptx.desc_advance
+
+    @cuda.jit(device=True, **INLINE)
+    def qk_box(s_acc, smk, sb, buf, dq, dk, box, parity, wtid):
+        """S += Q K^T over box ``box`` of the tile in buffer ``buf`` once it has landed (the
+        first box's first step overwrites S)."""
+        wait_box(smk, sb, buf, box, parity, wtid)
+        for j in range(BOX // 16):
+            step = BOX_BYTES * box + 32 * j
+            mma_s(s_acc, smk, advance(dq, step), advance(dk, step), box + j, wtid)
+
+    assert NBOX == 9, "qk's written-out form has nine boxes"
+
     @cuda.jit(device=True)
     def qk(s_acc, smk, sb, buf, parity, wtid):
         """S = Q K^T over the tile in buffer ``buf`` (this warpgroup's 128 threads), box by box
@@ -362,12 +382,24 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         dq = desc_rows(sb + Q_OFF)
         dk = desc_rows(sb + KV_OFF + buf * ROWS_BYTES)
         ptx.wgmma_fence()
-        for box in range(NBOX):
-            wait_box(smk, sb, buf, box, parity, wtid)
-            for j in range(BOX // 16):
-                step = BOX_BYTES * box + 32 * j
-                mma_s(s_acc, smk, ptx.desc_advance(dq, step), ptx.desc_advance(dk, step),
-                      box + j, wtid)
+        if s_unroll:  # (the box a constant in each: S_UNROLL)
+            # (the base through an opaque move here, so that the 72 descriptors are formed
+            # where each wgmma takes them, not all hoisted out of the walk into registers)
+            so = ptx.opaque_i32(sb)
+            dq = desc_rows(so + Q_OFF)
+            dk = desc_rows(so + KV_OFF + buf * ROWS_BYTES)
+            qk_box(s_acc, smk, sb, buf, dq, dk, 0, parity, wtid)
+            qk_box(s_acc, smk, sb, buf, dq, dk, 1, parity, wtid)
+            qk_box(s_acc, smk, sb, buf, dq, dk, 2, parity, wtid)
+            qk_box(s_acc, smk, sb, buf, dq, dk, 3, parity, wtid)
+            qk_box(s_acc, smk, sb, buf, dq, dk, 4, parity, wtid)
+            qk_box(s_acc, smk, sb, buf, dq, dk, 5, parity, wtid)
+            qk_box(s_acc, smk, sb, buf, dq, dk, 6, parity, wtid)
+            qk_box(s_acc, smk, sb, buf, dq, dk, 7, parity, wtid)
+            qk_box(s_acc, smk, sb, buf, dq, dk, 8, parity, wtid)
+        else:
+            for box in range(NBOX):
+                qk_box(s_acc, smk, sb, buf, dq, dk, box, parity, wtid)
         ptx.wgmma_commit()
         wait_s(s_acc)
 

@@ -45,8 +45,9 @@ from .shared import (aligned16, aligned_x4, cp_async4_at, cp_async16_at, cp_asyn
 from .tma import (bulk_commit, bulk_store, bulk_wait_read, prefetch_tensormap, tensor_map,
                   tma_load)
 from .warp import shfl_xor, syncwarp, warp_uniform
-from .wgmma import (desc_advance, fence_proxy_async, wgmma, wgmma_commit, wgmma_desc,
-                    wgmma_fence, wgmma_rs, wgmma_wait, wgmma_wait2, wgmma_wait_pending)
+from .wgmma import (desc_advance, desc_advance_lo, fence_proxy_async, wgmma, wgmma_commit,
+                    wgmma_desc, wgmma_fence, wgmma_rs, wgmma_wait, wgmma_wait2,
+                    wgmma_wait_pending)
 
 __all__ = [
     # conversions
@@ -70,7 +71,7 @@ __all__ = [
     "acc_store", "acc_store16",
     # wgmma
     "wgmma_desc", "desc_advance", "wgmma", "wgmma_rs", "wgmma_fence", "wgmma_commit",
-    "wgmma_wait", "wgmma_wait2", "wgmma_wait_pending", "fence_proxy_async",
+    "desc_advance_lo", "wgmma_wait", "wgmma_wait2", "wgmma_wait_pending", "fence_proxy_async",
     # tma
     "tensor_map", "tma_load", "prefetch_tensormap", "bulk_store", "bulk_commit",
     "bulk_wait_read",

@@ -15,7 +15,8 @@ matrices of 8 rows x 16 bytes, each 128 contiguous bytes, placed at
   moves the start 32 bytes); MN-major, N in 64-value atoms LBO apart, K in 8-row groups SBO
   apart. ``desc_advance(desc, nbytes)``: the descriptor of the operand ``nbytes`` further
   on (one 64-bit add: the address field, addr >> 4 in the low 14 bits, never carries within
-  shared memory's 228 KB), so a loop of products builds its descriptors once.
+  shared memory's 228 KB), so a loop of products builds its descriptors once;
+  ``desc_advance_lo(desc, nbytes)`` the same as a 32-bit add to the low word.
 - ``wgmma(n, tag, trans_b)`` -> ``mma(acc, arr, desc_a, desc_b, accumulate, wtid)``: issue one
   m64n{n}k16 product (tag "bf16" or "f16") into ``acc[:n//2]``; ``accumulate`` 0 overwrites.
   ``arr`` (the shared array) and ``wtid`` (thread index in the warpgroup) serve the twin.
@@ -53,7 +54,7 @@ from numba.cuda.extending import intrinsic
 
 from .._compat import SIMULATOR
 from ._codegen import acc_pointers, i32, i64, tied_asm, void_asm
-from ._twin import AsyncGroups, device_with_twin, no_op, with_twin
+from ._twin import AsyncGroups, device_with_twin, intrinsic_with_twin, no_op, with_twin
 from .accumulators import _acc_col, _acc_row
 from .mma_sync import DTYPES, a_fragment, halves
 from .warp import warp_once
@@ -100,6 +101,31 @@ def _desc_advance_twin(desc, nbytes):
 @device_with_twin(_desc_advance_twin)
 def desc_advance(desc, nbytes):
     return desc + uint64(nbytes >> 4)
+
+
+def _desc_advance_lo_twin(desc, nbytes):
+    desc, step = int(desc), int(nbytes) >> 4
+    assert (desc & 0x3FFF) + step < 0x4000, "the address field would carry"
+    return (desc & ~0xFFFFFFFF) | ((desc + step) & 0xFFFFFFFF)
+
+
+@intrinsic_with_twin(_desc_advance_lo_twin)
+def desc_advance_lo(typingctx, desc, nbytes):
+    """``desc_advance`` as a 32-bit add to the descriptor's low word, its high word kept:
+    the same value (the address field, in the low 14 bits, never carries within shared
+    memory), but ptxas, which cannot know that of a 64-bit add, then adds one word where it
+    added two with the carry between them."""
+    def cg(ctx, b, sig, args):
+        d = ctx.cast(b, args[0], sig.args[0], types.uint64)
+        n = ctx.cast(b, args[1], sig.args[1], types.int64)
+        step = b.trunc(b.lshr(n, ir.Constant(i64, 4)), i32)
+        # (in PTX: LLVM, seeing the disjoint bits, would make the word's add a 64-bit one)
+        asm = ir.InlineAsm(ir.FunctionType(i64, [i64, i32]),
+                           "{ .reg .b32 lo, hi; mov.b64 {lo, hi}, $1; add.u32 lo, lo, $2; "
+                           "mov.b64 $0, {lo, hi}; }", "=l,l,r")
+        return b.call(asm, [d, step])
+
+    return types.uint64(desc, nbytes), cg
 
 
 def _read_only(*arrays):
