@@ -249,3 +249,41 @@ def test_twin_gathers_the_threads_cells_of_the_whole_product(n, trans_b, swizzle
 
 if __name__ == "__main__":
     sys.exit(build_check())
+
+
+@pytest.mark.kernel
+def test_desc_advance_lo_is_desc_advance():
+    """``ptx.desc_advance_lo`` (a 32-bit add to the low word) gives ``desc_advance``'s
+    descriptor for shared addresses and the steps the kernels take (a box's K steps of 32
+    bytes, whole boxes of 8 KB), swizzled or not, wherever the sum stays in shared memory."""
+    descs = (ptx.wgmma_desc(16, 1024, True), ptx.wgmma_desc(LBO, SBO))
+    addrs = np.array([0, 1024, 0x12000, 0x24000 + 4096, 0x2F000], np.int64)
+    steps = np.array([0, 32, 64, 96, 8192, 8192 * 8 + 96], np.int64)
+
+    @cuda.jit
+    def k(addrs, steps, out):
+        i = cuda.grid(1)
+        if i < addrs.size * steps.size:
+            a, s = addrs[i // steps.size], steps[i % steps.size]
+            out[0, i] = ptx.desc_advance(descs[0](a), s)
+            out[1, i] = ptx.desc_advance_lo(descs[0](a), s)
+            out[2, i] = ptx.desc_advance(descs[1](a), s)
+            out[3, i] = ptx.desc_advance_lo(descs[1](a), s)
+
+    n = addrs.size * steps.size
+    out = cuda.to_device(np.zeros((4, n), np.uint64))
+    k[1, n](cuda.to_device(addrs), cuda.to_device(steps), out)
+    got = out.copy_to_host()
+    assert (got[0] == got[1]).all() and (got[2] == got[3]).all()
+    assert len(set(got[0])) == len(set(int(a + t) for a in addrs for t in steps)), (
+        "expected a distinct descriptor for each distinct address")
+
+
+@pytest.mark.simulator
+def test_desc_advance_lo_twin_refuses_a_carry():
+    """The twin of ``desc_advance_lo`` fails where the address field (addr >> 4, 14 bits)
+    would carry into the word's next field, which the 32-bit add would corrupt."""
+    d = ptx.wgmma_desc(16, 1024, True)(0x3F000)
+    assert ptx.desc_advance_lo(d, 0x800) == ptx.desc_advance(d, 0x800)
+    with pytest.raises(AssertionError, match="carry"):
+        ptx.desc_advance_lo(d, 0x1000)
