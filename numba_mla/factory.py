@@ -305,7 +305,6 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     follows = follows and seesaw.FOLLOWS and not converter  # (the converter's: Numba's path)
     rows_late = not rows_ahead and seesaw.carries_rows(heads, fp8, converter)
     max_early1 = seesaw.MAX_EARLY1
-    fence_zeroed = seesaw.FENCE_ZEROED
     s_unroll = seesaw.S_UNROLL
 
     def build():
@@ -316,13 +315,12 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             mixed=mixed, out_store=_output_store(tag, True),
                                             follows=follows, rows_ahead=not rows_late,
                                             max_early1=max_early1,
-                                            fence_zeroed=fence_zeroed, s_unroll=s_unroll,
+                                            s_unroll=s_unroll,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         disp.follows = follows  # (launch.py: launched to follow)
         disp.rows_late = rows_late
         disp.max_early1 = max_early1
-        disp.fence_zeroed = fence_zeroed
         disp.s_unroll = s_unroll
         if converter:  # (setmaxnreg moves the registers it was launched with)
             disp.launch_registers = seesaw.LAUNCH_REGS
@@ -337,8 +335,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("follows", True),) if follows else ())
                    + ((("rows_late", True),) if rows_late else ())
                    + ((("max_early1", True),) if max_early1 else ())
-                   + ((("fence_zeroed", True),) if fence_zeroed else ())
-                   + ((("s_unroll", True),) if s_unroll else ())
+                   + ((("s_loop", True),) if not s_unroll else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

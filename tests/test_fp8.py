@@ -563,22 +563,6 @@ def test_fp8_seesaw_kernel_max_early1(parts, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("parts", [1, 2])
-def test_fp8_seesaw_kernel_fence_zeroed(parts, rng, monkeypatch):
-    """seesaw.FENCE_ZEROED (off: an experiment) on "e4m3" rows: warpgroup 0's proxy fence
-    after its softmax only where it zeroed a partial tile's rows; 64 heads over nine tiles
-    (the last partial) on shuffled pages with ALiBi, in one partition and in two, match the
-    reference, and the seesaw build ran."""
-    from numba_mla.kernels import seesaw
-
-    monkeypatch.setattr(seesaw, "FENCE_ZEROED", True)
-    seen = spy_seesaw(monkeypatch)
-    run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, [9 * 64 - 5], "null", "alibi",
-                 parts)
-    assert set(seen) == {("bf16", seesaw.LAG_HEADS, parts == 1, "e4m3")}
-
-
-@KERNEL
 @pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts,order", [
     (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "fifo"),
     (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "warps:2"),

@@ -494,42 +494,22 @@ def test_seesaw_max_early1(heads, num_partitions, order, rng, monkeypatch):
 
 @KERNEL
 @pytest.mark.parametrize("heads,num_partitions,order", [
-    (seesaw.LAG_HEADS, 1, "low"), (2, 2, "high")])
-def test_seesaw_fence_zeroed(heads, num_partitions, order, rng, monkeypatch):
-    """With warpgroup 0's proxy fence after its softmax only where it zeroed rows
-    (``seesaw.FENCE_ZEROED``, off: an experiment): nine tiles over shuffled pages of 64, the
-    last partial (its V rows past the end zeroed, the slots past it NaN), in one partition
-    and two, match the reference. The kernel that ran must be the seesaw build with the
-    flag."""
-    from numba_mla import _numba
-
-    monkeypatch.setattr(seesaw, "FENCE_ZEROED", True)
-    specs = launched_specs(monkeypatch)
-    p = make_problem(rng, 1, 1, heads, [9 * 64 - 5], BF16, "paged", 64)
-    with _numba.sim_turn_order(order):
-        check_kernel(p, nm.NullMask(), SCORE_MODS["alibi"].make(p), num_partitions, "mma")
-    assert [(s.backend, s.dispatcher.fence_zeroed) for s in specs] == [("seesaw", True)], (
-        "expected the seesaw build with the fence only where rows were zeroed")
-
-
-@KERNEL
-@pytest.mark.parametrize("heads,num_partitions,order", [
     (seesaw.LAG_HEADS, 1, "low"), (seesaw.LAG_HEADS, 2, "high"), (2, 1, "high")])
-def test_seesaw_s_unroll(heads, num_partitions, order, rng, monkeypatch):
-    """With S over a tile's nine boxes written out box by box (``seesaw.S_UNROLL``, off: an
-    experiment; each descriptor a 32-bit add to its low word, ``ptx.desc_advance_lo``): nine
+def test_seesaw_s_loop(heads, num_partitions, order, rng, monkeypatch):
+    """S as a loop over a tile's nine boxes (``seesaw.S_UNROLL`` False; the default writes
+    them out, each descriptor a 32-bit add to its low word, ``ptx.desc_advance_lo``): nine
     tiles over shuffled pages of 64 (the last partial), in one partition and two, with either
     warpgroup's threads first, match the reference. The kernel that ran must be the seesaw
-    build with the flag."""
+    build with the loop."""
     from numba_mla import _numba
 
-    monkeypatch.setattr(seesaw, "S_UNROLL", True)
+    monkeypatch.setattr(seesaw, "S_UNROLL", False)
     specs = launched_specs(monkeypatch)
     p = make_problem(rng, 1, 1, heads, [9 * 64 - 5], BF16, "paged", 64)
     with _numba.sim_turn_order(order):
         check_kernel(p, nm.NullMask(), SCORE_MODS["alibi"].make(p), num_partitions, "mma")
-    assert [(s.backend, s.dispatcher.s_unroll) for s in specs] == [("seesaw", True)], (
-        "expected the seesaw build with S written out")
+    assert [(s.backend, s.dispatcher.s_unroll) for s in specs] == [("seesaw", False)], (
+        "expected the seesaw build with S's loop")
 
 
 @KERNEL
@@ -1105,9 +1085,11 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
                 assert ptx.count("mma.sync.aligned.m16n8k16") >= 4 + 32
             if backend == "mma":
                 # The lockstep kernel: 36 wgmma for Q.K^T and 4 for P.V; the seesaw: each
-                # warpgroup's two S sites issue 4 a box (a loop over the boxes), its two P V
-                # sites 4 each.
-                assert ptx.count("wgmma.mma_async") == (32 if d in seesaws else 40)
+                # warpgroup's two S sites issue 36 (the boxes written out, S_UNROLL; 4 a box
+                # in a loop without it), its two P V sites 4 each.
+                s_site = 36 if seesaw.S_UNROLL else 4
+                assert ptx.count("wgmma.mma_async") == (4 * s_site + 16 if d in seesaws
+                                                        else 40)
             callees = set(PTX_CALLEE.findall(ptx))
             assert callees <= allowed_calls, (
                 f"call(s) left in the partition kernel's PTX: {sorted(callees - allowed_calls)}")

@@ -256,7 +256,7 @@ def test_desc_advance_lo_is_desc_advance():
     """``ptx.desc_advance_lo`` (a 32-bit add to the low word) gives ``desc_advance``'s
     descriptor for shared addresses and the steps the kernels take (a box's K steps of 32
     bytes, whole boxes of 8 KB), swizzled or not, wherever the sum stays in shared memory."""
-    descs = (ptx.wgmma_desc(16, 1024, True), ptx.wgmma_desc(LBO, SBO))
+    d0, d1 = ptx.wgmma_desc(16, 1024, True), ptx.wgmma_desc(LBO, SBO)
     addrs = np.array([0, 1024, 0x12000, 0x24000 + 4096, 0x2F000], np.int64)
     steps = np.array([0, 32, 64, 96, 8192, 8192 * 8 + 96], np.int64)
 
@@ -265,10 +265,10 @@ def test_desc_advance_lo_is_desc_advance():
         i = cuda.grid(1)
         if i < addrs.size * steps.size:
             a, s = addrs[i // steps.size], steps[i % steps.size]
-            out[0, i] = ptx.desc_advance(descs[0](a), s)
-            out[1, i] = ptx.desc_advance_lo(descs[0](a), s)
-            out[2, i] = ptx.desc_advance(descs[1](a), s)
-            out[3, i] = ptx.desc_advance_lo(descs[1](a), s)
+            out[0, i] = ptx.desc_advance(d0(a), s)
+            out[1, i] = ptx.desc_advance_lo(d0(a), s)
+            out[2, i] = ptx.desc_advance(d1(a), s)
+            out[3, i] = ptx.desc_advance_lo(d1(a), s)
 
     n = addrs.size * steps.size
     out = cuda.to_device(np.zeros((4, n), np.uint64))

@@ -145,18 +145,13 @@ BAR_SCALE0, BAR_SCALE1, BAR_WG = 1, 2, 3
 # the path from SCALE0 to SCALE1; a shared-memory store must stay in front of it, and with it
 # everything it stores. An experiment (off): to be timed.
 MAX_EARLY1 = False
-# Warpgroup 0's proxy fence in front of its own barrier after the softmax only where it zeroed
-# rows of a partial tile (its P V reads them): on a whole tile its writes before that barrier
-# are the stat rows, read by warpgroup 1's plain loads, and the fence (a MEMBAR.ALL.CTA, which
-# waits for the thread's outstanding memory operations, and a FENCE.VIEW.ASYNC.S in the SASS)
-# sat on the pair's path for nothing. P0's own fence, after its store, stays. An experiment
-# (off): to be timed.
-FENCE_ZEROED = False
 # S over a 16-bit tile's nine boxes written out box by box (the box a constant in each), not as
 # a loop: in the loop's SASS each box took 54 instructions for its four wgmma (64-bit counters,
 # each descriptor and each step's accumulate flag recomputed from the box index), some 490 a
-# warp a tile, a third of all the kernel executes. An experiment (off): to be timed.
-S_UNROLL = False
+# warp a tile, a third of all the kernel executes; written out, 266. On an H100 (two rounds,
+# plots/ab_s_unroll_a72016d_h100.json): 0.959-0.966x the time at 64 x 128 x 4096, 128 x 128 x
+# 1024 and 16 x 128 x 32768, 0.995x at 1 x 128 x 65536. On since; False is the loop.
+S_UNROLL = True
 
 # -- "e4m3" rows (``fp8="e4m3"``): a tile's codes land inside its own 16-bit buffer --
 RAW_BOX = BLOCK_N * BOX  # a box of codes: 64 keys x 64 codes, rows of 64 bytes (4096 bytes)
@@ -239,8 +234,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
                           converter=False, runs=False, ahead=False, direct=False,
                           q_early=False, mixed=False, out_store=None, follows=False,
-                          rows_ahead=True, max_early1=False, fence_zeroed=False,
-                          s_unroll=False):
+                          rows_ahead=True, max_early1=False, s_unroll=True):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -267,9 +261,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     it as that grid's programmatic dependent). ``rows_ahead=False``: the rows of each pair's
     refills looked up in their own pair even where ``carries_rows`` (the selector's form
     where the other spills). ``max_early1``: warpgroup 1 stores its tile maxima before its
-    wait at SCALE0 (``MAX_EARLY1``). ``fence_zeroed``: warpgroup 0 fences before its barrier
-    after the softmax only where it zeroed rows (``FENCE_ZEROED``). ``s_unroll``: S over a
-    16-bit tile's boxes written out, not looped (``S_UNROLL``)."""
+    wait at SCALE0 (``MAX_EARLY1``). ``s_unroll``: S over a 16-bit tile's boxes written out,
+    not looped (``S_UNROLL``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
@@ -991,10 +984,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                             l_p[half] += sums_p[half]
                     if k1 - k0 < BLOCK_N:
                         zero_rows(smk, sb, 0, k1 - k0, wtid)
-                        if fence_zeroed:
-                            ptx.fence_proxy_async()
-                    if not fence_zeroed:
-                        ptx.fence_proxy_async()
+                    ptx.fence_proxy_async()
                     # All four warps are done with S0 (P0 goes into the rope box it read), and
                     # zeroed rows are in place for this warpgroup's P V.
                     ptx.bar_sync(BAR_WG + wg, 128)
