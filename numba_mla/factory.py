@@ -306,6 +306,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     rows_late = not rows_ahead and seesaw.carries_rows(heads, fp8, converter)
     max_early1 = seesaw.MAX_EARLY1
     s_unroll = seesaw.S_UNROLL
+    s8_unroll = seesaw.S8_UNROLL and bool(fp8) and not converter
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
@@ -315,13 +316,14 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             mixed=mixed, out_store=_output_store(tag, True),
                                             follows=follows, rows_ahead=not rows_late,
                                             max_early1=max_early1,
-                                            s_unroll=s_unroll,
+                                            s_unroll=s_unroll, s8_unroll=s8_unroll,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         disp.follows = follows  # (launch.py: launched to follow)
         disp.rows_late = rows_late
         disp.max_early1 = max_early1
         disp.s_unroll = s_unroll
+        disp.s8_unroll = s8_unroll
         if converter:  # (setmaxnreg moves the registers it was launched with)
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
@@ -336,6 +338,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("rows_late", True),) if rows_late else ())
                    + ((("max_early1", True),) if max_early1 else ())
                    + ((("s_loop", True),) if not s_unroll else ())
+                   + ((("s8_unroll", True),) if s8_unroll else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

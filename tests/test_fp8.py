@@ -563,6 +563,34 @@ def test_fp8_seesaw_kernel_max_early1(parts, rng, monkeypatch):
 
 
 @KERNEL
+@pytest.mark.parametrize("parts,lengths", [(1, [9 * 64 - 5]), (2, [9 * 64 - 5]),
+                                           (1, [5 * 64, 0])])
+def test_fp8_seesaw_kernel_s8_unroll(parts, lengths, rng, monkeypatch):
+    """seesaw.S8_UNROLL (off: an experiment) on "e4m3" rows: each box's codes read, S over
+    the box before and its conversion written out box by box, in both buffers' orders; 64
+    heads over nine tiles (the last partial) on shuffled pages with ALiBi, in one partition
+    and in two, and five whole tiles beside an empty sequence, match the reference, and the
+    seesaw build with the flag ran."""
+    from numba_mla import factory
+    from numba_mla.kernels import seesaw
+
+    monkeypatch.setattr(seesaw, "S8_UNROLL", True)
+    built = []
+    make = factory.seesaw_partition_kernel
+
+    def spy(*a, **k):
+        d = make(*a, **k)
+        built.append(d.s8_unroll)
+        return d
+
+    monkeypatch.setattr(factory, "seesaw_partition_kernel", spy)
+    seen = spy_seesaw(monkeypatch)
+    run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, lengths, "null", "alibi", parts)
+    assert set(seen) == {("bf16", seesaw.LAG_HEADS, parts == 1, "e4m3")}
+    assert built and all(built), "expected the e4m3 seesaw build with S8_UNROLL"
+
+
+@KERNEL
 @pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts,order", [
     (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "fifo"),
     (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "warps:2"),

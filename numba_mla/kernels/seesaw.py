@@ -152,6 +152,11 @@ MAX_EARLY1 = False
 # plots/ab_s_unroll_a72016d_h100.json): 0.959-0.966x the time at 64 x 128 x 4096, 128 x 128 x
 # 1024 and 16 x 128 x 32768, 0.995x at 1 x 128 x 65536. On since; False is the loop.
 S_UNROLL = True
+# The same for "e4m3" rows (``qk8``, not the converter's ``qk_conv``): each box's read of its
+# codes, S over the box before, and its conversion written out (each box a constant), each
+# descriptor a 32-bit add. In the loop's SASS a box took about 105 instructions, some 30 of
+# them the conversion's own. An experiment (off): to be timed.
+S8_UNROLL = False
 
 # -- "e4m3" rows (``fp8="e4m3"``): a tile's codes land inside its own 16-bit buffer --
 RAW_BOX = BLOCK_N * BOX  # a box of codes: 64 keys x 64 codes, rows of 64 bytes (4096 bytes)
@@ -234,7 +239,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           fold_scale, heads, store, key_count=None, listed=False, fp8=None,
                           converter=False, runs=False, ahead=False, direct=False,
                           q_early=False, mixed=False, out_store=None, follows=False,
-                          rows_ahead=True, max_early1=False, s_unroll=True):
+                          rows_ahead=True, max_early1=False, s_unroll=True,
+                          s8_unroll=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -262,7 +268,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     refills looked up in their own pair even where ``carries_rows`` (the selector's form
     where the other spills). ``max_early1``: warpgroup 1 stores its tile maxima before its
     wait at SCALE0 (``MAX_EARLY1``). ``s_unroll``: S over a 16-bit tile's boxes written out,
-    not looped (``S_UNROLL``)."""
+    not looped (``S_UNROLL``); ``s8_unroll``: the same for "e4m3" rows, conversions included
+    (``S8_UNROLL``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
@@ -407,14 +414,15 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         for box in range(lo, hi):
             ptx.mbar_expect_tx(smk, box_bar(sb, buf, box), RAW_BOX)
 
+    advance8 = ptx.desc_advance_lo if s8_unroll and not CONV else ptx.desc_advance
+
     @cuda.jit(device=True)
     def s_box(s_acc, smk, dq, dk, box, n, wtid):
         """Issue S += Q K^T over box ``box``'s 64 dims, the n-th box issued (the first
         overwrites S)."""
         for j in range(BOX // 16):
             step = BOX_BYTES * box + 32 * j
-            mma_s(s_acc, smk, ptx.desc_advance(dq, step), ptx.desc_advance(dk, step),
-                  BOX // 16 * n + j, wtid)
+            mma_s(s_acc, smk, advance8(dq, step), advance8(dk, step), BOX // 16 * n + j, wtid)
 
     @cuda.jit(device=True)
     def read_codes(codes, at0, smk, sb, buf, box, parity, src):
@@ -437,6 +445,18 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             a2, a3 = ptx.e4m3x4_to_f16x4(codes[at0 + 2 * i + 1])
             ptx.sts128(smk, dst + BOX_BYTES * box + 2048 * i, a0, a1, a2, a3)
 
+    @cuda.jit(device=True, **INLINE)
+    def qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, n, parity, wtid):
+        """``qk8``'s n-th step (n >= 1): read the codes of the n-th box to convert once they
+        land, wait for the warpgroup (every thread has read them, and written the box before),
+        issue S over that box before, then write this one's values."""
+        box = convert_order_(buf, n)
+        read_codes(codes, 0, smk, sb, buf, box, parity, src)
+        ptx.bar_sync(BAR_WG + buf, 128)
+        s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 1), n - 1, wtid)
+        write_box(codes, 0, smk, box, dst)
+        ptx.fence_proxy_async()
+
     @cuda.jit(device=True)
     def qk8(s_acc, smk, sb, buf, parity, wtid):
         """S = Q K^T over the tile in buffer ``buf`` ("e4m3" rows; this warpgroup's 128
@@ -445,8 +465,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         written (a barrier), while the next box is converted; that barrier also comes after
         every thread has read the next box's codes, since three boxes overwrite their own."""
         kv = sb + KV_OFF + buf * ROWS_BYTES
-        dq = desc_rows(sb + Q_OFF)
-        dk = desc_rows(kv)
+        if s8_unroll:  # (the descriptors formed at each wgmma, not hoisted: as in qk)
+            so = ptx.opaque_i32(sb)
+            dq = desc_rows(so + Q_OFF)
+            dk = desc_rows(so + KV_OFF + buf * ROWS_BYTES)
+        else:
+            dq = desc_rows(sb + Q_OFF)
+            dk = desc_rows(kv)
         src = kv + 8 * wtid
         dst = kv + 128 * (wtid // 8) + 16 * ((wtid % 8) ^ (wtid // 8 % 8))
         codes = cuda.local.array(CODE_WORDS, int32)
@@ -459,14 +484,25 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         write_box(codes, 0, smk, prev, dst)
         ptx.fence_proxy_async()
         ptx.wgmma_fence()
-        for n in range(1, NBOX):
-            box = convert_order_(buf, n)
-            read_codes(codes, 0, smk, sb, buf, box, parity, src)
-            ptx.bar_sync(BAR_WG + buf, 128)
-            s_box(s_acc, smk, dq, dk, prev, n - 1, wtid)
-            write_box(codes, 0, smk, box, dst)
-            ptx.fence_proxy_async()
-            prev = box
+        if s8_unroll:  # (n a constant in each: S8_UNROLL)
+            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 1, parity, wtid)
+            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 2, parity, wtid)
+            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 3, parity, wtid)
+            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 4, parity, wtid)
+            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 5, parity, wtid)
+            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 6, parity, wtid)
+            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 7, parity, wtid)
+            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 8, parity, wtid)
+            prev = convert_order_(buf, NBOX - 1)
+        else:
+            for n in range(1, NBOX):
+                box = convert_order_(buf, n)
+                read_codes(codes, 0, smk, sb, buf, box, parity, src)
+                ptx.bar_sync(BAR_WG + buf, 128)
+                s_box(s_acc, smk, dq, dk, prev, n - 1, wtid)
+                write_box(codes, 0, smk, box, dst)
+                ptx.fence_proxy_async()
+                prev = box
         ptx.bar_sync(BAR_WG + buf, 128)
         s_box(s_acc, smk, dq, dk, prev, NBOX - 1, wtid)
         ptx.wgmma_commit()
