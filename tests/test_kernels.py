@@ -471,45 +471,30 @@ def test_seesaw_rows_ahead(window, rng, monkeypatch):
 
 
 @KERNEL
+@pytest.mark.parametrize("flag,value,attr", [("MAX_EARLY1", True, "max_early1"),
+                                             ("S_UNROLL", False, "s_unroll")],
+                         ids=["max_early1", "s_loop"])
 @pytest.mark.parametrize("heads,num_partitions,order", [
     (seesaw.LAG_HEADS, 1, "low"), (seesaw.LAG_HEADS, 2, "high"), (2, 1, "high"),
     (2, 2, "low")])
-def test_seesaw_max_early1(heads, num_partitions, order, rng, monkeypatch):
-    """With warpgroup 1's tile maxima stored before its wait at SCALE0
-    (``seesaw.MAX_EARLY1``, off: an experiment; into its row-sum row of ``stat``, which the
-    walk's end then overwrites): nine tiles (five pairs, the last of one partial tile) over
+def test_seesaw_forms(heads, num_partitions, order, flag, value, attr, rng, monkeypatch):
+    """The seesaw kernel's forms other than the default: warpgroup 1's tile maxima stored
+    before its wait at SCALE0 (``seesaw.MAX_EARLY1``, off: an experiment; into its row-sum
+    row of ``stat``, which the walk's end then overwrites), and S as a loop over a tile's nine
+    boxes (``seesaw.S_UNROLL`` False; the default writes them out, each descriptor a 32-bit
+    add, ``ptx.desc_advance_lo``). Nine tiles (five pairs, the last of one partial tile) over
     shuffled pages of 64, in one partition and in two, at 64 heads and 2, with either
     warpgroup's threads run first, match the reference; ALiBi makes each key's score depend
-    on its position. The kernel that ran must be the seesaw build with the flag."""
+    on its position. The kernel that ran must be the seesaw build of that form."""
     from numba_mla import _numba
 
-    monkeypatch.setattr(seesaw, "MAX_EARLY1", True)
+    monkeypatch.setattr(seesaw, flag, value)
     specs = launched_specs(monkeypatch)
     p = make_problem(rng, 1, 1, heads, [9 * 64 - 5], BF16, "paged", 64)
     with _numba.sim_turn_order(order):
         check_kernel(p, nm.NullMask(), SCORE_MODS["alibi"].make(p), num_partitions, "mma")
-    assert [(s.backend, s.dispatcher.max_early1) for s in specs] == [("seesaw", True)], (
-        "expected the seesaw build with the maxima stored early")
-
-
-@KERNEL
-@pytest.mark.parametrize("heads,num_partitions,order", [
-    (seesaw.LAG_HEADS, 1, "low"), (seesaw.LAG_HEADS, 2, "high"), (2, 1, "high")])
-def test_seesaw_s_loop(heads, num_partitions, order, rng, monkeypatch):
-    """S as a loop over a tile's nine boxes (``seesaw.S_UNROLL`` False; the default writes
-    them out, each descriptor a 32-bit add to its low word, ``ptx.desc_advance_lo``): nine
-    tiles over shuffled pages of 64 (the last partial), in one partition and two, with either
-    warpgroup's threads first, match the reference. The kernel that ran must be the seesaw
-    build with the loop."""
-    from numba_mla import _numba
-
-    monkeypatch.setattr(seesaw, "S_UNROLL", False)
-    specs = launched_specs(monkeypatch)
-    p = make_problem(rng, 1, 1, heads, [9 * 64 - 5], BF16, "paged", 64)
-    with _numba.sim_turn_order(order):
-        check_kernel(p, nm.NullMask(), SCORE_MODS["alibi"].make(p), num_partitions, "mma")
-    assert [(s.backend, s.dispatcher.s_unroll) for s in specs] == [("seesaw", False)], (
-        "expected the seesaw build with S's loop")
+    assert [(s.backend, getattr(s.dispatcher, attr)) for s in specs] == [("seesaw", value)], (
+        f"expected the seesaw build with {flag} = {value}")
 
 
 @KERNEL
