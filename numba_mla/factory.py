@@ -305,7 +305,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     follows = follows and seesaw.FOLLOWS and not converter  # (the converter's: Numba's path)
     rows_late = not rows_ahead and seesaw.carries_rows(heads, fp8, converter)
     max_early1 = seesaw.MAX_EARLY1
-    s_unroll = seesaw.S_UNROLL
+    s_unroll = seesaw.S_UNROLL or bool(fp8)  # ("e4m3" rows have their own S: S8_UNROLL)
     s8_unroll = seesaw.S8_UNROLL and bool(fp8) and not converter
 
     def build():

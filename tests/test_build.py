@@ -1,7 +1,8 @@
 """The partition kernels built for sm_90a without a GPU (scripts/build_check.py): no local
 memory (spills or a stack frame, but the warp split-K's known one), no call; for the
 tensor-core kernels no serialised wgmma and their HGMMA in the SASS (40 in the lockstep
-kernel, 32 in the seesaw); the warp tensor-core kernel built for sm_80 and sm_89 with
+kernel; 160 in the seesaw, 32 with S's loop; on "e4m3" rows 48, 160 with ``S8_UNROLL``, 32
+with the converter warpgroup); the warp tensor-core kernel built for sm_80 and sm_89 with
 its mma.sync and their HMMA. Needs NVVM and nvJitLink (``pip install "numba-cuda[cu13]"
 nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``, about 830 MB, not in CI); skipped where they
 are missing. Run it on every change to a kernel: ``python -m pytest -m build -n 4`` (its

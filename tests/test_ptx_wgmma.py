@@ -247,10 +247,6 @@ def test_twin_gathers_the_threads_cells_of_the_whole_product(n, trans_b, swizzle
         np.testing.assert_array_equal(acc, 2 * want)
 
 
-if __name__ == "__main__":
-    sys.exit(build_check())
-
-
 @pytest.mark.kernel
 def test_desc_advance_lo_is_desc_advance():
     """``ptx.desc_advance_lo`` (a 32-bit add to the low word) gives ``desc_advance``'s
@@ -287,3 +283,7 @@ def test_desc_advance_lo_twin_refuses_a_carry():
     assert ptx.desc_advance_lo(d, 0x800) == ptx.desc_advance(d, 0x800)
     with pytest.raises(AssertionError, match="carry"):
         ptx.desc_advance_lo(d, 0x1000)
+
+
+if __name__ == "__main__":
+    sys.exit(build_check())

@@ -150,7 +150,7 @@ MAX_EARLY1 = False
 # each descriptor and each step's accumulate flag recomputed from the box index), some 490 a
 # warp a tile, a third of all the kernel executes; written out, 266. On an H100 (two rounds,
 # plots/ab_s_unroll_a72016d_h100.json): 0.959-0.966x the time at 64 x 128 x 4096, 128 x 128 x
-# 1024 and 16 x 128 x 32768, 0.995x at 1 x 128 x 65536. On since; False is the loop.
+# 1024 and 16 x 128 x 32768, 0.995x at 1 x 128 x 65536. On since fbcf440; False is the loop.
 S_UNROLL = True
 # The same for "e4m3" rows (``qk8``, not the converter's ``qk_conv``): each box's read of its
 # codes, S over the box before, and its conversion written out (each box a constant), each
@@ -271,6 +271,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     not looped (``S_UNROLL``); ``s8_unroll``: the same for "e4m3" rows, conversions included
     (``S8_UNROLL``)."""
     assert fp8 in (None, "e4m3"), fp8
+    assert not s8_unroll or (fp8 and not converter), "s8_unroll: e4m3 rows' qk8 only"
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     AHEAD = runs and ahead
     DIRECT = runs and direct
@@ -379,8 +380,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         as each lands; waited. The rope box goes last, as in the reference's sum: where the
         rope dims carry a large common part (q and k near 100 there), adding the latent dims
         to it first would round them away (an LSE error of 0.16 at 86539, measured)."""
-        dq = desc_rows(sb + Q_OFF)
-        dk = desc_rows(sb + KV_OFF + buf * ROWS_BYTES)
         ptx.wgmma_fence()
         if s_unroll:  # (the box a constant in each: S_UNROLL)
             # (the base through an opaque move here, so that the 72 descriptors are formed
@@ -398,6 +397,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             qk_box(s_acc, smk, sb, buf, dq, dk, 7, parity, wtid)
             qk_box(s_acc, smk, sb, buf, dq, dk, 8, parity, wtid)
         else:
+            dq = desc_rows(sb + Q_OFF)
+            dk = desc_rows(sb + KV_OFF + buf * ROWS_BYTES)
             for box in range(NBOX):
                 qk_box(s_acc, smk, sb, buf, dq, dk, box, parity, wtid)
         ptx.wgmma_commit()
