@@ -386,8 +386,8 @@ def main():
             # (m64n64k16); the seesaw on "e4m3" rows: 8 a S site (the loop over the boxes and
             # the last box after it; 36 written out, seesaw.S8_UNROLL); with the converter
             # warpgroup 4 a S site
-            s_site = 36 if seesaw.S_UNROLL else 4
-            s8_site = 36 if seesaw.S8_UNROLL else 8
+            s_site = 36 if getattr(kern, "s_unroll", False) else 4  # (the build's own flags)
+            s8_site = 36 if getattr(kern, "s8_unroll", False) else 8
             want = {"mma": 40, "mma8": 40, "tr8": 68, "tr8x32": 68, "tr8x32a": 68, "tr8x64": 34,
                     "tr8x64a": 34, "seesaw8": 4 * s8_site + 16,
                     "seesaw8c": 32}.get(name, 4 * s_site + 16)

@@ -380,13 +380,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         as each lands; waited. The rope box goes last, as in the reference's sum: where the
         rope dims carry a large common part (q and k near 100 there), adding the latent dims
         to it first would round them away (an LSE error of 0.16 at 86539, measured)."""
+        # (written out, the base goes through an opaque move here, so that the 72 descriptors
+        # are formed where each wgmma takes them, not all hoisted out of the walk)
+        base = ptx.opaque_i32(sb) if s_unroll else sb
+        dq = desc_rows(base + Q_OFF)
+        dk = desc_rows(base + KV_OFF + buf * ROWS_BYTES)
         ptx.wgmma_fence()
         if s_unroll:  # (the box a constant in each: S_UNROLL)
-            # (the base through an opaque move here, so that the 72 descriptors are formed
-            # where each wgmma takes them, not all hoisted out of the walk into registers)
-            so = ptx.opaque_i32(sb)
-            dq = desc_rows(so + Q_OFF)
-            dk = desc_rows(so + KV_OFF + buf * ROWS_BYTES)
             qk_box(s_acc, smk, sb, buf, dq, dk, 0, parity, wtid)
             qk_box(s_acc, smk, sb, buf, dq, dk, 1, parity, wtid)
             qk_box(s_acc, smk, sb, buf, dq, dk, 2, parity, wtid)
@@ -397,8 +397,6 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             qk_box(s_acc, smk, sb, buf, dq, dk, 7, parity, wtid)
             qk_box(s_acc, smk, sb, buf, dq, dk, 8, parity, wtid)
         else:
-            dq = desc_rows(sb + Q_OFF)
-            dk = desc_rows(sb + KV_OFF + buf * ROWS_BYTES)
             for box in range(NBOX):
                 qk_box(s_acc, smk, sb, buf, dq, dk, box, parity, wtid)
         ptx.wgmma_commit()
@@ -447,16 +445,18 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             ptx.sts128(smk, dst + BOX_BYTES * box + 2048 * i, a0, a1, a2, a3)
 
     @cuda.jit(device=True, **INLINE)
-    def qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, n, parity, wtid):
+    def qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, n, parity, wtid):
         """``qk8``'s n-th step (n >= 1): read the codes of the n-th box to convert once they
         land, wait for the warpgroup (every thread has read them, and written the box before),
-        issue S over that box before, then write this one's values."""
+        issue S over the box before (``prev``), then write this one's values; returns this
+        box."""
         box = convert_order_(buf, n)
         read_codes(codes, 0, smk, sb, buf, box, parity, src)
         ptx.bar_sync(BAR_WG + buf, 128)
-        s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 1), n - 1, wtid)
+        s_box(s_acc, smk, dq, dk, prev, n - 1, wtid)
         write_box(codes, 0, smk, box, dst)
         ptx.fence_proxy_async()
+        return box
 
     @cuda.jit(device=True)
     def qk8(s_acc, smk, sb, buf, parity, wtid):
@@ -466,13 +466,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         written (a barrier), while the next box is converted; that barrier also comes after
         every thread has read the next box's codes, since three boxes overwrite their own."""
         kv = sb + KV_OFF + buf * ROWS_BYTES
-        if s8_unroll:  # (the descriptors formed at each wgmma, not hoisted: as in qk)
-            so = ptx.opaque_i32(sb)
-            dq = desc_rows(so + Q_OFF)
-            dk = desc_rows(so + KV_OFF + buf * ROWS_BYTES)
-        else:
-            dq = desc_rows(sb + Q_OFF)
-            dk = desc_rows(kv)
+        base = ptx.opaque_i32(sb) if s8_unroll else sb  # (as in qk)
+        dq = desc_rows(base + Q_OFF)
+        dk = desc_rows(base + KV_OFF + buf * ROWS_BYTES)
         src = kv + 8 * wtid
         dst = kv + 128 * (wtid // 8) + 16 * ((wtid % 8) ^ (wtid // 8 % 8))
         codes = cuda.local.array(CODE_WORDS, int32)
@@ -486,24 +482,18 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         ptx.fence_proxy_async()
         ptx.wgmma_fence()
         if s8_unroll:  # (n a constant in each: S8_UNROLL)
-            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 1, parity, wtid)
-            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 2, parity, wtid)
-            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 3, parity, wtid)
-            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 4, parity, wtid)
-            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 5, parity, wtid)
-            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 6, parity, wtid)
-            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 7, parity, wtid)
-            qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 8, parity, wtid)
-            prev = convert_order_(buf, NBOX - 1)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 1, parity, wtid)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 2, parity, wtid)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 3, parity, wtid)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 4, parity, wtid)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 5, parity, wtid)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 6, parity, wtid)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 7, parity, wtid)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 8, parity, wtid)
         else:
             for n in range(1, NBOX):
-                box = convert_order_(buf, n)
-                read_codes(codes, 0, smk, sb, buf, box, parity, src)
-                ptx.bar_sync(BAR_WG + buf, 128)
-                s_box(s_acc, smk, dq, dk, prev, n - 1, wtid)
-                write_box(codes, 0, smk, box, dst)
-                ptx.fence_proxy_async()
-                prev = box
+                prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, n, parity,
+                                wtid)
         ptx.bar_sync(BAR_WG + buf, 128)
         s_box(s_acc, smk, dq, dk, prev, NBOX - 1, wtid)
         ptx.wgmma_commit()
