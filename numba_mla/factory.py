@@ -307,6 +307,8 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     max_early1 = seesaw.MAX_EARLY1
     s_unroll = seesaw.S_UNROLL or bool(fp8)  # ("e4m3" rows have their own S: S8_UNROLL)
     s8_unroll = seesaw.S8_UNROLL and bool(fp8) and not converter
+    whole_tiles = seesaw.WHOLE_TILES
+    exp_fold = seesaw.EXP_FOLD
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
@@ -317,6 +319,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             follows=follows, rows_ahead=not rows_late,
                                             max_early1=max_early1,
                                             s_unroll=s_unroll, s8_unroll=s8_unroll,
+                                            whole_tiles=whole_tiles, exp_fold=exp_fold,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         disp.follows = follows  # (launch.py: launched to follow)
@@ -324,6 +327,8 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
         disp.max_early1 = max_early1
         disp.s_unroll = s_unroll
         disp.s8_unroll = s8_unroll
+        disp.whole_tiles = whole_tiles
+        disp.exp_fold = exp_fold
         if converter:  # (setmaxnreg moves the registers it was launched with)
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
@@ -339,6 +344,8 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("max_early1", True),) if max_early1 else ())
                    + ((("s_loop", True),) if not s_unroll else ())
                    + ((("s8_unroll", True),) if s8_unroll else ())
+                   + ((("whole_tiles", True),) if whole_tiles else ())
+                   + ((("exp_fold", True),) if exp_fold else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

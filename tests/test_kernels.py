@@ -51,6 +51,7 @@ from helpers import (
     to_torch,
 )
 from numba_mla import factory, heuristics, launch, selector
+from numba_mla.testing import DEEPSEEK_SCALE
 from numba_mla.kernels import mma_sync_roles, seesaw, simple
 from numba_mla.mods import as_mask, as_score_mod
 
@@ -495,6 +496,35 @@ def test_seesaw_forms(heads, num_partitions, order, flag, value, attr, rng, monk
         check_kernel(p, nm.NullMask(), SCORE_MODS["alibi"].make(p), num_partitions, "mma")
     assert [(s.backend, getattr(s.dispatcher, attr)) for s in specs] == [("seesaw", value)], (
         f"expected the seesaw build with {flag} = {value}")
+
+
+@KERNEL
+@pytest.mark.parametrize("flags,mask,sq,sign", [
+    (("WHOLE_TILES",), "null", 1, 1), (("WHOLE_TILES",), "causal", 2, 1),
+    (("EXP_FOLD",), "null", 1, 1), (("EXP_FOLD",), "causal", 2, 1),
+    (("WHOLE_TILES", "EXP_FOLD"), "null", 1, 1), (("WHOLE_TILES", "EXP_FOLD"), "null", 1, -1)],
+    ids=["whole-null", "whole-causal", "fold-null", "fold-causal", "both-null",
+         "both-null-negative-scale"])
+def test_seesaw_score_forms(flags, mask, sq, sign, rng, monkeypatch):
+    """The seesaw kernel's score forms for a boolean mask and no score mod: a tile with all
+    its keys takes its scores without their bounds (``seesaw.WHOLE_TILES``), and the scores
+    stay raw products with the scale in the exponent where it is positive
+    (``seesaw.EXP_FOLD``; a negative scale takes the scaled form). Two sequences, one of nine
+    tiles with a partial last tile and one of eight whole tiles, over shuffled pages of 64,
+    in two partitions (a partition's last tile whole and partial), at seesaw.LAG_HEADS
+    heads, null and causal over two query rows, match the reference (which raw scores under
+    a negative scale or a bound missed on a partial tile would not). The kernel that ran
+    must be the seesaw build with the flags."""
+    for flag in flags:
+        monkeypatch.setattr(seesaw, flag, True)
+    specs = launched_specs(monkeypatch)
+    p = make_problem(rng, 2, sq, seesaw.LAG_HEADS, [9 * 64 - 5, 8 * 64], BF16, "paged", 64,
+                     scale=sign * DEEPSEEK_SCALE)
+    check_kernel(p, nm.NullMask() if mask == "null" else nm.CausalMask(),
+                 nm.IdentityScoreMod(), 2, "mma")
+    assert [(s.backend, s.dispatcher.whole_tiles, s.dispatcher.exp_fold) for s in specs] == [
+        ("seesaw", "WHOLE_TILES" in flags, "EXP_FOLD" in flags)], (
+        f"expected the seesaw build with {flags}")
 
 
 @KERNEL

@@ -157,6 +157,20 @@ S_UNROLL = True
 # descriptor a 32-bit add. In the loop's SASS a box took about 105 instructions, some 30 of
 # them the conversion's own. An experiment (off): to be timed.
 S8_UNROLL = False
+# A tile whose 64 keys are all in range (all but a partition's last) and a row that is in the
+# block take the scores without a bound per element: in the SASS each element's bound was a
+# compare and a select (64 instructions a thread a tile of the scores' ~140). The last tile
+# keeps them. Only with a boolean mask and no score mod (the factory's ``fold_scale``): with a
+# soft cap the second copy of the scores spilled 160 bytes. An experiment (off): to be timed.
+WHOLE_TILES = False
+# With a boolean mask and no score mod (the factory's ``fold_scale``) and a scale > 0 (a
+# uniform branch: the kernel keeps the other form for scale <= 0), the scores stay raw
+# products: their row maxima are taken raw and scaled once a row (with a positive factor the
+# maximum of the scaled scores is the scaled maximum, bit for bit), and the factor goes into
+# the exponent's subtraction as a fused multiply-add, P = exp2(s * f - m). That saves the
+# multiply an element (two for "e4m3" rows, whose factor has each row's power of two too).
+# An experiment (off): to be timed.
+EXP_FOLD = False
 
 # -- "e4m3" rows (``fp8="e4m3"``): a tile's codes land inside its own 16-bit buffer --
 RAW_BOX = BLOCK_N * BOX  # a box of codes: 64 keys x 64 codes, rows of 64 bytes (4096 bytes)
@@ -240,7 +254,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           converter=False, runs=False, ahead=False, direct=False,
                           q_early=False, mixed=False, out_store=None, follows=False,
                           rows_ahead=True, max_early1=False, s_unroll=True,
-                          s8_unroll=False):
+                          s8_unroll=False, whole_tiles=False, exp_fold=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -269,7 +283,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     where the other spills). ``max_early1``: warpgroup 1 stores its tile maxima before its
     wait at SCALE0 (``MAX_EARLY1``). ``s_unroll``: S over a 16-bit tile's boxes written out,
     not looped (``S_UNROLL``); ``s8_unroll``: the same for "e4m3" rows, conversions included
-    (``S8_UNROLL``)."""
+    (``S8_UNROLL``); ``whole_tiles``: a tile with all its keys takes its scores without their
+    bounds (``WHOLE_TILES``); ``exp_fold``: with ``fold_scale``, the scale goes into the
+    exponent where it is positive (``EXP_FOLD``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not s8_unroll or (fp8 and not converter), "s8_unroll: e4m3 rows' qk8 only"
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
@@ -286,6 +302,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
     H = heads
     lag = heads >= LAG_HEADS
+    EXP_RAW = exp_fold and fold_scale  # (the scores raw where the scale is > 0)
+    # (with a score mod, the scores' second copy spilled: 160 bytes causal with a soft cap)
+    WHOLE = whole_tiles and fold_scale
     short_path = takes_short_path(heads, fp8, converter)  # EXP2_FTZ, ROWS_AHEAD
     exp2 = ptx.exp2_ftz if EXP2_FTZ and short_path else math.exp2
     rows_ahead = rows_ahead and carries_rows(heads, fp8, converter)
@@ -617,11 +636,34 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         ptx.fence_proxy_async()  # (a barrier follows: Q is then visible to wgmma)
 
     @cuda.jit(device=True)
-    def scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale, scale, bias,
-               wtid, tid, fh):
+    def row_scores(s_acc, half, lim, row_in, check, x_mul, fold, cls, b, h, iq, q_pos, k0, scale,
+                   bias, wtid):
+        """One of a thread's two rows of ``scores`` (``half``); ``check``: each element's key
+        against the bound ``lim`` and the row against the block's (``row_in``; False for a
+        whole tile of a row in the block); ``x_mul``: each product's factor
+        before the score step (1 for none); ``fold``: the score step's. Returns the row's
+        maximum over the thread's elements."""
+        row_max = float32(NEG_INF)
+        for j in range(NS // 4):
+            for e in range(2):
+                i = 4 * j + 2 * half + e
+                s = float32(NEG_INF)
+                if not check or (row_in and int32(8 * j + e) < lim):
+                    s = log2_score(s_acc[i] * x_mul, fold, scale, cls, b, h, iq, q_pos,
+                                   k0 + ptx.acc_col(i, wtid), bias)
+                s_acc[i] = s
+                row_max = max(row_max, s)
+        return row_max
+
+    @cuda.jit(device=True)
+    def scores(s_acc, mx, pf, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale, scale,
+               bias, wtid, tid, fh):
         """Mask and score mod on a score fragment (keys [k0, k1) kept, the rest -inf), in log2
-        units; ``mx``: the fragment's two row maxima (its quad's, which share the rows);
-        ``fh``: "e4m3" rows, the thread's two rows' factors (kv_scale 2^-k)."""
+        units, or with ``EXP_FOLD`` and a scale > 0 the raw products (masked to -inf);
+        ``mx``: the fragment's two row maxima in log2 units (its quad's, which share the
+        rows); ``pf``: the factor from each row's scores to log2 units for the softmax (1
+        where they are in log2 units already); ``fh``: "e4m3" rows, the thread's two rows'
+        factors (kv_scale 2^-k)."""
         cls = mask_classify(k0, k1, q_lo, q_hi)
         # Element i's key is k0 + acc_col(i) = k0 + 2*(wtid%4) + (a constant): it is kept when
         # the constant is below ``lim`` (one compare with an immediate; the key itself is formed
@@ -629,6 +671,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         # kernel's peak register use).
         # (32-bit: one ISETP an element where Numba's 64-bit integers took two)
         lim = int32(k1 - k0 - 2 * (wtid % 4))
+        whole = WHOLE and int32(k1 - k0) >= int32(BLOCK_N)  # (uniform)
+        raw = EXP_RAW and qscale > float32(0.0)  # (uniform)
         for half in range(2):
             m = ptx.acc_row(2 * half, wtid)
             row_in = int32(m) < int32(nrows)
@@ -636,27 +680,39 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             iq = r // H
             h = r - iq * H
             q_pos = length - nq + iq
-            row_max = float32(NEG_INF)
-            for j in range(NS // 4):
-                for e in range(2):
-                    i = 4 * j + 2 * half + e
-                    s = float32(NEG_INF)
-                    if row_in and int32(8 * j + e) < lim:
-                        x = s_acc[i] * fh[half] if FP8 else s_acc[i]
-                        s = log2_score(x, qscale, scale, cls, b, h, iq, q_pos,
-                                       k0 + ptx.acc_col(i, wtid), bias)
-                    s_acc[i] = s
-                    row_max = max(row_max, s)
+            f = fh[half] * qscale if FP8 else qscale  # (> 0 where ``raw``: kv_scale is)
+            # (each form written out: ``raw`` and ``whole`` are the same across the block)
+            if raw:
+                pf[half] = f
+                one = float32(1.0)
+                if whole and row_in:
+                    row_max = row_scores(s_acc, half, lim, row_in, False, one, one, cls, b, h,
+                                         iq, q_pos, k0, scale, bias, wtid)
+                else:
+                    row_max = row_scores(s_acc, half, lim, row_in, True, one, one, cls, b, h,
+                                         iq, q_pos, k0, scale, bias, wtid)
+            else:
+                pf[half] = float32(1.0)
+                x_mul = fh[half] if FP8 else float32(1.0)
+                # (where the scores may be raw, a scale <= 0 takes the bounds on every tile:
+                # a fourth copy of the scores spilled 160 bytes causal)
+                if whole and row_in and not EXP_RAW:
+                    row_max = row_scores(s_acc, half, lim, row_in, False, x_mul, qscale, cls,
+                                         b, h, iq, q_pos, k0, scale, bias, wtid)
+                else:
+                    row_max = row_scores(s_acc, half, lim, row_in, True, x_mul, qscale, cls, b,
+                                         h, iq, q_pos, k0, scale, bias, wtid)
             for o in (1, 2):
                 row_max = max(row_max, ptx.shfl_xor(row_max, o, tid))
-            mx[half] = row_max
+            mx[half] = row_max * f if raw else row_max  # (-inf stays -inf: f > 0)
 
     @cuda.jit(device=True)
-    def softmax(s_acc, mx, smf, stat_scale, wtid, tid, scl, sums, sums_p):
+    def softmax(s_acc, mx, pf, smf, stat_scale, wtid, tid, scl, sums, sums_p):
         """The running max against this tile's maxima ``mx``: the new reference max replaces
         m in ``stat`` (with ``lag``, it moves only where a row's max passes it by more than
         RESCALE_SLACK, as in kernels/mma.py), exp2(old - new) goes to ``scl`` and ``stat``
-        row ``stat_scale`` (1 where it stayed); P = exp2(S - ref) in place of S; ``sums``:
+        row ``stat_scale`` (1 where it stayed); P = exp2(S pf - ref) in place of S (``pf``:
+        scores' factors, as ``scores`` leaves them; one fused multiply-add); ``sums``:
         P's row sums (for the LSE). With ``lag``, P is rounded to 16 bits in place, as P V
         multiplies it, and ``sums_p`` sums it so (for the output: with the reference lagging,
         even a dominant key's P is rounded, and dividing by the unrounded sum would leave
@@ -673,8 +729,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             total_p = float32(0.0)
             for j in range(NS // 4):
                 i = 4 * j + 2 * half
-                p0 = exp2(s_acc[i] - m_ref)
-                p1 = exp2(s_acc[i + 1] - m_ref)
+                p0 = exp2(s_acc[i] * pf[half] - m_ref)
+                p1 = exp2(s_acc[i + 1] * pf[half] - m_ref)
                 total += p0 + p1
                 if lag:
                     p0, p1 = unpack(pack(p0, p1))
@@ -968,6 +1024,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         sm_scale, kv_scale = scales(scale)
         qscale = float32(sm_scale * LOG2E)
         fh = cuda.local.array(2, float32)  # "e4m3" rows: the scores' factors (scores)
+        pf = cuda.local.array(2, float32)  # the scores' factors to log2 units (softmax)
 
         if t0 < t_end:
             while not ptx.mbar_try_wait(smk, qbar, qphase):
@@ -1001,9 +1058,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                                         block_table, page_size, npages, b)
                     k0 = kstart + t0 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend)
-                    scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
-                           sm_scale, bias, wtid, tid, fh)
-                    softmax(s_acc, mx, smf, STAT_SCALE0, wtid, tid, scl, sums, sums_p)
+                    scores(s_acc, mx, pf, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq,
+                           qscale, sm_scale, bias, wtid, tid, fh)
+                    softmax(s_acc, mx, pf, smf, STAT_SCALE0, wtid, tid, scl, sums, sums_p)
                     rescale(o_acc, l_run, l_p, scl)
                     for half in range(2):
                         l_run[half] += sums[half]
@@ -1068,8 +1125,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                                         block_table, page_size, npages, b)
                     k0 = kstart + t1 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend) if t1 < t_end else k0  # no tile: all -inf
-                    scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,
-                           sm_scale, bias, wtid, tid, fh)
+                    scores(s_acc, mx, pf, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq,
+                           qscale, sm_scale, bias, wtid, tid, fh)
                     if max_early1 and wtid % 4 == 0:  # (a store ptxas keeps before the barrier)
                         for half in range(2):
                             smf[STAT_OFF // 4 + (STAT_L + 1) * BLOCK_M
@@ -1084,7 +1141,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     ptx.wgmma_fence()
                     pv_shared(o_acc, smk, sb, 0, 1, wtid)
                     ptx.wgmma_commit()
-                    softmax(s_acc, mx, smf, STAT_SCALE1, wtid, tid, scl, sums, sums_p)
+                    softmax(s_acc, mx, pf, smf, STAT_SCALE1, wtid, tid, scl, sums, sums_p)
                     if t1 < t_end:
                         if k1 - k0 < BLOCK_N:
                             zero_rows(smk, sb, 1, k1 - k0, wtid)
