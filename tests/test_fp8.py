@@ -591,6 +591,37 @@ def test_fp8_seesaw_kernel_s8_unroll(parts, lengths, rng, monkeypatch):
 
 
 @KERNEL
+@pytest.mark.parametrize("flags,Sq,mask_id", [(("WHOLE_TILES", "EXP_FOLD"), 1, "null"),
+                                             (("EXP_FOLD",), 2, "causal"),
+                                             (("WHOLE_TILES",), 2, "causal")],
+                         ids=["both-null", "fold-causal", "whole-causal"])
+def test_fp8_seesaw_kernel_score_forms(flags, Sq, mask_id, rng, monkeypatch):
+    """seesaw.WHOLE_TILES and seesaw.EXP_FOLD (off: experiments) on "e4m3" rows, whose
+    scores' factor has each row's power of two as well as the scale: 64 heads over nine
+    tiles (the last partial) beside five whole ones, on shuffled pages, in two partitions,
+    match the reference, and the seesaw build with the flags ran."""
+    from numba_mla import factory
+    from numba_mla.kernels import seesaw
+
+    for flag in flags:
+        monkeypatch.setattr(seesaw, flag, True)
+    built = []
+    make = factory.seesaw_partition_kernel
+
+    def spy(*a, **k):
+        d = make(*a, **k)
+        built.append((d.whole_tiles, d.exp_fold))
+        return d
+
+    monkeypatch.setattr(factory, "seesaw_partition_kernel", spy)
+    seen = spy_seesaw(monkeypatch)
+    run_mma_case(rng, BF16, "paged64", Sq, seesaw.LAG_HEADS, [9 * 64 - 5, 5 * 64], mask_id,
+                 "identity", 2)
+    assert set(seen) == {("bf16", seesaw.LAG_HEADS, False, "e4m3")}
+    assert built and set(built) == {("WHOLE_TILES" in flags, "EXP_FOLD" in flags)}
+
+
+@KERNEL
 @pytest.mark.parametrize("dtype,cache,Sq,H,lengths,mask_id,mod_id,parts,order", [
     (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "fifo"),
     (BF16, "paged64", 1, 64, [400, 0], "null", "identity", 1, "warps:2"),
