@@ -309,6 +309,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     s8_unroll = seesaw.S8_UNROLL and bool(fp8) and not converter
     whole_tiles = seesaw.WHOLE_TILES
     exp_fold = seesaw.EXP_FOLD
+    pack_p = seesaw.PACK_P
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
@@ -320,6 +321,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             max_early1=max_early1,
                                             s_unroll=s_unroll, s8_unroll=s8_unroll,
                                             whole_tiles=whole_tiles, exp_fold=exp_fold,
+                                            pack_p=pack_p,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         disp.follows = follows  # (launch.py: launched to follow)
@@ -329,6 +331,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
         disp.s8_unroll = s8_unroll
         disp.whole_tiles = whole_tiles
         disp.exp_fold = exp_fold
+        disp.pack_p = pack_p
         if converter:  # (setmaxnreg moves the registers it was launched with)
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
@@ -346,6 +349,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("s8_unroll", True),) if s8_unroll else ())
                    + ((("whole_tiles", True),) if whole_tiles else ())
                    + ((("exp_fold", True),) if exp_fold else ())
+                   + ((("pack_p", True),) if pack_p else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

@@ -90,3 +90,42 @@ def test_16_bit_decodes_match_their_twins_on_the_gpu(tag, dtype):
     twin_pair, twin_single = conversions._unpack_twin(dtype), conversions._values(dtype)
     want = np.array([(*twin_pair(w), twin_single[c]) for w, c in zip(words, codes)], np.float32)
     assert np.array_equal(out.copy_to_host(), want, equal_nan=True)
+
+
+def test_word_in_a_float_round_trips(rng):
+    """``f32_as_i32`` undoes ``i32_as_f32`` (twins): every word that is not a NaN's pattern
+    comes back whole, denormals and both zeros included; the seesaw kernel keeps a packed
+    16-bit pair of P (never a NaN's pattern: P is finite and >= 0) in a float's register
+    this way (seesaw.PACK_P)."""
+    words = np.concatenate([rng.integers(-2 ** 31, 2 ** 31, 2000), [0, 1, -2 ** 31, 0x7f7fffff,
+                                                                    0x007fffff, 0x3f80_3f80]])
+    floats = as_int32(words)
+    keep = ~np.isnan(floats.view(np.float32))
+    for w in floats[keep].tolist():
+        x = conversions._i32_as_f32_twin(w)
+        assert conversions._f32_as_i32_twin(np.float32(x)) == w
+        assert conversions._f32_as_i32_twin(x) == w
+
+
+@pytest.mark.gpu
+def test_word_in_a_float_round_trips_on_the_gpu(rng):
+    """On the GPU the two bitcasts give back every word, NaN patterns included, through a
+    float32 local."""
+    from numba import cuda
+
+    from numba_mla import ptx
+
+    @cuda.jit
+    def trip(words, out, floats):
+        i = cuda.grid(1)
+        if i < words.shape[0]:
+            x = ptx.i32_as_f32(words[i])
+            floats[i] = x
+            out[i] = ptx.f32_as_i32(x)
+
+    words = as_int32(rng.integers(-2 ** 31, 2 ** 31, 1 << 16))
+    out = cuda.device_array(words.shape, np.int32)
+    floats = cuda.device_array(words.shape, np.float32)
+    trip[256, 256](cuda.to_device(words), out, floats)
+    assert np.array_equal(out.copy_to_host(), words)
+    assert np.array_equal(floats.copy_to_host().view(np.int32), words)

@@ -171,6 +171,12 @@ WHOLE_TILES = False
 # multiply an element (two for "e4m3" rows, whose factor has each row's power of two too).
 # An experiment (off): to be timed.
 EXP_FOLD = False
+# The softmax packs P into 16-bit pairs once and keeps each word in the register of the pair's
+# first float (``ptx.i32_as_f32``; P is finite and >= 0, never a NaN's pattern), where
+# ``store_p`` and ``pv_local`` packed it again (16 conversions a thread a tile; with ``lag``
+# the softmax had packed it already, to sum P as P V multiplies it). An experiment (off): to
+# be timed. 16-bit rows only (with "e4m3" rows ptxas serialised the wgmma).
+PACK_P = False
 
 # -- "e4m3" rows (``fp8="e4m3"``): a tile's codes land inside its own 16-bit buffer --
 RAW_BOX = BLOCK_N * BOX  # a box of codes: 64 keys x 64 codes, rows of 64 bytes (4096 bytes)
@@ -254,7 +260,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           converter=False, runs=False, ahead=False, direct=False,
                           q_early=False, mixed=False, out_store=None, follows=False,
                           rows_ahead=True, max_early1=False, s_unroll=True,
-                          s8_unroll=False, whole_tiles=False, exp_fold=False):
+                          s8_unroll=False, whole_tiles=False, exp_fold=False, pack_p=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -285,7 +291,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     not looped (``S_UNROLL``); ``s8_unroll``: the same for "e4m3" rows, conversions included
     (``S8_UNROLL``); ``whole_tiles``: a tile with all its keys takes its scores without their
     bounds (``WHOLE_TILES``); ``exp_fold``: with ``fold_scale``, the scale goes into the
-    exponent where it is positive (``EXP_FOLD``)."""
+    exponent where it is positive (``EXP_FOLD``); ``pack_p``: the softmax leaves P packed
+    (``PACK_P``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not s8_unroll or (fp8 and not converter), "s8_unroll: e4m3 rows' qk8 only"
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
@@ -302,6 +309,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
     H = heads
     lag = heads >= LAG_HEADS
+    # (with "e4m3" rows ptxas serialised the wgmma for want of registers)
+    PACKED = pack_p and not FP8
     EXP_RAW = exp_fold and fold_scale  # (the scores raw where the scale is > 0)
     # (with a score mod, the scores' second copy spilled: 160 bytes causal with a soft cap)
     WHOLE = whole_tiles and fold_scale
@@ -732,11 +741,22 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 p0 = exp2(s_acc[i] * pf[half] - m_ref)
                 p1 = exp2(s_acc[i + 1] * pf[half] - m_ref)
                 total += p0 + p1
-                if lag:
-                    p0, p1 = unpack(pack(p0, p1))
-                    total_p += p0 + p1
-                s_acc[i] = p0
-                s_acc[i + 1] = p1
+                if PACKED:
+                    w = pack(p0, p1)
+                    if lag:
+                        p0, p1 = unpack(w)
+                        total_p += p0 + p1
+                    s_acc[i] = ptx.i32_as_f32(w)
+                    # (not read again, but written: left as the score, the register kept it
+                    # alive into the next S, and ptxas serialised the wgmma for want of
+                    # registers)
+                    s_acc[i + 1] = p1
+                else:
+                    if lag:
+                        p0, p1 = unpack(pack(p0, p1))
+                        total_p += p0 + p1
+                    s_acc[i] = p0
+                    s_acc[i + 1] = p1
             sums[half] = total
             sums_p[half] = total_p
             mx[half] = m_new
@@ -748,6 +768,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 smf[STAT_OFF // 4 + stat_scale * BLOCK_M + m] = scl[half]
 
     @cuda.jit(device=True)
+    def p_word(s_acc, i):
+        """P's elements i and i + 1 (i even) as one word of 16-bit values, as the softmax
+        left them (``PACK_P``: as words)."""
+        if PACKED:
+            return ptx.f32_as_i32(s_acc[i])
+        return pack(s_acc[i], s_acc[i + 1])
+
+    @cuda.jit(device=True)
     def store_p(s_acc, smk, sb, buf, wtid):
         """P into buffer ``buf``'s rope box as a K-major 16-bit operand in the 128-byte
         swizzled layout (row m's 16-byte chunk c at c ^ m%8)."""
@@ -757,7 +785,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             for j in range(NS // 4):
                 i = 4 * j + 2 * half
                 ptx.sts32(smk, base + m * 128 + ((j ^ (m % 8)) << 4) + 4 * (wtid % 4),
-                          pack(s_acc[i], s_acc[i + 1]))
+                          p_word(s_acc, i))
 
     @cuda.jit(device=True)
     def rescale(o_acc, l_run, l_p, scl):
@@ -777,8 +805,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         dv = desc_v(sb + KV_OFF + buf * ROWS_BYTES + wg * V_BOXES * BOX_BYTES)
         for kk in range(BLOCK_N // 16):
             i = 8 * kk
-            mma_pv_rs(o_acc, pack(s_acc[i], s_acc[i + 1]), pack(s_acc[i + 2], s_acc[i + 3]),
-                      pack(s_acc[i + 4], s_acc[i + 5]), pack(s_acc[i + 6], s_acc[i + 7]), smk,
+            mma_pv_rs(o_acc, p_word(s_acc, i), p_word(s_acc, i + 2), p_word(s_acc, i + 4),
+                      p_word(s_acc, i + 6), smk,
                       ptx.desc_advance(dv, 2048 * kk), 1, tid)
 
     @cuda.jit(device=True)

@@ -35,7 +35,7 @@ from .barriers import (bar_arrive, bar_sync, grid_dependency_wait, mbar_expect_t
                        mbar_fence_init, mbar_init, mbar_try_wait, set_max_registers)
 from .conversions import (bf16_to_f32, bf16x2_to_f32, f16_to_f32, f16x2_to_f32, f32_to_bf16,
                           f32_to_f16, pack_bf16x2, pack_e4m3x4, pack_f16x2, e4m3x4_to_bf16x4,
-                          e4m3x4_to_f16x4, e4m3x4_to_f32, i32_as_f32)
+                          e4m3x4_to_f16x4, e4m3x4_to_f32, f32_as_i32, i32_as_f32)
 from .mma_sync import ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16
 from .shared import (aligned16, aligned_x4, cp_async4_at, cp_async16_at, cp_async16_ca_at,
                      cp_async_commit, cp_async_wait_all, cp_async_wait_one, cp_async_wait_two,
@@ -54,7 +54,7 @@ __all__ = [
     "bf16_to_f32", "f16_to_f32", "f32_to_bf16", "f32_to_f16", "bf16x2_to_f32", "f16x2_to_f32",
     "pack_bf16x2", "pack_f16x2", "e4m3x4_to_f32", "pack_e4m3x4", "e4m3x4_to_bf16x4",
     "e4m3x4_to_f16x4",
-    "i32_as_f32",
+    "i32_as_f32", "f32_as_i32",
     # shared memory and asynchronous copies
     "smem_addr", "lds32", "sts32", "lds64", "lds128", "sts64", "sts128",
     "aligned_x4", "aligned16", "st_global_x2", "st_global_x4", "ld_global_x4",

@@ -9,7 +9,9 @@ pairs, "x2") of the same memory: every array library can make one (torch has no 
 - ``bf16x2_to_f32(w)``, ``f16x2_to_f32(w)``: int32 word (element 2i low, 2i+1 high) -> 2 floats.
 - ``pack_bf16x2(lo, hi)``, ``pack_f16x2(lo, hi)``: two floats -> one int32 word of 16-bit pairs
   (round to nearest even), ``lo`` in the low half.
-- ``i32_as_f32(w)``: the float32 whose bits are the int32 ``w`` (a scale stored in a word).
+- ``i32_as_f32(w)``: the float32 whose bits are the int32 ``w`` (a scale stored in a word);
+  ``f32_as_i32(x)``: the int32 whose bits are the float32 ``x`` (a word kept in a float's
+  register).
 - ``e4m3x4_to_f32(w)``: int32 word of four float8_e4m3fn codes (byte k is element k) -> four
   floats, exactly (a NaN code gives NaN). ``pack_e4m3x4(x0, x1, x2, x3)``: four floats -> one
   word of codes, round to nearest even, saturating at +-448 (NaN stays NaN). PTX
@@ -169,6 +171,18 @@ def i32_as_f32(typingctx, w):
         return b.bitcast(ctx.cast(b, args[0], sig.args[0], types.int32), f32)
 
     return types.float32(w), cg
+
+
+def _f32_as_i32_twin(x):
+    return int(np.array([x], np.float32).view(np.int32)[0])
+
+
+@intrinsic_with_twin(_f32_as_i32_twin)
+def f32_as_i32(typingctx, x):
+    def cg(ctx, b, sig, args):
+        return b.bitcast(ctx.cast(b, args[0], sig.args[0], types.float32), i32)
+
+    return types.int32(x), cg
 
 
 def _e4m3x4_to_f32_twin(w):
