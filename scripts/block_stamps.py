@@ -137,7 +137,7 @@ PATCH_SEESAW = [
      "<before>        stw = _gtimer()\n        stq = stw\n        sts = stw\n"),
     ("            while not ptx.mbar_try_wait(smk, qbar, qphase):\n                pass\n",
      "            stq = _gtimer()\n"),
-    ("                    scores(s_acc, mx, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq, qscale,",
+    ("                    scores(s_acc, mx, pf, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq,",
      "<before>                    if sts == stw:\n                        sts = _gtimer()\n"),
     ("        # -- the row sums of both warpgroups", "<before>        ste = _gtimer()\n"),
     ("        if MIXED and whole:\n            write_out(", "<before>        sto = _gtimer()\n"),
@@ -231,7 +231,7 @@ PATCH_PAIRS = [
      "                parity ^= 1\n                pc = _clk()\n                _lc = pc\n"
      "                _ln = _gtimer()\n                while True:\n"),
     ("                    k0 = kstart + t0 * BLOCK_N\n", "<before>" + _stamp(8, 20)),
-    ("                    softmax(s_acc, mx, smf, STAT_SCALE0, wtid, tid, scl, sums, sums_p)\n",
+    ("                    softmax(s_acc, mx, pf, smf, STAT_SCALE0, wtid, tid, scl, sums, sums_p)\n",
      "<before>" + _stamp(0, 20)),
     ("                    if k1 - k0 < BLOCK_N:\n"
      "                        zero_rows(smk, sb, 0, k1 - k0, wtid)\n", "<before>" + _stamp(1, 20)),
