@@ -310,6 +310,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     whole_tiles = seesaw.WHOLE_TILES
     exp_fold = seesaw.EXP_FOLD
     pack_p = seesaw.PACK_P
+    rows_lead = seesaw.ROWS_LEAD
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,
@@ -321,7 +322,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             max_early1=max_early1,
                                             s_unroll=s_unroll, s8_unroll=s8_unroll,
                                             whole_tiles=whole_tiles, exp_fold=exp_fold,
-                                            pack_p=pack_p,
+                                            pack_p=pack_p, rows_lead=rows_lead,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         disp.follows = follows  # (launch.py: launched to follow)
@@ -332,6 +333,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
         disp.whole_tiles = whole_tiles
         disp.exp_fold = exp_fold
         disp.pack_p = pack_p
+        disp.rows_lead = rows_lead
         if converter:  # (setmaxnreg moves the registers it was launched with)
             disp.launch_registers = seesaw.LAUNCH_REGS
         return disp
@@ -350,6 +352,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("whole_tiles", True),) if whole_tiles else ())
                    + ((("exp_fold", True),) if exp_fold else ())
                    + ((("pack_p", True),) if pack_p else ())
+                   + ((("rows_lead", True),) if rows_lead else ())
                    + _mods_key(mask, score_mod, cache_cls), build)
 
 

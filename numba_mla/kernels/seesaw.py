@@ -177,6 +177,12 @@ EXP_FOLD = False
 # the softmax had packed it already, to sum P as P V multiplies it). An experiment (off): to
 # be timed. 16-bit rows only (with "e4m3" rows ptxas serialised the wgmma).
 PACK_P = False
+# The refills' page-table rows (``pair_after``: a division by the page size, the table's and
+# the clamps' loads and compares, some 85 instructions a pair, on the uniform datapath, but
+# each an issue slot of every warp) looked up only by each warpgroup's first warp, whose
+# thread 0 issues the copies; the other three warps take the tiles' indices alone. An
+# experiment (off): to be timed.
+ROWS_LEAD = False
 
 # -- "e4m3" rows (``fp8="e4m3"``): a tile's codes land inside its own 16-bit buffer --
 RAW_BOX = BLOCK_N * BOX  # a box of codes: 64 keys x 64 codes, rows of 64 bytes (4096 bytes)
@@ -260,7 +266,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           converter=False, runs=False, ahead=False, direct=False,
                           q_early=False, mixed=False, out_store=None, follows=False,
                           rows_ahead=True, max_early1=False, s_unroll=True,
-                          s8_unroll=False, whole_tiles=False, exp_fold=False, pack_p=False):
+                          s8_unroll=False, whole_tiles=False, exp_fold=False, pack_p=False,
+                          rows_lead=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -292,7 +299,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     (``S8_UNROLL``); ``whole_tiles``: a tile with all its keys takes its scores without their
     bounds (``WHOLE_TILES``); ``exp_fold``: with ``fold_scale``, the scale goes into the
     exponent where it is positive (``EXP_FOLD``); ``pack_p``: the softmax leaves P packed
-    (``PACK_P``)."""
+    (``PACK_P``); ``rows_lead``: only each warpgroup's first warp looks up the refills' rows
+    (``ROWS_LEAD``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not s8_unroll or (fp8 and not converter), "s8_unroll: e4m3 rows' qk8 only"
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
@@ -365,13 +373,20 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         return pg * page_size + sl
 
     @cuda.jit(device=True)
-    def pair_after(t, t_end, kstart, kend, q_lo, q_hi, block_table, page_size, npages, b):
+    def pair_after(t, t_end, kstart, kend, q_lo, q_hi, block_table, page_size, npages, b,
+                   lead):
         """The pair of tiles after tile ``t`` (t_end where none) and their rows of
-        ``storage`` (a walk's last tile's where none)."""
+        ``storage`` (a walk's last tile's where none; with ``rows_lead``, 0 where ``lead``,
+        a warp-uniform flag, is False: those warps issue no copy)."""
         ta = next_tile(t + 1, t_end, kstart, kend, q_lo, q_hi) if t < t_end else t_end
         tb = next_tile(ta + 1, t_end, kstart, kend, q_lo, q_hi) if ta < t_end else t_end
-        ra = tile_row(block_table, page_size, npages, b, kstart + min(ta, t_end - 1) * BLOCK_N)
-        rb = tile_row(block_table, page_size, npages, b, kstart + min(tb, t_end - 1) * BLOCK_N)
+        ra = 0
+        rb = 0
+        if not rows_lead or lead:
+            ra = tile_row(block_table, page_size, npages, b,
+                          kstart + min(ta, t_end - 1) * BLOCK_N)
+            rb = tile_row(block_table, page_size, npages, b,
+                          kstart + min(tb, t_end - 1) * BLOCK_N)
         return ta, tb, ra, rb
 
     @cuda.jit(device=True)
@@ -999,6 +1014,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         under it (``q_early``: its queries only, under the staged output). ``loaded``: 0,
         nothing of this item copied yet; 1, its queries; 2, its queries and first pair.
         ``whole`` (``mixed``): the item is a whole sequence, written into ``out`` and ``lse``."""
+        # (``rows_lead``: the warp of the copies' thread; a shuffle, which is not dropped
+        # where unused: hence the constant otherwise)
+        lead = ptx.warp_uniform(wtid // 32, tid) == 0 if rows_lead else True
         if tid == 0 and t0 < t_end and loaded < 2:  # the queries, then the first pair's tiles
             kb = kstart + t1 * BLOCK_N if t1 < t_end else -1
             load_first(smk, sb, q, tmap_q, row0 * H + r0, tmap_kv, storage, block_table, b,
@@ -1070,7 +1088,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             # for every product (see kernels/mma.py).
             if rows_ahead:  # (the first pair's refills': the pair after it)
                 t2, t3, row2, row3 = pair_after(t1, t_end, kstart, kend, q_lo, q_hi,
-                                                block_table, page_size, npages, b)
+                                                block_table, page_size, npages, b, lead)
             if wg == 0:
                 qk_tile(s_acc, smk, sb, 0, parity, wtid)
                 parity ^= 1
@@ -1080,10 +1098,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     # front of the refills.
                     if rows_ahead:
                         t4, t5, row4, row5 = pair_after(t3, t_end, kstart, kend, q_lo, q_hi,
-                                                        block_table, page_size, npages, b)
+                                                        block_table, page_size, npages, b, lead)
                     else:
                         t2, t3, row2, row3 = pair_after(t1, t_end, kstart, kend, q_lo, q_hi,
-                                                        block_table, page_size, npages, b)
+                                                        block_table, page_size, npages, b, lead)
                     k0 = kstart + t0 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend)
                     scores(s_acc, mx, pf, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq,
@@ -1147,10 +1165,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 while True:
                     if rows_ahead:  # (the rows looked up as warpgroup 0 does)
                         t4, t5, row4, row5 = pair_after(t3, t_end, kstart, kend, q_lo, q_hi,
-                                                        block_table, page_size, npages, b)
+                                                        block_table, page_size, npages, b, lead)
                     else:
                         t2, t3, row2, row3 = pair_after(t1, t_end, kstart, kend, q_lo, q_hi,
-                                                        block_table, page_size, npages, b)
+                                                        block_table, page_size, npages, b, lead)
                     k0 = kstart + t1 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend) if t1 < t_end else k0  # no tile: all -inf
                     scores(s_acc, mx, pf, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq,
