@@ -591,10 +591,9 @@ def test_fp8_seesaw_kernel_s8_unroll(parts, lengths, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("flags,Sq,mask_id", [(("WHOLE_TILES", "EXP_FOLD"), 1, "null"),
-                                             (("EXP_FOLD",), 2, "causal"),
-                                             (("WHOLE_TILES",), 2, "causal")],
-                         ids=["both-null", "fold-causal", "whole-causal"])
+@pytest.mark.parametrize("flags,Sq,mask_id", [
+    (("WHOLE_TILES", "EXP_FOLD"), 1, "null"), (("EXP_FOLD",), 2, "causal"),
+    (("WHOLE_TILES",), 2, "causal")], ids=["both-null", "fold-causal", "whole-causal"])
 def test_fp8_seesaw_kernel_score_forms(flags, Sq, mask_id, rng, monkeypatch):
     """seesaw.WHOLE_TILES and seesaw.EXP_FOLD (off: experiments) on "e4m3" rows, whose
     scores' factor has each row's power of two as well as the scale: 64 heads over nine

@@ -488,10 +488,10 @@ def test_seesaw_forms(heads, num_partitions, order, flag, value, attr, rng, monk
     add, ``ptx.desc_advance_lo``), and P packed once by the softmax and kept as words in the
     score registers (``seesaw.PACK_P``, off: an experiment), and the refills' page-table rows
     looked up by each warpgroup's first warp only (``seesaw.ROWS_LEAD``, off: an experiment;
-    with shuffled pages a row from any other warp would copy a wrong tile). Nine tiles (five pairs, the last of one partial tile) over
-    shuffled pages of 64, in one partition and in two, at 64 heads and 2, with either
-    warpgroup's threads run first, match the reference; ALiBi makes each key's score depend
-    on its position. The kernel that ran must be the seesaw build of that form."""
+    with shuffled pages a row from any other warp would copy a wrong tile). Nine tiles (five
+    pairs, the last of one partial tile) over shuffled pages of 64, in one partition and in
+    two, at 64 heads and 2, with either warpgroup's threads run first, match the reference;
+    ALiBi makes each key's score depend on its position. The kernel that ran must be the seesaw build of that form."""
     from numba_mla import _numba
 
     monkeypatch.setattr(seesaw, flag, value)
@@ -504,27 +504,36 @@ def test_seesaw_forms(heads, num_partitions, order, flag, value, attr, rng, monk
 
 
 @KERNEL
-@pytest.mark.parametrize("flags,mask,sq,sign", [
-    (("WHOLE_TILES",), "null", 1, 1), (("WHOLE_TILES",), "causal", 2, 1),
-    (("EXP_FOLD",), "null", 1, 1), (("EXP_FOLD",), "causal", 2, 1),
-    (("WHOLE_TILES", "EXP_FOLD"), "null", 1, 1), (("WHOLE_TILES", "EXP_FOLD"), "null", 1, -1)],
+@pytest.mark.parametrize("flags,mask,sq,sign,heads,q_times", [
+    (("WHOLE_TILES",), "null", 1, 1, seesaw.LAG_HEADS, 1),
+    (("WHOLE_TILES",), "causal", 2, 1, seesaw.LAG_HEADS, 1),
+    (("EXP_FOLD",), "null", 1, 1, seesaw.LAG_HEADS, 1),
+    (("EXP_FOLD",), "causal", 2, 1, seesaw.LAG_HEADS, 1),
+    (("WHOLE_TILES", "EXP_FOLD"), "null", 1, 1, seesaw.LAG_HEADS, 1),
+    (("WHOLE_TILES", "EXP_FOLD"), "null", 1, -1, seesaw.LAG_HEADS, 1),
+    (("WHOLE_TILES", "EXP_FOLD"), "causal", 3, 1, 2, 1),
+    (("EXP_FOLD",), "null", 1, 1, seesaw.LAG_HEADS, 4)],
     ids=["whole-null", "whole-causal", "fold-null", "fold-causal", "both-null",
-         "both-null-negative-scale"])
-def test_seesaw_score_forms(flags, mask, sq, sign, rng, monkeypatch):
+         "both-null-negative-scale", "both-causal-2-heads", "fold-large-scores"])
+def test_seesaw_score_forms(flags, mask, sq, sign, heads, q_times, rng, monkeypatch):
     """The seesaw kernel's score forms for a boolean mask and no score mod: a tile with all
     its keys takes its scores without their bounds (``seesaw.WHOLE_TILES``), and the scores
     stay raw products with the scale in the exponent where it is positive
     (``seesaw.EXP_FOLD``; a negative scale takes the scaled form). Two sequences, one of nine
     tiles with a partial last tile and one of eight whole tiles, over shuffled pages of 64,
     in two partitions (a partition's last tile whole and partial), at seesaw.LAG_HEADS
-    heads, null and causal over two query rows, match the reference (which raw scores under
-    a negative scale or a bound missed on a partial tile would not). The kernel that ran
-    must be the seesaw build with the flags."""
+    heads, null and causal over two query rows, and at 2 heads (the softmax without the lag;
+    three query rows, 6 rows of the block's 64: rows past the block), match the reference
+    (which raw scores under a negative scale or a bound missed on a partial tile would not).
+    With q times 4 (exact in bf16) the raw products reach some hundreds: a row maximum left
+    raw, not scaled, would then put every exponent far below 2^-126, and P at 0. The kernel
+    that ran must be the seesaw build with the flags."""
     for flag in flags:
         monkeypatch.setattr(seesaw, flag, True)
     specs = launched_specs(monkeypatch)
-    p = make_problem(rng, 2, sq, seesaw.LAG_HEADS, [9 * 64 - 5, 8 * 64], BF16, "paged", 64,
+    p = make_problem(rng, 2, sq, heads, [9 * 64 - 5, 8 * 64], BF16, "paged", 64,
                      scale=sign * DEEPSEEK_SCALE)
+    p.q[...] *= q_times
     check_kernel(p, nm.NullMask() if mask == "null" else nm.CausalMask(),
                  nm.IdentityScoreMod(), 2, "mma")
     assert [(s.backend, s.dispatcher.whole_tiles, s.dispatcher.exp_fold) for s in specs] == [

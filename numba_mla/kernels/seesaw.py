@@ -157,10 +157,10 @@ S_UNROLL = True
 # descriptor a 32-bit add. In the loop's SASS a box took about 105 instructions, some 30 of
 # them the conversion's own. An experiment (off): to be timed.
 S8_UNROLL = False
-# A tile whose 64 keys are all in range (all but a partition's last) and a row that is in the
-# block take the scores without a bound per element: in the SASS each element's bound was a
-# compare and a select (64 instructions a thread a tile of the scores' ~140). The last tile
-# keeps them. Only with a boolean mask and no score mod (the factory's ``fold_scale``): with a
+# A tile whose 64 keys are all in range (every tile but a partial one at the end of the keys)
+# and a row that is in the block take the scores without a bound per element: in the SASS each
+# element's bound was a compare and a select (64 instructions a thread a tile of the scores'
+# ~140). A partial tile keeps them. Only with a boolean mask and no score mod (the factory's ``fold_scale``): with a
 # soft cap the second copy of the scores spilled 160 bytes. An experiment (off): to be timed.
 WHOLE_TILES = False
 # With a boolean mask and no score mod (the factory's ``fold_scale``) and a scale > 0 (a
