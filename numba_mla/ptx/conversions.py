@@ -161,28 +161,26 @@ pack_bf16x2 = (_pack_twin(ml_dtypes.bfloat16) if SIMULATOR
 pack_f16x2 = _pack_twin(np.float16) if SIMULATOR else _pack("cvt.rn.f16x2.f32 $0, $1, $2;")
 
 
-def _i32_as_f32_twin(w):
-    return float(np.array([w], np.int32).view(np.float32)[0])
+def _bitcast(src, dst, np_src, np_dst, py):
+    """(the primitive, its twin): the ``dst`` whose bits are the ``src`` argument's (Numba
+    types; the twin views through NumPy's ``np_src`` and ``np_dst`` and gives a ``py``)."""
+    def twin(x):
+        return py(np.array([x], np_src).view(np_dst)[0])
+
+    ll = {types.int32: i32, types.float32: f32}[dst]
+
+    @intrinsic_with_twin(twin)
+    def bitcast(typingctx, x):
+        def cg(ctx, b, sig, args):
+            return b.bitcast(ctx.cast(b, args[0], sig.args[0], src), ll)
+
+        return dst(x), cg
+
+    return bitcast, twin
 
 
-@intrinsic_with_twin(_i32_as_f32_twin)
-def i32_as_f32(typingctx, w):
-    def cg(ctx, b, sig, args):
-        return b.bitcast(ctx.cast(b, args[0], sig.args[0], types.int32), f32)
-
-    return types.float32(w), cg
-
-
-def _f32_as_i32_twin(x):
-    return int(np.array([x], np.float32).view(np.int32)[0])
-
-
-@intrinsic_with_twin(_f32_as_i32_twin)
-def f32_as_i32(typingctx, x):
-    def cg(ctx, b, sig, args):
-        return b.bitcast(ctx.cast(b, args[0], sig.args[0], types.float32), i32)
-
-    return types.int32(x), cg
+i32_as_f32, _i32_as_f32_twin = _bitcast(types.int32, types.float32, np.int32, np.float32, float)
+f32_as_i32, _f32_as_i32_twin = _bitcast(types.float32, types.int32, np.float32, np.int32, int)
 
 
 def _e4m3x4_to_f32_twin(w):
