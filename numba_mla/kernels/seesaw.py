@@ -55,6 +55,7 @@ from numba import cuda, float32, int32, uint64
 
 from .. import ptx
 from .._compat import INLINE, JIT_OPTIONS, SIMULATOR
+from ..mods import FULL, PARTIAL
 from .combine import WRITTEN
 from .common import (D_V, LN2, LOG2E, NEG_INF, make_log2_score, make_tile_walk, mark_empty,
                      partition_tiles, prefetch_first_entry)
@@ -160,7 +161,7 @@ S8_UNROLL = False
 # A tile whose 64 keys are all in range (every tile but a partial one at the end of the keys)
 # and a row that is in the block take the scores without a bound per element: in the SASS each
 # element's bound was a compare and a select (64 instructions a thread a tile of the scores'
-# ~140). A partial tile keeps them. Only with a boolean mask and no score mod (the factory's ``fold_scale``): with a
+# ~140). A partial tile keeps them, and so does a tile the mask keeps only in part. Only with a boolean mask and no score mod (the factory's ``fold_scale``): with a
 # soft cap the second copy of the scores spilled 160 bytes. An experiment (off): to be timed.
 WHOLE_TILES = False
 # With a boolean mask and no score mod (the factory's ``fold_scale``) and a scale > 0 (a
@@ -695,7 +696,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         # kernel's peak register use).
         # (32-bit: one ISETP an element where Numba's 64-bit integers took two)
         lim = int32(k1 - k0 - 2 * (wtid % 4))
-        whole = WHOLE and int32(k1 - k0) >= int32(BLOCK_N)  # (uniform)
+        # (uniform; a tile the mask keeps in part takes the bounds' form too, so that the
+        # mask's per-element code is in one copy of the scores less: with both this and
+        # EXP_FOLD, causal at 128 heads spilled otherwise)
+        whole = WHOLE and int32(k1 - k0) >= int32(BLOCK_N) and cls != PARTIAL
         raw = EXP_RAW and qscale > float32(0.0)  # (uniform)
         for half in range(2):
             m = ptx.acc_row(2 * half, wtid)
@@ -710,7 +714,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 pf[half] = f
                 one = float32(1.0)
                 if whole and row_in:
-                    row_max = row_scores(s_acc, half, lim, row_in, False, one, one, cls, b, h,
+                    row_max = row_scores(s_acc, half, lim, row_in, False, one, one, FULL, b, h,
                                          iq, q_pos, k0, scale, bias, wtid)
                 else:
                     row_max = row_scores(s_acc, half, lim, row_in, True, one, one, cls, b, h,
@@ -721,7 +725,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 # (where the scores may be raw, a scale <= 0 takes the bounds on every tile:
                 # a fourth copy of the scores spilled 160 bytes causal)
                 if whole and row_in and not EXP_RAW:
-                    row_max = row_scores(s_acc, half, lim, row_in, False, x_mul, qscale, cls,
+                    row_max = row_scores(s_acc, half, lim, row_in, False, x_mul, qscale, FULL,
                                          b, h, iq, q_pos, k0, scale, bias, wtid)
                 else:
                     row_max = row_scores(s_acc, half, lim, row_in, True, x_mul, qscale, cls, b,
