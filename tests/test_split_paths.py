@@ -366,6 +366,33 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("order", ["fifo", "low"])
+def test_runs_schedule_score_flags(order, rng, monkeypatch):
+    """``test_runs_schedule``'s forced table at 64 heads, whole items written out beside cut
+    ones, with the seesaw's four per-tile cuts on (``seesaw.WHOLE_TILES``, ``EXP_FOLD``,
+    ``PACK_P``, ``ROWS_LEAD``; off, to be timed): the whole tiles' scores without bounds, the
+    scale in the exponent and P packed once, from item to item (each item's running maxima,
+    factors and packed words start afresh). The table's items are a pair of tiles at most,
+    so no refill row is looked up here (``test_seesaw_forms[...-rows_lead]`` has them); the
+    build that ran must carry all four."""
+    from numba_mla import factory
+    from numba_mla.kernels import seesaw
+
+    for flag in ("WHOLE_TILES", "EXP_FOLD", "PACK_P", "ROWS_LEAD"):
+        monkeypatch.setattr(seesaw, flag, True)
+    built, make = [], factory.seesaw_partition_kernel
+
+    def spy(*a, **k):
+        d = make(*a, **k)
+        built.append((d.whole_tiles, d.exp_fold, d.pack_p, d.rows_lead))
+        return d
+
+    monkeypatch.setattr(factory, "seesaw_partition_kernel", spy)
+    test_runs_schedule("padded64", "q_early", order, "some whole", rng, monkeypatch)
+    assert built and set(built) == {(True, True, True, True)}
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("order", ["fifo", "low"])
 def test_runs_schedule_max_early1(order, rng, monkeypatch):
     """``test_runs_schedule``'s forced table at 64 heads, whole items written out beside cut
     ones, with warpgroup 1's tile maxima stored before SCALE0 (``seesaw.MAX_EARLY1``: into
