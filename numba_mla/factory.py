@@ -307,14 +307,15 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     max_early1 = seesaw.MAX_EARLY1
     s_unroll = seesaw.S_UNROLL or bool(fp8)  # ("e4m3" rows have their own S: S8_UNROLL)
     s8_unroll = seesaw.S8_UNROLL and bool(fp8) and not converter
-    # (each as the build takes it: WHOLE_TILES and EXP_FOLD act with a boolean mask and no
-    # score mod only, PACK_P on 16-bit rows only; so a build where one would do nothing is
+    # (each as the build takes it: WHOLE_TILES, EXP_FOLD and ROWS_LEAD on the row types they
+    # name (seesaw.for_rows), the first two with a boolean mask and no score mod only, PACK_P
+    # on 16-bit rows from LAG_HEADS heads only; so a build where one would do nothing is
     # neither made again nor reported with it)
     fold = _fold_scale(mask, score_mod)
-    whole_tiles = seesaw.WHOLE_TILES and fold
-    exp_fold = seesaw.EXP_FOLD and fold
-    pack_p = seesaw.PACK_P and not fp8
-    rows_lead = seesaw.ROWS_LEAD
+    whole_tiles = seesaw.for_rows(seesaw.WHOLE_TILES, fp8) and fold
+    exp_fold = seesaw.for_rows(seesaw.EXP_FOLD, fp8) and fold
+    pack_p = bool(seesaw.PACK_P) and not fp8 and heads >= seesaw.LAG_HEADS
+    rows_lead = seesaw.for_rows(seesaw.ROWS_LEAD, fp8)
 
     def build():
         disp = seesaw.make_partition_kernel(tag=tag, heads=heads,

@@ -565,16 +565,18 @@ def test_fp8_seesaw_kernel_max_early1(parts, rng, monkeypatch):
 @KERNEL
 @pytest.mark.parametrize("parts,lengths", [(1, [9 * 64 - 5]), (2, [9 * 64 - 5]),
                                            (1, [5 * 64, 0])])
-def test_fp8_seesaw_kernel_s8_unroll(parts, lengths, rng, monkeypatch):
-    """seesaw.S8_UNROLL (off: an experiment) on "e4m3" rows: each box's codes read, S over
-    the box before and its conversion written out box by box, in both buffers' orders; 64
+def test_fp8_seesaw_kernel_s8_loop(parts, lengths, rng, monkeypatch):
+    """``qk8`` as a loop over the boxes (seesaw.S8_UNROLL False; the default writes each box's
+    read of its codes, S over the box before and its conversion out box by box, in both
+    buffers' orders, and is what every other "e4m3" seesaw test runs) on "e4m3" rows: 64
     heads over nine tiles (the last partial) on shuffled pages with ALiBi, in one partition
     and in two, and five whole tiles beside an empty sequence, match the reference, and the
-    seesaw build with the flag ran."""
+    seesaw build of the loop ran."""
     from numba_mla import factory
     from numba_mla.kernels import seesaw
 
-    monkeypatch.setattr(seesaw, "S8_UNROLL", True)
+    assert seesaw.S8_UNROLL
+    monkeypatch.setattr(seesaw, "S8_UNROLL", False)
     built = []
     make = factory.seesaw_partition_kernel
 
@@ -587,23 +589,25 @@ def test_fp8_seesaw_kernel_s8_unroll(parts, lengths, rng, monkeypatch):
     seen = spy_seesaw(monkeypatch)
     run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, lengths, "null", "alibi", parts)
     assert set(seen) == {("bf16", seesaw.LAG_HEADS, parts == 1, "e4m3")}
-    assert built and all(built), "expected the e4m3 seesaw build with S8_UNROLL"
+    assert built and not any(built), "expected the e4m3 seesaw build of qk8's loop"
 
 
 @KERNEL
 @pytest.mark.parametrize("flags,Sq,mask_id", [
     (("WHOLE_TILES", "EXP_FOLD"), 1, "null"), (("EXP_FOLD",), 2, "causal"),
-    (("WHOLE_TILES",), 2, "causal")], ids=["both-null", "fold-causal", "whole-causal"])
+    (("WHOLE_TILES",), 2, "causal"), ((), 2, "causal")],
+    ids=["both-null", "fold-causal", "whole-causal", "neither-causal"])
 def test_fp8_seesaw_kernel_score_forms(flags, Sq, mask_id, rng, monkeypatch):
-    """seesaw.WHOLE_TILES and seesaw.EXP_FOLD (off: experiments) on "e4m3" rows, whose
-    scores' factor has each row's power of two as well as the scale: 64 heads over nine
-    tiles (the last partial) beside five whole ones, on shuffled pages, in two partitions,
-    match the reference, and the seesaw build with the flags ran."""
+    """seesaw.WHOLE_TILES and seesaw.EXP_FOLD on "e4m3" rows (both on for them by default,
+    "e4m3"), whose scores' factor has each row's power of two as well as the scale, each on
+    and off: 64 heads over nine tiles (the last partial) beside five whole ones, on shuffled
+    pages, in two partitions, match the reference, and the seesaw build with the flags
+    named (and without the others) ran."""
     from numba_mla import factory
     from numba_mla.kernels import seesaw
 
-    for flag in flags:
-        monkeypatch.setattr(seesaw, flag, True)
+    for flag in ("WHOLE_TILES", "EXP_FOLD"):
+        monkeypatch.setattr(seesaw, flag, flag in flags)
     built = []
     make = factory.seesaw_partition_kernel
 

@@ -474,7 +474,7 @@ def test_seesaw_rows_ahead(window, rng, monkeypatch):
 @KERNEL
 @pytest.mark.parametrize("flag,value,attr", [("MAX_EARLY1", True, "max_early1"),
                                              ("S_UNROLL", False, "s_unroll"),
-                                             ("PACK_P", True, "pack_p"),
+                                             ("PACK_P", False, "pack_p"),
                                              ("ROWS_LEAD", True, "rows_lead")],
                          ids=["max_early1", "s_loop", "pack_p", "rows_lead"])
 @pytest.mark.parametrize("heads,num_partitions,order", [
@@ -485,10 +485,10 @@ def test_seesaw_forms(heads, num_partitions, order, flag, value, attr, rng, monk
     before its wait at SCALE0 (``seesaw.MAX_EARLY1``, off: an experiment; into its row-sum
     row of ``stat``, which the walk's end then overwrites), and S as a loop over a tile's nine
     boxes (``seesaw.S_UNROLL`` False; the default writes them out, each descriptor a 32-bit
-    add, ``ptx.desc_advance_lo``), and P packed once by the softmax and kept as words in the
-    score registers (``seesaw.PACK_P``, off: an experiment), and the refills' page-table rows
-    looked up by each warpgroup's first warp only (``seesaw.ROWS_LEAD``, off: an experiment;
-    with shuffled pages a row from any other warp would copy a wrong tile). Nine tiles (five
+    add, ``ptx.desc_advance_lo``), P packed again for the stores and P V where the default
+    packs it once in the softmax (``seesaw.PACK_P`` False), and the refills' page-table rows
+    looked up by each warpgroup's first warp only (``seesaw.ROWS_LEAD``, on for "e4m3" rows
+    only; with shuffled pages a row from any other warp would copy a wrong tile). Nine tiles (five
     pairs, the last of one partial tile) over shuffled pages of 64, in one partition and in
     two, at 64 heads and 2, with either warpgroup's threads run first, match the reference;
     ALiBi makes each key's score depend on its position. The kernel that ran must be the seesaw build of that form."""

@@ -369,7 +369,7 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
 def test_runs_schedule_score_flags(order, rng, monkeypatch):
     """``test_runs_schedule``'s forced table at 64 heads, whole items written out beside cut
     ones, with the seesaw's four per-tile cuts on (``seesaw.WHOLE_TILES``, ``EXP_FOLD``,
-    ``PACK_P``, ``ROWS_LEAD``; off, to be timed): the whole tiles' scores without bounds, the
+    ``PACK_P``, ``ROWS_LEAD``; for 16-bit rows only ``PACK_P`` by default): the whole tiles' scores without bounds, the
     scale in the exponent and P packed once, from item to item (each item's running maxima,
     factors and packed words start afresh). The table's items are a pair of tiles at most,
     so no refill row is looked up here (``test_seesaw_forms[...-rows_lead]`` has them); the

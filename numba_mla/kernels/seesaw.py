@@ -156,34 +156,49 @@ S_UNROLL = True
 # The same for "e4m3" rows (``qk8``, not the converter's ``qk_conv``): each box's read of its
 # codes, S over the box before, and its conversion written out (each box a constant), each
 # descriptor a 32-bit add. In the loop's SASS a box took about 105 instructions, some 30 of
-# them the conversion's own. An experiment (off): to be timed.
-S8_UNROLL = False
-# A tile whose 64 keys are all in range (every tile but a partial one at the end of the keys)
-# and a row that is in the block take the scores without a bound per element: in the SASS each
-# element's bound was a compare and a select (64 instructions a thread a tile of the scores'
-# ~140). A partial tile keeps them, and so does a tile the mask keeps only in part. Only with a boolean mask and no score mod (the factory's ``fold_scale``): with a
-# soft cap the second copy of the scores spilled 160 bytes. An experiment (off): to be timed.
-WHOLE_TILES = False
+# them the conversion's own. On an H100 (two rounds, plots/ab_s8_flags_59c4400_h100.json):
+# 0.991x / 0.989x the time of "e4m3" rows at 64 x 128 x 4096 / 128 x 128 x 1024. On since
+# it was timed; False is the loop.
+S8_UNROLL = True
+# The next three take True (every row type), False, or "e4m3" ("e4m3" rows only): timed in
+# the same runs, each of them lost or tied on 16-bit rows and the three together gained on
+# "e4m3" rows, which are bound by their conversion's issue (docs/kernels/mma.md, "Four more
+# cuts"). A tile whose 64 keys are all in range (every tile but a partial one at the end of
+# the keys) and a row that is in the block take the scores without a bound per element: in
+# the SASS each element's bound was a compare and a select (64 instructions a thread a tile
+# of the scores' ~140). A partial tile keeps them, and so does a tile the mask keeps only in
+# part. Only with a boolean mask and no score mod (the factory's ``fold_scale``): with a soft
+# cap the second copy of the scores spilled 160 bytes. 16-bit rows: 0.999-1.005x.
+WHOLE_TILES = "e4m3"
 # With a boolean mask and no score mod (the factory's ``fold_scale``) and a scale > 0 (a
 # uniform branch: the kernel keeps the other form for scale <= 0), the scores stay raw
 # products: their row maxima are taken raw and scaled once a row (with a positive factor the
 # maximum of the scaled scores is the scaled maximum, bit for bit), and the factor goes into
 # the exponent's subtraction as a fused multiply-add, P = exp2(s * f - m). That saves the
 # multiply an element (two for "e4m3" rows, whose factor has each row's power of two too).
-# An experiment (off): to be timed.
-EXP_FOLD = False
+# 16-bit rows: 1.012-1.022x the time at 64 x 128 x 4096 and 16 x 128 x 32768, a loss.
+EXP_FOLD = "e4m3"
 # The softmax packs P into 16-bit pairs once and keeps each word in the register of the pair's
 # first float (``ptx.i32_as_f32``; P is finite and >= 0, never a NaN's pattern), where
 # ``store_p`` and ``pv_local`` packed it again (16 conversions a thread a tile; with ``lag``
-# the softmax had packed it already, to sum P as P V multiplies it). An experiment (off): to
-# be timed. 16-bit rows only (with "e4m3" rows ptxas serialised the wgmma).
-PACK_P = False
+# the softmax had packed it already, to sum P as P V multiplies it). 16-bit rows from
+# LAG_HEADS heads only (with "e4m3" rows, and at 16 heads causal, ptxas serialised the
+# wgmma). On an H100: 0.994-0.996x at 64 x 128 x 4096, 128 x 128 x 1024 and 16 x 128 x 32768
+# (0.970x at 1 x 128 x 65536); a small gain, kept.
+PACK_P = True
 # The refills' page-table rows (``pair_after``: a division by the page size, the table's and
 # the clamps' loads and compares, some 85 instructions a pair, on the uniform datapath, but
 # each an issue slot of every warp) looked up only by each warpgroup's first warp, whose
-# thread 0 issues the copies; the other three warps take the tiles' indices alone. An
-# experiment (off): to be timed.
-ROWS_LEAD = False
+# thread 0 issues the copies; the other three warps take the tiles' indices alone. 16-bit
+# rows: 1.001-1.007x (0.964x at 1 x 128 x 65536).
+ROWS_LEAD = "e4m3"
+
+
+def for_rows(flag, fp8):
+    """Whether a flag of the three above that takes True, False or "e4m3" acts on rows of
+    ``fp8`` (None: 16-bit)."""
+    return flag is True or (flag == "e4m3" and fp8 == "e4m3")
+
 
 # -- "e4m3" rows (``fp8="e4m3"``): a tile's codes land inside its own 16-bit buffer --
 RAW_BOX = BLOCK_N * BOX  # a box of codes: 64 keys x 64 codes, rows of 64 bytes (4096 bytes)
@@ -318,8 +333,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     SCALE_Q = FP8 and tag == "bf16"  # q's rows into fp16, each times its power of two
     H = heads
     lag = heads >= LAG_HEADS
-    # (with "e4m3" rows ptxas serialised the wgmma for want of registers)
-    PACKED = pack_p and not FP8
+    # (with "e4m3" rows, and below LAG_HEADS heads, ptxas serialised the wgmma for want of
+    # registers: causal fp16 at 16 heads)
+    PACKED = pack_p and not FP8 and lag
     EXP_RAW = exp_fold and fold_scale  # (the scores raw where the scale is > 0)
     # (with a score mod, the scores' second copy spilled: 160 bytes causal with a soft cap)
     WHOLE = whole_tiles and fold_scale
