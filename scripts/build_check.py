@@ -379,18 +379,14 @@ def main():
             keep_sass(sass, name, repr(mask), tag, cache.kind, f"H={heads}", f"direct={direct}")
             hgmma = len(re.findall(r"HGMMA\.64x(?:64|32|256|16)x16", sass))
             serial = "serialized" in log
-            # lockstep: 36 for S and 4 for P V; seesaw: 36 in each of its four S sites (two a
-            # warpgroup; the boxes written out, seesaw.S_UNROLL, else 4 in a loop over them),
-            # 4 in each of its four P V sites; transposed: 36 for S^T and 32 for O^T
+            # lockstep: 36 for S and 4 for P V; transposed: 36 for S^T and 32 for O^T
             # (m64n16k16; the 32-row block's m64n32k16); its 64-row block 18 + 16 a warpgroup
-            # (m64n64k16); the seesaw on "e4m3" rows: 8 a S site (the loop over the boxes and
-            # the last box after it; 36 written out, seesaw.S8_UNROLL); with the converter
-            # warpgroup 4 a S site
-            s_site = 36 if getattr(kern, "s_unroll", False) else 4  # (the build's own flags)
-            s8_site = 36 if getattr(kern, "s8_unroll", False) else 8
-            want = {"mma": 40, "mma8": 40, "tr8": 68, "tr8x32": 68, "tr8x32a": 68, "tr8x64": 34,
-                    "tr8x64a": 34, "seesaw8": 4 * s8_site + 16,
-                    "seesaw8c": 32}.get(name, 4 * s_site + 16)
+            # (m64n64k16); the seesaw forms: seesaw.wgmma_count of the build's own flags
+            counts = {"mma": 40, "mma8": 40, "tr8": 68, "tr8x32": 68, "tr8x32a": 68,
+                      "tr8x64": 34, "tr8x64a": 34}
+            want = counts[name] if name in counts else seesaw.wgmma_count(
+                getattr(kern, "s_unroll", False), getattr(kern, "s8_unroll", False),
+                "e4m3" if name.startswith("seesaw8") else None, name == "seesaw8c")
             ok = ((not local or name in ("tr8x32a", "tr8x64a", "seesaw8", "seesaw8c"))
                   and calls == 0 and not serial and hgmma == want)
             if name == "seesaw8c":  # both setmaxnreg kept (whole program)

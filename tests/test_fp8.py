@@ -572,23 +572,14 @@ def test_fp8_seesaw_kernel_s8_loop(parts, lengths, rng, monkeypatch):
     heads over nine tiles (the last partial) on shuffled pages with ALiBi, in one partition
     and in two, and five whole tiles beside an empty sequence, match the reference, and the
     seesaw build of the loop ran."""
-    from numba_mla import factory
     from numba_mla.kernels import seesaw
 
     assert seesaw.S8_UNROLL
     monkeypatch.setattr(seesaw, "S8_UNROLL", False)
-    built = []
-    make = factory.seesaw_partition_kernel
-
-    def spy(*a, **k):
-        d = make(*a, **k)
-        built.append(d.s8_unroll)
-        return d
-
-    monkeypatch.setattr(factory, "seesaw_partition_kernel", spy)
     seen = spy_seesaw(monkeypatch)
     run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, lengths, "null", "alibi", parts)
     assert set(seen) == {("bf16", seesaw.LAG_HEADS, parts == 1, "e4m3")}
+    built = [d.s8_unroll for d in spy_factory.kernels["seesaw_partition_kernel"]]
     assert built and not any(built), "expected the e4m3 seesaw build of qk8's loop"
 
 
@@ -603,24 +594,15 @@ def test_fp8_seesaw_kernel_score_forms(flags, Sq, mask_id, rng, monkeypatch):
     and off: 64 heads over nine tiles (the last partial) beside five whole ones, on shuffled
     pages, in two partitions, match the reference, and the seesaw build with the flags
     named (and without the others) ran."""
-    from numba_mla import factory
     from numba_mla.kernels import seesaw
 
     for flag in ("WHOLE_TILES", "EXP_FOLD"):
         monkeypatch.setattr(seesaw, flag, flag in flags)
-    built = []
-    make = factory.seesaw_partition_kernel
-
-    def spy(*a, **k):
-        d = make(*a, **k)
-        built.append((d.whole_tiles, d.exp_fold))
-        return d
-
-    monkeypatch.setattr(factory, "seesaw_partition_kernel", spy)
     seen = spy_seesaw(monkeypatch)
     run_mma_case(rng, BF16, "paged64", Sq, seesaw.LAG_HEADS, [9 * 64 - 5, 5 * 64], mask_id,
                  "identity", 2)
     assert set(seen) == {("bf16", seesaw.LAG_HEADS, False, "e4m3")}
+    built = [(d.whole_tiles, d.exp_fold) for d in spy_factory.kernels["seesaw_partition_kernel"]]
     assert built and set(built) == {("WHOLE_TILES" in flags, "EXP_FOLD" in flags)}
 
 

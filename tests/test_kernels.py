@@ -488,10 +488,11 @@ def test_seesaw_forms(heads, num_partitions, order, flag, value, attr, rng, monk
     add, ``ptx.desc_advance_lo``), P packed again for the stores and P V where the default
     packs it once in the softmax (``seesaw.PACK_P`` False), and the refills' page-table rows
     looked up by each warpgroup's first warp only (``seesaw.ROWS_LEAD``, on for "e4m3" rows
-    only; with shuffled pages a row from any other warp would copy a wrong tile). Nine tiles (five
-    pairs, the last of one partial tile) over shuffled pages of 64, in one partition and in
-    two, at 64 heads and 2, with either warpgroup's threads run first, match the reference;
-    ALiBi makes each key's score depend on its position. The kernel that ran must be the seesaw build of that form."""
+    only; with shuffled pages a row from any other warp would copy a wrong tile). Nine tiles
+    (five pairs, the last of one partial tile) over shuffled pages of 64, in one partition
+    and in two, at 64 heads and 2, with either warpgroup's threads run first, match the
+    reference; ALiBi makes each key's score depend on its position. The kernel that ran must
+    be the seesaw build of that form."""
     from numba_mla import _numba
 
     monkeypatch.setattr(seesaw, flag, value)
@@ -1113,12 +1114,10 @@ def assert_compiled_flat(p, mask, score_mod, allowed_calls=frozenset(), backend=
                 # 32 a step of P V's
                 assert ptx.count("mma.sync.aligned.m16n8k16") >= 4 + 32
             if backend == "mma":
-                # The lockstep kernel: 36 wgmma for Q.K^T and 4 for P.V; the seesaw: each
-                # warpgroup's two S sites issue 36 (the boxes written out, S_UNROLL; 4 a box
-                # in a loop without it), its two P V sites 4 each.
-                s_site = 36 if getattr(d, "s_unroll", False) else 4
-                assert ptx.count("wgmma.mma_async") == (4 * s_site + 16 if d in seesaws
-                                                        else 40)
+                # The lockstep kernel: 36 wgmma for Q.K^T and 4 for P.V; the seesaw's (16-bit
+                # rows): seesaw.wgmma_count of the build's own S_UNROLL.
+                assert ptx.count("wgmma.mma_async") == (
+                    seesaw.wgmma_count(d.s_unroll) if d in seesaws else 40)
             callees = set(PTX_CALLEE.findall(ptx))
             assert callees <= allowed_calls, (
                 f"call(s) left in the partition kernel's PTX: {sorted(callees - allowed_calls)}")

@@ -194,6 +194,21 @@ PACK_P = True
 ROWS_LEAD = "e4m3"
 
 
+def wgmma_count(s_unroll, s8_unroll=False, fp8=None, converter=False):
+    """The wgmma a seesaw build's code holds (its PTX and its SASS alike; the build checks
+    count them): four S sites, two a warpgroup, and four P V sites of 4. An S site over
+    16-bit rows takes 36 written out (``s_unroll``), else 4 in a loop over the boxes; over
+    "e4m3" rows 36 written out (``s8_unroll``), else 8 (the loop and the last box after it);
+    with the converter warpgroup 4."""
+    if converter:
+        site = 4
+    elif fp8:
+        site = 36 if s8_unroll else 8
+    else:
+        site = 36 if s_unroll else 4
+    return 4 * site + 16
+
+
 def for_rows(flag, fp8):
     """Whether a flag of the three above that takes True, False or "e4m3" acts on rows of
     ``fp8`` (None: 16-bit)."""
@@ -681,9 +696,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                    bias, wtid):
         """One of a thread's two rows of ``scores`` (``half``); ``check``: each element's key
         against the bound ``lim`` and the row against the block's (``row_in``; False for a
-        whole tile of a row in the block); ``x_mul``: each product's factor
-        before the score step (1 for none); ``fold``: the score step's. Returns the row's
-        maximum over the thread's elements."""
+        whole tile of a row in the block); ``x_mul``: each product's factor before the score
+        step (1 for none); ``fold``: the score step's. Returns the row's maximum over the
+        thread's elements."""
         row_max = float32(NEG_INF)
         for j in range(NS // 4):
             for e in range(2):
