@@ -589,8 +589,8 @@ def test_fp8_seesaw_kernel_s8_loop(parts, lengths, rng, monkeypatch):
     (("WHOLE_TILES",), 2, "causal"), ((), 2, "causal")],
     ids=["both-null", "fold-causal", "whole-causal", "neither-causal"])
 def test_fp8_seesaw_kernel_score_forms(flags, Sq, mask_id, rng, monkeypatch):
-    """seesaw.WHOLE_TILES and seesaw.EXP_FOLD on "e4m3" rows (both on for them by default,
-    "e4m3"), whose scores' factor has each row's power of two as well as the scale, each on
+    """seesaw.WHOLE_TILES and seesaw.EXP_FOLD on "e4m3" rows (WHOLE_TILES on for them by
+    default, "e4m3"; EXP_FOLD off, kept as a tested form), whose scores' factor has each row's power of two as well as the scale, each on
     and off: 64 heads over nine tiles (the last partial) beside five whole ones, on shuffled
     pages, in two partitions, match the reference, and the seesaw build with the flags
     named (and without the others) ran."""

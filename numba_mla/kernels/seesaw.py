@@ -176,8 +176,9 @@ WHOLE_TILES = "e4m3"
 # maximum of the scaled scores is the scaled maximum, bit for bit), and the factor goes into
 # the exponent's subtraction as a fused multiply-add, P = exp2(s * f - m). That saves the
 # multiply an element (two for "e4m3" rows, whose factor has each row's power of two too).
-# 16-bit rows: 1.012-1.022x the time at 64 x 128 x 4096 and 16 x 128 x 32768, a loss.
-EXP_FOLD = "e4m3"
+# 16-bit rows: 1.012-1.022x the time at 64 x 128 x 4096 and 16 x 128 x 32768, a loss; on
+# "e4m3" rows too (turned off alone: 0.970-0.997x on an H100, docs/kernels/mma.md). Off.
+EXP_FOLD = False
 # The softmax packs P into 16-bit pairs once and keeps each word in the register of the pair's
 # first float (``ptx.i32_as_f32``; P is finite and >= 0, never a NaN's pattern), where
 # ``store_p`` and ``pv_local`` packed it again (16 conversions a thread a tile; with ``lag``
@@ -190,7 +191,8 @@ PACK_P = True
 # the clamps' loads and compares, some 85 instructions a pair, on the uniform datapath, but
 # each an issue slot of every warp) looked up only by each warpgroup's first warp, whose
 # thread 0 issues the copies; the other three warps take the tiles' indices alone. 16-bit
-# rows: 1.001-1.007x (0.964x at 1 x 128 x 65536).
+# rows: 1.001-1.007x (0.964x at 1 x 128 x 65536); "e4m3" rows took 1.006-1.025x the time
+# without it (an H100, docs/kernels/mma.md).
 ROWS_LEAD = "e4m3"
 
 
