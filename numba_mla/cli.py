@@ -24,9 +24,10 @@ def main(argv=None):
                       help="the simulator-sized sweep (default on the simulator)")
     v.add_argument("--backend", default="auto",
                    choices=["auto", "simt", "mma", "mma_sync", "simple", "reference"],
-                   help="kernel to check: auto (tensor cores for 16-bit data on sm_90, else "
-                        "FMA), simt (FMA), mma (tensor cores), simple (the readable FMA "
-                        "kernel), reference")
+                   help="kernel to check: auto (the library's choice: wgmma tensor cores for "
+                        "16-bit data on sm_90, warp tensor cores on sm_80+, else FMA), simt "
+                        "(FMA), mma (wgmma tensor cores), mma_sync (warp tensor cores), "
+                        "simple (the readable FMA kernel), reference")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--limit", type=int, default=None, help="run only the first N cases")
     _add_bench(sub)

@@ -6,7 +6,8 @@ runs is decided here, from the call and a few facts about its arrays:
 1. ``"auto"`` is a tensor-core backend for 16-bit data: the wgmma kernels (``"mma"``) where
    wgmma exists (sm_90, or the simulator), the warp tensor-core kernel (``"mma_sync"``) on
    other GPUs of compute capability 8.0 or later (Ampere, Ada, and later ones without wgmma);
-   the FMA kernel (``"simt"``) for fp32, FP8 caches and older GPUs. (On the H200 "mma" takes
+   the FMA kernel (``"simt"``) for fp32 and older GPUs; FP8 caches go to a tensor-core kernel
+   (``"mma"`` for "e4m3" rows on sm_90, else ``"mma_sync"``: ``select_kernel``). (On the H200 "mma" takes
    0.25-0.87x "mma_sync"'s time on every benchmark shape, so it is the one there.) The FMA
    kernel's block takes 154-226 KB of shared memory: where the GPU gives a block less
    (A100, Ada, older GPUs), ``"auto"`` runs the simple kernel instead and ``"simt"`` is
