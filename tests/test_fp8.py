@@ -584,16 +584,39 @@ def test_fp8_seesaw_kernel_s8_loop(parts, lengths, rng, monkeypatch):
 
 
 @KERNEL
+@pytest.mark.parametrize("parts,lengths,mask_id", [(1, [9 * 64 - 5], "null"),
+                                                   (2, [9 * 64 - 5, 5 * 64], "causal"),
+                                                   (1, [5 * 64, 0], "null")])
+def test_fp8_seesaw_kernel_s8_pairs(parts, lengths, mask_id, rng, monkeypatch):
+    """``qk8`` converting the boxes after the first two at a time (seesaw.S8_PAIRS: one
+    barrier and one fence a pair, S over the pair before) on "e4m3" rows: 64 heads over nine
+    tiles (the last partial) on shuffled pages, in one partition and, causal beside five
+    whole tiles, in two, and five whole tiles beside an empty sequence, match the reference,
+    and the seesaw build of the pairs ran. Both buffers' conversion orders are walked (the
+    two warpgroups' tiles), so a pair that wrote a box over codes not yet read, or issued S
+    before the pair's barrier, fails here."""
+    from numba_mla.kernels import seesaw
+
+    monkeypatch.setattr(seesaw, "S8_PAIRS", True)
+    seen = spy_seesaw(monkeypatch)
+    run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, lengths, mask_id, "identity",
+                 parts)
+    assert set(seen) == {("bf16", seesaw.LAG_HEADS, parts == 1, "e4m3")}
+    built = [(d.s8_unroll, d.s8_pairs) for d in spy_factory.kernels["seesaw_partition_kernel"]]
+    assert built and set(built) == {(True, True)}, "expected the e4m3 seesaw build of the pairs"
+
+
+@KERNEL
 @pytest.mark.parametrize("flags,Sq,mask_id", [
     (("WHOLE_TILES", "EXP_FOLD"), 1, "null"), (("EXP_FOLD",), 2, "causal"),
     (("WHOLE_TILES",), 2, "causal"), ((), 2, "causal")],
     ids=["both-null", "fold-causal", "whole-causal", "neither-causal"])
 def test_fp8_seesaw_kernel_score_forms(flags, Sq, mask_id, rng, monkeypatch):
     """seesaw.WHOLE_TILES and seesaw.EXP_FOLD on "e4m3" rows (WHOLE_TILES on for them by
-    default, "e4m3"; EXP_FOLD off, kept as a tested form), whose scores' factor has each row's power of two as well as the scale, each on
-    and off: 64 heads over nine tiles (the last partial) beside five whole ones, on shuffled
-    pages, in two partitions, match the reference, and the seesaw build with the flags
-    named (and without the others) ran."""
+    default, "e4m3"; EXP_FOLD off, kept as a tested form), whose scores' factor has each
+    row's power of two as well as the scale, each on and off: 64 heads over nine tiles (the
+    last partial) beside five whole ones, on shuffled pages, in two partitions, match the
+    reference, and the seesaw build with the flags named (and without the others) ran."""
     from numba_mla.kernels import seesaw
 
     for flag in ("WHOLE_TILES", "EXP_FOLD"):

@@ -160,6 +160,14 @@ S_UNROLL = True
 # 0.991x / 0.989x the time of "e4m3" rows at 64 x 128 x 4096 / 128 x 128 x 1024. On since
 # it was timed; False is the loop.
 S8_UNROLL = True
+# With S8_UNROLL: the boxes after the first converted two at a time (qk8_pair): both boxes'
+# codes read once landed, one barrier of the warpgroup, S over the two boxes before, both
+# written, one proxy fence. Five barriers and fences a tile where there were nine; each
+# fence is a MEMBAR.ALL.CTA in the SASS, which waits for the thread's stores, and the fences
+# cost about 8 us of the 40 that the conversion adds at 64 x 128 x 4096 (docs/fp8.md). The
+# price: a pair's S waits for the later box's codes, and a thread holds two boxes' codes.
+# Built and tested; not yet timed, so off.
+S8_PAIRS = False
 # The next three take True (every row type), False, or "e4m3" ("e4m3" rows only): timed in
 # the same runs, each of them lost or tied on 16-bit rows and the three together gained on
 # "e4m3" rows, which are bound by their conversion's issue (docs/kernels/mma.md, "Four more
@@ -300,7 +308,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           q_early=False, mixed=False, out_store=None, follows=False,
                           rows_ahead=True, max_early1=False, s_unroll=True,
                           s8_unroll=False, whole_tiles=False, exp_fold=False, pack_p=False,
-                          rows_lead=False):
+                          rows_lead=False, s8_pairs=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -333,10 +341,15 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     bounds (``WHOLE_TILES``); ``exp_fold``: with ``fold_scale``, the scale goes into the
     exponent where it is positive (``EXP_FOLD``); ``pack_p``: the softmax leaves P packed
     (``PACK_P``); ``rows_lead``: only each warpgroup's first warp looks up the refills' rows
-    (``ROWS_LEAD``)."""
+    (``ROWS_LEAD``); ``s8_pairs``: with ``s8_unroll``, the boxes after the first converted two
+    at a time (``S8_PAIRS``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not s8_unroll or (fp8 and not converter), "s8_unroll: e4m3 rows' qk8 only"
+    assert not s8_pairs or s8_unroll, "s8_pairs: with s8_unroll only"
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
+    PAIRS8 = s8_pairs and s8_unroll
+    assert not PAIRS8 or NBOX == 9, "qk8_pair's groups: box 0, then four pairs"
+    QK8_WORDS = CODE_WORDS * (2 if PAIRS8 else 1)  # (a thread's codes: one box, or two)
     AHEAD = runs and ahead
     DIRECT = runs and direct
     QEARLY = runs and q_early and not ahead
@@ -535,6 +548,26 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         ptx.fence_proxy_async()
         return box
 
+    @cuda.jit(device=True, **INLINE)
+    def qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, n, parity, wtid):
+        """``qk8``'s step over the n-th and (n+1)-th boxes to convert (n odd, a constant;
+        ``S8_PAIRS``): both boxes' codes read once landed, one wait for the warpgroup (every
+        thread has read them, and written the boxes before), S over the one or two boxes
+        before (box 0 alone for n = 1), then both boxes' values written and one fence. Reading
+        the later box's codes before the earlier box is written only moves a read earlier: no
+        box's values overwrite codes of a box converted after it."""
+        box0 = convert_order_(buf, n)
+        box1 = convert_order_(buf, n + 1)
+        read_codes(codes, 0, smk, sb, buf, box0, parity, src)
+        read_codes(codes, CODE_WORDS, smk, sb, buf, box1, parity, src)
+        ptx.bar_sync(BAR_WG + buf, 128)
+        if n > 1:
+            s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 2), n - 2, wtid)
+        s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 1), n - 1, wtid)
+        write_box(codes, 0, smk, box0, dst)
+        write_box(codes, CODE_WORDS, smk, box1, dst)
+        ptx.fence_proxy_async()
+
     @cuda.jit(device=True)
     def qk8(s_acc, smk, sb, buf, parity, wtid):
         """S = Q K^T over the tile in buffer ``buf`` ("e4m3" rows; this warpgroup's 128
@@ -548,7 +581,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         dk = desc_rows(base + KV_OFF + buf * ROWS_BYTES)
         src = kv + 8 * wtid
         dst = kv + 128 * (wtid // 8) + 16 * ((wtid % 8) ^ (wtid // 8 % 8))
-        codes = cuda.local.array(CODE_WORDS, int32)
+        codes = cuda.local.array(QK8_WORDS, int32)
         prev = convert_order_(buf, 0)
         read_codes(codes, 0, smk, sb, buf, prev, parity, src)
         # Every warp of this warpgroup is past its last product on this buffer (a warp's wait
@@ -558,7 +591,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         write_box(codes, 0, smk, prev, dst)
         ptx.fence_proxy_async()
         ptx.wgmma_fence()
-        if s8_unroll:  # (n a constant in each: S8_UNROLL)
+        if PAIRS8:  # (boxes 1-2, 3-4, 5-6, 7-8; then S over the last two)
+            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 1, parity, wtid)
+            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 3, parity, wtid)
+            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 5, parity, wtid)
+            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 7, parity, wtid)
+            ptx.bar_sync(BAR_WG + buf, 128)
+            s_box(s_acc, smk, dq, dk, convert_order_(buf, NBOX - 2), NBOX - 2, wtid)
+        elif s8_unroll:  # (n a constant in each: S8_UNROLL)
             prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 1, parity, wtid)
             prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 2, parity, wtid)
             prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 3, parity, wtid)
@@ -571,8 +611,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             for n in range(1, NBOX):
                 prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, n, parity,
                                 wtid)
-        ptx.bar_sync(BAR_WG + buf, 128)
-        s_box(s_acc, smk, dq, dk, prev, NBOX - 1, wtid)
+        if not PAIRS8:
+            ptx.bar_sync(BAR_WG + buf, 128)
+        s_box(s_acc, smk, dq, dk, prev if not PAIRS8 else convert_order_(buf, NBOX - 1),
+              NBOX - 1, wtid)
         ptx.wgmma_commit()
         wait_s(s_acc)
 
