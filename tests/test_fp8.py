@@ -588,7 +588,7 @@ def test_fp8_seesaw_kernel_s8_loop(parts, lengths, rng, monkeypatch):
                                                    (2, [9 * 64 - 5, 5 * 64], "causal"),
                                                    (1, [5 * 64, 0], "null")])
 def test_fp8_seesaw_kernel_s8_pairs(parts, lengths, mask_id, rng, monkeypatch):
-    """``qk8`` converting the boxes after the first two at a time (seesaw.S8_PAIRS: one
+    """``qk8`` converting a tile's boxes two at a time (seesaw.S8_PAIRS: one
     barrier and one fence a pair, S over the pair before) on "e4m3" rows: 64 heads over nine
     tiles (the last partial) on shuffled pages, in one partition and, causal beside five
     whole tiles, in two, and five whole tiles beside an empty sequence, match the reference,

@@ -160,13 +160,14 @@ S_UNROLL = True
 # 0.991x / 0.989x the time of "e4m3" rows at 64 x 128 x 4096 / 128 x 128 x 1024. On since
 # it was timed; False is the loop.
 S8_UNROLL = True
-# With S8_UNROLL: the boxes after the first converted two at a time (qk8_pair): both boxes'
-# codes read once landed, one barrier of the warpgroup, S over the two boxes before, both
-# written, one proxy fence. Five barriers and fences a tile where there were nine; each
-# fence is a MEMBAR.ALL.CTA in the SASS, which waits for the thread's stores, and the fences
-# cost about 8 us of the 40 that the conversion adds at 64 x 128 x 4096 (docs/fp8.md). The
-# price: a pair's S waits for the later box's codes, and a thread holds two boxes' codes.
-# Built and tested; not yet timed, so off.
+# With S8_UNROLL: a tile's boxes converted two at a time (0-1, 2-3, 4-5, 6-7, then 8 alone;
+# qk8_pair): both boxes' codes read once landed, one barrier of the warpgroup, S over the
+# two boxes before, both written, one proxy fence. Five fences a tile where there were nine
+# (six barriers for ten); no pair waits for both of buffer 0's refills (boxes 0-3 are
+# refilled early, 4-8 late). Each fence is a MEMBAR.ALL.CTA in the SASS, which waits for the
+# thread's stores, and the fences cost about 8 us of the 40 that the conversion adds at
+# 64 x 128 x 4096 (docs/fp8.md). The price: a pair's S waits for the later box's codes, and
+# a thread holds two boxes' codes. Built and tested; not yet timed, so off.
 S8_PAIRS = False
 # The next three take True (every row type), False, or "e4m3" ("e4m3" rows only): timed in
 # the same runs, each of them lost or tied on 16-bit rows and the three together gained on
@@ -348,7 +349,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     assert not s8_pairs or s8_unroll, "s8_pairs: with s8_unroll only"
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     PAIRS8 = s8_pairs and s8_unroll
-    assert not PAIRS8 or NBOX == 9, "qk8_pair's groups: box 0, then four pairs"
+    assert not PAIRS8 or NBOX == 9, "qk8's pairs: boxes 0-1, 2-3, 4-5, 6-7, then 8 alone"
     QK8_WORDS = CODE_WORDS * (2 if PAIRS8 else 1)  # (a thread's codes: one box, or two)
     AHEAD = runs and ahead
     DIRECT = runs and direct
@@ -549,24 +550,27 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         return box
 
     @cuda.jit(device=True, **INLINE)
-    def qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, n, parity, wtid):
-        """``qk8``'s step over the n-th and (n+1)-th boxes to convert (n odd, a constant;
-        ``S8_PAIRS``): both boxes' codes read once landed, one wait for the warpgroup (every
-        thread has read them, and written the boxes before), S over the one or two boxes
-        before (box 0 alone for n = 1), then both boxes' values written and one fence. Reading
-        the later box's codes before the earlier box is written only moves a read earlier: no
-        box's values overwrite codes of a box converted after it."""
-        box0 = convert_order_(buf, n)
-        box1 = convert_order_(buf, n + 1)
-        read_codes(codes, 0, smk, sb, buf, box0, parity, src)
-        read_codes(codes, CODE_WORDS, smk, sb, buf, box1, parity, src)
+    def qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, n, two, parity, wtid):
+        """``qk8``'s step over the n-th box to convert and, with ``two``, the (n+1)-th (n
+        even, both constants; ``S8_PAIRS``): the boxes' codes read once landed, one wait for
+        the warpgroup (every thread has read them, and written the two boxes before), S over
+        the boxes n - 2 and n - 1, then the boxes' values written and one fence; returns the
+        last box written. Reading the later box's codes before the earlier box is written
+        only moves a read earlier: no box's values overwrite codes of a box converted after
+        it."""
+        box = convert_order_(buf, n)
+        read_codes(codes, 0, smk, sb, buf, box, parity, src)
+        if two:
+            read_codes(codes, CODE_WORDS, smk, sb, buf, convert_order_(buf, n + 1), parity, src)
         ptx.bar_sync(BAR_WG + buf, 128)
-        if n > 1:
-            s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 2), n - 2, wtid)
+        s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 2), n - 2, wtid)
         s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 1), n - 1, wtid)
-        write_box(codes, 0, smk, box0, dst)
-        write_box(codes, CODE_WORDS, smk, box1, dst)
+        write_box(codes, 0, smk, box, dst)
+        if two:
+            box = convert_order_(buf, n + 1)
+            write_box(codes, CODE_WORDS, smk, box, dst)
         ptx.fence_proxy_async()
+        return box
 
     @cuda.jit(device=True)
     def qk8(s_acc, smk, sb, buf, parity, wtid):
@@ -574,7 +578,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         threads), its codes converted in place to fp16 a box at a time as each lands, in
         ``convert_order``; waited. A box's products are issued once all its values are
         written (a barrier), while the next box is converted; that barrier also comes after
-        every thread has read the next box's codes, since three boxes overwrite their own."""
+        every thread has read the next box's codes, since three boxes overwrite their own.
+        With ``S8_PAIRS`` the boxes go two at a time, (0, 1), (2, 3), (4, 5), (6, 7), then 8
+        alone: no pair of buffer 0 waits for both of its two refills (boxes 0-3 and 4-8)."""
         kv = sb + KV_OFF + buf * ROWS_BYTES
         base = ptx.opaque_i32(sb) if s8_unroll else sb  # (as in qk)
         dq = desc_rows(base + Q_OFF)
@@ -584,20 +590,23 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         codes = cuda.local.array(QK8_WORDS, int32)
         prev = convert_order_(buf, 0)
         read_codes(codes, 0, smk, sb, buf, prev, parity, src)
+        if PAIRS8:
+            read_codes(codes, CODE_WORDS, smk, sb, buf, convert_order_(buf, 1), parity, src)
         # Every warp of this warpgroup is past its last product on this buffer (a warp's wait
-        # covers its own part of a product only): the first box overwrites values of the
-        # tile before, but no codes.
+        # covers its own part of a product only): the first box (or two) overwrite values of
+        # the tile before, but no codes.
         ptx.bar_sync(BAR_WG + buf, 128)
         write_box(codes, 0, smk, prev, dst)
+        if PAIRS8:
+            write_box(codes, CODE_WORDS, smk, convert_order_(buf, 1), dst)
         ptx.fence_proxy_async()
         ptx.wgmma_fence()
-        if PAIRS8:  # (boxes 1-2, 3-4, 5-6, 7-8; then S over the last two)
-            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 1, parity, wtid)
-            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 3, parity, wtid)
-            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 5, parity, wtid)
-            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 7, parity, wtid)
-            ptx.bar_sync(BAR_WG + buf, 128)
-            s_box(s_acc, smk, dq, dk, convert_order_(buf, NBOX - 2), NBOX - 2, wtid)
+        if PAIRS8:  # (then S over boxes 0-1, 2-3, 4-5 and 6-7 in the steps, 8 after them)
+            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 2, True, parity, wtid)
+            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 4, True, parity, wtid)
+            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 6, True, parity, wtid)
+            prev = qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 8, False, parity,
+                            wtid)
         elif s8_unroll:  # (n a constant in each: S8_UNROLL)
             prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 1, parity, wtid)
             prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 2, parity, wtid)
@@ -611,10 +620,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             for n in range(1, NBOX):
                 prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, n, parity,
                                 wtid)
-        if not PAIRS8:
-            ptx.bar_sync(BAR_WG + buf, 128)
-        s_box(s_acc, smk, dq, dk, prev if not PAIRS8 else convert_order_(buf, NBOX - 1),
-              NBOX - 1, wtid)
+        ptx.bar_sync(BAR_WG + buf, 128)
+        s_box(s_acc, smk, dq, dk, prev, NBOX - 1, wtid)
         ptx.wgmma_commit()
         wait_s(s_acc)
 
