@@ -584,23 +584,26 @@ def test_fp8_seesaw_kernel_s8_loop(parts, lengths, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("parts,lengths,mask_id", [(1, [9 * 64 - 5], "null"),
-                                                   (2, [9 * 64 - 5, 5 * 64], "causal"),
-                                                   (1, [5 * 64, 0], "null")])
-def test_fp8_seesaw_kernel_s8_pairs(parts, lengths, mask_id, rng, monkeypatch):
+@pytest.mark.parametrize("parts,lengths,mask_id,order", [
+    (1, [9 * 64 - 5], "null", "high"), (1, [9 * 64 - 5], "null", "low"),
+    (2, [9 * 64 - 5, 5 * 64], "causal", "high"), (1, [5 * 64, 0], "null", "low")])
+def test_fp8_seesaw_kernel_s8_pairs(parts, lengths, mask_id, order, rng, monkeypatch):
     """``qk8`` converting a tile's boxes two at a time (seesaw.S8_PAIRS: one
     barrier and one fence a pair, S over the pair before) on "e4m3" rows: 64 heads over nine
     tiles (the last partial) on shuffled pages, in one partition and, causal beside five
-    whole tiles, in two, and five whole tiles beside an empty sequence, match the reference,
-    and the seesaw build of the pairs ran. Both buffers' conversion orders are walked (the
-    two warpgroups' tiles), so a pair that wrote a box over codes not yet read, or issued S
-    before the pair's barrier, fails here."""
+    whole tiles, in two, and five whole tiles beside an empty sequence, with the lower or
+    the higher warps run first by the simulator, match the reference, and the seesaw
+    build of the pairs ran. Both buffers' conversion orders are walked (the two warpgroups'
+    tiles), so a pair that wrote a box over codes not yet read, or issued S before the
+    pair's barrier, fails here."""
+    from numba_mla import _numba
     from numba_mla.kernels import seesaw
 
     monkeypatch.setattr(seesaw, "S8_PAIRS", True)
     seen = spy_seesaw(monkeypatch)
-    run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, lengths, mask_id, "identity",
-                 parts)
+    with _numba.sim_turn_order(order):
+        run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, lengths, mask_id, "identity",
+                     parts)
     assert set(seen) == {("bf16", seesaw.LAG_HEADS, parts == 1, "e4m3")}
     built = [(d.s8_unroll, d.s8_pairs) for d in spy_factory.kernels["seesaw_partition_kernel"]]
     assert built and set(built) == {(True, True)}, "expected the e4m3 seesaw build of the pairs"
