@@ -308,6 +308,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     s_unroll = seesaw.S_UNROLL or bool(fp8)  # ("e4m3" rows have their own S: S8_UNROLL)
     s8_unroll = seesaw.S8_UNROLL and bool(fp8) and not converter
     s8_pairs = bool(seesaw.S8_PAIRS) and s8_unroll
+    codes_wide = bool(seesaw.CODES_WIDE) and bool(fp8) and not converter
     # (each as the build takes it: WHOLE_TILES, EXP_FOLD and ROWS_LEAD on the row types they
     # name (seesaw.for_rows), the first two with a boolean mask and no score mod only, PACK_P
     # on 16-bit rows from LAG_HEADS heads only; so a build where one would do nothing is
@@ -329,7 +330,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             s_unroll=s_unroll, s8_unroll=s8_unroll,
                                             whole_tiles=whole_tiles, exp_fold=exp_fold,
                                             pack_p=pack_p, rows_lead=rows_lead,
-                                            s8_pairs=s8_pairs,
+                                            s8_pairs=s8_pairs, codes_wide=codes_wide,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         disp.follows = follows  # (launch.py: launched to follow)
@@ -338,6 +339,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
         disp.s_unroll = s_unroll
         disp.s8_unroll = s8_unroll
         disp.s8_pairs = s8_pairs
+        disp.codes_wide = codes_wide
         disp.whole_tiles = whole_tiles
         disp.exp_fold = exp_fold
         disp.pack_p = pack_p
@@ -358,6 +360,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("s_loop", True),) if not s_unroll else ())
                    + ((("s8_unroll", True),) if s8_unroll else ())
                    + ((("s8_pairs", True),) if s8_pairs else ())
+                   + ((("codes_wide", True),) if codes_wide else ())
                    + ((("whole_tiles", True),) if whole_tiles else ())
                    + ((("exp_fold", True),) if exp_fold else ())
                    + ((("pack_p", True),) if pack_p else ())

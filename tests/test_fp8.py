@@ -610,6 +610,32 @@ def test_fp8_seesaw_kernel_s8_pairs(parts, lengths, mask_id, order, rng, monkeyp
 
 
 @KERNEL
+@pytest.mark.parametrize("pairs,parts,lengths,mask_id,order", [
+    (False, 1, [9 * 64 - 5], "null", "high"), (False, 2, [9 * 64 - 5, 5 * 64], "causal", "low"),
+    (True, 1, [9 * 64 - 5], "null", "low"), (True, 1, [5 * 64, 0], "null", "high")])
+def test_fp8_seesaw_kernel_codes_wide(pairs, parts, lengths, mask_id, order, rng, monkeypatch):
+    """``qk8`` reading each box's codes 16 bytes a load (seesaw.CODES_WIDE: four threads a
+    key, each writing two 16-byte chunks of values, the second at the first's address ^ 16
+    in the swizzled row), alone and with S8_PAIRS, on "e4m3" rows: 64 heads over nine tiles
+    (the last partial) on shuffled pages, causal beside five whole tiles in two partitions,
+    and five whole tiles beside an empty sequence, with the lower or the higher warps run
+    first, match the reference, and the build with the flags ran. A chunk written to the
+    wrong place of its row, or a key's codes read from the wrong row, fails here."""
+    from numba_mla import _numba
+    from numba_mla.kernels import seesaw
+
+    monkeypatch.setattr(seesaw, "CODES_WIDE", True)
+    monkeypatch.setattr(seesaw, "S8_PAIRS", pairs)
+    seen = spy_seesaw(monkeypatch)
+    with _numba.sim_turn_order(order):
+        run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, lengths, mask_id, "identity",
+                     parts)
+    assert set(seen) == {("bf16", seesaw.LAG_HEADS, parts == 1, "e4m3")}
+    built = [(d.codes_wide, d.s8_pairs) for d in spy_factory.kernels["seesaw_partition_kernel"]]
+    assert built and set(built) == {(True, pairs)}, "expected the e4m3 seesaw build of the flags"
+
+
+@KERNEL
 @pytest.mark.parametrize("flags,Sq,mask_id", [
     (("WHOLE_TILES", "EXP_FOLD"), 1, "null"), (("EXP_FOLD",), 2, "causal"),
     (("WHOLE_TILES",), 2, "causal"), ((), 2, "causal")],

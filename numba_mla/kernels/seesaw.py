@@ -169,6 +169,11 @@ S8_UNROLL = True
 # 64 x 128 x 4096 (docs/fp8.md). The price: a pair's S waits for the later box's codes, and
 # a thread holds two boxes' codes. Built and tested; not yet timed, so off.
 S8_PAIRS = False
+# qk8 reads each box's codes 16 bytes a thread a load (two loads a box where there were four
+# of 8 bytes), four threads a key, and writes each key's two 16-byte chunks of values from
+# them. Two fewer shared loads a box a thread, 18 a tile, on rows bound by their conversion's
+# issue. Built and tested; not yet timed, so off.
+CODES_WIDE = False
 # The next three take True (every row type), False, or "e4m3" ("e4m3" rows only): timed in
 # the same runs, each of them lost or tied on 16-bit rows and the three together gained on
 # "e4m3" rows, which are bound by their conversion's issue (docs/kernels/mma.md, "Four more
@@ -309,7 +314,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           q_early=False, mixed=False, out_store=None, follows=False,
                           rows_ahead=True, max_early1=False, s_unroll=True,
                           s8_unroll=False, whole_tiles=False, exp_fold=False, pack_p=False,
-                          rows_lead=False, s8_pairs=False):
+                          rows_lead=False, s8_pairs=False, codes_wide=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -342,13 +347,14 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     bounds (``WHOLE_TILES``); ``exp_fold``: with ``fold_scale``, the scale goes into the
     exponent where it is positive (``EXP_FOLD``); ``pack_p``: the softmax leaves P packed
     (``PACK_P``); ``rows_lead``: only each warpgroup's first warp looks up the refills' rows
-    (``ROWS_LEAD``); ``s8_pairs``: with ``s8_unroll``, the boxes after the first converted two
-    at a time (``S8_PAIRS``)."""
+    (``ROWS_LEAD``); ``s8_pairs``: with ``s8_unroll``, a tile's boxes converted two at a time
+    (``S8_PAIRS``); ``codes_wide``: ``qk8`` reads the codes 16 bytes a load (``CODES_WIDE``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not s8_unroll or (fp8 and not converter), "s8_unroll: e4m3 rows' qk8 only"
     assert not s8_pairs or s8_unroll, "s8_pairs: with s8_unroll only"
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     PAIRS8 = s8_pairs and s8_unroll
+    WIDE8 = bool(codes_wide and fp8 and not converter)
     assert not PAIRS8 or NBOX == 9, "qk8's pairs: boxes 0-1, 2-3, 4-5, 6-7, then 8 alone"
     QK8_WORDS = CODE_WORDS * (2 if PAIRS8 else 1)  # (a thread's codes: one box, or two)
     AHEAD = runs and ahead
@@ -535,6 +541,32 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             a2, a3 = ptx.e4m3x4_to_f16x4(codes[at0 + 2 * i + 1])
             ptx.sts128(smk, dst + BOX_BYTES * box + 2048 * i, a0, a1, a2, a3)
 
+    @cuda.jit(device=True)
+    def read_codes_wide(codes, at0, smk, sb, buf, box, parity, src):
+        """``read_codes`` in 16-byte loads (``CODES_WIDE``): keys wtid // 4 + 32 i, codes
+        16 (wtid % 4) .. + 15 of each, from ``src`` = the buffer + 16 wtid."""
+        while not ptx.mbar_try_wait(smk, box_bar(sb, buf, box), parity):
+            pass
+        at = src + raw_at_(buf, box)
+        for i in range(CONVERT_UNITS // 2):
+            (codes[at0 + 4 * i], codes[at0 + 4 * i + 1], codes[at0 + 4 * i + 2],
+             codes[at0 + 4 * i + 3]) = ptx.lds128(smk, at + 2048 * i)
+
+    @cuda.jit(device=True)
+    def write_box_wide(codes, at0, smk, box, dst):
+        """``read_codes_wide``' codes as fp16 values in box ``box``: key m's chunks c = 2
+        (wtid % 4) and c + 1, at c ^ m % 8 and (c + 1) ^ m % 8 = (c ^ m % 8) ^ 1 of its
+        128-byte row, so the second 16 bytes from the first (``dst``, the buffer's row start
+        being 128-byte aligned: ``dst ^ 16``). Not fenced, as ``write_box``."""
+        for i in range(CONVERT_UNITS // 2):
+            for h in range(2):
+                a0, a1 = ptx.e4m3x4_to_f16x4(codes[at0 + 4 * i + 2 * h])
+                a2, a3 = ptx.e4m3x4_to_f16x4(codes[at0 + 4 * i + 2 * h + 1])
+                ptx.sts128(smk, (dst ^ (16 * h)) + BOX_BYTES * box + 4096 * i, a0, a1, a2, a3)
+
+    read8 = read_codes_wide if WIDE8 else read_codes  # (qk8's: CODES_WIDE)
+    write8 = write_box_wide if WIDE8 else write_box
+
     @cuda.jit(device=True, **INLINE)
     def qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, n, parity, wtid):
         """``qk8``'s n-th step (n >= 1): read the codes of the n-th box to convert once they
@@ -542,10 +574,10 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         issue S over the box before (``prev``), then write this one's values; returns this
         box."""
         box = convert_order_(buf, n)
-        read_codes(codes, 0, smk, sb, buf, box, parity, src)
+        read8(codes, 0, smk, sb, buf, box, parity, src)
         ptx.bar_sync(BAR_WG + buf, 128)
         s_box(s_acc, smk, dq, dk, prev, n - 1, wtid)
-        write_box(codes, 0, smk, box, dst)
+        write8(codes, 0, smk, box, dst)
         ptx.fence_proxy_async()
         return box
 
@@ -559,16 +591,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         only moves a read earlier: no box's values overwrite codes of a box converted after
         it."""
         box = convert_order_(buf, n)
-        read_codes(codes, 0, smk, sb, buf, box, parity, src)
+        read8(codes, 0, smk, sb, buf, box, parity, src)
         if two:
-            read_codes(codes, CODE_WORDS, smk, sb, buf, convert_order_(buf, n + 1), parity, src)
+            read8(codes, CODE_WORDS, smk, sb, buf, convert_order_(buf, n + 1), parity, src)
         ptx.bar_sync(BAR_WG + buf, 128)
         s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 2), n - 2, wtid)
         s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 1), n - 1, wtid)
-        write_box(codes, 0, smk, box, dst)
+        write8(codes, 0, smk, box, dst)
         if two:
             box = convert_order_(buf, n + 1)
-            write_box(codes, CODE_WORDS, smk, box, dst)
+            write8(codes, CODE_WORDS, smk, box, dst)
         ptx.fence_proxy_async()
         return box
 
@@ -585,20 +617,24 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         base = ptx.opaque_i32(sb) if s8_unroll else sb  # (as in qk)
         dq = desc_rows(base + Q_OFF)
         dk = desc_rows(base + KV_OFF + buf * ROWS_BYTES)
-        src = kv + 8 * wtid
-        dst = kv + 128 * (wtid // 8) + 16 * ((wtid % 8) ^ (wtid // 8 % 8))
+        if WIDE8:  # (16 codes a load: four threads a key)
+            src = kv + 16 * wtid
+            dst = kv + 128 * (wtid // 4) + 16 * ((2 * (wtid % 4)) ^ (wtid // 4 % 8))
+        else:
+            src = kv + 8 * wtid
+            dst = kv + 128 * (wtid // 8) + 16 * ((wtid % 8) ^ (wtid // 8 % 8))
         codes = cuda.local.array(QK8_WORDS, int32)
         prev = convert_order_(buf, 0)
-        read_codes(codes, 0, smk, sb, buf, prev, parity, src)
+        read8(codes, 0, smk, sb, buf, prev, parity, src)
         if PAIRS8:
-            read_codes(codes, CODE_WORDS, smk, sb, buf, convert_order_(buf, 1), parity, src)
+            read8(codes, CODE_WORDS, smk, sb, buf, convert_order_(buf, 1), parity, src)
         # Every warp of this warpgroup is past its last product on this buffer (a warp's wait
         # covers its own part of a product only): the first box (or two) overwrite values of
         # the tile before, but no codes.
         ptx.bar_sync(BAR_WG + buf, 128)
-        write_box(codes, 0, smk, prev, dst)
+        write8(codes, 0, smk, prev, dst)
         if PAIRS8:
-            write_box(codes, CODE_WORDS, smk, convert_order_(buf, 1), dst)
+            write8(codes, CODE_WORDS, smk, convert_order_(buf, 1), dst)
         ptx.fence_proxy_async()
         ptx.wgmma_fence()
         if PAIRS8:  # (then S over boxes 0-1, 2-3, 4-5 and 6-7 in the steps, 8 after them)
