@@ -584,55 +584,40 @@ def test_fp8_seesaw_kernel_s8_loop(parts, lengths, rng, monkeypatch):
 
 
 @KERNEL
-@pytest.mark.parametrize("parts,lengths,mask_id,order", [
-    (1, [9 * 64 - 5], "null", "high"), (1, [9 * 64 - 5], "null", "low"),
-    (2, [9 * 64 - 5, 5 * 64], "causal", "high"), (1, [5 * 64, 0], "null", "low")])
-def test_fp8_seesaw_kernel_s8_pairs(parts, lengths, mask_id, order, rng, monkeypatch):
-    """``qk8`` converting a tile's boxes two at a time (seesaw.S8_PAIRS: one
-    barrier and one fence a pair, S over the pair before) on "e4m3" rows: 64 heads over nine
-    tiles (the last partial) on shuffled pages, in one partition and, causal beside five
-    whole tiles, in two, and five whole tiles beside an empty sequence, with the lower or
-    the higher warps run first by the simulator, match the reference, and the seesaw
-    build of the pairs ran. Both buffers' conversion orders are walked (the two warpgroups'
-    tiles), so a pair that wrote a box over codes not yet read, or issued S before the
-    pair's barrier, fails here."""
+@pytest.mark.parametrize("flags,parts,lengths,mask_id,order", [
+    (("S8_PAIRS",), 1, [9 * 64 - 5], "null", "high"),
+    (("S8_PAIRS",), 1, [9 * 64 - 5], "null", "low"),
+    (("S8_PAIRS",), 2, [9 * 64 - 5, 5 * 64], "causal", "high"),
+    (("S8_PAIRS",), 1, [5 * 64, 0], "null", "low"),
+    (("CODES_WIDE",), 1, [9 * 64 - 5], "null", "high"),
+    (("CODES_WIDE",), 2, [9 * 64 - 5, 5 * 64], "causal", "low"),
+    (("S8_PAIRS", "CODES_WIDE"), 1, [9 * 64 - 5], "null", "low"),
+    (("S8_PAIRS", "CODES_WIDE"), 1, [5 * 64, 0], "null", "high")])
+def test_fp8_seesaw_kernel_qk8_forms(flags, parts, lengths, mask_id, order, rng, monkeypatch):
+    """``qk8``'s forms off by default, alone and together, on "e4m3" rows: a tile's boxes
+    converted two at a time (seesaw.S8_PAIRS: one barrier and one fence a pair, S over the
+    pair before) and each box's codes read 16 bytes a load (seesaw.CODES_WIDE: four threads
+    a key, each writing two 16-byte chunks of values, the second at the first's address ^ 16
+    in the swizzled row). 64 heads over nine tiles (the last partial) on shuffled pages, in
+    one partition and, causal beside five whole tiles, in two, and five whole tiles beside an
+    empty sequence, with the lower or the higher warps run first by the simulator, match the
+    reference, and the seesaw build of the flags named ran. Both buffers' conversion orders
+    are walked (the two warpgroups' tiles), so a pair that issued S before its barrier or
+    read a box's codes after another box was written, a chunk written to the wrong place of
+    its row, or a key's codes read from another row, fails here."""
     from numba_mla import _numba
     from numba_mla.kernels import seesaw
 
-    monkeypatch.setattr(seesaw, "S8_PAIRS", True)
+    for flag in ("S8_PAIRS", "CODES_WIDE"):
+        monkeypatch.setattr(seesaw, flag, flag in flags)
     seen = spy_seesaw(monkeypatch)
     with _numba.sim_turn_order(order):
         run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, lengths, mask_id, "identity",
                      parts)
     assert set(seen) == {("bf16", seesaw.LAG_HEADS, parts == 1, "e4m3")}
-    built = [(d.s8_unroll, d.s8_pairs) for d in spy_factory.kernels["seesaw_partition_kernel"]]
-    assert built and set(built) == {(True, True)}, "expected the e4m3 seesaw build of the pairs"
-
-
-@KERNEL
-@pytest.mark.parametrize("pairs,parts,lengths,mask_id,order", [
-    (False, 1, [9 * 64 - 5], "null", "high"), (False, 2, [9 * 64 - 5, 5 * 64], "causal", "low"),
-    (True, 1, [9 * 64 - 5], "null", "low"), (True, 1, [5 * 64, 0], "null", "high")])
-def test_fp8_seesaw_kernel_codes_wide(pairs, parts, lengths, mask_id, order, rng, monkeypatch):
-    """``qk8`` reading each box's codes 16 bytes a load (seesaw.CODES_WIDE: four threads a
-    key, each writing two 16-byte chunks of values, the second at the first's address ^ 16
-    in the swizzled row), alone and with S8_PAIRS, on "e4m3" rows: 64 heads over nine tiles
-    (the last partial) on shuffled pages, causal beside five whole tiles in two partitions,
-    and five whole tiles beside an empty sequence, with the lower or the higher warps run
-    first, match the reference, and the build with the flags ran. A chunk written to the
-    wrong place of its row, or a key's codes read from the wrong row, fails here."""
-    from numba_mla import _numba
-    from numba_mla.kernels import seesaw
-
-    monkeypatch.setattr(seesaw, "CODES_WIDE", True)
-    monkeypatch.setattr(seesaw, "S8_PAIRS", pairs)
-    seen = spy_seesaw(monkeypatch)
-    with _numba.sim_turn_order(order):
-        run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, lengths, mask_id, "identity",
-                     parts)
-    assert set(seen) == {("bf16", seesaw.LAG_HEADS, parts == 1, "e4m3")}
-    built = [(d.codes_wide, d.s8_pairs) for d in spy_factory.kernels["seesaw_partition_kernel"]]
-    assert built and set(built) == {(True, pairs)}, "expected the e4m3 seesaw build of the flags"
+    built = [(d.s8_pairs, d.codes_wide) for d in spy_factory.kernels["seesaw_partition_kernel"]]
+    assert built and set(built) == {("S8_PAIRS" in flags, "CODES_WIDE" in flags)}, (
+        f"expected the e4m3 seesaw build with {flags}")
 
 
 @KERNEL
