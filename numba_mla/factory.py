@@ -309,6 +309,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
     s8_unroll = seesaw.S8_UNROLL and bool(fp8) and not converter
     s8_pairs = bool(seesaw.S8_PAIRS) and s8_unroll
     codes_wide = bool(seesaw.CODES_WIDE) and bool(fp8) and not converter
+    stage8 = bool(seesaw.STAGE8) and bool(fp8) and not converter
     # (each as the build takes it: WHOLE_TILES, EXP_FOLD and ROWS_LEAD on the row types they
     # name (seesaw.for_rows), the first two with a boolean mask and no score mod only, PACK_P
     # on 16-bit rows from LAG_HEADS heads only; so a build where one would do nothing is
@@ -331,6 +332,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                                             whole_tiles=whole_tiles, exp_fold=exp_fold,
                                             pack_p=pack_p, rows_lead=rows_lead,
                                             s8_pairs=s8_pairs, codes_wide=codes_wide,
+                                            stage8=stage8,
                                             **_device_functions(mask, score_mod, cache_cls))
         disp.whole_program = converter
         disp.follows = follows  # (launch.py: launched to follow)
@@ -340,6 +342,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
         disp.s8_unroll = s8_unroll
         disp.s8_pairs = s8_pairs
         disp.codes_wide = codes_wide
+        disp.stage8 = stage8
         disp.whole_tiles = whole_tiles
         disp.exp_fold = exp_fold
         disp.pack_p = pack_p
@@ -361,6 +364,7 @@ def seesaw_partition_kernel(mask, score_mod, tag, cache_cls, heads, direct=False
                    + ((("s8_unroll", True),) if s8_unroll else ())
                    + ((("s8_pairs", True),) if s8_pairs else ())
                    + ((("codes_wide", True),) if codes_wide else ())
+                   + ((("stage8", True),) if stage8 else ())
                    + ((("whole_tiles", True),) if whole_tiles else ())
                    + ((("exp_fold", True),) if exp_fold else ())
                    + ((("pack_p", True),) if pack_p else ())

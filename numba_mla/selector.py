@@ -573,7 +573,7 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                         mask, mod, tag, cache_cls, H, direct, fp8=fp8, converter=converter,
                         follows=follows, rows_ahead=rows_ahead),
                     seesaw.threads(converter),
-                    seesaw.SMEM_BYTES_CONV if converter else seesaw.SMEM_BYTES_E4M3,
+                    seesaw.smem_bytes_e4m3(converter),
                     q_pairs=True, tma=True, **common))
                 if spec is not None:
                     return spec

@@ -592,13 +592,22 @@ def test_fp8_seesaw_kernel_s8_loop(parts, lengths, rng, monkeypatch):
     (("CODES_WIDE",), 1, [9 * 64 - 5], "null", "high"),
     (("CODES_WIDE",), 2, [9 * 64 - 5, 5 * 64], "causal", "low"),
     (("S8_PAIRS", "CODES_WIDE"), 1, [9 * 64 - 5], "null", "low"),
-    (("S8_PAIRS", "CODES_WIDE"), 1, [5 * 64, 0], "null", "high")])
+    (("S8_PAIRS", "CODES_WIDE"), 1, [5 * 64, 0], "null", "high"),
+    (("STAGE8",), 1, [9 * 64 - 5], "null", "high"),
+    (("STAGE8",), 1, [9 * 64 - 5], "null", "low"),
+    (("STAGE8",), 2, [9 * 64 - 5, 5 * 64], "causal", "high"),
+    (("STAGE8",), 1, [13 * 64 - 7, 3 * 64, 0], "null", "low"),
+    (("STAGE8", "S8_PAIRS", "CODES_WIDE"), 1, [9 * 64 - 5], "null", "high"),
+    (("STAGE8", "S8_PAIRS"), 2, [13 * 64 - 7, 5 * 64], "causal", "low")],
+    ids=lambda v: "+".join(f.lower() for f in v) if isinstance(v, tuple) else None)
 def test_fp8_seesaw_kernel_qk8_forms(flags, parts, lengths, mask_id, order, rng, monkeypatch):
     """``qk8``'s forms off by default, alone and together, on "e4m3" rows: a tile's boxes
     converted two at a time (seesaw.S8_PAIRS: one barrier and one fence a pair, S over the
-    pair before) and each box's codes read 16 bytes a load (seesaw.CODES_WIDE: four threads
-    a key, each writing two 16-byte chunks of values, the second at the first's address ^ 16
-    in the swizzled row). 64 heads over nine tiles (the last partial) on shuffled pages, in
+    pair before), each box's codes read 16 bytes a load (seesaw.CODES_WIDE: four threads a
+    key, each writing two 16-byte chunks of values, the second at the first's address ^ 16
+    in the swizzled row), and buffer 0's boxes 4 and 5 staged a pair ahead (seesaw.STAGE8:
+    their values written only once warpgroup 1 says their place is free; 13 tiles give
+    three pairs after the first). 64 heads over nine tiles (the last partial) on shuffled pages, in
     one partition and, causal beside five whole tiles, in two, and five whole tiles beside an
     empty sequence, with the lower or the higher warps run first by the simulator, match the
     reference, and the seesaw build of the flags named ran. Both buffers' conversion orders
@@ -608,15 +617,17 @@ def test_fp8_seesaw_kernel_qk8_forms(flags, parts, lengths, mask_id, order, rng,
     from numba_mla import _numba
     from numba_mla.kernels import seesaw
 
-    for flag in ("S8_PAIRS", "CODES_WIDE"):
+    for flag in ("S8_PAIRS", "CODES_WIDE", "STAGE8"):
         monkeypatch.setattr(seesaw, flag, flag in flags)
     seen = spy_seesaw(monkeypatch)
     with _numba.sim_turn_order(order):
         run_mma_case(rng, BF16, "paged64", 1, seesaw.LAG_HEADS, lengths, mask_id, "identity",
                      parts)
     assert set(seen) == {("bf16", seesaw.LAG_HEADS, parts == 1, "e4m3")}
-    built = [(d.s8_pairs, d.codes_wide) for d in spy_factory.kernels["seesaw_partition_kernel"]]
-    assert built and set(built) == {("S8_PAIRS" in flags, "CODES_WIDE" in flags)}, (
+    built = [(d.s8_pairs, d.codes_wide, d.stage8)
+             for d in spy_factory.kernels["seesaw_partition_kernel"]]
+    assert built and set(built) == {("S8_PAIRS" in flags, "CODES_WIDE" in flags,
+                                     "STAGE8" in flags)}, (
         f"expected the e4m3 seesaw build with {flags}")
 
 

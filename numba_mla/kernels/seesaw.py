@@ -174,6 +174,15 @@ S8_PAIRS = False
 # them. Two fewer shared loads a box a thread, 18 a tile, on rows bound by their conversion's
 # issue. Built and tested; not yet timed, so off.
 CODES_WIDE = False
+# "e4m3" rows: the codes of buffer 0's boxes 4 and 5 (the first of its late refill, issued by
+# warpgroup 1 once it is past the tile before's P0 V0, at about SCALE1) copied instead into
+# 8 KB of shared memory that 16-bit rows leave unused, by warpgroup 0 as soon as it has read
+# the tile before's, a pair ahead; warpgroup 1 arrives on an mbarrier where it issued that
+# refill, and warpgroup 0 waits on it before writing box 4's values. So the conversion of
+# boxes 4 and 5 starts when their place is free rather than a copy's latency later (the
+# wait for boxes to land is the largest stall in qk8's loops: docs/fp8.md). Built and
+# tested; not yet timed, so off.
+STAGE8 = False
 # The next three take True (every row type), False, or "e4m3" ("e4m3" rows only): timed in
 # the same runs, each of them lost or tied on 16-bit rows and the three together gained on
 # "e4m3" rows, which are bound by their conversion's issue (docs/kernels/mma.md, "Four more
@@ -239,6 +248,12 @@ CONVERT_UNITS = RAW_BOX // 8 // 128  # 8-code pieces of a box a thread converts 
 CODE_WORDS = 2 * CONVERT_UNITS  # ... as int32 words of four codes
 QEXP_OFF = SMEM_BYTES  # each query row's power of two (int32), "e4m3" rows only
 SMEM_BYTES_E4M3 = QEXP_OFF + 4 * BLOCK_M  # 223384
+# With STAGE8: buffer 0's late boxes 4 and 5 land in a staging area of their own, and an
+# mbarrier tells warpgroup 0 that their values' place is free (warpgroup 1 is past P0 V0)
+FREE0_OFF = SMEM_BYTES_E4M3
+STAGE_OFF = (FREE0_OFF + 8 + 127) // 128 * 128  # 223488
+STAGE_BOXES = 2
+SMEM_BYTES_STAGE = STAGE_OFF + STAGE_BOXES * RAW_BOX  # 231680 (of the 232448 a block may take)
 
 # -- "e4m3" rows with a converter warpgroup (``converter=True``): warpgroup 2 converts every
 # tile in place, as its codes land, and announces each box; the two others only multiply --
@@ -268,6 +283,14 @@ BAR_FREE1 = BAR_WG + 4  # warpgroup 1 arrives when done with buffer 1, the conve
 def threads(converter=False):
     """Threads a block: two warpgroups, or three with the converter."""
     return CONV_THREADS if converter else NTHREADS
+
+
+def smem_bytes_e4m3(converter):
+    """A block's shared memory on "e4m3" rows: with the converter warpgroup, with the
+    staging area (``STAGE8``), or neither (the factory's rule for ``stage8``)."""
+    if converter:
+        return SMEM_BYTES_CONV
+    return SMEM_BYTES_STAGE if STAGE8 else SMEM_BYTES_E4M3
 
 
 def raw_at(buf, box):
@@ -314,7 +337,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                           q_early=False, mixed=False, out_store=None, follows=False,
                           rows_ahead=True, max_early1=False, s_unroll=True,
                           s8_unroll=False, whole_tiles=False, exp_fold=False, pack_p=False,
-                          rows_lead=False, s8_pairs=False, codes_wide=False):
+                          rows_lead=False, s8_pairs=False, codes_wide=False, stage8=False):
     """The stage-1 tensor-core kernel for TMA tiles; arguments as for kernels/mma.py.
     ``listed``: the grid is ``(N, 1, 1)`` and ``chunk`` is the listed schedule's int32 [N, 4]
     table (heuristics.list_blocks): block w runs sequence ``chunk[w, 0]``, row group
@@ -348,13 +371,15 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     exponent where it is positive (``EXP_FOLD``); ``pack_p``: the softmax leaves P packed
     (``PACK_P``); ``rows_lead``: only each warpgroup's first warp looks up the refills' rows
     (``ROWS_LEAD``); ``s8_pairs``: with ``s8_unroll``, a tile's boxes converted two at a time
-    (``S8_PAIRS``); ``codes_wide``: ``qk8`` reads the codes 16 bytes a load (``CODES_WIDE``)."""
+    (``S8_PAIRS``); ``codes_wide``: ``qk8`` reads the codes 16 bytes a load (``CODES_WIDE``);
+    ``stage8``: buffer 0's boxes 4 and 5 staged a pair ahead (``STAGE8``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not s8_unroll or (fp8 and not converter), "s8_unroll: e4m3 rows' qk8 only"
     assert not s8_pairs or s8_unroll, "s8_pairs: with s8_unroll only"
     assert not (runs and (fp8 or listed)), "the runs schedule takes 16-bit rows, no list"
     PAIRS8 = s8_pairs and s8_unroll
     WIDE8 = bool(codes_wide and fp8 and not converter)
+    STAGED = bool(stage8 and fp8 and not converter)
     assert not PAIRS8 or NBOX == 9, "qk8's pairs: boxes 0-1, 2-3, 4-5, 6-7, then 8 alone"
     QK8_WORDS = CODE_WORDS * (2 if PAIRS8 else 1)  # (a thread's codes: one box, or two)
     AHEAD = runs and ahead
@@ -402,7 +427,17 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     tma_raw = ptx.tma_load(BLOCK_N, BOX // 2, False, lag)  # (64 codes: 32 16-bit values)
     set_converter_regs = ptx.set_max_registers(CONVERTER_REGS, False)
     set_math_regs = ptx.set_max_registers(MATH_REGS, True)
-    raw_at_ = cuda.jit(device=True)(raw_at)
+    raw_at_plain = cuda.jit(device=True)(raw_at)
+
+    @cuda.jit(device=True)
+    def raw_at_staged(buf, box):
+        """``raw_at``, with buffer 0's boxes 4 and 5 in the staging area (``STAGE8``: an
+        offset from buffer 0's start)."""
+        if buf == 0 and box >= V_BOXES and box < V_BOXES + STAGE_BOXES:
+            return STAGE_OFF - KV_OFF + RAW_BOX * (box - V_BOXES)
+        return raw_at_plain(buf, box)
+
+    raw_at_ = raw_at_staged if STAGED else raw_at_plain
     convert_order_ = cuda.jit(device=True)(convert_order)
 
     if FP8:
@@ -472,7 +507,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     assert NBOX == 9, "qk's written-out form has nine boxes"
 
     @cuda.jit(device=True)
-    def qk(s_acc, smk, sb, buf, parity, wtid):
+    def qk(s_acc, smk, sb, buf, parity, wtid, fpar):
         """S = Q K^T over the tile in buffer ``buf`` (this warpgroup's 128 threads), box by box
         as each lands; waited. The rope box goes last, as in the reference's sum: where the
         rope dims carry a large common part (q and k near 100 there), adding the latent dims
@@ -568,7 +603,17 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     write8 = write_box_wide if WIDE8 else write_box
 
     @cuda.jit(device=True, **INLINE)
-    def qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, n, parity, wtid):
+    def free_wait(smk, sb, buf, box, fpar):
+        """(``STAGE8``) Before box ``box``'s values are written: for buffer 0's box 4, the
+        first staged, wait until warpgroup 1 has said (the mbarrier at FREE0_OFF) that the
+        tile before's values there are read, unless ``fpar`` < 0 (the item's first tile,
+        copied into a free buffer); ``fpar``: the phase's parity."""
+        if STAGED and buf == 0 and box == V_BOXES and fpar >= 0:
+            while not ptx.mbar_try_wait(smk, sb + FREE0_OFF, fpar):
+                pass
+
+    @cuda.jit(device=True, **INLINE)
+    def qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, n, parity, wtid, fpar):
         """``qk8``'s n-th step (n >= 1): read the codes of the n-th box to convert once they
         land, wait for the warpgroup (every thread has read them, and written the box before),
         issue S over the box before (``prev``), then write this one's values; returns this
@@ -577,12 +622,13 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         read8(codes, 0, smk, sb, buf, box, parity, src)
         ptx.bar_sync(BAR_WG + buf, 128)
         s_box(s_acc, smk, dq, dk, prev, n - 1, wtid)
+        free_wait(smk, sb, buf, box, fpar)
         write8(codes, 0, smk, box, dst)
         ptx.fence_proxy_async()
         return box
 
     @cuda.jit(device=True, **INLINE)
-    def qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, n, two, parity, wtid):
+    def qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, n, two, parity, wtid, fpar):
         """``qk8``'s step over the n-th box to convert and, with ``two``, the (n+1)-th (n
         even, both constants; ``S8_PAIRS``): the boxes' codes read once landed, one wait for
         the warpgroup (every thread has read them, and written the two boxes before), S over
@@ -597,6 +643,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         ptx.bar_sync(BAR_WG + buf, 128)
         s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 2), n - 2, wtid)
         s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 1), n - 1, wtid)
+        free_wait(smk, sb, buf, box, fpar)
+        if two:
+            free_wait(smk, sb, buf, convert_order_(buf, n + 1), fpar)
         write8(codes, 0, smk, box, dst)
         if two:
             box = convert_order_(buf, n + 1)
@@ -605,7 +654,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         return box
 
     @cuda.jit(device=True)
-    def qk8(s_acc, smk, sb, buf, parity, wtid):
+    def qk8(s_acc, smk, sb, buf, parity, wtid, fpar):
         """S = Q K^T over the tile in buffer ``buf`` ("e4m3" rows; this warpgroup's 128
         threads), its codes converted in place to fp16 a box at a time as each lands, in
         ``convert_order``; waited. A box's products are issued once all its values are
@@ -638,24 +687,24 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         ptx.fence_proxy_async()
         ptx.wgmma_fence()
         if PAIRS8:  # (then S over boxes 0-1, 2-3, 4-5 and 6-7 in the steps, 8 after them)
-            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 2, True, parity, wtid)
-            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 4, True, parity, wtid)
-            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 6, True, parity, wtid)
+            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 2, True, parity, wtid, fpar)
+            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 4, True, parity, wtid, fpar)
+            qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 6, True, parity, wtid, fpar)
             prev = qk8_pair(s_acc, smk, sb, buf, dq, dk, codes, src, dst, 8, False, parity,
-                            wtid)
+                            wtid, fpar)
         elif s8_unroll:  # (n a constant in each: S8_UNROLL)
-            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 1, parity, wtid)
-            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 2, parity, wtid)
-            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 3, parity, wtid)
-            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 4, parity, wtid)
-            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 5, parity, wtid)
-            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 6, parity, wtid)
-            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 7, parity, wtid)
-            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 8, parity, wtid)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 1, parity, wtid, fpar)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 2, parity, wtid, fpar)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 3, parity, wtid, fpar)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 4, parity, wtid, fpar)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 5, parity, wtid, fpar)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 6, parity, wtid, fpar)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 7, parity, wtid, fpar)
+            prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, 8, parity, wtid, fpar)
         else:
             for n in range(1, NBOX):
                 prev = qk8_step(s_acc, smk, sb, buf, dq, dk, codes, src, dst, prev, n, parity,
-                                wtid)
+                                wtid, fpar)
         ptx.bar_sync(BAR_WG + buf, 128)
         s_box(s_acc, smk, dq, dk, prev, NBOX - 1, wtid)
         ptx.wgmma_commit()
@@ -666,7 +715,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         return sb + CONV_BAR_OFF + 8 * (NBOX * buf + box)
 
     @cuda.jit(device=True)
-    def qk_conv(s_acc, smk, sb, buf, parity, wtid):
+    def qk_conv(s_acc, smk, sb, buf, parity, wtid, fpar):
         """S = Q K^T over the tile in buffer ``buf`` ("e4m3" rows, ``converter``), box by box
         in ``convert_order`` as the converter warpgroup announces each converted; waited. The
         box loop's count is hidden from NVVM (``opaque_i32``): with it known, NVVM reshaped
@@ -970,6 +1019,8 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             ptx.mbar_init(smk, sb + BAR_OFF + 8 * (1 + i), 1)
             if CONV:
                 ptx.mbar_init(smk, sb + CONV_BAR_OFF + 8 * i, 1)
+        if STAGED:
+            ptx.mbar_init(smk, sb + FREE0_OFF, 1)
         ptx.mbar_fence_init()
 
     @cuda.jit(device=True)
@@ -1212,8 +1263,9 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                 t2, t3, row2, row3 = pair_after(t1, t_end, kstart, kend, q_lo, q_hi,
                                                 block_table, page_size, npages, b, lead)
             if wg == 0:
-                qk_tile(s_acc, smk, sb, 0, parity, wtid)
+                qk_tile(s_acc, smk, sb, 0, parity, wtid, -1)
                 parity ^= 1
+                fpar = 0  # (STAGE8: the parity of FREE0's next phase)
                 while True:
                     # The next pair's rows (with ``rows_ahead``, the pair after it's), looked up
                     # now: the page-table loads' latency hides under this pair's work, not in
@@ -1224,6 +1276,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     else:
                         t2, t3, row2, row3 = pair_after(t1, t_end, kstart, kend, q_lo, q_hi,
                                                         block_table, page_size, npages, b, lead)
+                    if STAGED and wtid == 0 and t2 < t_end:
+                        # (every thread of this warpgroup is past qk8's last barrier: it has
+                        # read the staged codes of the tile before) the next tile's codes of
+                        # boxes 4 and 5, into the staging area (raw_at), a pair ahead
+                        load_raw(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, V_BOXES + STAGE_BOXES)
                     k0 = kstart + t0 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend)
                     scores(s_acc, mx, pf, k0, k1, q_lo, q_hi, nrows, b, r0, length, nq,
@@ -1274,15 +1331,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                                     load_boxes(smk, sb, 1, tmap_kv, storage, row3, 0, V_BOXES)
                     if t2 >= t_end:
                         break
-                    qk_tile(s_acc, smk, sb, 0, parity, wtid)
+                    qk_tile(s_acc, smk, sb, 0, parity, wtid, fpar)
                     parity ^= 1
+                    fpar ^= 1
                     t0 = t2
                     t1 = t3
                     if rows_ahead:
                         t2, t3, row2, row3 = t4, t5, row4, row5
             else:
                 if t1 < t_end:
-                    qk_tile(s_acc, smk, sb, 1, parity, wtid)
+                    qk_tile(s_acc, smk, sb, 1, parity, wtid, -1)
                     parity ^= 1
                 while True:
                     if rows_ahead:  # (the rows looked up as warpgroup 0 does)
@@ -1324,7 +1382,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     # free), and K1's zeroed rows are in place for the P V below.
                     ptx.bar_sync(BAR_WG + wg, 128)
                     if wtid == 0 and t2 < t_end:
-                        if FP8:  # (the codes' place: raw_at)
+                        if STAGED:  # (boxes 4 and 5 are staged: their values' place is free)
+                            ptx.mbar_expect_tx(smk, sb + FREE0_OFF, 0)
+                            load_raw(smk, sb, 0, tmap_kv, storage, row2, V_BOXES + STAGE_BOXES,
+                                     NBOX)
+                        elif FP8:  # (the codes' place: raw_at)
                             load_raw(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
                         else:
                             load_boxes(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, NBOX)
@@ -1352,7 +1414,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     if rows_ahead:
                         t2, t3, row2, row3 = t4, t5, row4, row5
                     if t1 < t_end:
-                        qk_tile(s_acc, smk, sb, 1, parity, wtid)
+                        qk_tile(s_acc, smk, sb, 1, parity, wtid, -1)
                         parity ^= 1
         # -- the row sums of both warpgroups, then the partition's output and LSE --
         for half in range(2):
