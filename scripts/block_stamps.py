@@ -225,11 +225,12 @@ PATCH_PAIRS = [
     ("        page_size = storage.shape[1]\n        npages = storage.shape[0]\n"
      "        qbar = sb + BAR_OFF\n", PAIRS_INIT),
     # warpgroup 0: the loop's start (its cycles and nanoseconds)
-    ("                qk_tile(s_acc, smk, sb, 0, parity, wtid)\n                parity ^= 1\n"
+    ("                qk_tile(s_acc, smk, sb, 0, parity, wtid, -1)\n                parity ^= 1\n"
+     "                fpar = 0  # (STAGE8: the parity of FREE0's next phase)\n"
      "                while True:\n",
-     "<replace>                qk_tile(s_acc, smk, sb, 0, parity, wtid)\n"
-     "                parity ^= 1\n                pc = _clk()\n                _lc = pc\n"
-     "                _ln = _gtimer()\n                while True:\n"),
+     "<replace>                qk_tile(s_acc, smk, sb, 0, parity, wtid, -1)\n"
+     "                parity ^= 1\n                fpar = 0\n                pc = _clk()\n"
+     "                _lc = pc\n                _ln = _gtimer()\n                while True:\n"),
     ("                    k0 = kstart + t0 * BLOCK_N\n", "<before>" + _stamp(8, 20)),
     ("                    softmax(s_acc, mx, pf, smf, STAT_SCALE0, wtid, tid, scl, sums, sums_p)\n",
      "<before>" + _stamp(0, 20)),
@@ -246,15 +247,15 @@ PATCH_PAIRS = [
     ("                        pv_shared(o_acc, smk, sb, 1, 0, wtid)\n"
      "                        ptx.wgmma_commit()\n                        wait_o(o_acc)\n",
      _stamp(5, 24, P1V1_PAIRS)),
-    ("                    qk_tile(s_acc, smk, sb, 0, parity, wtid)\n"
+    ("                    qk_tile(s_acc, smk, sb, 0, parity, wtid, fpar)\n"
      "                    parity ^= 1\n",
      _stamp(7, 20, S_TILES)),
     # warpgroup 1
     ("                if t1 < t_end:\n"
-     "                    qk_tile(s_acc, smk, sb, 1, parity, wtid)\n"
+     "                    qk_tile(s_acc, smk, sb, 1, parity, wtid, -1)\n"
      "                    parity ^= 1\n                while True:\n",
      "<replace>                if t1 < t_end:\n"
-     "                    qk_tile(s_acc, smk, sb, 1, parity, wtid)\n"
+     "                    qk_tile(s_acc, smk, sb, 1, parity, wtid, -1)\n"
      "                    parity ^= 1\n                pc = _clk()\n                while True:\n"),
     ("                    k0 = kstart + t1 * BLOCK_N\n", "<before>" + _stamp(8, 20)),
     ("                    ptx.bar_sync(BAR_SCALE0, NTHREADS)  # m0, scale0, P0 from WG0\n",
@@ -269,7 +270,7 @@ PATCH_PAIRS = [
      "                    ptx.wgmma_commit()\n                    wait_o(o_acc)\n",
      _stamp(4, 20, PAIRS)),
     ("                    if t1 < t_end:\n"
-     "                        qk_tile(s_acc, smk, sb, 1, parity, wtid)\n"
+     "                        qk_tile(s_acc, smk, sb, 1, parity, wtid, -1)\n"
      "                        parity ^= 1\n", _stamp(7, 24, S_TILES)),
     # the loop's end: each warpgroup's first thread puts its words in shared memory, thread 0
     # then writes the block's 32 over the first rows' LSE

@@ -605,9 +605,9 @@ def test_fp8_seesaw_kernel_qk8_forms(flags, parts, lengths, mask_id, order, rng,
     converted two at a time (seesaw.S8_PAIRS: one barrier and one fence a pair, S over the
     pair before), each box's codes read 16 bytes a load (seesaw.CODES_WIDE: four threads a
     key, each writing two 16-byte chunks of values, the second at the first's address ^ 16
-    in the swizzled row), and buffer 0's boxes 4 and 5 staged a pair ahead (seesaw.STAGE8:
+    in the swizzled row), and buffer 0's boxes 4 and 5 staged early (seesaw.STAGE8:
     their values written only once warpgroup 1 says their place is free; 13 tiles give
-    three pairs after the first). 64 heads over nine tiles (the last partial) on shuffled pages, in
+    six pairs after the first). 64 heads over nine tiles (the last partial) on shuffled pages, in
     one partition and, causal beside five whole tiles, in two, and five whole tiles beside an
     empty sequence, with the lower or the higher warps run first by the simulator, match the
     reference, and the seesaw build of the flags named ran. Both buffers' conversion orders

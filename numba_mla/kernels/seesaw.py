@@ -42,8 +42,10 @@ just before waiting for it (the copy may have landed already: the phase complete
 64 keys x 64 codes) land by TMA inside its own buffer, where the tile before is freed first
 (``raw_at``: buffer 0's codes of boxes 0-3 in the top half of boxes 0-3, copied by WG0 where
 it refilled boxes 0-3, those of boxes 4-8 at the buffer's end, copied by WG1 where it
-refilled boxes 4-8; buffer 1's in boxes 0-3 and half the rope box, copied by WG0 where it
-refilled boxes 0-3 and 8), and the thread that copies announces the bytes. The warpgroup
+refilled boxes 4-8, or with ``STAGE8`` those of boxes 4-5 in a staging area past the
+block's other data, copied by WG0 at the top of the pair; buffer 1's in boxes 0-3 and half
+the rope box, copied by WG0 where it refilled boxes 0-3 and 8), and the thread that copies
+announces the bytes. The warpgroup
 that computes S on the tile converts it in place to fp16 a box at a time (``qk8``, in
 ``convert_order``), issuing each box's products under the next box's conversion; products
 are fp16, q is copied into fp16 under a power of two a row (``scale_q``), the scores are
@@ -177,7 +179,8 @@ CODES_WIDE = False
 # "e4m3" rows: the codes of buffer 0's boxes 4 and 5 (the first of its late refill, issued by
 # warpgroup 1 once it is past the tile before's P0 V0, at about SCALE1) copied instead into
 # 8 KB of shared memory that 16-bit rows leave unused, by warpgroup 0 as soon as it has read
-# the tile before's, a pair ahead; warpgroup 1 arrives on an mbarrier where it issued that
+# the tile before's (at the top of the pair whose end converts that tile, well before the
+# late refill); warpgroup 1 arrives on an mbarrier where it issued that
 # refill, and warpgroup 0 waits on it before writing box 4's values. So the conversion of
 # boxes 4 and 5 starts when their place is free rather than a copy's latency later (the
 # wait for boxes to land is the largest stall in qk8's loops: docs/fp8.md). Built and
@@ -372,7 +375,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     (``PACK_P``); ``rows_lead``: only each warpgroup's first warp looks up the refills' rows
     (``ROWS_LEAD``); ``s8_pairs``: with ``s8_unroll``, a tile's boxes converted two at a time
     (``S8_PAIRS``); ``codes_wide``: ``qk8`` reads the codes 16 bytes a load (``CODES_WIDE``);
-    ``stage8``: buffer 0's boxes 4 and 5 staged a pair ahead (``STAGE8``)."""
+    ``stage8``: buffer 0's boxes 4 and 5 staged ahead of the late refill (``STAGE8``)."""
     assert fp8 in (None, "e4m3"), fp8
     assert not s8_unroll or (fp8 and not converter), "s8_unroll: e4m3 rows' qk8 only"
     assert not s8_pairs or s8_unroll, "s8_pairs: with s8_unroll only"
@@ -1279,7 +1282,7 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
                     if STAGED and wtid == 0 and t2 < t_end:
                         # (every thread of this warpgroup is past qk8's last barrier: it has
                         # read the staged codes of the tile before) the next tile's codes of
-                        # boxes 4 and 5, into the staging area (raw_at), a pair ahead
+                        # boxes 4 and 5, into the staging area (raw_at), ahead of the late refill
                         load_raw(smk, sb, 0, tmap_kv, storage, row2, V_BOXES, V_BOXES + STAGE_BOXES)
                     k0 = kstart + t0 * BLOCK_N
                     k1 = min(k0 + BLOCK_N, kend)
