@@ -567,14 +567,17 @@ def select_kernel(call, tag, rows, keys, facts: ArrayFacts,
                 and _tiles_in_pages(call.cache)):
             # past 32 rows, on tiles the copy engine can bring: the seesaw kernel converts
             # each tile once for both of its warpgroups (kernels/seesaw.py), unless it spills
+            def seesaw_spec(follows, rows_ahead, converter):
+                disp = factory.seesaw_partition_kernel(
+                    mask, mod, tag, cache_cls, H, direct, fp8=fp8, converter=converter,
+                    follows=follows, rows_ahead=rows_ahead)
+                return KernelSpec("seesaw", disp, seesaw.threads(converter),
+                                  seesaw.smem_bytes_e4m3(converter, disp.stage8),
+                                  q_pairs=True, tma=True, **common)
+
             for converter in (True, False) if SEESAW_CONVERTER else (False,):
-                spec = _seesaw_fit(spills, lambda follows, rows_ahead: KernelSpec(
-                    "seesaw", factory.seesaw_partition_kernel(
-                        mask, mod, tag, cache_cls, H, direct, fp8=fp8, converter=converter,
-                        follows=follows, rows_ahead=rows_ahead),
-                    seesaw.threads(converter),
-                    seesaw.smem_bytes_e4m3(converter),
-                    q_pairs=True, tma=True, **common))
+                spec = _seesaw_fit(spills, lambda follows, rows_ahead: seesaw_spec(
+                    follows, rows_ahead, converter))
                 if spec is not None:
                     return spec
 

@@ -288,12 +288,12 @@ def threads(converter=False):
     return CONV_THREADS if converter else NTHREADS
 
 
-def smem_bytes_e4m3(converter):
+def smem_bytes_e4m3(converter, stage8):
     """A block's shared memory on "e4m3" rows: with the converter warpgroup, with the
-    staging area (``STAGE8``), or neither (the factory's rule for ``stage8``)."""
+    staging area (a build's ``stage8``: ``STAGE8``), or neither."""
     if converter:
         return SMEM_BYTES_CONV
-    return SMEM_BYTES_STAGE if STAGE8 else SMEM_BYTES_E4M3
+    return SMEM_BYTES_STAGE if stage8 else SMEM_BYTES_E4M3
 
 
 def raw_at(buf, box):
@@ -562,48 +562,40 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
     def read_codes(codes, at0, smk, sb, buf, box, parity, src):
         """This thread's codes of box ``box`` (once landed) into ``codes`` from word ``at0``:
         at ``src`` + the box's place, keys wtid // 8 + 16 i, codes 8 (wtid % 8) .. + 7 of
-        each (8 bytes)."""
+        each (8 bytes); with ``CODES_WIDE`` (``qk8``'s only) in 16-byte loads, keys
+        wtid // 4 + 32 i, codes 16 (wtid % 4) .. + 15 of each, from ``src`` = the buffer + 16
+        wtid."""
         while not ptx.mbar_try_wait(smk, box_bar(sb, buf, box), parity):
             pass
         at = src + raw_at_(buf, box)
-        for i in range(CONVERT_UNITS):
-            codes[at0 + 2 * i], codes[at0 + 2 * i + 1] = ptx.lds64(smk, at + 1024 * i)
+        if WIDE8:
+            for i in range(CONVERT_UNITS // 2):
+                (codes[at0 + 4 * i], codes[at0 + 4 * i + 1], codes[at0 + 4 * i + 2],
+                 codes[at0 + 4 * i + 3]) = ptx.lds128(smk, at + 2048 * i)
+        else:
+            for i in range(CONVERT_UNITS):
+                codes[at0 + 2 * i], codes[at0 + 2 * i + 1] = ptx.lds64(smk, at + 1024 * i)
 
     @cuda.jit(device=True)
     def write_box(codes, at0, smk, box, dst):
         """``read_codes``' codes (from word ``at0``) as fp16 values in box ``box``: key m's
         16-byte chunk c at c ^ m % 8 of its 128-byte row (the swizzled layout TMA writes),
-        from ``dst``. Not fenced: the caller fences for wgmma (``fence_proxy_async``)."""
-        for i in range(CONVERT_UNITS):
-            a0, a1 = ptx.e4m3x4_to_f16x4(codes[at0 + 2 * i])
-            a2, a3 = ptx.e4m3x4_to_f16x4(codes[at0 + 2 * i + 1])
-            ptx.sts128(smk, dst + BOX_BYTES * box + 2048 * i, a0, a1, a2, a3)
-
-    @cuda.jit(device=True)
-    def read_codes_wide(codes, at0, smk, sb, buf, box, parity, src):
-        """``read_codes`` in 16-byte loads (``CODES_WIDE``): keys wtid // 4 + 32 i, codes
-        16 (wtid % 4) .. + 15 of each, from ``src`` = the buffer + 16 wtid."""
-        while not ptx.mbar_try_wait(smk, box_bar(sb, buf, box), parity):
-            pass
-        at = src + raw_at_(buf, box)
-        for i in range(CONVERT_UNITS // 2):
-            (codes[at0 + 4 * i], codes[at0 + 4 * i + 1], codes[at0 + 4 * i + 2],
-             codes[at0 + 4 * i + 3]) = ptx.lds128(smk, at + 2048 * i)
-
-    @cuda.jit(device=True)
-    def write_box_wide(codes, at0, smk, box, dst):
-        """``read_codes_wide``' codes as fp16 values in box ``box``: key m's chunks c = 2
-        (wtid % 4) and c + 1, at c ^ m % 8 and (c + 1) ^ m % 8 = (c ^ m % 8) ^ 1 of its
-        128-byte row, so the second 16 bytes from the first (``dst``, the buffer's row start
-        being 128-byte aligned: ``dst ^ 16``). Not fenced, as ``write_box``."""
-        for i in range(CONVERT_UNITS // 2):
-            for h in range(2):
-                a0, a1 = ptx.e4m3x4_to_f16x4(codes[at0 + 4 * i + 2 * h])
-                a2, a3 = ptx.e4m3x4_to_f16x4(codes[at0 + 4 * i + 2 * h + 1])
-                ptx.sts128(smk, (dst ^ (16 * h)) + BOX_BYTES * box + 4096 * i, a0, a1, a2, a3)
-
-    read8 = read_codes_wide if WIDE8 else read_codes  # (qk8's: CODES_WIDE)
-    write8 = write_box_wide if WIDE8 else write_box
+        from ``dst``; with ``CODES_WIDE`` key m's chunks c = 2 (wtid % 4) and c + 1, at
+        c ^ m % 8 and (c + 1) ^ m % 8 = (c ^ m % 8) ^ 1, so the second 16 bytes from the
+        first (``dst``, the buffer's row start being 128-byte aligned: ``dst ^ 16``). Not
+        fenced: the caller fences for wgmma (``fence_proxy_async``)."""
+        if WIDE8:
+            for i in range(CONVERT_UNITS // 2):
+                for h in range(2):
+                    a0, a1 = ptx.e4m3x4_to_f16x4(codes[at0 + 4 * i + 2 * h])
+                    a2, a3 = ptx.e4m3x4_to_f16x4(codes[at0 + 4 * i + 2 * h + 1])
+                    ptx.sts128(smk, (dst ^ (16 * h)) + BOX_BYTES * box + 4096 * i, a0, a1, a2,
+                               a3)
+        else:
+            for i in range(CONVERT_UNITS):
+                a0, a1 = ptx.e4m3x4_to_f16x4(codes[at0 + 2 * i])
+                a2, a3 = ptx.e4m3x4_to_f16x4(codes[at0 + 2 * i + 1])
+                ptx.sts128(smk, dst + BOX_BYTES * box + 2048 * i, a0, a1, a2, a3)
 
     @cuda.jit(device=True, **INLINE)
     def free_wait(smk, sb, buf, box, fpar):
@@ -622,11 +614,11 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         issue S over the box before (``prev``), then write this one's values; returns this
         box."""
         box = convert_order_(buf, n)
-        read8(codes, 0, smk, sb, buf, box, parity, src)
+        read_codes(codes, 0, smk, sb, buf, box, parity, src)
         ptx.bar_sync(BAR_WG + buf, 128)
         s_box(s_acc, smk, dq, dk, prev, n - 1, wtid)
         free_wait(smk, sb, buf, box, fpar)
-        write8(codes, 0, smk, box, dst)
+        write_box(codes, 0, smk, box, dst)
         ptx.fence_proxy_async()
         return box
 
@@ -640,19 +632,19 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
         only moves a read earlier: no box's values overwrite codes of a box converted after
         it."""
         box = convert_order_(buf, n)
-        read8(codes, 0, smk, sb, buf, box, parity, src)
+        read_codes(codes, 0, smk, sb, buf, box, parity, src)
         if two:
-            read8(codes, CODE_WORDS, smk, sb, buf, convert_order_(buf, n + 1), parity, src)
+            read_codes(codes, CODE_WORDS, smk, sb, buf, convert_order_(buf, n + 1), parity, src)
         ptx.bar_sync(BAR_WG + buf, 128)
         s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 2), n - 2, wtid)
         s_box(s_acc, smk, dq, dk, convert_order_(buf, n - 1), n - 1, wtid)
         free_wait(smk, sb, buf, box, fpar)
         if two:
             free_wait(smk, sb, buf, convert_order_(buf, n + 1), fpar)
-        write8(codes, 0, smk, box, dst)
+        write_box(codes, 0, smk, box, dst)
         if two:
             box = convert_order_(buf, n + 1)
-            write8(codes, CODE_WORDS, smk, box, dst)
+            write_box(codes, CODE_WORDS, smk, box, dst)
         ptx.fence_proxy_async()
         return box
 
@@ -677,16 +669,16 @@ def make_partition_kernel(*, tag, locate, mask_apply, mask_classify, mask_key_ra
             dst = kv + 128 * (wtid // 8) + 16 * ((wtid % 8) ^ (wtid // 8 % 8))
         codes = cuda.local.array(QK8_WORDS, int32)
         prev = convert_order_(buf, 0)
-        read8(codes, 0, smk, sb, buf, prev, parity, src)
+        read_codes(codes, 0, smk, sb, buf, prev, parity, src)
         if PAIRS8:
-            read8(codes, CODE_WORDS, smk, sb, buf, convert_order_(buf, 1), parity, src)
+            read_codes(codes, CODE_WORDS, smk, sb, buf, convert_order_(buf, 1), parity, src)
         # Every warp of this warpgroup is past its last product on this buffer (a warp's wait
         # covers its own part of a product only): the first box (or two) overwrite values of
         # the tile before, but no codes.
         ptx.bar_sync(BAR_WG + buf, 128)
-        write8(codes, 0, smk, prev, dst)
+        write_box(codes, 0, smk, prev, dst)
         if PAIRS8:
-            write8(codes, CODE_WORDS, smk, convert_order_(buf, 1), dst)
+            write_box(codes, CODE_WORDS, smk, convert_order_(buf, 1), dst)
         ptx.fence_proxy_async()
         ptx.wgmma_fence()
         if PAIRS8:  # (then S over boxes 0-1, 2-3, 4-5 and 6-7 in the steps, 8 after them)
