@@ -217,8 +217,25 @@ def run_backend(p, backend, **kwargs):
 
 
 # ---------------------------------------------------------------------------------------------
-# References and torch tensors
+# Which kernel a call built, and references and torch tensors
 # ---------------------------------------------------------------------------------------------
+def spy_factory(monkeypatch, name, record):
+    """Wrap ``factory.<name>``: each call appends ``record(args, kwargs)`` to the list this
+    returns, and its kernel to ``spy_factory.kernels[name]``."""
+    from numba_mla import factory
+
+    seen, kernels, real = [], [], getattr(factory, name)
+    spy_factory.kernels = dict(getattr(spy_factory, "kernels", {}), **{name: kernels})
+
+    def spy(*args, **kwargs):
+        seen.append(record(args, kwargs))
+        kernels.append(real(*args, **kwargs))
+        return kernels[-1]
+
+    monkeypatch.setattr(factory, name, spy)
+    return seen
+
+
 def references(p, mask=None, score_mod=None):
     """(float64 out, float64 lse) and the same-precision run's (out in q's dtype, float32 lse)."""
     kw = dict(mask=mask, score_mod=score_mod, return_lse=True)

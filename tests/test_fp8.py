@@ -15,7 +15,7 @@ import pytest
 
 import numba_mla as nm
 from helpers import (BF16, MASK_CASES, MASKS, SCORE_MOD_CASES, SCORE_MODS, assert_three_way,
-                     fp32_floor, make_problem, references, with_fp8_cache)
+                     fp32_floor, make_problem, references, spy_factory, with_fp8_cache)
 from numba_mla import fp8
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -350,23 +350,6 @@ def test_fp8_mma_kernel(dtype, cache, lengths, window, parts, rng, monkeypatch):
     p = fp8_problem(rng, "e4m3", len(lengths), 1, 17, lengths, dtype, cache)
     check(p, nm.SlidingWindowCausalMask(window), nm.IdentityScoreMod(), parts, "mma")
     assert seen and set(seen) == {(False, "e4m3")}  # cp.async tiles, FP8 rows
-
-
-def spy_factory(monkeypatch, name, record):
-    """Wrap ``factory.<name>``: each call appends ``record(args, kwargs)`` to the list this
-    returns, and its kernel to ``spy_factory.kernels[name]``."""
-    from numba_mla import factory
-
-    seen, kernels, real = [], [], getattr(factory, name)
-    spy_factory.kernels = dict(getattr(spy_factory, "kernels", {}), **{name: kernels})
-
-    def spy(*args, **kwargs):
-        seen.append(record(args, kwargs))
-        kernels.append(real(*args, **kwargs))
-        return kernels[-1]
-
-    monkeypatch.setattr(factory, name, spy)
-    return seen
 
 
 def spy_lockstep(monkeypatch):

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 import numba_mla as nm
-from helpers import DTYPES, assert_three_way, fp32_floor, make_problem, references
+from helpers import DTYPES, assert_three_way, fp32_floor, make_problem, references, spy_factory
 from numba_mla import _compat, heuristics
 from numba_mla.kernels import combine, mma, mma_sync, simple, simt
 
@@ -369,25 +369,19 @@ def test_runs_schedule(layout, form, order, blocks, rng, monkeypatch):
 def test_runs_schedule_score_flags(order, rng, monkeypatch):
     """``test_runs_schedule``'s forced table at 64 heads, whole items written out beside cut
     ones, with the seesaw's four per-tile cuts on (``seesaw.WHOLE_TILES``, ``EXP_FOLD``,
-    ``PACK_P``, ``ROWS_LEAD``; for 16-bit rows only ``PACK_P`` by default): the whole tiles' scores without bounds, the
-    scale in the exponent and P packed once, from item to item (each item's running maxima,
-    factors and packed words start afresh). The table's items are a pair of tiles at most,
+    ``PACK_P``, ``ROWS_LEAD``; for 16-bit rows only ``PACK_P`` by default): the whole tiles'
+    scores without bounds, the scale in the exponent and P packed once, from item to item
+    (each item's running maxima, factors and packed words start afresh). The table's items are a pair of tiles at most,
     so no refill row is looked up here (``test_seesaw_forms[...-rows_lead]`` has them); the
     build that ran must carry all four."""
-    from numba_mla import factory
     from numba_mla.kernels import seesaw
 
     for flag in ("WHOLE_TILES", "EXP_FOLD", "PACK_P", "ROWS_LEAD"):
         monkeypatch.setattr(seesaw, flag, True)
-    built, make = [], factory.seesaw_partition_kernel
-
-    def spy(*a, **k):
-        d = make(*a, **k)
-        built.append((d.whole_tiles, d.exp_fold, d.pack_p, d.rows_lead))
-        return d
-
-    monkeypatch.setattr(factory, "seesaw_partition_kernel", spy)
+    spy_factory(monkeypatch, "seesaw_partition_kernel", lambda args, kwargs: None)
     test_runs_schedule("padded64", "q_early", order, "some whole", rng, monkeypatch)
+    built = [(d.whole_tiles, d.exp_fold, d.pack_p, d.rows_lead)
+             for d in spy_factory.kernels["seesaw_partition_kernel"]]
     assert built and set(built) == {(True, True, True, True)}
 
 
