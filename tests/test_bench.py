@@ -224,6 +224,7 @@ def test_fp8_rows_beside_bf16_rows():
     576 / 656 a token; peers skip FP8 rows; plot's table puts them side by side."""
     configs = [bench.Config(1, 2, 20, page_size=8, kv=kv, sweep="fp8")
                for kv in ("same", "e4m3", "v32")]
+
     def peer(problem):  # a peer that runs wherever it is asked to, here: the 16-bit row
         prep = providers.numba_mla(problem, "simple")
         return dataclasses.replace(prep, host_call=None, info={})

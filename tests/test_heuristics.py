@@ -35,8 +35,11 @@ def test_num_partitions():
     for blocks, keys in [(1, 65536), (3, 5000), (16, 32768), (200, 1000)]:
         P = heuristics.num_partitions(blocks, 1, keys, 64, sms)
         tiles = -(-keys // 64)
-        cost = lambda n: (-(-blocks * n // sms) * (-(-tiles // n) + heuristics.BLOCK_OVERHEAD_TILES)
-                          + (n > 1) * heuristics.WORKSPACE_TILES * blocks * n / sms)
+
+        def cost(n):
+            return (-(-blocks * n // sms) * (-(-tiles // n) + heuristics.BLOCK_OVERHEAD_TILES)
+                    + (n > 1) * heuristics.WORKSPACE_TILES * blocks * n / sms)
+
         assert all(cost(P) <= cost(n) for n in range(1, min(tiles, 256) + 1))
 
 
