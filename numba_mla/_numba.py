@@ -269,18 +269,34 @@ _turn_threads = {}
 #: ready: the default), "low" / "high" (the lowest or highest thread index first, so those
 #: warps run as far ahead of the others as the barriers let them), or "warps:SEED" (the
 #: warps in an order drawn from SEED, a warp's lanes in index order: some warps run ahead of
-#: others, whichever they are). Every order is one a GPU may take; a kernel that is right
-#: only in some of them lacks a barrier. Set for a while by ``sim_turn_order``; for a whole
-#: run by ``NUMBA_MLA_SIM_TURN_ORDER``.
+#: others, whichever they are). Any of them may end in "+late": a thread that arrives at a
+#: barrier without waiting there (``bar.arrive``, an mbarrier's arrival that completes its
+#: phase) then runs on only once no other thread can (such threads go on one at a time, the
+#: longest deferred first), so that the threads its arrival lets go run as far as they can
+#: first. That is the order in which an arrival made while the arriving warps' own
+#: asynchronous reads are still in flight (a wgmma product not yet waited for) shows: the
+#: threads let go overwrite the operands before the product completes (at its wait, in the
+#: simulator), where by default the arriving thread runs on to that wait first. Every order
+#: is one a GPU may take; a kernel that is right only in some of them lacks a barrier or a
+#: wait. Set for a while by ``sim_turn_order``; for a whole run by
+#: ``NUMBA_MLA_SIM_TURN_ORDER``.
 _turn_order = [os.environ.get("NUMBA_MLA_SIM_TURN_ORDER", "fifo")]
 
 
+def _split_turn_order(order):
+    """(Simulator) ``order`` as (the ready queue's order, whether arrivals run late)."""
+    late = order.endswith("+late")
+    return (order[:-len("+late")] if late else order), late
+
+
 def _check_turn_order(order):
-    ok = order in ("fifo", "low", "high") or (
-        order.startswith("warps:") and order[6:].isdigit())
+    base, _ = _split_turn_order(order)
+    ok = base in ("fifo", "low", "high") or (
+        base.startswith("warps:") and base[6:].isdigit())
     if not ok:
         raise ValueError(f"simulator turn order {order!r}: 'fifo', 'low', 'high' or "
-                         f"'warps:SEED' (NUMBA_MLA_SIM_TURN_ORDER, sim_turn_order)")
+                         f"'warps:SEED', each alone or with '+late' "
+                         f"(NUMBA_MLA_SIM_TURN_ORDER, sim_turn_order)")
 
 
 _check_turn_order(_turn_order[0])
@@ -291,7 +307,9 @@ def sim_turn_order(order):
     """(Simulator) Launches within run their blocks' threads in ``order`` (``_turn_order``),
     as a test's way to reach the interleavings where a missing barrier shows: with "low" the
     lower warps run ahead (a consumer before its producer, when the consumers are the lower
-    warps), with "high" the higher ones, with "warps:SEED" those SEED's draw puts first."""
+    warps), with "high" the higher ones, with "warps:SEED" those SEED's draw puts first; with
+    "+late" after any of them, a thread that arrives at a barrier without waiting goes on last
+    (where an arrival comes before the arriving warps' products have read their operands)."""
     _check_turn_order(order)
     before = _turn_order[0]
     _turn_order[0] = order
@@ -371,12 +389,17 @@ class _Turns:
         import threading
 
         self.threads = threads
-        self.ready = _ready_queue(threads, _turn_order[0])
+        order, self.late = _split_turn_order(_turn_order[0])
+        self.ready = _ready_queue(threads, order)
+        self.deferred = []  # ("+late") threads past an arrival, run once none is ready
         self.live, self.at_barrier, self.error = len(threads), [], None
         self.done = threading.Event()
 
     def _pass(self):
-        """Hand the turn to the next ready thread (the caller waits or has exited)."""
+        """Hand the turn to the next ready thread (the caller waits or has exited); with none
+        ready, to the threads deferred after an arrival."""
+        if not self.ready and self.deferred:
+            self.ready.extend([self.deferred.pop(0)])
         if self.ready:
             self.ready.popleft().turn.release()
         elif self.live:
@@ -410,6 +433,13 @@ class _Turns:
         if me.abort:
             raise RuntimeError("abort flag set while waiting at %s" % where)
 
+    def defer(self, me):
+        """``me`` has arrived at a barrier ("+late" order): it goes on once no other thread
+        can, after the threads deferred before it (one at a time: a thread let go runs
+        before the next deferred one)."""
+        self.deferred.append(me)
+        self.park(me, "its turn after an arrival")
+
     def wake(self, threads):
         """Queue ``threads`` (waiters whose wait is over) to run after those already queued."""
         self.ready.extend(threads)
@@ -436,6 +466,16 @@ class _Turns:
         if self.at_barrier and len(self.at_barrier) == self.live:
             self._open()
         self._pass()
+
+
+def sim_arrived():
+    """(Simulator) A twin's call right after the calling thread arrived at a barrier without
+    waiting there (``bar.arrive``, an mbarrier's arrival that completed its phase): under a
+    "+late" turn order (``_turn_order``) the thread gives up its turn until no other thread
+    can run; otherwise nothing."""
+    me = _turn_thread()
+    if me is not None and me.turns.late:
+        me.turns.defer(me)
 
 
 class SimCondition:

@@ -478,8 +478,8 @@ def test_seesaw_rows_ahead(window, rng, monkeypatch):
                                              ("ROWS_LEAD", True, "rows_lead")],
                          ids=["max_early1", "s_loop", "pack_p", "rows_lead"])
 @pytest.mark.parametrize("heads,num_partitions,order", [
-    (seesaw.LAG_HEADS, 1, "low"), (seesaw.LAG_HEADS, 2, "high"), (2, 1, "high"),
-    (2, 2, "low")])
+    (seesaw.LAG_HEADS, 1, "low"), (seesaw.LAG_HEADS, 2, "high+late"), (2, 1, "high"),
+    (2, 2, "low+late")])
 def test_seesaw_forms(heads, num_partitions, order, flag, value, attr, rng, monkeypatch):
     """The seesaw kernel's forms other than the default: warpgroup 1's tile maxima stored
     before its wait at SCALE0 (``seesaw.MAX_EARLY1``, off: an experiment; into its row-sum
@@ -490,8 +490,10 @@ def test_seesaw_forms(heads, num_partitions, order, flag, value, attr, rng, monk
     looked up by each warpgroup's first warp only (``seesaw.ROWS_LEAD``, on for "e4m3" rows
     only; with shuffled pages a row from any other warp would copy a wrong tile). Nine tiles
     (five pairs, the last of one partial tile) over shuffled pages of 64, in one partition
-    and in two, at 64 heads and 2, with either warpgroup's threads run first, match the
-    reference; ALiBi makes each key's score depend on its position. The kernel that ran must
+    and in two, at 64 heads and 2, with either warpgroup's threads run first (and, in two
+    partitions, each arrival without a wait run last: a warpgroup's P V still in flight when
+    it lets the other go), match the reference; ALiBi makes each key's score depend on its
+    position. The kernel that ran must
     be the seesaw build of that form."""
     from numba_mla import _numba
 

@@ -272,6 +272,43 @@ def test_turn_orders(order):
             pass
 
 
+@cuda.jit
+def _arrive_before_wait(data, out):
+    """Warp 1 starts an asynchronous read of data[0] (completed at its wait, as a wgmma
+    product reads its operands), arrives at named barrier 1 and only then waits for the read:
+    the arrival a missing wait makes. Warp 0 waits at the barrier and then overwrites
+    data[0]."""
+    from numba_mla.ptx._twin import AsyncGroups
+
+    t = cuda.threadIdx.x
+    if t >= 32:
+        AsyncGroups.issue("wgmma", lambda: out.__setitem__(t, data[0]))
+        AsyncGroups.commit("wgmma")
+        ptx.bar_arrive(1, THREADS)
+        AsyncGroups.wait("wgmma", 0)
+    else:
+        ptx.bar_sync(1, THREADS)
+        if t == 0:
+            data[0] = 99
+
+
+@pytest.mark.parametrize("order", ["fifo", "high", "fifo+late", "low+late", "warps:3+late"])
+def test_late_arrivals_show_an_arrival_before_a_wait(order):
+    """With "+late" a thread that arrives at a barrier without waiting goes on only once no
+    other thread can: the waiters it let go run first, so a kernel that arrives before its
+    own asynchronous read is done (here warp 1) gets its operand overwritten (every lane of
+    warp 1 reads 99). Without it the arriving warp runs on to its wait first and the race
+    does not show (every lane reads 7)."""
+    data, out = np.full(1, 7, np.int64), np.zeros(THREADS, np.int64)
+    with _numba.sim_turn_order(order):
+        assert launch(_arrive_before_wait, data, out, blocks=1) is None
+    assert data[0] == 99
+    assert (out[32:] == (99 if order.endswith("+late") else 7)).all(), out[32:]
+    with pytest.raises(ValueError, match="turn order 'lowest\\+late'"):
+        with _numba.sim_turn_order("lowest+late"):
+            pass
+
+
 _calls = []  # the lane counts _sum_once was called with
 
 

@@ -30,7 +30,9 @@ and a copy counts its bytes off when it lands (``complete_tx``): a waiter waits 
 issuing lane has copied, as on the GPU (under the simulator's block scheduler it gives up its
 turn until the phase completes; from plain threads it sleeps on a condition). A copy by the
 copy engine (``tma_load``) lands only when a thread first tests its mbarrier
-(``land_later``); until then its destination reads as NaN.
+(``land_later``); until then its destination reads as NaN. A thread's arrival without a wait
+(``bar_arrive``; ``mbar_expect_tx`` where it completes the phase) tells the block scheduler
+(``_numba.sim_arrived``), which under a "+late" turn order runs the threads it let go first.
 """
 import threading
 
@@ -39,7 +41,7 @@ from numba.cuda import types
 from numba.cuda.extending import intrinsic
 
 from .._compat import SIMULATOR
-from .._numba import SimCondition, sim_block
+from .._numba import SimCondition, sim_arrived, sim_block
 from ._codegen import addr32, i32, void_asm
 from ._twin import intrinsic_with_twin, no_op
 
@@ -63,6 +65,7 @@ class _Named:
     def arrive(self):
         with self.cv:
             self._arrive()
+        sim_arrived()  # (a "+late" turn order: the threads let go run first)
 
     def sync(self):
         with self.cv:
@@ -164,7 +167,10 @@ def _mbar_init_twin(arr, bar, count):
 
 
 def _mbar_expect_tx_twin(arr, bar, nbytes):
+    phase = arr[bar // 4]
     complete_tx(arr, bar, -nbytes)
+    if arr[bar // 4] != phase:  # (no bytes announced: this arrival lets the waiters go, and
+        sim_arrived()  # under a "+late" turn order they run first)
 
 
 def _mbar_op(text):
