@@ -72,3 +72,28 @@ def test_failures_tracebacks_written_as_they_come(tmp_path, monkeypatch):
     text = (tmp_path / "suite.txt.tracebacks.txt").read_text()
     assert "assert (1 + 1) == 3" in text and text.count("test_bad (call)") == 1
     assert "test_good" not in text
+
+
+def test_gpu_runs_steps_name_what_exists(tmp_path):
+    """scripts/gpu_runs.sh, the GPU session's steps: valid bash; an unknown step exits 2 naming
+    the steps; the seesaw flags its ab8 step times and SET replaces are lines of
+    numba_mla/kernels/seesaw.py (a renamed flag would leave the A/B timing the default twice),
+    and the scripts and test files it runs exist."""
+    import re
+    import subprocess
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    script = os.path.join(root, "scripts", "gpu_runs.sh")
+    subprocess.run(["bash", "-n", script], check=True)
+    run = subprocess.run(["bash", script, str(tmp_path), "nonsense"], capture_output=True,
+                         text=True, cwd=root)
+    assert run.returncode == 2 and "sweeps, ab8, suite or sanitize" in run.stderr
+    text = open(script).read()
+    with open(os.path.join(root, "numba_mla", "kernels", "seesaw.py")) as f:
+        seesaw = f.read()
+    flags = set(re.findall(r"kernels\.seesaw\.(\w+)=", text.replace("$s.", "kernels.seesaw.")))
+    assert flags == {"S8_PAIRS", "CODES_WIDE", "STAGE8"}
+    for flag in flags:
+        assert re.search(rf"^{flag} = ", seesaw, re.M), flag
+    for path in set(re.findall(r"(?:scripts|tests)/\w+\.py", text)):
+        assert os.path.exists(os.path.join(root, path)), path
