@@ -32,7 +32,8 @@ turn until the phase completes; from plain threads it sleeps on a condition). A 
 copy engine (``tma_load``) lands only when a thread first tests its mbarrier
 (``land_later``); until then its destination reads as NaN. A thread's arrival without a wait
 (``bar_arrive``; ``mbar_expect_tx`` where it completes the phase) tells the block scheduler
-(``_numba.sim_arrived``), which under a "+late" turn order runs the threads it let go first.
+(``_numba.sim_arrived``), which under a "+late" turn order runs every other thread that can
+run first (those it let go among them).
 """
 import threading
 
