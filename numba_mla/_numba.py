@@ -399,7 +399,7 @@ class _Turns:
         """Hand the turn to the next ready thread (the caller waits or has exited); with none
         ready, to the threads deferred after an arrival."""
         if not self.ready and self.deferred:
-            self.ready.extend([self.deferred.pop(0)])
+            self.wake([self.deferred.pop(0)])
         if self.ready:
             self.ready.popleft().turn.release()
         elif self.live:

@@ -18,7 +18,7 @@
 # Environment: COMMIT labels the files and the JSON (default: the checkout's short hash; on a
 # machine whose copy of the repository is older than its files, give it); DEV names the device
 # in file names (default: h200 or h100 from nvidia-smi's name, else gpu); PEERS, a folder put
-# on PYTHONPATH first (where a FlashMLA build's `flash_mla` package is); SET, seesaw flags for
+# on PYTHONPATH after the checkout (where a FlashMLA build's `flash_mla` package is); SET, seesaw flags for
 # the suite and sanitize steps, e.g. SET="STAGE8=True S8_PAIRS=True" (each line `NAME = ...`
 # of numba_mla/kernels/seesaw.py replaced for the step, and the file put back after it; a
 # name without such a line stops the script). Every step's time is bounded (timeout), so a
